@@ -1,0 +1,43 @@
+# The two commands of the README: `make demo` and `make test`. Each creates .venv when absent,
+# installs the pinned dependencies, builds the C++ ops, then runs.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+OP_SOURCES := $(shell find custom_ops/cc -name '*.cc' -o -name '*.h' 2>/dev/null)
+PYTEST_ARGS ?=
+
+export TF_CPP_MIN_LOG_LEVEL ?= 2
+
+.PHONY: demo test test-gpu install bench-bridge clean
+
+demo: $(VENV)/.built
+	$(VENV)/bin/xgr demo
+
+test: $(VENV)/.built
+	$(PY) -m pytest tests $(PYTEST_ARGS)
+
+# The heavy cases (full shape grids, bf16 kernels, device decode) on a machine with a GPU.
+test-gpu:
+	python3 -m pytest tests -m gpu $(PYTEST_ARGS)
+
+install: $(VENV)/.built
+
+$(VENV)/.deps: requirements.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -r requirements.txt
+	# tensorflow-serving-api requires `tensorflow`, which would sit beside tensorflow-cpu:
+	# its protos are all we use, so it installs without its dependencies.
+	$(PIP) install -q --no-deps tensorflow-serving-api==2.21.0
+	touch $@
+
+$(VENV)/.built: $(VENV)/.deps setup.py $(OP_SOURCES) custom_ops/_build.py
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	touch $@
+
+bench-bridge: $(VENV)/.built
+	$(PY) benchmarks/bench_bridge.py
+
+clean:
+	rm -rf build $(VENV) custom_ops/_*.so *.egg-info

@@ -1,0 +1,1 @@
+"""TF<->Torch meeting point: DLPack hand-off, Torch layers in TF, migration and parity."""

@@ -1,0 +1,1 @@
+"""The ``xgr`` command: one absl entry point per subcommand (see ``main.py``)."""

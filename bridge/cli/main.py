@@ -1,0 +1,46 @@
+"""``xgr SUBCOMMAND [--flags]``: dispatches to one entry-point module per subcommand.
+
+Each subcommand module defines its own absl flags at import and a ``main(argv)``; only the
+chosen module is imported, so flags of different subcommands never collide and ``xgr demo``
+does not pay for importing the server.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module, one-line help). Modules are imported only when chosen.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("bridge.cli.demo", "TF feature graph -> bridge -> engine on the embedded default"),
+    "export": ("bridge.cli.export", "export the pipeline as one TF SavedModel with the Torch call"),
+    "serve": ("tf_frontend.serving.cli", "serve a SavedModel over TF Serving's REST and gRPC APIs"),
+    "migrate": ("bridge.cli.migrate", "show or change a migration plan (status, swap, auto)"),
+    "parity": ("bridge.cli.parity", "run TF and the migrated plan side by side; report parity"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, SUBCOMMANDS))
+    rows = "\n".join(f"  {name.ljust(width)}  {text}" for name, (_, text) in SUBCOMMANDS.items())
+    return f"usage: xgr SUBCOMMAND [--flags]\n\nsubcommands:\n{rows}\n\n" \
+           "`xgr SUBCOMMAND --helpfull` lists a subcommand's flags."
+
+
+def run(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv if argv is None else argv)
+    if len(argv) < 2 or argv[1] in ("-h", "--help", "help"):
+        print(usage())
+        sys.exit(0 if len(argv) >= 2 else 2)
+    name = argv[1]
+    if name not in SUBCOMMANDS:
+        print(f"xgr: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)
+        sys.exit(2)
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    from absl import app
+
+    app.run(module.main, argv=[f"xgr {name}", *argv[2:]])
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,115 @@
+"""Compile the C++ op libraries from source against the installed TF (and torch).
+
+Used by ``setup.py``'s ``build_ext`` step (at install) and nowhere at run time. Loaded by file
+path, so it must import only the standard library at module level.
+
+Each library is a list of TF-side sources (compiled with ``tf.sysconfig`` flags, C++17) and,
+optionally, torch-side sources (compiled against libtorch's headers, C++20). The two halves are
+separate translation units because torch's headers redefine TF's ``LOG``/``CHECK`` macros.
+Object files are cached by a hash of source, headers and flags, so a rebuild after an unrelated
+change costs nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class OpLibrary:
+    """One shared library: ``name`` is the extension's dotted module name."""
+
+    name: str
+    tf_sources: tuple[str, ...]
+    torch_sources: tuple[str, ...] = ()
+    include_dirs: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _python_eval(code: str) -> str:
+    """Ask the build interpreter (which has TF/torch) for flags, in a child process.
+
+    A child keeps TF and torch out of the setup process (both are heavy and noisy).
+    """
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    return subprocess.check_output([sys.executable, "-c", code], env=env, text=True).strip()
+
+
+def tf_flags() -> tuple[list[str], list[str]]:
+    out = _python_eval(
+        "import tensorflow as tf; print('\\x1f'.join(tf.sysconfig.get_compile_flags()));"
+        "print('\\x1f'.join(tf.sysconfig.get_link_flags()))")
+    compile_line, link_line = out.splitlines()[-2:]
+    return compile_line.split("\x1f"), link_line.split("\x1f")
+
+
+def torch_flags() -> tuple[list[str], list[str]]:
+    out = _python_eval(
+        "import os, torch, torch.utils.cpp_extension as ce;"
+        "print('\\x1f'.join(ce.include_paths()));"
+        "print(os.path.join(os.path.dirname(torch.__file__), 'lib'));"
+        "print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
+    includes, libdir, abi = out.splitlines()[-3:]
+    compile_flags = [f"-I{p}" for p in includes.split("\x1f")] + [
+        f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-std=c++20"]
+    link_flags = [f"-L{libdir}", "-ltorch", "-ltorch_cpu", "-lc10", f"-Wl,-rpath,{libdir}"]
+    return compile_flags, link_flags
+
+
+def _digest(paths: list[Path], flags: list[str]) -> str:
+    h = hashlib.sha256("\0".join(flags).encode())
+    for p in paths:
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _compile(src: Path, flags: list[str], headers: list[Path], cache: Path, log) -> Path:
+    obj = cache / f"{src.stem}-{_digest([src, *headers], flags)}.o"
+    if obj.exists():
+        log(f"  cached  {src}")
+        return obj
+    log(f"  compile {src}")
+    cmd = ["g++", "-c", "-fPIC", "-O2", *flags, str(src), "-o", str(obj) + ".tmp"]
+    subprocess.run(cmd, check=True)
+    os.replace(str(obj) + ".tmp", obj)
+    return obj
+
+
+def build_library(lib: OpLibrary, root: Path, output: Path, cache: Path, log=print) -> None:
+    """Compile and link ``lib`` into ``output`` (a .so path), caching objects in ``cache``."""
+    cache.mkdir(parents=True, exist_ok=True)
+    headers = sorted(root.glob("custom_ops/cc/**/*.h"))
+    includes = [f"-I{root}", *(f"-I{root / d}" for d in lib.include_dirs)]
+    tf_compile, tf_link = tf_flags()
+    objects = [_compile(root / s, [*tf_compile, *includes, "-DNDEBUG"], headers, cache, log)
+               for s in lib.tf_sources]
+    link = list(tf_link)
+    if lib.torch_sources:
+        th_compile, th_link = torch_flags()
+        objects += [_compile(root / s, [*th_compile, *includes, "-DNDEBUG"], headers, cache, log)
+                    for s in lib.torch_sources]
+        link += th_link
+    output.parent.mkdir(parents=True, exist_ok=True)
+    log(f"  link    {output}")
+    subprocess.run(["g++", "-shared", "-fPIC", *map(str, objects), "-o", str(output), *link],
+                   check=True)
+
+
+def discover_libraries(root: Path) -> list[OpLibrary]:
+    """The op libraries, one per folder of ``custom_ops/cc``.
+
+    ``custom_ops/cc/<lib>/*.cc`` are TF-side sources, ``custom_ops/cc/<lib>/torch/*.cc``
+    torch-side ones; the result is the module ``custom_ops._<lib>``.
+    """
+    libs = []
+    for folder in sorted(p for p in (root / "custom_ops" / "cc").iterdir() if p.is_dir()):
+        tf_sources = tuple(str(p.relative_to(root)) for p in sorted(folder.glob("*.cc")))
+        torch_sources = tuple(str(p.relative_to(root))
+                              for p in sorted((folder / "torch").glob("*.cc")))
+        if tf_sources:
+            libs.append(OpLibrary(f"custom_ops._{folder.name}", tf_sources, torch_sources))
+    return libs

@@ -1,0 +1,67 @@
+"""The one error hierarchy of xgr-bridge.
+
+Every package raises these (``torch_engine``, ``bridge``, ``custom_ops``, ``tf_frontend``).
+This module imports nothing heavy, so TF-only code (``custom_ops``) may import it without
+pulling in torch.
+
+Messages say what was expected and what came, and name the input.
+"""
+
+from __future__ import annotations
+
+
+class XgrError(Exception):
+    """Base class of every error raised by xgr-bridge."""
+
+
+class InvalidInputError(XgrError, ValueError):
+    """A caller passed a bad argument (shape, dtype, range). Names the argument and the rule."""
+
+
+class ConfigError(XgrError, ValueError):
+    """A configuration value is inconsistent or out of range."""
+
+
+class CatalogError(XgrError, ValueError):
+    """A semantic-ID catalog is malformed (bad code paths, duplicate ids, wrong layout)."""
+
+
+class CapacityError(XgrError, RuntimeError):
+    """A request cannot fit the device (memory, beam width, batch); raised before any work starts."""
+
+
+class BridgeError(XgrError, TypeError):
+    """A tensor cannot cross the TF<->Torch DLPack bridge (unsupported dtype, device, layout)."""
+
+
+class OpLibraryError(XgrError, RuntimeError):
+    """A C++ op library is missing, unbuilt or failed to load."""
+
+
+class ExportError(XgrError, RuntimeError):
+    """A model or pipeline could not be exported or its exported form could not be loaded."""
+
+
+class MigrationError(XgrError, RuntimeError):
+    """A migration plan is invalid or a stage cannot be converted."""
+
+
+class ConversionError(MigrationError):
+    """A TF stage cannot be converted to Torch; carries the reason per offending op."""
+
+
+class ParityError(XgrError, AssertionError):
+    """Two implementations that must agree do not (values outside the tolerance table)."""
+
+
+class ServingError(XgrError, RuntimeError):
+    """The serving layer cannot answer a request (unknown model, version, signature)."""
+
+
+def require(condition: bool, error: type[XgrError], message: str) -> None:
+    """Raise ``error(message)`` when ``condition`` is false; for validating user input.
+
+    Unlike ``assert`` this survives ``python -O``.
+    """
+    if not condition:
+        raise error(message)

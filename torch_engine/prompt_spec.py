@@ -1,0 +1,53 @@
+"""The contract between the TF feature graph and the engine: how a request becomes a prompt.
+
+Pure Python (no torch): ``tf_frontend`` builds its graph from this spec and the engine's
+trainer builds the matching Torch side from the same spec, so the two can never drift.
+
+A request's prompt (see ``custom_ops`` prompt assembly, ``torch_engine.layout``)::
+
+    [S soft profile vectors]  BOS  PROFILE_START ctx_1 .. ctx_P  | ITEM_START c0 c1 c2 | ... | GEN?
+    segment 0 ..........................................          segment 1, 2, ...
+
+The S soft vectors (``profile_embeds [B, S, hidden]``) come from TF's sparse embedding tables
+passed through the profile tower; they are prepended by the engine (``prefix_embeds``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch_engine.errors import ConfigError, require
+from torch_engine.layout import TokenLayout
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """How the feature graph cleans histories, hashes ids and sizes the profile tower."""
+
+    layout: TokenLayout = field(default_factory=TokenLayout)
+    window_seconds: int = 90 * 24 * 3600   # drop history events older than this
+    keep_last: int = 50                    # keep at most the last N cleaned events
+    context_vocab: tuple[str, ...] = ("us", "gb", "de", "fr", "jp", "br", "in", "cn")
+    embedding_buckets: int = 4096          # hashed user/context ids -> rows of the TF table
+    embedding_dim: int = 32                # width of the TF sparse embedding table
+    tower_hidden: int = 64                 # profile tower: Dense(tower_hidden, silu)
+    profile_tokens: int = 2                # S soft tokens out of the tower
+    model_hidden: int = 64                 # the engine's hidden size (tower output width)
+
+    def __post_init__(self) -> None:
+        require(self.keep_last >= 1, ConfigError, f"keep_last must be >= 1, got {self.keep_last}")
+        require(self.window_seconds > 0, ConfigError,
+                f"window_seconds must be > 0, got {self.window_seconds}")
+        require(self.profile_tokens >= 0, ConfigError,
+                f"profile_tokens must be >= 0, got {self.profile_tokens}")
+        require(len(self.context_vocab) + 1 <= self.layout.profile_vocab, ConfigError,
+                "context tokens do not fit between the special and the code tokens")
+
+    @property
+    def max_prompt_tokens(self) -> int:
+        """Longest token prompt the graph can emit (BOS, profile part, items), soft tokens excluded."""
+        return 3 + self.keep_last * (1 + self.layout.levels)
+
+    def context_token(self, index: int) -> int:
+        """Token id of context value ``index`` in ``context_vocab`` (index -1 = out of vocabulary)."""
+        return self.layout.profile_base + 1 + index

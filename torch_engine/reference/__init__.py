@@ -1,0 +1,10 @@
+"""Plain-PyTorch references of every kernel: the definitions the Triton kernels are tested against.
+
+Slow and simple on purpose; computed in float32 (float64 when given float64).
+"""
+
+from torch_engine.reference.decode_attention import attend_with_lse, decode_attention, merge_states
+from torch_engine.reference.prefill_attention import prefill_attention, request_mask
+
+__all__ = ["attend_with_lse", "decode_attention", "merge_states", "prefill_attention",
+           "request_mask"]

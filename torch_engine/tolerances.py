@@ -1,0 +1,54 @@
+"""The one tolerance table: how close two implementations must agree, keyed by dtype.
+
+Used by kernel tests (kernel vs float64 reference), the parity harness (TF vs Torch) and the
+HF parity tests. Integer and boolean dtypes (ids, tokens, masks) must match exactly.
+
+The metric for floating point is the relative Frobenius error ``||out - ref|| / ||ref||``
+(robust to individual tiny reference values), plus an elementwise check with ``atol``/``rtol``
+for small outputs where a norm hides a single wrong element.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How close two arrays of one dtype must be. ``exact`` means bitwise-equal values."""
+
+    rel_norm: float
+    atol: float
+    rtol: float
+    exact: bool = False
+
+
+EXACT = Tolerance(rel_norm=0.0, atol=0.0, rtol=0.0, exact=True)
+
+# dtype name (numpy/torch/TF spelling without prefix) -> tolerance.
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(rel_norm=1e-12, atol=1e-12, rtol=1e-10),
+    "float32": Tolerance(rel_norm=1e-5, atol=1e-5, rtol=1e-4),
+    "float16": Tolerance(rel_norm=2e-3, atol=2e-3, rtol=2e-3),
+    "bfloat16": Tolerance(rel_norm=1e-2, atol=1e-2, rtol=1e-2),
+    "complex64": Tolerance(rel_norm=1e-5, atol=1e-5, rtol=1e-4),
+    **{name: EXACT for name in ("int8", "int16", "int32", "int64", "uint8", "uint16",
+                                "uint32", "uint64", "bool", "string")},
+}
+
+
+def dtype_name(dtype: object) -> str:
+    """Normalise a numpy, torch or TF dtype (or its string) to this table's key."""
+    name = getattr(dtype, "name", None) or str(dtype)
+    name = name.replace("torch.", "").replace("tf.", "")
+    aliases = {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
+               "int": "int32", "bool_": "bool", "object": "string", "bytes": "string"}
+    return aliases.get(name, name)
+
+
+def tolerance_for(dtype: object) -> Tolerance:
+    """The tolerance for ``dtype``; raises KeyError naming the dtype if the table lacks it."""
+    key = dtype_name(dtype)
+    if key not in TOLERANCES:
+        raise KeyError(f"no tolerance for dtype {key!r}; known: {sorted(TOLERANCES)}")
+    return TOLERANCES[key]
