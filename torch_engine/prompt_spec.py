@@ -5,8 +5,12 @@ trainer builds the matching Torch side from the same spec, so the two can never 
 
 A request's prompt (see ``custom_ops`` prompt assembly, ``torch_engine.layout``)::
 
-    [S soft profile vectors]  BOS  PROFILE_START ctx_1 .. ctx_P  | ITEM_START c0 c1 c2 | ... | GEN?
-    segment 0 ..........................................          segment 1, 2, ...
+    [S soft vectors] BOS PROFILE_START ctx_1..ctx_P | ITEM_START c0 c1 c2 | ... | ITEM_START
+    segment 0 .....................................   segment 1           ...   segment n+1
+
+Each history item is ``ITEM_START`` followed by its ``levels`` code tokens, in its own segment.
+The prompt ends with one more ``ITEM_START`` in a new segment: the item to generate. The engine
+then decodes ``levels`` code tokens, which belong to that last segment.
 
 The S soft vectors (``profile_embeds [B, S, hidden]``) come from TF's sparse embedding tables
 passed through the profile tower; they are prepended by the engine (``prefix_embeds``).
@@ -45,8 +49,9 @@ class PromptSpec:
 
     @property
     def max_prompt_tokens(self) -> int:
-        """Longest token prompt the graph can emit (BOS, profile part, items), soft tokens excluded."""
-        return 3 + self.keep_last * (1 + self.layout.levels)
+        """Longest token prompt the graph emits (soft tokens excluded): BOS, PROFILE_START, one
+        context token, ``keep_last`` items of ``1 + levels`` tokens, the trailing ITEM_START."""
+        return 3 + self.keep_last * (1 + self.layout.levels) + 1
 
     def context_token(self, index: int) -> int:
         """Token id of context value ``index`` in ``context_vocab`` (index -1 = out of vocabulary)."""
