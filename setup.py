@@ -33,9 +33,10 @@ class BuildOpLibraries(build_ext):
                              ROOT / "build" / "op_cache", log=print)
 
 
-def _requirements():
-    lines = (ROOT / "requirements.txt").read_text().split("# test-only")[0].splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+def _requirements(section: int):
+    """Section 0: runtime pins; section 1: the test-only pins (the ``dev`` extra)."""
+    text = (ROOT / "requirements.txt").read_text().split("# test-only")[section]
+    return [line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")]
 
 
 setup(
@@ -47,8 +48,7 @@ setup(
     ext_modules=[Extension(name, sources=[]) for name in LIBRARIES],
     cmdclass={"build_ext": BuildOpLibraries},
     python_requires=">=3.10",
-    install_requires=_requirements(),
-    extras_require={"dev": ["pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100",
-                            "transformers>=4.57"]},
+    install_requires=_requirements(0),
+    extras_require={"dev": _requirements(1)},
     entry_points={"console_scripts": ["xgr = bridge.cli.main:run"]},
 )
