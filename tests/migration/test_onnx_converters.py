@@ -1,0 +1,138 @@
+"""Each ONNX -> Torch converter against onnxruntime on random inputs: one single-node graph per
+case, run by onnxruntime and by ``OnnxGraphModule``; compared with the tolerance table."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from bridge.onnx_torch.from_onnx import graph_from_onnx
+from bridge.onnx_torch.module import OnnxGraphModule
+from bridge.onnx_torch.registry import REGISTRY
+from torch_engine.errors import ConversionError
+from torch_engine.tolerances import tolerance_for
+
+F, I64 = np.float32, np.int64
+rng = np.random.default_rng(0)
+
+
+def rand(*shape, dtype=F, low=-2.0, high=2.0):
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(int(low), int(high), size=shape).astype(dtype)
+    return rng.uniform(low, high, size=shape).astype(dtype)
+
+
+def const(value, dtype=I64):
+    return np.asarray(value, dtype=dtype)
+
+
+# id -> (op_type, opset, attrs, runtime inputs, constant inputs given as initializers)
+CASES = {
+    "MatMul": ("MatMul", 17, {}, [rand(3, 4), rand(4, 5)], {}),
+    "MatMul_batched": ("MatMul", 17, {}, [rand(2, 3, 4), rand(4, 5)], {}),
+    "Gemm": ("Gemm", 17, {"transB": 1, "alpha": 0.5, "beta": 2.0}, [rand(3, 4), rand(5, 4), rand(5)], {}),
+    "Add": ("Add", 17, {}, [rand(2, 3), rand(3)], {}),
+    "Sub": ("Sub", 17, {}, [rand(2, 3), rand(2, 1)], {}),
+    "Mul": ("Mul", 17, {}, [rand(2, 3), rand(2, 3)], {}),
+    "Div": ("Div", 17, {}, [rand(2, 3), rand(2, 3, low=0.5, high=2.0)], {}),
+    "Div_int": ("Div", 17, {}, [rand(2, 3, dtype=I64, low=-9, high=9),
+                                rand(2, 3, dtype=I64, low=1, high=4)], {}),
+    "Pow": ("Pow", 17, {}, [rand(2, 3, low=0.1), const([3.0], F)], {}),
+    "Sqrt": ("Sqrt", 17, {}, [rand(2, 3, low=0.1)], {}),
+    "Reciprocal": ("Reciprocal", 17, {}, [rand(2, 3, low=0.5)], {}),
+    "Neg": ("Neg", 17, {}, [rand(2, 3)], {}),
+    "Exp": ("Exp", 17, {}, [rand(2, 3)], {}),
+    "Erf": ("Erf", 17, {}, [rand(2, 3)], {}),
+    "Relu": ("Relu", 17, {}, [rand(2, 3)], {}),
+    "LeakyRelu": ("LeakyRelu", 17, {"alpha": 0.2}, [rand(2, 3)], {}),
+    "Sigmoid": ("Sigmoid", 17, {}, [rand(2, 3)], {}),
+    "Tanh": ("Tanh", 17, {}, [rand(2, 3)], {}),
+    "Softmax": ("Softmax", 17, {"axis": 1}, [rand(2, 3, 4)], {}),
+    "Softmax_opset11": ("Softmax", 11, {"axis": 1}, [rand(2, 3, 4)], {}),
+    "LogSoftmax": ("LogSoftmax", 17, {}, [rand(2, 5)], {}),
+    "Max": ("Max", 17, {}, [rand(2, 3), rand(2, 3)], {}),
+    "Where": ("Where", 17, {}, [rand(2, 3) > 0, rand(2, 3), rand(2, 3)], {}),
+    "Gather": ("Gather", 17, {"axis": 0}, [rand(6, 4)], {"indices": const([[0, 5], [-1, 2]])}),
+    "Gather_axis1": ("Gather", 17, {"axis": 1}, [rand(3, 4)], {"indices": const([3, 0])}),
+    "Concat": ("Concat", 17, {"axis": -1}, [rand(2, 3), rand(2, 2)], {}),
+    "Reshape": ("Reshape", 17, {}, [rand(2, 3, 4)], {"shape": const([0, -1])}),
+    "Transpose": ("Transpose", 17, {"perm": [1, 0, 2]}, [rand(2, 3, 4)], {}),
+    "Flatten": ("Flatten", 17, {"axis": 2}, [rand(2, 3, 4)], {}),
+    "Slice": ("Slice", 17, {}, [rand(4, 6)], {"starts": const([1]), "ends": const([100]),
+                                              "axes": const([1]), "steps": const([2])}),
+    "Expand": ("Expand", 17, {}, [rand(3, 1)], {"shape": const([2, 3, 4])}),
+    "Squeeze": ("Squeeze", 17, {}, [rand(2, 1, 3)], {"axes": const([1])}),
+    "Squeeze_opset11": ("Squeeze", 11, {"axes": [1]}, [rand(2, 1, 3)], {}),
+    "Unsqueeze": ("Unsqueeze", 17, {}, [rand(2, 3)], {"axes": const([0, -1])}),
+    "Unsqueeze_opset11": ("Unsqueeze", 11, {"axes": [1]}, [rand(2, 3)], {}),
+    "ReduceMean": ("ReduceMean", 17, {"axes": [1], "keepdims": 0}, [rand(2, 3, 4)], {}),
+    "ReduceMean_opset18": ("ReduceMean", 18, {"keepdims": 1}, [rand(2, 3, 4)], {"axes": const([-1])}),
+    "ReduceSum": ("ReduceSum", 17, {"keepdims": 0}, [rand(2, 3, 4)], {"axes": const([0, 2])}),
+    "ReduceSum_int": ("ReduceSum", 17, {}, [rand(2, 3, dtype=np.int32, low=0, high=9)], {"axes": const([1])}),
+    "ReduceMax": ("ReduceMax", 17, {"axes": [1]}, [rand(2, 3)], {}),
+    "Cast_int": ("Cast", 17, {"to": TensorProto.INT32}, [rand(2, 3, low=-5, high=5)], {}),
+    "Cast_float": ("Cast", 17, {"to": TensorProto.FLOAT}, [rand(2, 3, dtype=I64, low=0, high=9)], {}),
+    "Identity": ("Identity", 17, {}, [rand(2, 3)], {}),
+    "Shape": ("Shape", 17, {}, [rand(2, 3, 4)], {}),
+    "Clip": ("Clip", 17, {}, [rand(2, 3)], {"min": const(-0.5, F), "max": const(0.5, F)}),
+    "LayerNormalization": ("LayerNormalization", 17, {"axis": -1, "epsilon": 1e-3},
+                           [rand(2, 3, 8), rand(8), rand(8)], {}),
+}
+
+
+def single_node_model(op_type, opset, attrs, inputs, constants):
+    names = [f"x{i}" for i in range(len(inputs))] + list(constants)
+    graph_inputs = [helper.make_tensor_value_info(
+        f"x{i}", helper.np_dtype_to_tensor_dtype(v.dtype), v.shape) for i, v in enumerate(inputs)]
+    inits = [numpy_helper.from_array(v, name) for name, v in constants.items()]
+    node = helper.make_node(op_type, names, ["y"], name="n0", **attrs)
+    # Output element type: Cast's target, Shape's int64, Where's branches, else the first input.
+    out_type = attrs.get("to") or (TensorProto.INT64 if op_type == "Shape" else
+                                   helper.np_dtype_to_tensor_dtype(inputs[op_type == "Where"].dtype))
+    graph = helper.make_graph([node], "case", graph_inputs,
+                              [helper.make_tensor_value_info("y", out_type, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    # onnxruntime validates the model when the session is created.
+    return model
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_converter_matches_onnxruntime(case):
+    op_type, opset, attrs, inputs, constants = CASES[case]
+    model = single_node_model(op_type, opset, attrs, inputs, constants)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (expected,) = session.run(None, {f"x{i}": v for i, v in enumerate(inputs)})
+    module = OnnxGraphModule(*graph_from_onnx(model))
+    got = module(*[torch.from_numpy(v) for v in inputs]).numpy()
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    tol = tolerance_for(expected.dtype)
+    if tol.exact:
+        np.testing.assert_array_equal(got, expected)
+    else:
+        np.testing.assert_allclose(got, expected, atol=tol.atol, rtol=tol.rtol)
+
+
+def test_every_registered_op_has_a_case():
+    tested = {c[0] for c in CASES.values()}
+    registered = {c.op_type for c in REGISTRY if c.domain == ""}
+    untested = registered - tested - {"Constant", "Equal", "Less", "Greater", "And", "Or", "Not",
+                                      "Abs", "Log", "Floor", "Min"}
+    assert not untested, f"converters without an onnxruntime case: {sorted(untested)}"
+
+
+def test_unknown_op_is_refused_with_its_name():
+    model = single_node_model("Erf", 17, {}, [rand(2)], {})
+    model.graph.node[0].op_type = "Erfc"
+    with pytest.raises(ConversionError, match="Erfc has no Torch converter"):
+        OnnxGraphModule(*graph_from_onnx(model))
+
+
+def test_opset_too_old_for_every_version_is_refused():
+    model = single_node_model("LayerNormalization", 17, {}, [rand(2, 4), rand(4)], {})
+    model.opset_import[0].version = 16
+    with pytest.raises(ConversionError, match="only from opset 17"):
+        OnnxGraphModule(*graph_from_onnx(model))
