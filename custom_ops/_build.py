@@ -10,7 +10,8 @@ Object files are cached by a hash of source, headers and flags, so a rebuild aft
 change costs nothing.
 """
 
-from __future__ import annotations
+# No `from __future__ import annotations`: setup.py execs this file without registering it in
+# sys.modules, and dataclasses then cannot resolve string annotations.
 
 import hashlib
 import os

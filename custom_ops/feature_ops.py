@@ -1,0 +1,121 @@
+"""Python wrappers of the C++ feature ops (library ``custom_ops._feature_ops``).
+
+Each wrapper converts integer inputs to int64, calls the op and names its outputs. The ops
+validate everything else themselves and raise ``tf.errors.InvalidArgumentError`` naming the
+input and the rule. The Torch twins (``custom_ops.torch_twins``) implement the same semantics.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import tensorflow as tf
+
+from custom_ops._loader import load_library
+from torch_engine.errors import InvalidInputError
+
+
+class CleanedSequence(NamedTuple):
+    values: tf.Tensor       # int64 [E']
+    timestamps: tf.Tensor   # int64 [E']
+    row_splits: tf.Tensor   # int64 [B+1]
+
+
+class CodeTokens(NamedTuple):
+    code_tokens: tf.Tensor    # int64 [E', levels]
+    row_splits: tf.Tensor     # int64 [B+1]
+    unknown_count: tf.Tensor  # int64 [B]
+
+
+class Prompt(NamedTuple):
+    token_ids: tf.Tensor    # int32 [B, L]
+    lengths: tf.Tensor      # int32 [B]
+    segment_ids: tf.Tensor  # int32 [B, L]
+
+
+def as_int64(value, name: str) -> tf.Tensor:
+    """``value`` as an int64 tensor; any integer dtype is widened, anything else is refused."""
+    tensor = tf.convert_to_tensor(value)
+    if not (tensor.dtype.is_integer):
+        raise InvalidInputError(f"{name} must be an integer tensor, got dtype {tensor.dtype.name}")
+    return tf.cast(tensor, tf.int64)
+
+
+def clean_sequence(values, timestamps, row_splits, request_time, *, window_seconds: int,
+                   keep_last: int) -> CleanedSequence:
+    """Cleans ragged behaviour sequences (``XgrCleanSequence``).
+
+    Args:
+      values: int64 [E], event values (item ids), the rows concatenated.
+      timestamps: int64 [E], event times, non-decreasing inside each row.
+      row_splits: int64 [B+1], row b is ``values[row_splits[b]:row_splits[b+1]]``.
+      request_time: int64 [B], when each row's request is served.
+      window_seconds: > 0; events older than ``request_time - window_seconds`` are dropped.
+      keep_last: >= 1; at most this many (the most recent) events survive per row.
+
+    Per row, in order: drop events after ``request_time`` (leakage) or before the window;
+    collapse each run of equal consecutive values into one event carrying the run's LAST
+    timestamp; keep the last ``keep_last`` events.
+
+    Returns:
+      ``CleanedSequence(values int64 [E'], timestamps int64 [E'], row_splits int64 [B+1])``.
+    """
+    out = load_library("feature_ops").xgr_clean_sequence(
+        values=as_int64(values, "values"), timestamps=as_int64(timestamps, "timestamps"),
+        row_splits=as_int64(row_splits, "row_splits"),
+        request_time=as_int64(request_time, "request_time"),
+        window_seconds=window_seconds, keep_last=keep_last)
+    return CleanedSequence(*out)
+
+
+def semantic_id_lookup(table, items, row_splits, *, code_base: int) -> CodeTokens:
+    """Maps ragged item ids to semantic-ID code tokens (``XgrSemanticIdLookup``).
+
+    Args:
+      table: a ``custom_ops.SemanticIdTable``.
+      items: int64 [E], item ids, the rows concatenated.
+      row_splits: int64 [B+1].
+      code_base: first code token id (``torch_engine.layout.TokenLayout.code_base``).
+
+    A known item with code path (c_0, ..., c_{levels-1}) becomes the token row
+    ``code_base + l * codebook_size + c_l``; unknown items are dropped and counted.
+
+    Returns:
+      ``CodeTokens(code_tokens int64 [E', levels], row_splits int64 [B+1],
+      unknown_count int64 [B])``.
+    """
+    out = load_library("feature_ops").xgr_semantic_id_lookup(
+        table=table.resource_handle, items=as_int64(items, "items"),
+        row_splits=as_int64(row_splits, "row_splits"), code_base=code_base,
+        codebook_size=table.codebook_size, levels=table.levels)
+    return CodeTokens(*out)
+
+
+def assemble_prompt(context_tokens, item_tokens, item_row_splits, *, bos_id: int,
+                    profile_start_id: int, item_start_id: int, pad_id: int,
+                    max_length: int = 0) -> Prompt:
+    """Assembles the engine's right-padded prompts (``XgrAssemblePrompt``).
+
+    Args:
+      context_tokens: int64 [B, P], profile/context token ids in [0, 2^31).
+      item_tokens: int64 [E', levels], each history item's code tokens, rows concatenated.
+      item_row_splits: int64 [B+1], rows of ``item_tokens``.
+      bos_id, profile_start_id, item_start_id, pad_id: special token ids (``TokenLayout``).
+      max_length: 0 for L = the longest row; otherwise L = ``max_length`` and a row that is
+        too long drops its OLDEST whole items until it fits (an error if 3 + P > max_length).
+
+    Row layout (``torch_engine/prompt_spec.py``): ``BOS PROFILE_START ctx_1..ctx_P`` in
+    segment 0; the k-th kept item (0-based) as ``ITEM_START c_0..c_{levels-1}`` in segment
+    k+1; a trailing ``ITEM_START`` in segment n+1 (the item to generate); then ``pad_id``
+    with segment -1.
+
+    Returns:
+      ``Prompt(token_ids int32 [B, L], lengths int32 [B], segment_ids int32 [B, L])``.
+    """
+    out = load_library("feature_ops").xgr_assemble_prompt(
+        context_tokens=as_int64(context_tokens, "context_tokens"),
+        item_tokens=as_int64(item_tokens, "item_tokens"),
+        item_row_splits=as_int64(item_row_splits, "item_row_splits"),
+        bos_id=bos_id, profile_start_id=profile_start_id, item_start_id=item_start_id,
+        pad_id=pad_id, max_length=max_length)
+    return Prompt(*out)
