@@ -1,0 +1,13 @@
+"""Torch twins of the C++ feature ops: same semantics, same validation, pure torch.
+
+Imported on demand (``custom_ops/__init__`` never imports torch). Each twin raises
+``torch_engine.errors.InvalidInputError`` naming the argument where the TF op raises
+``InvalidArgumentError``; ``custom_ops.registry`` pairs each TF op with its twin.
+"""
+
+from custom_ops.torch_twins.assemble_prompt import Prompt, assemble_prompt
+from custom_ops.torch_twins.clean_sequence import CleanedSequence, clean_sequence
+from custom_ops.torch_twins.semantic_ids import CodeTokens, TorchSemanticIdTable, semantic_id_lookup
+
+__all__ = ["CleanedSequence", "CodeTokens", "Prompt", "TorchSemanticIdTable", "assemble_prompt",
+           "clean_sequence", "semantic_id_lookup"]
