@@ -14,6 +14,7 @@ import torch
 
 from custom_ops.catalog_file import CatalogArrays, read_catalog, validate_catalog
 from custom_ops.torch_twins import _checks
+from torch_engine.errors import CatalogError, require
 
 
 class CodeTokens(NamedTuple):
@@ -40,6 +41,24 @@ class TorchSemanticIdTable:
         """The table of a catalog file (``custom_ops.catalog_file``), the TF table's asset."""
         table = cls.__new__(cls)
         table._init_from(read_catalog(path), torch.device(device))
+        return table
+
+    @classmethod
+    def from_sorted(cls, sorted_ids: torch.Tensor, codes: torch.Tensor,
+                    codebook_size: int) -> "TorchSemanticIdTable":
+        """A table on tensors already sorted by id (the ONNX node's catalog inputs), checked
+        on their device: ids strictly increasing, codes int64 [N, levels] in range."""
+        ids = _checks.int64_tensor(sorted_ids, "catalog_item_ids", 1)
+        cds = _checks.int64_tensor(codes, "catalog_codes", 2)
+        _checks.int_attr(codebook_size, 1, _checks.INT32_MAX, "codebook_size")
+        require(cds.shape[0] == ids.numel() and cds.shape[1] >= 1, CatalogError,
+                f"catalog_codes must have shape [{ids.numel()}, levels>=1], got {tuple(cds.shape)}")
+        require(bool((ids[1:] > ids[:-1]).all()), CatalogError,
+                "catalog_item_ids must be strictly increasing (sorted, unique)")
+        require(cds.numel() == 0 or (int(cds.min()) >= 0 and int(cds.max()) < codebook_size),
+                CatalogError, f"catalog_codes must lie in [0, codebook_size={codebook_size})")
+        table = cls.__new__(cls)
+        table._sorted_ids, table._codes, table._codebook_size = ids, cds, codebook_size
         return table
 
     def _init_from(self, cat: CatalogArrays, device: torch.device) -> None:
@@ -94,3 +113,14 @@ def semantic_id_lookup(table: TorchSemanticIdTable, items: torch.Tensor,
     out_splits[1:] = torch.cumsum(torch.bincount(rows[known], minlength=batch), 0)
     unknown = torch.bincount(rows[~known], minlength=batch)
     return CodeTokens(tokens, out_splits, unknown)
+
+
+def semantic_id_lookup_onnx(catalog_item_ids: torch.Tensor, catalog_codes: torch.Tensor,
+                            items: torch.Tensor, row_splits: torch.Tensor, *, code_base: int,
+                            codebook_size: int, levels: int) -> CodeTokens:
+    """The ONNX node's form of the lookup: the catalog arrives as two inputs (ids sorted
+    ascending int64 [N], codes int64 [N, levels]) instead of a table resource."""
+    table = TorchSemanticIdTable.from_sorted(catalog_item_ids, catalog_codes, codebook_size)
+    require(table.levels == levels, CatalogError,
+            f"attribute levels={levels} does not match catalog_codes' {table.levels} levels")
+    return semantic_id_lookup(table, items, row_splits, code_base=code_base)
