@@ -1,0 +1,146 @@
+"""Attention for the three call sites, with backend dispatch.
+
+* ``padded_attention``: right-padded ``[B, L]`` rows with a mask rule (full forward, training).
+* ``prefill_attention``: the packed ragged prompt batch (``PackedPrompt``).
+* ``decode_attention``: one step of W beams over their request's shared prompt KV plus their own
+  slots.
+
+Backends: "triton" calls the kernels of ``torch_engine.kernels`` (same signatures as
+``torch_engine.reference``; CUDA only); "torch" is plain PyTorch built on SDPA and batched
+matrix products (no Python loop over requests, so it traces).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from torch_engine.errors import ConfigError, require
+from torch_engine.kv_cache import PackedPrompt
+from torch_engine.layout import PAD_SEGMENT, PROFILE_SEGMENT, MaskMode
+
+
+def dense_mask(segment_ids: torch.Tensor, mode: MaskMode) -> torch.Tensor:
+    """``[B, 1, L, L]`` bool mask (True = may attend) for right-padded rows.
+
+    segment_ids: ``[B, L]`` int with ``PAD_SEGMENT`` (-1) on padding. Padding keys are never
+    attended; a padding query attends only itself, so no softmax row is empty.
+    """
+    length = segment_ids.shape[1]
+    pos = torch.arange(length, device=segment_ids.device)
+    causal = (pos[None, :] <= pos[:, None])[None]
+    seg_q, seg_k = segment_ids[:, :, None], segment_ids[:, None, :]
+    mode = MaskMode(mode)
+    if mode is MaskMode.CAUSAL:
+        rule = causal
+    elif mode is MaskMode.PREFIX_BIDIRECTIONAL:
+        rule = causal | ((seg_q == PROFILE_SEGMENT) & (seg_k == PROFILE_SEGMENT))
+    elif mode is MaskMode.SEGMENT_BIDIRECTIONAL:
+        rule = seg_q == seg_k
+    else:
+        rule = causal | (seg_q == seg_k)
+    valid = segment_ids != PAD_SEGMENT
+    mask = rule & valid[:, None, :]
+    eye = torch.eye(length, dtype=torch.bool, device=segment_ids.device)[None]
+    return (mask | (eye & ~valid[:, :, None]))[:, None]
+
+
+def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     segment_ids: torch.Tensor | None, mode: MaskMode) -> torch.Tensor:
+    """Self-attention of right-padded rows.
+
+    q: ``[B, L, Hq, D]``; k, v: ``[B, L, Hkv, D]``; segment_ids: ``[B, L]`` (-1 = padding) or
+    None (every slot valid). Returns ``[B, L, Hq, D]``; rows of padding slots are meaningless.
+    """
+    group = q.shape[2] // k.shape[2]
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    if group > 1:
+        kt, vt = kt.repeat_interleave(group, 1), vt.repeat_interleave(group, 1)
+    if MaskMode(mode) is MaskMode.CAUSAL:
+        # Right padding sits after every valid key, so the causal rule already excludes it.
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+    else:
+        require(segment_ids is not None, ConfigError,
+                f"mask mode {MaskMode(mode).value!r} needs segment_ids")
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense_mask(segment_ids, mode))
+    return out.transpose(1, 2)
+
+
+def _kernel(name: str) -> Callable | None:
+    """The Triton kernel ``name`` from ``torch_engine.kernels``, or None when unavailable."""
+    try:
+        package = importlib.import_module("torch_engine.kernels")
+        if hasattr(package, name):
+            return getattr(package, name)
+        return getattr(importlib.import_module(f"torch_engine.kernels.{name}"), name)
+    except (ImportError, AttributeError):
+        return None
+
+
+def resolve_backend(name: str, device: torch.device) -> str:
+    """"torch" or "triton" for the configured ``name`` ("auto", "torch", "triton")."""
+    available = device.type == "cuda" and all(
+        _kernel(k) is not None for k in ("prefill_attention", "decode_attention"))
+    if name == "auto":
+        return "triton" if available else "torch"
+    if name == "triton":
+        require(available, ConfigError,
+                "attention_backend='triton' needs CUDA and the kernels of torch_engine.kernels "
+                f"(device is {device}, kernels importable: "
+                f"{_kernel('decode_attention') is not None})")
+    return name
+
+
+def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      prompt: PackedPrompt, backend: str) -> torch.Tensor:
+    """Masked self-attention of each packed request.
+
+    q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]``. Returns ``[T, Hq, D]`` in ``q.dtype``.
+    """
+    if backend == "triton":
+        return _kernel("prefill_attention")(q, k, v, prompt.cu_seqlens, prompt.segment_ids,
+                                            prompt.mode, None)
+    # Plain torch: scatter into the [B, Lmax] rows the caller padded, attend, pack again.
+    out = padded_attention(prompt.unpack(q), prompt.unpack(k), prompt.unpack(v),
+                           prompt.padded_segments(), prompt.mode)
+    return prompt.pack(out)
+
+
+def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                     prompt: PackedPrompt, beam_k: torch.Tensor, beam_v: torch.Tensor,
+                     num_own: int, backend: str) -> torch.Tensor:
+    """One decode step: each beam attends its prompt and its first ``num_own`` own slots.
+
+    q: ``[B, W, Hq, D]``; shared_k, shared_v: ``[T, Hkv, D]`` packed prompt KV;
+    beam_k, beam_v: ``[B, W, S, Hkv, D]``. Returns ``[B, W, Hq, D]`` in ``q.dtype``.
+    """
+    if backend == "triton":
+        return _kernel("decode_attention")(q, shared_k, shared_v, prompt.cu_seqlens,
+                                           beam_k, beam_v, num_own, None)
+    batch, width, hq, dim = q.shape
+    hkv = shared_k.shape[1]
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(dim)
+    # All beams (x the query heads of one KV head) of a request form one matrix against the
+    # shared prompt: a GEMM with W * group rows per KV head instead of W separate GEMVs.
+    rows = q.view(batch, width, hkv, group, dim)
+    grouped = rows.permute(0, 2, 1, 3, 4).reshape(batch, hkv, width * group, dim)
+    keys = prompt.unpack(shared_k).permute(0, 2, 3, 1)            # [B, Hkv, D, Lmax]
+    vals = prompt.unpack(shared_v).transpose(1, 2)                # [B, Hkv, Lmax, D]
+    s_shared = (grouped @ keys).float() * scale                   # [B, Hkv, W*g, Lmax]
+    s_shared = s_shared.masked_fill(~prompt.valid[:, None, None, :], float("-inf"))
+    own_k, own_v = beam_k[:, :, :num_own], beam_v[:, :, :num_own]  # [B, W, n, Hkv, D]
+    s_own = torch.einsum("bwhgd,bwnhd->bhwgn", rows, own_k).float() * scale
+    s_own = s_own.reshape(batch, hkv, width * group, num_own)
+    probs = torch.softmax(torch.cat([s_shared, s_own], dim=-1), dim=-1).to(q.dtype)
+    p_shared, p_own = probs.split([s_shared.shape[-1], num_own], dim=-1)
+    out = p_shared @ vals                                         # [B, Hkv, W*g, D]
+    out = out + torch.einsum("bhwgn,bwnhd->bhwgd",
+                             p_own.reshape(batch, hkv, width, group, num_own),
+                             own_v).reshape(batch, hkv, width * group, dim)
+    return out.view(batch, hkv, width, group, dim).permute(0, 2, 1, 3, 4).reshape(
+        batch, width, hq, dim)

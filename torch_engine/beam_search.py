@@ -1,0 +1,147 @@
+"""Device-side constrained beam search over code levels, and the final path -> item expansion.
+
+Everything here is tensor code with shapes fixed by the catalog, the beam width and top_k:
+no host reads, no data-dependent Python branches, so a decode loop over the (few) levels
+traces and captures.
+
+Beam state between levels: ``scores [B, W]`` float32 (sum of per-level log-probabilities,
+-inf for dead beams) and ``prefixes [B, W]`` int64 (prefix id of each beam, see ``catalog``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from torch_engine.catalog import Catalog
+
+NEG_INF = float("-inf")
+
+
+def constrain(logits: torch.Tensor, prefixes: torch.Tensor, catalog: Catalog, level: int
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-softmax over each beam's *allowed* next codes.
+
+    logits: ``[B, W, C]`` float32 over ``level``'s codebook; prefixes: ``[B, W]`` int64.
+    Returns logp ``[B, W, C]`` (-inf where not allowed; the softmax is normalised over the
+    allowed codes only) and child ``[B, W, C]`` int64 (the next prefix id, -1 if not allowed).
+    """
+    indptr, codes = catalog.level_indptr[level], catalog.level_codes[level]
+    size = logits.shape[-1]
+    start = indptr[prefixes]
+    count = indptr[prefixes + 1] - start
+    slot = torch.arange(catalog.max_fanout[level], device=logits.device)
+    entry = start[..., None] + slot                                   # [B, W, M] CSR entries
+    ok = slot < count[..., None]
+    code = torch.where(ok, codes[torch.where(ok, entry, 0)], size)    # C = a dump column
+    child = torch.full((*prefixes.shape, size + 1), -1, dtype=torch.int64,
+                       device=logits.device)
+    child = child.scatter(2, code, torch.where(ok, entry, -1))[..., :size]
+    allowed = child >= 0
+    masked = logits.masked_fill(~allowed, NEG_INF)
+    lse = torch.logsumexp(masked, dim=-1, keepdim=True)
+    return torch.where(allowed, logits - lse, NEG_INF), child
+
+
+def rank(scores: torch.Tensor, logp: torch.Tensor, child: torch.Tensor, width: int
+         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Best ``width`` (beam, code) continuations per request.
+
+    scores: ``[B, W0]``; logp, child: ``[B, W0, C]``. Returns parents ``[B, width]``, codes,
+    new prefix ids (0 for dead beams) and new scores (descending), all ``[B, width]``.
+    """
+    size = logp.shape[-1]
+    total = (scores[..., None] + logp).flatten(1)
+    best, index = torch.topk(total, width, dim=1)
+    prefixes = child.flatten(1).gather(1, index).clamp(min=0)
+    return index // size, index % size, prefixes, best
+
+
+def keep_all(scores: torch.Tensor, logp: torch.Tensor, catalog: Catalog, level: int,
+             width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every next prefix in catalog order, with no ranking: for a level whose prefixes all fit
+    the beam (``num_prefixes[level + 1] <= width``), which implies beam slot p holds prefix p.
+
+    Same outputs as ``rank`` (scores not sorted; slots past the last prefix are dead).
+    """
+    count = catalog.num_prefixes[level + 1]
+    device = scores.device
+    parents = torch.zeros(width, dtype=torch.int64, device=device)
+    codes = torch.zeros(width, dtype=torch.int64, device=device)
+    parents[:count] = catalog.level_parents[level]
+    codes[:count] = catalog.level_codes[level]
+    live = torch.arange(width, device=device) < count
+    batch = scores.shape[0]
+    parents, codes = parents.expand(batch, width), codes.expand(batch, width)
+    step = logp.gather(1, parents[..., None].expand(-1, -1, logp.shape[-1]))
+    step = step.gather(2, codes[..., None])[..., 0]
+    new = torch.where(live, scores.gather(1, parents) + step, NEG_INF)
+    prefixes = torch.where(live, torch.arange(width, device=device), 0).expand(batch, width)
+    return parents, codes, prefixes, new
+
+
+def excluded_rows(exclude_items: torch.Tensor, catalog: Catalog) -> torch.Tensor:
+    """Rows of ``path_items`` holding each request's excluded items, sorted, deduplicated.
+
+    exclude_items: ``[B, X]`` int64 with X >= 1, -1 = padding; ids not in the catalog are
+    ignored.
+    Returns ``[B, X]`` int64 with the sentinel ``num_items`` for padding/unknown/duplicates.
+    """
+    ids, rows = catalog.item_lookup_ids, catalog.item_lookup_rows
+    pos = torch.searchsorted(ids, exclude_items).clamp(max=ids.shape[0] - 1)
+    found = (ids[pos] == exclude_items) & (exclude_items >= 0)
+    sentinel = catalog.num_items
+    out = torch.where(found, rows[pos], sentinel).sort(dim=1).values
+    duplicate = torch.zeros_like(found)
+    duplicate[:, 1:] = out[:, 1:] == out[:, :-1]
+    return torch.where(duplicate, sentinel, out).sort(dim=1).values
+
+
+def drop_exhausted_paths(logp: torch.Tensor, child: torch.Tensor, excluded: torch.Tensor,
+                         catalog: Catalog) -> torch.Tensor:
+    """Set logp to -inf for full paths all of whose items are excluded (last level only).
+
+    excluded: ``[B, X]`` from ``excluded_rows``. Returns logp ``[B, W, C]``.
+    """
+    paths_total = catalog.num_prefixes[-1]
+    # Path of each excluded row; the sentinel row maps past the last path.
+    path_of = torch.searchsorted(catalog.path_indptr, excluded, right=True) - 1
+    path_of = torch.where(excluded < catalog.num_items, path_of, paths_total)
+    flat = child.flatten(1).clamp(min=0)
+    hits = (torch.searchsorted(path_of, flat, right=True)
+            - torch.searchsorted(path_of, flat, right=False))
+    sizes = catalog.path_indptr[flat + 1] - catalog.path_indptr[flat]
+    return logp.masked_fill((hits >= sizes).view_as(logp), NEG_INF)
+
+
+def expand_items(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,
+                 catalog: Catalog, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``top_k`` best items of the final beams.
+
+    scores, paths: ``[B, W]`` final beams (any order); excluded: ``[B, X]`` sorted rows
+    (``excluded_rows``, X >= 1).
+    Items of a path share its score and follow each other by item id. Returns item ids
+    ``[B, top_k]`` int64 (-1 where fewer items were reachable) and scores float32 (-inf there).
+    """
+    batch, width = scores.shape
+    scores, order = torch.sort(scores, dim=1, descending=True, stable=True)
+    paths = paths.gather(1, order)
+    first = catalog.path_indptr[paths]
+    count = torch.where(scores > NEG_INF, catalog.path_indptr[paths + 1] - first, 0)
+    ends = torch.cumsum(count, dim=1)
+    # Enough raw slots that top_k survive even if every excluded item falls among them.
+    raw = top_k + excluded.shape[1]
+    slot = torch.arange(raw, device=scores.device).repeat(batch, 1)
+    beam = torch.searchsorted(ends, slot, right=True).clamp(max=width - 1)
+    offset = slot - (ends.gather(1, beam) - count.gather(1, beam))
+    reachable = slot < ends[:, -1:]
+    row = torch.where(reachable, first.gather(1, beam) + offset, 0)
+    pos = torch.searchsorted(excluded, row).clamp(max=excluded.shape[1] - 1)
+    hit = excluded.gather(1, pos) == row
+    keep = reachable & ~hit
+    target = torch.cumsum(keep.to(torch.int64), dim=1) - 1
+    target = torch.where(keep & (target < top_k), target, top_k)      # top_k = dump column
+    items = torch.full((batch, top_k + 1), -1, dtype=torch.int64, device=scores.device)
+    items = items.scatter(1, target, catalog.path_items[row])[:, :top_k]
+    best = torch.full((batch, top_k + 1), NEG_INF, dtype=torch.float32, device=scores.device)
+    best = best.scatter(1, target, scores.gather(1, beam).float())[:, :top_k]
+    return items, best

@@ -1,0 +1,149 @@
+"""The semantic-ID catalog and its device constraint tables, built once with vectorised NumPy.
+
+Items are sorted by code path (then item id). A *prefix of length l* is a distinct tuple of the
+first l codes; prefixes of each length are numbered in sorted order, so prefix 0 of length 0 is
+the root and the full-length prefixes are the catalog's distinct paths. For each level l:
+
+    level_indptr[l]  [P_l + 1]      CSR over prefixes of length l
+    level_codes[l]   [P_{l+1}]      the allowed next code of each CSR entry
+    level_parents[l] [P_{l+1}]      the length-l prefix each entry extends
+
+Entry e of level l's CSR *is* prefix e of length l+1 (the children of a prefix are contiguous
+in sorted order), so beam search carries prefix ids instead of code tuples. Then
+
+    path_indptr [P_L + 1], path_items [N]   the items of each path, sorted by item id
+    item_lookup_ids [N], item_lookup_rows [N]  sorted item ids and their row in path_items
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import torch
+
+from torch_engine.errors import CatalogError, require
+from torch_engine.layout import TokenLayout
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Device tables of one catalog (all int64 tensors); build with ``Catalog.from_arrays``."""
+
+    layout: TokenLayout
+    num_items: int
+    num_prefixes: tuple[int, ...]      # P_0 = 1, P_1, ..., P_L (P_L = distinct paths)
+    max_fanout: tuple[int, ...]        # per level: most children of one prefix
+    max_items_per_path: int
+    level_indptr: tuple[torch.Tensor, ...]
+    level_codes: tuple[torch.Tensor, ...]
+    level_parents: tuple[torch.Tensor, ...]
+    path_indptr: torch.Tensor
+    path_items: torch.Tensor
+    item_lookup_ids: torch.Tensor
+    item_lookup_rows: torch.Tensor
+
+    @classmethod
+    def from_arrays(cls, item_ids, codes, layout: TokenLayout | None = None) -> "Catalog":
+        """Build from ``item_ids`` int64 ``[N]`` (unique) and ``codes`` int ``[N, levels]``.
+
+        Several items may share a path. Raises ``CatalogError`` naming the rule broken.
+        Accepts NumPy arrays or CPU tensors.
+        """
+        layout = layout or TokenLayout()
+        ids = np.asarray(item_ids.cpu() if isinstance(item_ids, torch.Tensor) else item_ids)
+        paths = np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes)
+        _check_arrays(ids, paths, layout)
+        ids = ids.astype(np.int64, copy=False)
+        levels, size = layout.levels, layout.codebook_size
+        # One int64 key per path (codes as digits in base codebook_size), then sort by
+        # (key, item id): two flat keys sort far faster than `levels` columns.
+        key = np.zeros(ids.shape[0], dtype=np.int64)
+        for level in range(levels):
+            key = key * size + paths[:, level].astype(np.int64)
+        order = np.lexsort((ids, key))
+        key_sorted = key[order]
+        # starts[l]: first sorted row of each prefix of length l (l = 0..levels).
+        starts = [np.zeros(1, dtype=np.int64)]
+        for length in range(1, levels + 1):
+            prefix = key_sorted // size ** (levels - length)
+            starts.append(np.flatnonzero(np.r_[True, prefix[1:] != prefix[:-1]]).astype(np.int64))
+        level_indptr, level_codes, level_parents, fanout = [], [], [], []
+        for level in range(levels):
+            # Parent of each child = the length-l prefix containing the child's first row.
+            parent = np.searchsorted(starts[level], starts[level + 1], side="right") - 1
+            counts = np.bincount(parent, minlength=starts[level].shape[0])
+            level_indptr.append(np.r_[0, np.cumsum(counts)].astype(np.int64))
+            digit = (key_sorted[starts[level + 1]] // size ** (levels - 1 - level)) % size
+            level_codes.append(digit.astype(np.int64))
+            level_parents.append(parent.astype(np.int64))
+            fanout.append(int(counts.max()))
+        path_indptr = np.r_[starts[levels], ids.shape[0]].astype(np.int64)
+        by_id = np.argsort(ids, kind="stable")
+        row_of_item = np.empty_like(order)
+        row_of_item[order] = np.arange(order.shape[0], dtype=order.dtype)
+        as_tensor = torch.from_numpy
+        return cls(
+            layout=layout,
+            num_items=int(ids.shape[0]),
+            num_prefixes=tuple(int(s.shape[0]) for s in starts),
+            max_fanout=tuple(fanout),
+            max_items_per_path=int(np.diff(path_indptr).max()),
+            level_indptr=tuple(as_tensor(a) for a in level_indptr),
+            level_codes=tuple(as_tensor(a) for a in level_codes),
+            level_parents=tuple(as_tensor(a) for a in level_parents),
+            path_indptr=as_tensor(path_indptr),
+            path_items=as_tensor(ids[order]),
+            item_lookup_ids=as_tensor(ids[by_id]),
+            item_lookup_rows=as_tensor(row_of_item[by_id].astype(np.int64)),
+        )
+
+    @property
+    def levels(self) -> int:
+        return self.layout.levels
+
+    @property
+    def device(self) -> torch.device:
+        return self.path_items.device
+
+    def to(self, device: torch.device | str) -> "Catalog":
+        """A copy whose tables live on ``device``."""
+        moved = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                moved[f.name] = value.to(device)
+            elif isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
+                moved[f.name] = tuple(t.to(device) for t in value)
+        return replace(self, **moved)
+
+    def nbytes(self) -> int:
+        """Bytes held by the tables."""
+        tensors = [self.path_indptr, self.path_items, self.item_lookup_ids,
+                   self.item_lookup_rows, *self.level_indptr, *self.level_codes,
+                   *self.level_parents]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _check_arrays(ids: np.ndarray, paths: np.ndarray, layout: TokenLayout) -> None:
+    require(ids.ndim == 1 and ids.shape[0] >= 1, CatalogError,
+            f"item_ids must be a non-empty 1-D array, got shape {ids.shape}")
+    require(np.issubdtype(ids.dtype, np.integer), CatalogError,
+            f"item_ids must be integers, got dtype {ids.dtype}")
+    require(paths.ndim == 2 and paths.shape == (ids.shape[0], layout.levels), CatalogError,
+            f"codes must have shape [N={ids.shape[0]}, levels={layout.levels}], "
+            f"got {paths.shape}")
+    require(np.issubdtype(paths.dtype, np.integer), CatalogError,
+            f"codes must be integers, got dtype {paths.dtype}")
+    require(float(layout.codebook_size) ** layout.levels < 2.0 ** 62, CatalogError,
+            f"codebook_size**levels = {layout.codebook_size}**{layout.levels} must fit int64")
+    low, high = int(paths.min()), int(paths.max())
+    require(low >= 0 and high < layout.codebook_size, CatalogError,
+            f"codes must lie in [0, codebook_size={layout.codebook_size}), got [{low}, {high}]")
+    require(int(ids.min()) >= 0, CatalogError,
+            f"item_ids must be >= 0 (-1 marks 'no item' in results), got {int(ids.min())}")
+    sorted_ids = np.sort(ids)
+    dup = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
+    require(dup.shape[0] == 0, CatalogError,
+            f"item_ids must be unique; {dup.shape[0]} duplicates, e.g. "
+            f"{sorted_ids[dup[:3]].tolist() if dup.shape[0] else []}")

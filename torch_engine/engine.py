@@ -1,0 +1,149 @@
+"""The generative-retrieval engine: prompt batch in, top-k catalog items out.
+
+``Engine.recommend`` = ``check_inputs`` (host: reads values, raises ``InvalidInputError``) then
+``search`` (device only: prefill once, one decode step per further code level, constrained beam
+selection, item expansion; no host synchronisation, traceable with ``torch.export``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from torch_engine import beam_search as bs
+from torch_engine.attention import resolve_backend
+from torch_engine.catalog import Catalog
+from torch_engine.config import EngineConfig
+from torch_engine.errors import ConfigError, require
+from torch_engine.inputs import RequestBatch, check_inputs
+from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
+from torch_engine.layout import MaskMode
+from torch_engine.model import Model
+
+
+@dataclass(frozen=True)
+class PrefillState:
+    """What decoding needs from prefill: the packed layout, the shared KV (per layer
+    ``[T, Hkv, D]``), each request's last hidden ``[B, hidden]`` and its excluded item rows
+    ``[B, X]`` (see ``beam_search.excluded_rows``)."""
+
+    prompt: PackedPrompt
+    shared: SharedKV
+    last_hidden: torch.Tensor
+    excluded: torch.Tensor
+
+
+class Engine:
+    """Serves one model over one catalog.
+
+    model: a ``Model`` whose vocabulary holds the catalog layout's code tokens (its dtype is
+    changed to ``config.dtype`` when given); catalog: moved to the model's device.
+    """
+
+    def __init__(self, model: Model, catalog: Catalog, config: EngineConfig = EngineConfig()):
+        layout = catalog.layout
+        require(model.config.vocab_size >= layout.code_end, ConfigError,
+                f"model vocab_size {model.config.vocab_size} must cover the catalog's code "
+                f"tokens (code_end = {layout.code_end})")
+        if config.dtype is not None:
+            model = model.to(getattr(torch, config.dtype))
+        self.model = model.eval()
+        self.config = config
+        self.device = next(model.parameters()).device
+        self.catalog = catalog.to(self.device)
+        self.backend = resolve_backend(config.attention_backend, self.device)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return next(self.model.parameters()).dtype
+
+    def recommend(self, token_ids, lengths, segment_ids=None, beam_width: int = 256,
+                  top_k: int = 300, prefix_embeds=None, exclude_items=None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Top-k items for each request of a batch.
+
+        token_ids: ``[B, L]`` int, right-padded prompts (see ``torch_engine.prompt_spec``);
+        lengths: ``[B]`` int, tokens of each row (1..L); segment_ids: ``[B, L]`` int32 hybrid
+        mask layout (prefill mask ``ITEM_CAUSAL``), or None for a causal prompt;
+        prefix_embeds: ``[B, S, hidden]`` float soft tokens placed before ``token_ids``
+        (segment 0); exclude_items: ``[B, X]`` int64 padded with -1, or a list of B 1-D int
+        tensors: those items are never returned and a path whose items are all excluded is
+        never chosen. Generated codes attend the whole prompt and the earlier codes.
+
+        Returns item ids ``[B, top_k]`` int64 and scores ``[B, top_k]`` float32 (the path's
+        log-probability, each level normalised over the codes the catalog allows), best first;
+        when the final beams reach fewer than ``top_k`` items, the tail holds -1 and -inf.
+        """
+        batch = check_inputs(self, token_ids, lengths, segment_ids, beam_width, top_k,
+                             prefix_embeds, exclude_items)
+        with torch.no_grad():
+            return self.search(batch, beam_width, top_k)
+
+    def search(self, batch: RequestBatch, beam_width: int, top_k: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device part of ``recommend`` on checked inputs (see ``inputs.check_inputs``)."""
+        return self.decode(self.prefill(batch), beam_width, top_k)
+
+    def prefill(self, batch: RequestBatch) -> PrefillState:
+        """Pack the prompts and run them once, writing the shared KV.
+
+        Packing selects the valid slots (a data-dependent size ``T``): the one place where the
+        device may wait for the host; everything after it is shape-static.
+        """
+        prompt, embeds = self._pack(batch)
+        last_hidden, shared = self.model.prefill(prompt.pack(embeds), prompt, self.backend)
+        excluded = bs.excluded_rows(batch.exclude_items, self.catalog)
+        return PrefillState(prompt, shared, last_hidden, excluded)
+
+    def decode(self, state: PrefillState, beam_width: int, top_k: int
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Constrained beam search over the code levels, then item expansion.
+
+        No host synchronisation: shapes depend only on the batch, ``beam_width``, ``top_k``
+        and the catalog, and the loop runs a fixed ``levels`` times.
+        """
+        model, catalog, layout = self.model, self.catalog, self.catalog.layout
+        width, levels, cfg = beam_width, layout.levels, model.config
+        rows = state.last_hidden.shape[0]
+        # One live beam (the prompt) and W-1 dead ones; level 0 then works like any level.
+        scores = torch.full((rows, width), bs.NEG_INF, device=self.device)
+        scores[:, 0] = 0.0
+        prefixes = torch.zeros((rows, width), dtype=torch.int64, device=self.device)
+        hidden = state.last_hidden[:, None, :]
+        beams = BeamKV(cfg.num_layers, rows, width, levels - 1, cfg.num_kv_heads,
+                       cfg.head_dim, hidden.dtype, self.device)
+        tokens = prefixes
+        for level in range(levels):
+            if level > 0:
+                hidden = model.decode_step(tokens, state.prompt.lengths + (level - 1),
+                                           state.shared, state.prompt, beams, slot=level - 1,
+                                           backend=self.backend)
+            start, end = layout.level_range(level)
+            logits = model.level_logits(hidden, start, end).expand(rows, width, -1)
+            logp, child = bs.constrain(logits, prefixes, catalog, level)
+            if level == levels - 1:
+                logp = bs.drop_exhausted_paths(logp, child, state.excluded, catalog)
+            if catalog.num_prefixes[level + 1] <= width:
+                parents, codes, prefixes, scores = bs.keep_all(scores, logp, catalog, level,
+                                                               width)
+            else:
+                parents, codes, prefixes, scores = bs.rank(scores, logp, child, width)
+            if 0 < level < levels - 1:
+                beams.reorder(parents, used_slots=level)
+            tokens = codes + start
+        return bs.expand_items(scores, prefixes, state.excluded, catalog, top_k)
+
+    def _pack(self, batch: RequestBatch) -> tuple[PackedPrompt, torch.Tensor]:
+        """Padded input vectors ``[B, S+L, hidden]`` and their packed description."""
+        embeds = self.model.embed(batch.token_ids)
+        segments = batch.segment_ids
+        if batch.prefix_embeds is not None:
+            soft = batch.prefix_embeds
+            embeds = torch.cat([soft, embeds], dim=1)
+            segments = torch.cat([torch.zeros(soft.shape[:2], dtype=segments.dtype,
+                                              device=segments.device), segments], dim=1)
+        slots = torch.arange(embeds.shape[1], device=self.device)
+        valid = slots[None, :] < batch.total_lengths[:, None]
+        mode = MaskMode.CAUSAL if batch.causal else MaskMode.ITEM_CAUSAL
+        return PackedPrompt.from_padded(valid, segments, mode), embeds

@@ -1,0 +1,111 @@
+"""KV storage of one batch: the shared prompt KV (packed, written once) and the per-beam KV.
+
+Shared KV: per layer ``[T, Hkv, D]`` where the prompts of the batch are concatenated without
+padding (request b at rows ``cu_seqlens[b]:cu_seqlens[b+1]``); read-only during decode.
+Beam KV: ``[layers, B, W, S, Hkv, D]`` with ``S = levels - 1`` slots; decode step s writes slot
+s, and reordering the beams copies only the slots written so far, never the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from torch_engine.layout import PAD_SEGMENT, MaskMode
+
+
+@dataclass(frozen=True)
+class PackedPrompt:
+    """Where each request's tokens sit in the packed layout.
+
+    lengths: ``[B]`` int64 tokens per request (soft prefix included);
+    cu_seqlens: ``[B+1]`` int32 running offsets, ``cu_seqlens[-1] == T``;
+    positions: ``[T]`` int64 position of each packed token inside its request;
+    segment_ids: ``[T]`` int32 packed segment ids;
+    gather: ``[B, Lmax]`` int64 packed row of each padded slot (clamped for padding);
+    valid: ``[B, Lmax]`` bool, True where the padded slot holds a token;
+    mode: the prefill mask rule.
+    """
+
+    lengths: torch.Tensor
+    cu_seqlens: torch.Tensor
+    positions: torch.Tensor
+    segment_ids: torch.Tensor
+    gather: torch.Tensor
+    valid: torch.Tensor
+    mode: MaskMode
+
+    @classmethod
+    def from_padded(cls, valid: torch.Tensor, segment_ids: torch.Tensor,
+                    mode: MaskMode) -> "PackedPrompt":
+        """Describe right-padded rows ``valid [B, Lmax]`` (bool) with ``segment_ids [B, Lmax]``.
+
+        Uses only tensor ops (no host reads), so it traces; ``T`` is ``valid.sum()``.
+        """
+        lengths = valid.sum(dim=1)
+        cu = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=valid.device)
+        cu[1:] = torch.cumsum(lengths, dim=0)
+        width = valid.shape[1]
+        slots = torch.arange(width, device=valid.device)
+        total = cu[-1:]
+        gather = torch.minimum(cu[:-1, None] + slots[None, :], (total - 1).clamp(min=0))
+        positions = slots[None, :].expand_as(valid)[valid]
+        return cls(lengths=lengths, cu_seqlens=cu.to(torch.int32), positions=positions,
+                   segment_ids=segment_ids[valid].to(torch.int32), gather=gather,
+                   valid=valid, mode=MaskMode(mode))
+
+    def pack(self, padded: torch.Tensor) -> torch.Tensor:
+        """``[B, Lmax, ...]`` -> ``[T, ...]`` (the valid slots, request by request)."""
+        return padded[self.valid]
+
+    def unpack(self, packed: torch.Tensor) -> torch.Tensor:
+        """``[T, ...]`` -> ``[B, Lmax, ...]``; padding slots hold copies of other rows."""
+        return packed[self.gather]
+
+    def last_rows(self) -> torch.Tensor:
+        """``[B]`` packed row of each request's last token."""
+        return self.cu_seqlens[1:].to(torch.int64) - 1
+
+    def padded_segments(self) -> torch.Tensor:
+        """``[B, Lmax]`` int32 segment ids with ``PAD_SEGMENT`` on padding."""
+        seg = self.unpack(self.segment_ids)
+        return torch.where(self.valid, seg, torch.full_like(seg, PAD_SEGMENT))
+
+
+@dataclass
+class SharedKV:
+    """Per-layer packed prompt keys and values ``[T, Hkv, D]``; written once by prefill."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+
+class BeamKV:
+    """Per-beam KV of the generated tokens: ``[layers, B, W, slots, Hkv, D]`` keys and values."""
+
+    def __init__(self, layers: int, batch: int, width: int, slots: int, kv_heads: int,
+                 head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
+        shape = (layers, batch, width, max(slots, 1), kv_heads, head_dim)
+        self.keys = torch.zeros(shape, dtype=dtype, device=device)
+        self.values = torch.zeros(shape, dtype=dtype, device=device)
+
+    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store the current token's ``k, v [B, W, Hkv, D]`` of every beam at ``slot``."""
+        self.keys[layer, :, :, slot] = k
+        self.values[layer, :, :, slot] = v
+
+    def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[B, W, slots, Hkv, D]`` of one layer (views)."""
+        return self.keys[layer], self.values[layer]
+
+    def reorder(self, parents: torch.Tensor, used_slots: int) -> None:
+        """Give beam w the KV of beam ``parents[b, w]`` for the first ``used_slots`` slots.
+
+        parents: ``[B, W]`` int64. Copies ``used_slots`` tokens per beam and layer.
+        """
+        if used_slots == 0:
+            return
+        rows = torch.arange(parents.shape[0], device=parents.device)[:, None]
+        self.keys[:, :, :, :used_slots] = self.keys[:, rows, parents, :used_slots]
+        self.values[:, :, :, :used_slots] = self.values[:, rows, parents, :used_slots]

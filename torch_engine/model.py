@@ -1,0 +1,164 @@
+"""The Qwen2/Qwen3-style decoder with the three entry points the engine needs.
+
+* ``forward``: padded ``[B, L]`` rows -> full-vocabulary logits (training, parity checks).
+* ``prefill``: a packed ragged prompt batch -> shared prompt KV + each request's last hidden.
+* ``decode_step``: the current token of every beam -> its hidden, writing one beam KV slot.
+``level_logits`` applies the LM head to one level's codebook rows only.
+
+Module and parameter names equal Hugging Face's (``model.layers.N.self_attn.q_proj.weight``),
+so checkpoints load without a name map (see ``torch_engine.weights``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from torch_engine import attention as attn
+from torch_engine.config import ModelConfig, preset
+from torch_engine.errors import InvalidInputError, require
+from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
+from torch_engine.layers import DecoderLayer, RMSNorm, rotary_cos_sin
+from torch_engine.layout import PAD_SEGMENT, MaskMode
+
+
+class Decoder(nn.Module):
+    """Embedding, layers and final norm (Hugging Face's ``model`` submodule)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+class Model(nn.Module):
+    """Decoder-only language model; ``lm_head`` shares the embedding when tied."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = Decoder(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    # ----------------------------------------------------------------- construction and I/O
+    @classmethod
+    def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> "Model":
+        """Randomly initialised model of a named preset (normal(0, 0.02) like HF's init)."""
+        model = cls(preset(name))
+        model.init_weights(seed)
+        return model.to(device=device, dtype=dtype or torch.float32).eval()
+
+    def init_weights(self, seed: int) -> None:
+        """Deterministic normal(0, 0.02) weights, zero biases, unit norms."""
+        gen = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.fill_(1.0)
+                elif name.endswith(".bias"):
+                    param.zero_()
+                else:
+                    param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None,
+                        device: torch.device | str | None = None) -> "Model":
+        """Load a Hugging Face Qwen2/Qwen3 directory (config.json + safetensors, sharded too)."""
+        from torch_engine.weights import load_pretrained
+        return load_pretrained(cls, path, dtype=dtype, device=device)
+
+    def save_pretrained(self, path: str | Path, max_shard_bytes: int | None = None) -> None:
+        """Write config.json + safetensors in Hugging Face's layout (sharded when asked)."""
+        from torch_engine.weights import save_pretrained
+        save_pretrained(self, path, max_shard_bytes=max_shard_bytes)
+
+    # -------------------------------------------------------------------------- pieces
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings ``[..., hidden]`` of integer ``input_ids [...]``."""
+        return self.model.embed_tokens(input_ids)
+
+    def level_logits(self, hidden: torch.Tensor, start: int, end: int) -> torch.Tensor:
+        """Logits ``[..., end - start]`` over vocabulary rows ``[start, end)`` (one codebook),
+        in float32; ``hidden [..., hidden]`` already normalised."""
+        return (hidden @ self.lm_head.weight[start:end].T).float()
+
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
+    # ------------------------------------------------------------------------- forward
+    def forward(self, input_ids: torch.Tensor | None = None,
+                inputs_embeds: torch.Tensor | None = None,
+                segment_ids: torch.Tensor | None = None,
+                mode: MaskMode = MaskMode.CAUSAL) -> torch.Tensor:
+        """Full-vocabulary logits ``[B, L, vocab]`` (float32) of right-padded rows.
+
+        Give exactly one of ``input_ids [B, L]`` (int) and ``inputs_embeds [B, L, hidden]``.
+        segment_ids: ``[B, L]`` int, -1 on padding (see ``torch_engine.layout``); None means
+        every slot is a token. Logits at padding slots are meaningless.
+        """
+        require((input_ids is None) != (inputs_embeds is None), InvalidInputError,
+                "forward needs exactly one of input_ids and inputs_embeds")
+        x = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        require(x.dim() == 3 and x.shape[-1] == self.config.hidden_size, InvalidInputError,
+                f"inputs must give [B, L, {self.config.hidden_size}] embeddings, got "
+                f"{tuple(x.shape)}")
+        if segment_ids is not None:
+            require(tuple(segment_ids.shape) == tuple(x.shape[:2]), InvalidInputError,
+                    f"segment_ids shape {tuple(segment_ids.shape)} must equal "
+                    f"{tuple(x.shape[:2])}")
+        positions = torch.arange(x.shape[1], device=x.device)
+        cos, sin = self._rotary(positions, x.dtype)
+        for layer in self.model.layers:
+            q, k, v = layer.project_qkv(x, cos, sin)
+            x = layer.finish(x, attn.padded_attention(q, k, v, segment_ids, mode))
+        hidden = self.model.norm(x)
+        return (hidden @ self.lm_head.weight.T).float()
+
+    # ------------------------------------------------------------ engine entry points
+    def prefill(self, embeds: torch.Tensor, prompt: PackedPrompt, backend: str = "torch"
+                ) -> tuple[torch.Tensor, SharedKV]:
+        """Run the packed prompts once.
+
+        embeds: ``[T, hidden]`` packed input vectors. Returns the normalised hidden state of
+        each request's last token ``[B, hidden]`` and the shared KV (per layer ``[T, Hkv, D]``).
+        """
+        cos, sin = self._rotary(prompt.positions, embeds.dtype)
+        keys, values = [], []
+        x = embeds
+        for layer in self.model.layers:
+            q, k, v = layer.project_qkv(x, cos, sin)
+            keys.append(k)
+            values.append(v)
+            x = layer.finish(x, attn.prefill_attention(q, k, v, prompt, backend))
+        last = x[prompt.last_rows()]
+        return self.model.norm(last), SharedKV(keys, values)
+
+    def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, shared: SharedKV,
+                    prompt: PackedPrompt, beams: BeamKV, slot: int,
+                    backend: str = "torch") -> torch.Tensor:
+        """One token per beam: ``tokens [B, W]`` at ``positions [B]`` (same for all beams of a
+        request). Writes beam KV ``slot`` and attends the prompt plus slots ``0..slot``.
+        Returns the normalised hidden ``[B, W, hidden]``.
+        """
+        x = self.embed(tokens)
+        cos, sin = self._rotary(positions[:, None].expand_as(tokens), x.dtype)
+        for index, layer in enumerate(self.model.layers):
+            q, k, v = layer.project_qkv(x, cos, sin)
+            beams.write(index, slot, k, v)
+            beam_k, beam_v = beams.layer(index)
+            out = attn.decode_attention(q, shared.keys[index], shared.values[index], prompt,
+                                        beam_k, beam_v, slot + 1, backend)
+            x = layer.finish(x, out)
+        return self.model.norm(x)
+
+
+def padding_segments(lengths: torch.Tensor, width: int) -> torch.Tensor:
+    """``[B, width]`` int32 segment ids: 0 on the first ``lengths[b]`` slots, -1 after."""
+    slots = torch.arange(width, device=lengths.device)[None, :]
+    return torch.where(slots < lengths[:, None], 0, PAD_SEGMENT).to(torch.int32)
