@@ -1,0 +1,303 @@
+// The torch half of TorchCall: loading AOTInductor / TorchScript packages once per process and
+// running them on borrowed TF buffers.
+#include <ATen/Parallel.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/cuda.h>
+#include <torch/script.h>
+
+#include <filesystem>
+#include <future>
+#include <map>
+#include <mutex>
+
+#include "custom_ops/cc/torch_call/torch/signature.h"
+#include "custom_ops/cc/torch_call/torch_runner.h"
+
+namespace xgr {
+namespace torch_call {
+namespace {
+
+// AOTInductor metadata key / TorchScript extra file holding the Signature text.
+constexpr char kSignatureKey[] = "xgr_signature";
+constexpr char kSignatureFile[] = "xgr_signature.txt";
+
+Status Invalid(const std::string& message) { return {Code::kInvalidArgument, message}; }
+
+at::ScalarType ToScalarType(ElementType t) {
+  switch (t) {
+    case ElementType::kFloat32: return at::kFloat;
+    case ElementType::kFloat64: return at::kDouble;
+    case ElementType::kFloat16: return at::kHalf;
+    case ElementType::kBFloat16: return at::kBFloat16;
+    case ElementType::kInt8: return at::kChar;
+    case ElementType::kUInt8: return at::kByte;
+    case ElementType::kInt32: return at::kInt;
+    case ElementType::kInt64: return at::kLong;
+    case ElementType::kBool: return at::kBool;
+  }
+  return at::kFloat;
+}
+
+bool FromScalarType(at::ScalarType s, ElementType* out) {
+  for (int i = 0; i <= static_cast<int>(ElementType::kBool); ++i) {
+    if (ToScalarType(static_cast<ElementType>(i)) == s) {
+      *out = static_cast<ElementType>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+// Torch's OpenMP pool size is per calling thread: set it once on each TF worker that calls us,
+// or torch's threads pile up behind TF's and every call slows ~10x.
+void ApplyThreadCount(int threads) {
+  thread_local int applied = -1;
+  if (threads > 0 && applied != threads) {
+    at::set_num_threads(threads);
+    applied = threads;
+  }
+}
+
+// Shared by both formats: contract checks, device moves, result hand-back.
+class PackageBase : public Package {
+ public:
+  PackageBase(Signature signature, std::string format)
+      : signature_(std::move(signature)), format_(std::move(format)),
+        device_(signature_.device) {
+    for (const auto& spec : signature_.outputs) output_dtypes_.push_back(spec.dtype);
+  }
+
+  Status Run(const std::vector<InputView>& inputs, int threads,
+             std::vector<Result>* outputs) override {
+    Status s = signature_.CheckInputs(inputs);
+    if (!s.ok()) return s;
+    ApplyThreadCount(threads);
+    try {
+      c10::InferenceMode inference;
+      std::vector<at::Tensor> tensors;
+      tensors.reserve(inputs.size());
+      for (const auto& in : inputs) {
+        // Zero-copy: a view of the TF buffer, which outlives this call.
+        at::Tensor t = at::from_blob(const_cast<void*>(in.data), in.shape,
+                                     at::TensorOptions().dtype(ToScalarType(in.dtype)));
+        tensors.push_back(device_.is_cpu() ? t : t.to(device_));
+      }
+      std::vector<at::Tensor> results = Forward(std::move(tensors));
+      return HandBack(results, outputs);
+    } catch (const c10::Error& e) {
+      return Invalid("torch failed running " + format_ + " package: " +
+                     e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      return Invalid("torch failed running " + format_ + " package: " + e.what());
+    }
+  }
+
+  std::string Describe() const override { return signature_.Describe(); }
+  std::string device() const override { return device_.str(); }
+  std::string format() const override { return format_; }
+  const std::vector<ElementType>& output_dtypes() const override { return output_dtypes_; }
+
+ protected:
+  virtual std::vector<at::Tensor> Forward(std::vector<at::Tensor> inputs) = 0;
+
+ private:
+  Status HandBack(const std::vector<at::Tensor>& results, std::vector<Result>* outputs) {
+    if (results.size() != output_dtypes_.size()) {
+      return {Code::kInternal, "package returned " + std::to_string(results.size()) +
+                                   " tensors but its signature declares " +
+                                   std::to_string(output_dtypes_.size())};
+    }
+    outputs->clear();
+    for (size_t i = 0; i < results.size(); ++i) {
+      // One explicit copy back when the engine ran on an accelerator; none on the CPU.
+      at::Tensor host = results[i].to(at::kCPU).contiguous();
+      Result r;
+      if (!FromScalarType(host.scalar_type(), &r.dtype) || r.dtype != output_dtypes_[i]) {
+        return {Code::kInternal, "package output " + std::to_string(i) + " has dtype " +
+                                     std::string(c10::toString(host.scalar_type())) +
+                                     ", its signature declares " +
+                                     ElementTypeName(output_dtypes_[i])};
+      }
+      r.shape = host.sizes().vec();
+      r.data = host.data_ptr();
+      r.owner = std::shared_ptr<void>(new at::Tensor(host),
+                                      [](void* p) { delete static_cast<at::Tensor*>(p); });
+      outputs->push_back(std::move(r));
+    }
+    return Status::Ok();
+  }
+
+  Signature signature_;
+  std::string format_;
+  c10::Device device_;
+  std::vector<ElementType> output_dtypes_;
+};
+
+class AotiPackage : public PackageBase {
+ public:
+  AotiPackage(Signature sig, std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader)
+      : PackageBase(std::move(sig), "AOTInductor"), loader_(std::move(loader)) {}
+
+ protected:
+  std::vector<at::Tensor> Forward(std::vector<at::Tensor> inputs) override {
+    return loader_->run(inputs);  // the runner queues callers beyond its model instances
+  }
+
+ private:
+  std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+};
+
+class ScriptPackage : public PackageBase {
+ public:
+  ScriptPackage(Signature sig, torch::jit::Module module)
+      : PackageBase(std::move(sig), "TorchScript"), module_(std::move(module)) {}
+
+ protected:
+  std::vector<at::Tensor> Forward(std::vector<at::Tensor> inputs) override {
+    std::vector<c10::IValue> args(inputs.begin(), inputs.end());
+    c10::IValue out = module_.forward(args);
+    std::vector<at::Tensor> results;
+    if (out.isTensor()) {
+      results.push_back(out.toTensor());
+    } else if (out.isTuple()) {
+      for (const auto& v : out.toTupleRef().elements()) results.push_back(v.toTensor());
+    } else if (out.isList()) {
+      for (const auto& v : out.toListRef()) results.push_back(v.toTensor());
+    } else {
+      TORCH_CHECK(false, "TorchScript forward must return a tensor, tuple or list of tensors, "
+                         "got ", out.tagKind());
+    }
+    return results;
+  }
+
+ private:
+  torch::jit::Module module_;  // forward on a shared module is safe from many threads
+};
+
+Status CheckDevice(const Signature& sig, const std::string& path) {
+  c10::Device device(sig.device);  // throws c10::Error on a malformed name
+  if (device.is_cuda() && torch::cuda::device_count() == 0) {
+    return {Code::kFailedPrecondition,
+            "package " + path + " was compiled for " + sig.device +
+                " but this process sees no CUDA device (torch is a CPU build or no GPU is "
+                "visible); export the package for the CPU or run on a GPU host"};
+  }
+  if (!device.is_cpu() && !device.is_cuda()) {
+    return Invalid("package " + path + " targets unsupported device " + sig.device);
+  }
+  return Status::Ok();
+}
+
+Status LoadAoti(const std::string& path, const LoadOptions& options,
+                std::shared_ptr<Package>* out) {
+  auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+      path, "model", /*run_single_threaded=*/false,
+      static_cast<size_t>(std::max(1, options.concurrency)));
+  auto metadata = loader->get_metadata();
+  auto it = metadata.find(kSignatureKey);
+  if (it == metadata.end()) {
+    return Invalid("AOTInductor package " + path + " carries no '" + kSignatureKey +
+                   "' metadata; package it with tf_frontend.torch_package");
+  }
+  Signature sig;
+  Status s = Signature::Parse(it->second, &sig);
+  if (!s.ok()) return s;
+  auto aoti_device = metadata.find("AOTI_DEVICE_KEY");
+  if (aoti_device != metadata.end() &&
+      c10::Device(aoti_device->second).type() != c10::Device(sig.device).type()) {
+    return Invalid("package " + path + " was compiled for " + aoti_device->second +
+                   " but its signature says " + sig.device);
+  }
+  if (!(s = CheckDevice(sig, path)).ok()) return s;
+  *out = std::make_shared<AotiPackage>(std::move(sig), std::move(loader));
+  return Status::Ok();
+}
+
+Status LoadScript(const std::string& path, std::shared_ptr<Package>* out) {
+  torch::jit::ExtraFilesMap extra{{kSignatureFile, ""}};
+  // Read the contract first (on the CPU) so a CUDA package fails with a clear message.
+  torch::jit::load(path, c10::Device(c10::kCPU), extra);
+  if (extra[kSignatureFile].empty()) {
+    return Invalid("TorchScript package " + path + " carries no " + kSignatureFile +
+                   "; package it with tf_frontend.torch_package");
+  }
+  Signature sig;
+  Status s = Signature::Parse(extra[kSignatureFile], &sig);
+  if (!s.ok() || !(s = CheckDevice(sig, path)).ok()) return s;
+  torch::jit::Module module = torch::jit::load(path, c10::Device(sig.device));
+  module.eval();
+  *out = std::make_shared<ScriptPackage>(std::move(sig), std::move(module));
+  return Status::Ok();
+}
+
+Status Load(const std::string& path, const LoadOptions& options, std::shared_ptr<Package>* out) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) {
+    return {Code::kNotFound, "package not found: '" + path +
+                                 "' (is it an asset of the SavedModel and was the SavedModel "
+                                 "copied whole?)"};
+  }
+  const std::string ext = std::filesystem::path(path).extension().string();
+  try {
+    if (ext == ".pt2") return LoadAoti(path, options, out);
+    if (ext == ".pt" || ext == ".ts") return LoadScript(path, out);
+    return Invalid("package '" + path + "' must end in .pt2 (AOTInductor) or "
+                   ".pt/.ts (TorchScript)");
+  } catch (const c10::Error& e) {
+    return Invalid("cannot load package '" + path + "': " + e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return Invalid("cannot load package '" + path + "': " + e.what());
+  }
+}
+
+using LoadOutcome = std::pair<Status, std::shared_ptr<Package>>;
+
+// Process-wide: one load per (path, options). Callers that arrive during a load wait on its
+// future instead of loading twice; the map lock is never held while torch loads.
+struct Cache {
+  std::mutex mu;
+  std::map<std::string, std::shared_future<LoadOutcome>> entries;
+};
+
+Cache& GlobalCache() {
+  static Cache* cache = new Cache();  // never destroyed: packages outlive every kernel
+  return *cache;
+}
+
+}  // namespace
+
+Status GetPackage(const std::string& path, const LoadOptions& options,
+                  std::shared_ptr<Package>* package) {
+  const std::string key = path + "\n" + std::to_string(options.concurrency);
+  Cache& cache = GlobalCache();
+  std::shared_future<LoadOutcome> future;
+  std::promise<LoadOutcome> promise;
+  bool loader = false;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    auto it = cache.entries.find(key);
+    if (it == cache.entries.end()) {
+      future = promise.get_future().share();
+      cache.entries.emplace(key, future);
+      loader = true;
+    } else {
+      future = it->second;
+    }
+  }
+  if (loader) {
+    LoadOutcome outcome;
+    outcome.first = Load(path, options, &outcome.second);
+    if (!outcome.first.ok()) {
+      std::lock_guard<std::mutex> lock(cache.mu);
+      cache.entries.erase(key);  // let a repaired file load on the next call
+    }
+    promise.set_value(std::move(outcome));
+  }
+  const LoadOutcome& outcome = future.get();
+  if (outcome.first.ok()) *package = outcome.second;
+  return outcome.first;
+}
+
+}  // namespace torch_call
+}  // namespace xgr

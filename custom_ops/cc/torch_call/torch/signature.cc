@@ -1,0 +1,168 @@
+// Parsing the package contract and checking a call's inputs against it.
+#include "custom_ops/cc/torch_call/torch/signature.h"
+
+#include <cctype>
+#include <sstream>
+
+namespace xgr {
+namespace torch_call {
+namespace {
+
+constexpr std::pair<const char*, ElementType> kTypeNames[] = {
+    {"float32", ElementType::kFloat32}, {"float64", ElementType::kFloat64},
+    {"float16", ElementType::kFloat16}, {"bfloat16", ElementType::kBFloat16},
+    {"int8", ElementType::kInt8},       {"uint8", ElementType::kUInt8},
+    {"int32", ElementType::kInt32},     {"int64", ElementType::kInt64},
+    {"bool", ElementType::kBool},
+};
+
+Status Invalid(const std::string& message) { return {Code::kInvalidArgument, message}; }
+
+bool IsLiteral(const std::string& dim) {
+  if (dim.empty()) return false;
+  for (char c : dim) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return true;
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? "," : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+std::string SpecText(const TensorSpec& spec) {
+  std::string s = std::string(ElementTypeName(spec.dtype)) + "[";
+  for (size_t i = 0; i < spec.dims.size(); ++i) s += (i ? "," : "") + spec.dims[i];
+  return s + "]";
+}
+
+}  // namespace
+
+const char* ElementTypeName(ElementType t) {
+  for (const auto& [name, type] : kTypeNames) {
+    if (type == t) return name;
+  }
+  return "unknown";
+}
+
+int64_t ElementSize(ElementType t) {
+  switch (t) {
+    case ElementType::kFloat64:
+    case ElementType::kInt64:
+      return 8;
+    case ElementType::kFloat32:
+    case ElementType::kInt32:
+      return 4;
+    case ElementType::kFloat16:
+    case ElementType::kBFloat16:
+      return 2;
+    default:
+      return 1;
+  }
+}
+
+Status ParseElementType(const std::string& name, ElementType* out) {
+  for (const auto& [type_name, type] : kTypeNames) {
+    if (name == type_name) {
+      *out = type;
+      return Status::Ok();
+    }
+  }
+  return Invalid("unknown dtype '" + name + "'");
+}
+
+Status Signature::Parse(const std::string& text, Signature* out) {
+  Signature sig;
+  std::istringstream lines(text);
+  std::string line;
+  int number = 0;
+  while (std::getline(lines, line)) {
+    ++number;
+    std::istringstream words(line);
+    std::string kind;
+    if (!(words >> kind)) continue;
+    const std::string where = "package signature line " + std::to_string(number) + " ('" +
+                              line + "'): ";
+    if (kind == "device") {
+      if (!(words >> sig.device)) return Invalid(where + "expected 'device NAME'");
+    } else if (kind == "in" || kind == "out") {
+      TensorSpec spec;
+      std::string dtype, dim;
+      if (!(words >> dtype)) return Invalid(where + "expected a dtype");
+      Status s = ParseElementType(dtype, &spec.dtype);
+      if (!s.ok()) return Invalid(where + s.message);
+      while (words >> dim) spec.dims.push_back(dim);
+      (kind == "in" ? sig.inputs : sig.outputs).push_back(spec);
+    } else if (kind == "dim") {
+      std::string name;
+      int64_t lo = 0, hi = 0;
+      if (!(words >> name >> lo >> hi) || lo > hi) {
+        return Invalid(where + "expected 'dim NAME MIN MAX' with MIN <= MAX");
+      }
+      sig.ranges[name] = {lo, hi};
+    } else {
+      return Invalid(where + "unknown entry '" + kind + "'");
+    }
+  }
+  if (sig.outputs.empty()) return Invalid("package signature declares no outputs");
+  *out = std::move(sig);
+  return Status::Ok();
+}
+
+Status Signature::CheckInputs(const std::vector<InputView>& inputs) const {
+  if (inputs.size() != this->inputs.size()) {
+    return Invalid("got " + std::to_string(inputs.size()) +
+                   " inputs but the package takes " + std::to_string(this->inputs.size()) +
+                   ": " + Describe());
+  }
+  std::map<std::string, std::pair<int64_t, size_t>> bound;  // symbol -> (size, first input)
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TensorSpec& spec = this->inputs[i];
+    const InputView& got = inputs[i];
+    const std::string name = "input " + std::to_string(i);
+    if (got.dtype != spec.dtype) {
+      return Invalid(name + ": expected " + ElementTypeName(spec.dtype) + ", got " +
+                     ElementTypeName(got.dtype));
+    }
+    if (got.shape.size() != spec.dims.size()) {
+      return Invalid(name + ": expected rank " + std::to_string(spec.dims.size()) + " (" +
+                     SpecText(spec) + "), got shape " + ShapeText(got.shape));
+    }
+    for (size_t d = 0; d < spec.dims.size(); ++d) {
+      const std::string& dim = spec.dims[d];
+      const int64_t size = got.shape[d];
+      const std::string where = name + " dim " + std::to_string(d) + " (" + SpecText(spec) +
+                                ", got " + ShapeText(got.shape) + "): ";
+      if (IsLiteral(dim)) {
+        if (size != std::stoll(dim)) return Invalid(where + "expected size " + dim);
+        continue;
+      }
+      auto range = ranges.find(dim);
+      if (range != ranges.end() && (size < range->second.first || size > range->second.second)) {
+        return Invalid(where + dim + " must lie in [" + std::to_string(range->second.first) +
+                       ", " + std::to_string(range->second.second) + "], got " +
+                       std::to_string(size));
+      }
+      auto [it, fresh] = bound.emplace(dim, std::make_pair(size, i));
+      if (!fresh && it->second.first != size) {
+        return Invalid(where + dim + " is " + std::to_string(it->second.first) + " in input " +
+                       std::to_string(it->second.second) + " but " + std::to_string(size) +
+                       " here; they must match");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+std::string Signature::Describe() const {
+  std::string s = "(";
+  for (size_t i = 0; i < inputs.size(); ++i) s += (i ? ", " : "") + SpecText(inputs[i]);
+  s += ") -> (";
+  for (size_t i = 0; i < outputs.size(); ++i) s += (i ? ", " : "") + SpecText(outputs[i]);
+  return s + ") on " + device;
+}
+
+}  // namespace torch_call
+}  // namespace xgr

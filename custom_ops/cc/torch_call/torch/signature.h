@@ -1,0 +1,48 @@
+// The calling contract a TorchCall package carries (written by tf_frontend.torch_package).
+//
+// AOTInductor code trusts its inputs: a wrong dtype or a batch outside the compiled range reads
+// out of bounds instead of raising. So every package states its contract and the op checks
+// each call against it before torch sees the buffers. Text form, one entry a line:
+//
+//   device cpu
+//   in int64 batch len        (dims: a literal size or a symbol shared across tensors)
+//   out float32 batch 300
+//   dim batch 1 4096          (inclusive range of a symbol)
+#ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
+#define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "custom_ops/cc/torch_call/torch_runner.h"
+
+namespace xgr {
+namespace torch_call {
+
+struct TensorSpec {
+  ElementType dtype = ElementType::kFloat32;
+  std::vector<std::string> dims;  // "8" or a symbol name
+};
+
+struct Signature {
+  std::string device = "cpu";
+  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> outputs;
+  std::map<std::string, std::pair<int64_t, int64_t>> ranges;
+
+  // Parses the text form; errors name the offending line.
+  static Status Parse(const std::string& text, Signature* out);
+  // Checks count, dtype, rank, literal sizes, shared symbols and their ranges.
+  Status CheckInputs(const std::vector<InputView>& inputs) const;
+  std::string Describe() const;
+};
+
+Status ParseElementType(const std::string& name, ElementType* out);
+
+}  // namespace torch_call
+}  // namespace xgr
+
+#endif  // XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_

@@ -1,0 +1,56 @@
+"""``torch_call``: run a Torch package (AOTInductor ``.pt2`` or TorchScript) inside a TF graph.
+
+Imports TensorFlow only. The package is usually a ``tf.saved_model.Asset``, so a SavedModel
+that calls it carries the file and loads anywhere ``custom_ops`` is importable: no Python
+engine code and no torch Python package are needed at load time (libtorch comes with the op
+library). Packages are made by ``tf_frontend.torch_package`` and carry their calling contract;
+the op checks every call against it and raises ``InvalidArgumentError`` (bad dtype, shape,
+count), ``NotFoundError`` (missing file) or ``FailedPreconditionError`` (a CUDA package on a
+host without CUDA) instead of crashing the process.
+
+Inputs stay on the TF host; the op moves them to the package's device and the results back.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import tensorflow as tf
+
+from custom_ops._loader import load_library
+from torch_engine.errors import InvalidInputError, require
+
+_DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int8, tf.uint8, tf.int32,
+           tf.int64, tf.bool)
+
+
+def torch_call(package, inputs: Sequence[tf.Tensor], output_dtypes: Sequence[tf.DType],
+               output_shapes: Sequence[Sequence[int | None]] | None = None,
+               intra_op_threads: int = 1, concurrency: int = 1,
+               name: str | None = None) -> list[tf.Tensor]:
+    """Runs the package at path ``package`` (scalar string tensor or Asset) on ``inputs``.
+
+    Args:
+      package: scalar ``tf.string`` path, or a ``tf.saved_model.Asset``.
+      inputs: host tensors in the package's input order (dtypes and dims as its contract says).
+      output_dtypes: one ``tf.DType`` per package output; checked against the package.
+      output_shapes: optional static shapes (``None`` for dynamic dims) for shape inference.
+      intra_op_threads: torch threads used by each calling TF thread (set once per thread).
+      concurrency: AOTInductor model instances that may run at once in this process.
+
+    Returns:
+      One host tensor per output.
+    """
+    require(len(output_dtypes) >= 1, InvalidInputError, "output_dtypes must name >= 1 output")
+    for i, dtype in enumerate(output_dtypes):
+        require(tf.as_dtype(dtype) in _DTYPES, InvalidInputError,
+                f"output_dtypes[{i}] = {dtype} is not one of {[d.name for d in _DTYPES]}")
+    if output_shapes is not None:
+        require(len(output_shapes) == len(output_dtypes), InvalidInputError,
+                f"output_shapes has {len(output_shapes)} entries for {len(output_dtypes)} outputs")
+    path = package.asset_path if isinstance(package, tf.saved_model.Asset) else package
+    op = load_library("torch_call")
+    return op.torch_call(
+        package=path, inputs=list(inputs), Tout=[tf.as_dtype(d) for d in output_dtypes],
+        output_shapes=[tf.TensorShape(s) for s in output_shapes or ()],
+        intra_op_threads=intra_op_threads, concurrency=concurrency, name=name)

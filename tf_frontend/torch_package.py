@@ -1,0 +1,201 @@
+"""Turn a torch module into a package the TorchCall op runs: AOTInductor ``.pt2`` or TorchScript.
+
+Every package carries its calling contract (``custom_ops/cc/torch_call/torch/signature.h``):
+input dtypes and dims (literal sizes or named symbols shared across inputs, with ranges), output
+dtypes, and the device. The op checks each call against it, because compiled code trusts its
+inputs and would read out of bounds on a wrong batch or dtype instead of raising.
+
+AOTInductor compiles for ~40 s on this CPU even for a small model, so ``package_aoti`` keeps
+compiled packages in a cache folder keyed by a hash of the exported graph, its weights, the
+torch version and the device.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from torch_engine.errors import ExportError, InvalidInputError, require
+
+SIGNATURE_KEY = "xgr_signature"          # AOTInductor metadata key (torch_call packages.cc)
+SIGNATURE_FILE = "xgr_signature.txt"     # TorchScript extra file (torch_call packages.cc)
+_INT64_MAX = 2**63 - 1
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One input or output of a package: dtype name and dims (int, or a symbol name)."""
+
+    dtype: str
+    dims: tuple[int | str, ...]
+
+    def static_shape(self) -> list[int | None]:
+        """Shape for TF shape inference: symbols become ``None``."""
+        return [d if isinstance(d, int) else None for d in self.dims]
+
+
+@dataclass(frozen=True)
+class Package:
+    """A package file and its contract. ``format`` is ``"aoti"`` or ``"torchscript"``."""
+
+    path: Path
+    format: str
+    device: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    ranges: tuple[tuple[str, int, int], ...]
+
+    @property
+    def signature(self) -> str:
+        """The contract as the op reads it (one entry a line)."""
+        lines = [f"device {self.device}"]
+        lines += [f"in {s.dtype} {' '.join(map(str, s.dims))}".rstrip() for s in self.inputs]
+        lines += [f"out {s.dtype} {' '.join(map(str, s.dims))}".rstrip() for s in self.outputs]
+        lines += [f"dim {name} {lo} {hi}" for name, lo, hi in self.ranges]
+        return "\n".join(lines) + "\n"
+
+
+def _dtype_name(dtype: torch.dtype, what: str) -> str:
+    name = str(dtype).removeprefix("torch.")
+    require(name in _DTYPES, ExportError,
+            f"{what} has dtype {name}; TorchCall carries only {', '.join(_DTYPES)}")
+    return name
+
+
+def _dim(size: Any) -> int | str:
+    """A literal size, or a symbolic one as a token without spaces (``s0``, ``2*s0``)."""
+    if isinstance(size, torch.SymInt):
+        return str(size).replace(" ", "")  # int() would specialise it to the example size
+    return int(size)
+
+
+def _spec(value: Any, what: str) -> TensorSpec:
+    require(isinstance(value, torch.Tensor), ExportError,
+            f"{what} must be a tensor, got {type(value).__name__}")
+    return TensorSpec(_dtype_name(value.dtype, what), tuple(_dim(s) for s in value.shape))
+
+
+def contract_of(program: torch.export.ExportedProgram, device: str) -> Package:
+    """The contract of an exported program (``path`` left empty until it is written)."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    inputs = tuple(_spec(placeholders[name].meta["val"], f"input {name!r}")
+                   for name in program.graph_signature.user_inputs)
+    output_node = next(n for n in program.graph.nodes if n.op == "output")
+    values = output_node.args[0]
+    outputs = tuple(_spec(v.meta["val"], f"output {i}") for i, v in enumerate(values))
+    ranges = []
+    for symbol, value_range in program.range_constraints.items():
+        lo = int(value_range.lower)
+        hi = int(value_range.upper) if value_range.upper.is_finite else _INT64_MAX
+        ranges.append((str(symbol), lo, min(hi, _INT64_MAX)))
+    return Package(Path(), "aoti", device, inputs, outputs, tuple(sorted(ranges)))
+
+
+def _cache_key(program: torch.export.ExportedProgram, device: str) -> str:
+    digest = hashlib.sha256()
+    digest.update(f"{torch.__version__}|{device}|{program.graph_module.code}|"
+                  f"{program.range_constraints}".encode())
+    for name, tensor in sorted({**program.state_dict, **program.constants}.items()):
+        if isinstance(tensor, torch.Tensor):
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()[:24]
+
+
+def export_program(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
+                   dynamic_shapes: Any = None, device: str = "cpu") -> torch.export.ExportedProgram:
+    """``torch.export`` of ``module`` on ``device`` (strict=False: the engine uses Python
+    control flow on shapes that torch.export's non-strict tracer handles)."""
+    require(len(example_inputs) > 0, InvalidInputError, "example_inputs must not be empty")
+    module = module.to(device).eval()
+    args = tuple(t.to(device) for t in example_inputs)
+    try:
+        return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
+    except Exception as err:  # torch raises many types here; the user needs the cause
+        raise ExportError(f"torch.export of {type(module).__name__} failed: {err}") from err
+
+
+def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathLike,
+                 device: str = "cpu", cache_dir: str | os.PathLike | None = None) -> Package:
+    """Compile ``program`` with AOTInductor into ``out_path`` (a ``.pt2``) with its contract.
+
+    With ``cache_dir``, a package compiled before from the same graph, weights, torch version
+    and device is copied instead of compiled again.
+    """
+    out_path = Path(out_path)
+    require(out_path.suffix == ".pt2", InvalidInputError,
+            f"out_path must end in .pt2, got {out_path.name}")
+    contract = contract_of(program, device)
+    cached = Path(cache_dir) / f"{_cache_key(program, device)}.pt2" if cache_dir else None
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if cached is not None and cached.exists():
+        shutil.copyfile(cached, out_path)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            built = Path(tmp) / "model.pt2"
+            try:
+                torch._inductor.aoti_compile_and_package(
+                    program, package_path=str(built),
+                    inductor_configs={"aot_inductor.metadata": {SIGNATURE_KEY:
+                                                                contract.signature}})
+            except Exception as err:
+                raise ExportError(f"AOTInductor could not compile the program for {device}: "
+                                  f"{err}; package_torchscript is the fallback") from err
+            if cached is not None:
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                tmp_cached = cached.with_suffix(f".{os.getpid()}.tmp")
+                shutil.copyfile(built, tmp_cached)
+                os.replace(tmp_cached, cached)  # atomic: concurrent builders never see half
+            shutil.copyfile(built, out_path)
+    return Package(out_path, "aoti", device, contract.inputs, contract.outputs, contract.ranges)
+
+
+def package_torchscript(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
+                        out_path: str | os.PathLike,
+                        dynamic_dims: dict[tuple[int, int], tuple[str, int, int]] | None = None,
+                        device: str = "cpu") -> Package:
+    """Trace ``module`` to TorchScript in ``out_path`` (``.pt``), for what AOTInductor cannot
+    compile.
+
+    ``dynamic_dims`` maps ``(input index, dim index)`` to ``(symbol, min, max)``; every other
+    input dim is fixed to its example size. Output dims are named per output (unchecked).
+    """
+    out_path = Path(out_path)
+    require(out_path.suffix in (".pt", ".ts"), InvalidInputError,
+            f"out_path must end in .pt or .ts, got {out_path.name}")
+    dynamic_dims = dict(dynamic_dims or {})
+    module = module.to(device).eval()
+    args = tuple(t.to(device) for t in example_inputs)
+    inputs, ranges = [], {}
+    for i, t in enumerate(args):
+        dims = []
+        for d, size in enumerate(t.shape):
+            if (i, d) in dynamic_dims:
+                name, lo, hi = dynamic_dims[(i, d)]
+                require(lo <= size <= hi, InvalidInputError,
+                        f"example input {i} dim {d} = {size} lies outside {name} [{lo}, {hi}]")
+                ranges[name] = (lo, hi)
+                dims.append(name)
+            else:
+                dims.append(int(size))
+        inputs.append(TensorSpec(_dtype_name(t.dtype, f"input {i}"), tuple(dims)))
+    with torch.inference_mode():
+        traced = torch.jit.trace(module, args, check_trace=False)
+        results = traced(*args)
+    results = results if isinstance(results, (tuple, list)) else (results,)
+    outputs = tuple(TensorSpec(_dtype_name(r.dtype, f"output {k}"),
+                               tuple(f"out{k}_{d}" for d in range(r.dim())))
+                    for k, r in enumerate(results))
+    package = Package(out_path, "torchscript", device, tuple(inputs), outputs,
+                      tuple((n, lo, hi) for n, (lo, hi) in sorted(ranges.items())))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    torch.jit.save(traced, str(out_path), _extra_files={SIGNATURE_FILE: package.signature})
+    return package
