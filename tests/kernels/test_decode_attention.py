@@ -1,0 +1,199 @@
+"""Triton xAttention decode against the float64 reference (``torch_engine.reference``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torch_engine import reference
+from torch_engine.errors import InvalidInputError
+from torch_engine.kernels import decode_attention
+from torch_engine.kernels.decode_attention import (DecodeConfig, _check_inputs,
+                                                   decode_config_for, launch_decode)
+
+CPU_DTYPES = [torch.float32, torch.float16]
+
+
+def _inputs(kt, gen, lengths, width, hq, hkv, dim, slots, dtype, logit_scale=1.0):
+    batch = len(lengths)
+    cu = kt.cu_seqlens_of(lengths, gen.device)
+    total = sum(lengths)
+    s = logit_scale
+    return dict(q=kt.randn((batch, width, hq, dim), dtype, gen, s),
+                shared_k=kt.randn((total, hkv, dim), dtype, gen, s),
+                shared_v=kt.randn((total, hkv, dim), dtype, gen),
+                cu_seqlens=cu,
+                beam_k=kt.randn((batch, width, slots, hkv, dim), dtype, gen, s),
+                beam_v=kt.randn((batch, width, slots, hkv, dim), dtype, gen))
+
+
+def _reference(inputs, num_own, scale=None):
+    up = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    return reference.decode_attention(**up, num_own=num_own, scale=scale)
+
+
+def _poisoned_run(inputs, num_own, config, scale=None):
+    scale = _check_inputs(**inputs, num_own=num_own, scale=scale)
+    out = torch.full_like(inputs["q"], float("nan"))
+    return launch_decode(**inputs, num_own=num_own, scale=scale, config=config, out=out)
+
+
+def _config(inputs):
+    q, k = inputs["q"], inputs["shared_k"]
+    return decode_config_for(q.shape[0], q.shape[1], q.shape[2] // k.shape[1], k.shape[1],
+                             k.shape[0], q.shape[3], q.device)
+
+
+@pytest.mark.parametrize("dtype", CPU_DTYPES)
+@pytest.mark.parametrize("hq,hkv,dim", [(2, 2, 64), (7, 1, 128)], ids=["G1-D64", "G7-D128"])
+def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim):
+    # A one-token prompt, a prompt over several key tiles, one in between; 2 own tokens.
+    inputs = _inputs(kt, gen, [1, 37, 20], width=3, hq=hq, hkv=hkv, dim=dim, slots=2,
+                     dtype=dtype)
+    out = _poisoned_run(inputs, 2, _config(inputs))
+    kt.check(out, _reference(inputs, 2), dtype, "decode", gen.initial_seed())
+
+
+@pytest.mark.parametrize("splits", [2, 5])
+def test_split_prompt_merges_to_reference(kt, gen, splits):
+    # 5 splits of a 1-token prompt leave empty splits: their -inf log-sum-exp must drop out.
+    inputs = _inputs(kt, gen, [1, 45], width=2, hq=4, hkv=2, dim=64, slots=3,
+                     dtype=torch.float32)
+    config = DecodeConfig(block_m=16, block_n=16, splits=splits)
+    out = _poisoned_run(inputs, 3, config)
+    kt.check(out, _reference(inputs, 3), torch.float32, f"decode splits={splits}",
+             gen.initial_seed())
+
+
+def test_public_op_one_own_token_and_custom_scale(kt, gen):
+    inputs = _inputs(kt, gen, [9, 16], width=4, hq=7, hkv=1, dim=64, slots=2,
+                     dtype=torch.float32)
+    out = decode_attention(**inputs, num_own=1, scale=0.3)
+    kt.check(out, _reference(inputs, 1, scale=0.3), torch.float32, "decode op",
+             gen.initial_seed())
+
+
+def _large_logits(inputs, kind: str, dim: int, keys=("shared_k", "beam_k")):
+    """Make logits reach ~1e4 in magnitude, in place.
+
+    spread: entries of std a with a^2 * sqrt(D) = 1e4, so logits differ by ~1e4 (one-hot
+    softmax); offset: a shared component of +-100 in q and 100 in every key, so all logits sit
+    near +-1e4 and differ by ~10 (a naive exp overflows, a max-subtracted one does not).
+    """
+    if kind == "spread":
+        a = math.sqrt(1e4 / math.sqrt(dim))
+        for name in ("q", *keys):
+            inputs[name].mul_(a)
+    else:
+        sign = torch.where(torch.arange(inputs["q"].shape[0]) % 2 == 0, 1.0, -1.0)
+        sign = sign.to(inputs["q"].device).view(-1, *([1] * (inputs["q"].dim() - 1)))
+        inputs["q"][..., 0] = 100.0 * sign[..., 0]
+        for name in keys:
+            inputs[name][..., 0] = 100.0
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("kind", ["spread", "offset"])
+def test_logits_of_1e4_stay_finite_and_accurate(kt, gen, splits, kind):
+    dim = 64
+    inputs = _inputs(kt, gen, [30, 18], width=2, hq=2, hkv=1, dim=dim, slots=2,
+                     dtype=torch.float32)
+    _large_logits(inputs, kind, dim)
+    config = DecodeConfig(block_m=16, block_n=16, splits=splits)
+    out = _poisoned_run(inputs, 2, config, scale=1.0)
+    ref = _reference(inputs, 2, scale=1.0)
+    assert bool(torch.isfinite(out).all()), "NaN/Inf at logits of 1e4"
+    # fp32 logits of 1e4 carry ~1e-3 absolute rounding, which moves softmax weights by ~1e-3:
+    # the fp32 norm tolerance cannot apply; 1e-2 still fails any unstable softmax.
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    assert rel <= 1e-2, f"rel error {rel:.3g} at logits of 1e4; seed {gen.initial_seed()}"
+
+
+def test_config_splits_only_when_tiles_leave_the_gpu_idle():
+    cuda = torch.device("cuda")
+    # 0.5b heads at batch 1 (28 tiles for 132 SMs) split; batch 16 (448 tiles) does not.
+    one = decode_config_for(1, 256, 7, 2, 1024, 64, cuda) if torch.cuda.is_available() else None
+    if one is not None:
+        assert one.splits > 1
+        assert decode_config_for(16, 256, 7, 2, 16 * 1024, 64, cuda).splits == 1
+    # Never split a short prompt into chunks below two key tiles.
+    cpu = torch.device("cpu")
+    assert decode_config_for(1, 2, 1, 1, 8, 64, cpu).splits == 1
+
+
+def _bad_cases():
+    def base():
+        return dict(q=torch.zeros(2, 3, 4, 64), shared_k=torch.zeros(10, 2, 64),
+                    shared_v=torch.zeros(10, 2, 64),
+                    cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32),
+                    beam_k=torch.zeros(2, 3, 2, 2, 64), beam_v=torch.zeros(2, 3, 2, 2, 64),
+                    num_own=2)
+
+    def with_(**changes):
+        case = base()
+        case.update(changes)
+        return case
+
+    return {
+        "q-rank": (with_(q=torch.zeros(3, 4, 64)), "q must have shape [B, W, Hq, D]"),
+        "heads": (with_(q=torch.zeros(2, 3, 5, 64)), "multiple of shared_k heads"),
+        "head-dim": (with_(q=torch.zeros(2, 3, 4, 48), shared_k=torch.zeros(10, 2, 48),
+                           shared_v=torch.zeros(10, 2, 48),
+                           beam_k=torch.zeros(2, 3, 2, 2, 48),
+                           beam_v=torch.zeros(2, 3, 2, 2, 48)), "power of two"),
+        "dtype": (with_(shared_v=torch.zeros(10, 2, 64, dtype=torch.float16)),
+                  "shared_v.dtype must equal q.dtype"),
+        "int-q": (with_(q=torch.zeros(2, 3, 4, 64, dtype=torch.int32)), "q.dtype must be"),
+        "cu-len": (with_(cu_seqlens=torch.tensor([0, 10], dtype=torch.int32)), "B+1"),
+        "cu-dtype": (with_(cu_seqlens=torch.tensor([0., 4., 10.])), "cu_seqlens.dtype"),
+        "beam-shape": (with_(beam_v=torch.zeros(2, 3, 2, 1, 64)), "beam_v must have shape"),
+        "num-own": (with_(num_own=3), "num_own must be an int in [1, S=2]"),
+        "num-own-0": (with_(num_own=0), "num_own must be an int in [1, S=2]"),
+        "stride": (with_(q=torch.zeros(2, 3, 64, 4).transpose(-1, -2)), "stride(-1) == 1"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_bad_cases()))
+def test_bad_input_names_argument_and_rule(name):
+    case, message = _bad_cases()[name]
+    with pytest.raises(InvalidInputError, match=message.replace("[", r"\[").replace("]", r"\]")
+                       .replace("(", r"\(").replace(")", r"\)").replace("+", r"\+")):
+        decode_attention(**case)
+
+
+def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    case, _ = _bad_cases()["q-rank"]
+    case["q"] = torch.zeros(2, 3, 4, 64)
+    with pytest.raises(InvalidInputError, match="needs CUDA tensors"):
+        decode_attention(**case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128), (7, 7, 64)],
+                         ids=["qwen2-0.5b", "qwen3-1.7b", "G1"])
+@pytest.mark.parametrize("width", [64, 256])
+def test_gpu_grid_matches_reference(kt, gen, dtype, hq, hkv, dim, width):
+    inputs = _inputs(kt, gen, [1024, 1, 700], width=width, hq=hq, hkv=hkv, dim=dim, slots=2,
+                     dtype=dtype)
+    out = _poisoned_run(inputs, 2, _config(inputs))
+    kt.check(out, _reference(inputs, 2), dtype, f"decode {dtype}", gen.initial_seed())
+
+
+@pytest.mark.gpu
+def test_gpu_decode_replays_in_a_cuda_graph(kt, gen):
+    inputs = _inputs(kt, gen, [512, 300], width=64, hq=14, hkv=2, dim=64, slots=2,
+                     dtype=torch.bfloat16)
+    decode_attention(**inputs, num_own=2)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(**inputs, num_own=2)
+    fresh = kt.randn(inputs["q"].shape, torch.bfloat16, gen)
+    inputs["q"].copy_(fresh)
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    kt.check(out, _reference(inputs, 2), torch.bfloat16, "graph replay", gen.initial_seed())

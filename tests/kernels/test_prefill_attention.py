@@ -1,0 +1,169 @@
+"""Triton segmented-mask prefill against the float64 reference (``torch_engine.reference``)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torch_engine import reference
+from torch_engine.errors import InvalidInputError
+from torch_engine.kernels import prefill_attention
+from torch_engine.kernels.prefill_attention import (PrefillConfig, _check_inputs,
+                                                    launch_prefill, prefill_config_for)
+from torch_engine.layout import MaskMode
+
+MODES = list(MaskMode)
+# Ragged: a prompt over several 16-token tiles ending mid-tile, a one-token request, a prompt
+# whose profile ends mid-tile.
+LENGTHS = [45, 1, 30]
+
+
+def _inputs(kt, gen, lengths, hq, hkv, dim, dtype, profile=10, item=4):
+    total = sum(lengths)
+    return dict(q=kt.randn((total, hq, dim), dtype, gen), k=kt.randn((total, hkv, dim), dtype, gen),
+                v=kt.randn((total, hkv, dim), dtype, gen),
+                cu_seqlens=kt.cu_seqlens_of(lengths, gen.device),
+                segment_ids=kt.item_segments(lengths, profile, item, gen.device))
+
+
+def _reference(inputs, mode, scale=None):
+    up = {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+    return reference.prefill_attention(**up, mode=mode, scale=scale)
+
+
+def _poisoned_run(inputs, mode, config=None, scale=None, stats=None):
+    mode, scale = _check_inputs(**inputs, mode=mode, scale=scale)
+    config = config or prefill_config_for(inputs["q"].shape[2])
+    out = torch.full_like(inputs["q"], float("nan"))
+    return launch_prefill(**inputs, mode=mode, scale=scale, config=config, stats=stats, out=out)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+@pytest.mark.parametrize("hq,hkv,dim", [(2, 2, 128), (7, 1, 64)], ids=["G1-D128", "G7-D64"])
+def test_every_mode_matches_reference_fp32(kt, gen, mode, hq, hkv, dim):
+    inputs = _inputs(kt, gen, LENGTHS, hq, hkv, dim, torch.float32)
+    kt.check(_poisoned_run(inputs, mode), _reference(inputs, mode), torch.float32,
+             f"prefill {mode.value}", gen.initial_seed())
+
+
+@pytest.mark.parametrize("mode", [MaskMode.ITEM_CAUSAL, MaskMode.SEGMENT_BIDIRECTIONAL],
+                         ids=["item_causal", "segment"])
+def test_fp16_matches_reference(kt, gen, mode):
+    inputs = _inputs(kt, gen, LENGTHS, 2, 1, 64, torch.float16)
+    kt.check(_poisoned_run(inputs, mode), _reference(inputs, mode), torch.float16,
+             f"prefill fp16 {mode.value}", gen.initial_seed())
+
+
+def test_public_op_single_token_requests_and_custom_scale(kt, gen):
+    inputs = _inputs(kt, gen, [1, 1, 20, 1], 2, 1, 64, torch.float32, profile=3, item=3)
+    out = prefill_attention(**inputs, mode=MaskMode.ITEM_CAUSAL, scale=0.2)
+    kt.check(out, _reference(inputs, MaskMode.ITEM_CAUSAL, 0.2), torch.float32, "prefill op",
+             gen.initial_seed())
+
+
+def _needed_tiles(cu, seg, mode, block_m, block_n, num_tiles):
+    """Key tiles each virtual query tile must visit, from the reference's dense mask: the
+    allowed keys of a tile form one range [a, b), covered by ceil((b - a) / block_n) tiles."""
+    bounds = cu.tolist()
+    expected = torch.full((num_tiles,), -1, dtype=torch.int32)
+    for b, (start, end) in enumerate(zip(bounds[:-1], bounds[1:])):
+        mask = reference.request_mask(seg[start:end].cpu(), mode)
+        for j, q0 in enumerate(range(0, end - start, block_m)):
+            keys = mask[q0:q0 + block_m].any(0).nonzero().flatten()
+            lo, hi = int(keys.min()), int(keys.max()) + 1
+            assert keys.numel() == hi - lo, "allowed keys of a tile are not contiguous"
+            expected[start // block_m + b + j] = math.ceil((hi - lo) / block_n)
+    return expected
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+def test_visits_only_key_tiles_with_allowed_keys(kt, gen, mode):
+    # 6-token items and a 20-token profile in 16-token tiles: many tiles, many skipped.
+    lengths = [70, 1, 37]
+    inputs = _inputs(kt, gen, lengths, 1, 1, 16, torch.float32, profile=20, item=6)
+    config = PrefillConfig(block_m=16, block_n=16, num_stages=1)
+    num_tiles = sum(lengths) // 16 + len(lengths)
+    stats = torch.full((num_tiles, 1), -1, dtype=torch.int32, device=gen.device)
+    out = _poisoned_run(inputs, mode, config, stats=stats)
+    kt.check(out, _reference(inputs, mode), torch.float32, "prefill", gen.initial_seed())
+    expected = _needed_tiles(inputs["cu_seqlens"], inputs["segment_ids"], mode, 16, 16,
+                             num_tiles)
+    assert stats[:, 0].cpu().tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("mode", [MaskMode.ITEM_CAUSAL, MaskMode.PREFIX_BIDIRECTIONAL],
+                         ids=["item_causal", "prefix"])
+def test_logits_of_1e4_stay_finite_and_accurate(kt, gen, mode):
+    inputs = _inputs(kt, gen, [40, 9], 2, 1, 64, torch.float32)
+    inputs["q"][..., 0] = 100.0
+    inputs["q"][::2, :, 0] = -100.0
+    inputs["k"][..., 0] = 100.0
+    out = _poisoned_run(inputs, mode, scale=1.0)
+    ref = _reference(inputs, mode, scale=1.0)
+    assert bool(torch.isfinite(out).all()), "NaN/Inf at logits of 1e4"
+    # fp32 logits near 1e4 carry ~1e-3 absolute rounding; 1e-2 fails any unstable softmax.
+    rel = ((out.double() - ref).norm() / ref.norm()).item()
+    assert rel <= 1e-2, f"rel error {rel:.3g} at logits of 1e4; seed {gen.initial_seed()}"
+
+
+def _bad_cases():
+    def base():
+        return dict(q=torch.zeros(10, 4, 64), k=torch.zeros(10, 2, 64), v=torch.zeros(10, 2, 64),
+                    cu_seqlens=torch.tensor([0, 4, 10], dtype=torch.int32),
+                    segment_ids=torch.zeros(10, dtype=torch.int32))
+
+    def with_(**changes):
+        case = base()
+        case.update(changes)
+        return case
+
+    return {
+        "q-rank": (with_(q=torch.zeros(1, 10, 4, 64)), r"q must have shape \[T, Hq, D\]"),
+        "tokens": (with_(k=torch.zeros(9, 2, 64), v=torch.zeros(9, 2, 64)), r"k.shape\[0\]"),
+        "heads": (with_(k=torch.zeros(10, 3, 64), v=torch.zeros(10, 3, 64)), "multiple of k"),
+        "v-shape": (with_(v=torch.zeros(10, 1, 64)), "v must have k's shape"),
+        "dtype": (with_(k=torch.zeros(10, 2, 64, dtype=torch.bfloat16)), "k.dtype must equal"),
+        "seg-dtype": (with_(segment_ids=torch.zeros(10, dtype=torch.int64)),
+                      "segment_ids.dtype"),
+        "seg-len": (with_(segment_ids=torch.zeros(9, dtype=torch.int32)),
+                    r"segment_ids.shape\[0\]"),
+        "cu-short": (with_(cu_seqlens=torch.tensor([0], dtype=torch.int32)), "B\\+1 >= 2"),
+        "stride": (with_(q=torch.zeros(10, 64, 4).transpose(-1, -2)), r"stride\(-1\) == 1"),
+        "mode": (with_(mode="diagonal"), "mode must be one of"),
+        "scale": (with_(scale=-1.0), "scale must be a finite positive"),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_bad_cases()))
+def test_bad_input_names_argument_and_rule(name):
+    case, message = _bad_cases()[name]
+    with pytest.raises(InvalidInputError, match=message):
+        prefill_attention(**case)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+@pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128), (4, 4, 64)],
+                         ids=["qwen2-0.5b", "qwen3-1.7b", "G1"])
+def test_gpu_grid_matches_reference(kt, gen, dtype, mode, hq, hkv, dim):
+    inputs = _inputs(kt, gen, [700, 1, 300, 129], hq, hkv, dim, dtype, profile=64, item=4)
+    kt.check(_poisoned_run(inputs, mode), _reference(inputs, mode), dtype,
+             f"prefill {mode.value} {dtype}", gen.initial_seed())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+def test_gpu_visits_only_needed_tiles(kt, gen, mode):
+    lengths = [1000, 3, 517]
+    inputs = _inputs(kt, gen, lengths, 2, 1, 64, torch.bfloat16, profile=64, item=4)
+    config = prefill_config_for(64)
+    num_tiles = sum(lengths) // config.block_m + len(lengths)
+    stats = torch.full((num_tiles, 2), -1, dtype=torch.int32, device=gen.device)
+    _poisoned_run(inputs, mode, config, stats=stats)
+    expected = _needed_tiles(inputs["cu_seqlens"], inputs["segment_ids"], mode, config.block_m,
+                             config.block_n, num_tiles)
+    assert stats[:, 0].cpu().tolist() == expected.tolist()
+    assert stats[:, 1].cpu().tolist() == expected.tolist()

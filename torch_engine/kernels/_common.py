@@ -1,0 +1,108 @@
+"""Input checks and device facts shared by the Triton attention launchers.
+
+Every check raises ``InvalidInputError`` naming the argument, the rule, what was expected and
+what came. Checks read shapes, dtypes, strides and devices only: reading tensor values (e.g.
+whether ``cu_seqlens`` is sorted) would force a host synchronisation and break CUDA-graph capture,
+so value preconditions are documented on the public functions instead.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+from torch_engine.errors import InvalidInputError, require
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels on the CPU through its interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_rank(op: str, name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
+    require(isinstance(tensor, torch.Tensor), InvalidInputError,
+            f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
+    require(tensor.dim() == rank, InvalidInputError,
+            f"{op}: {name} must have shape {layout} ({rank} dims), got shape {tuple(tensor.shape)}")
+
+
+def check_dim(op: str, name: str, tensor: torch.Tensor, axis: int, expected: int,
+              what: str) -> None:
+    got = tensor.shape[axis]
+    require(got == expected, InvalidInputError,
+            f"{op}: {name}.shape[{axis}] ({what}) must be {expected}, got {got} "
+            f"(shape {tuple(tensor.shape)})")
+
+
+def check_float(op: str, names_tensors: dict[str, torch.Tensor]) -> torch.dtype:
+    """All tensors share one float dtype among fp16/bf16/fp32; returns it."""
+    (first_name, first), *_ = names_tensors.items()
+    require(first.dtype in FLOAT_DTYPES, InvalidInputError,
+            f"{op}: {first_name}.dtype must be one of float16/bfloat16/float32, got {first.dtype}")
+    for name, tensor in names_tensors.items():
+        require(tensor.dtype == first.dtype, InvalidInputError,
+                f"{op}: {name}.dtype must equal {first_name}.dtype ({first.dtype}), "
+                f"got {tensor.dtype}")
+    return first.dtype
+
+
+def check_index(op: str, name: str, tensor: torch.Tensor, allowed=INDEX_DTYPES) -> None:
+    require(tensor.dtype in allowed, InvalidInputError,
+            f"{op}: {name}.dtype must be one of {[str(d) for d in allowed]}, got {tensor.dtype}")
+    require(tensor.is_contiguous(), InvalidInputError,
+            f"{op}: {name} must be contiguous, got strides {tensor.stride()}")
+
+
+def check_last_dim_contiguous(op: str, names_tensors: dict[str, torch.Tensor]) -> None:
+    """Kernels read one head vector as a contiguous row: the last stride must be 1."""
+    for name, tensor in names_tensors.items():
+        require(tensor.shape[-1] <= 1 or tensor.stride(-1) == 1, InvalidInputError,
+                f"{op}: {name} must be contiguous in its last (head_dim) axis, i.e. stride(-1) "
+                f"== 1, got strides {tensor.stride()}")
+
+
+def check_head_dim(op: str, head_dim: int) -> None:
+    ok = 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
+    require(ok, InvalidInputError,
+            f"{op}: head_dim must be a power of two in [16, 256], got {head_dim}")
+
+
+def check_devices(op: str, names_tensors: dict[str, torch.Tensor]) -> torch.device:
+    """One device for all inputs; CUDA, or the CPU only under Triton's interpreter."""
+    (first_name, first), *_ = names_tensors.items()
+    for name, tensor in names_tensors.items():
+        require(tensor.device == first.device, InvalidInputError,
+                f"{op}: {name} is on {tensor.device} but {first_name} is on {first.device}; "
+                "all inputs must share one device")
+    require(first.device.type == "cuda" or (first.device.type == "cpu" and interpreting()),
+            InvalidInputError,
+            f"{op}: the Triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 for CPU "
+            f"tensors), got {first.device}; use torch_engine.reference on the CPU")
+    return first.device
+
+
+def resolve_scale(op: str, scale: float | None, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    require(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0,
+            InvalidInputError, f"{op}: scale must be a finite positive float or None, got {scale!r}")
+    return float(scale)
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs take exact (IEEE) products so fp32 results meet the fp32 tolerance; tf32
+    would give ~3e-4 relative error. fp16/bf16 operands ignore the setting."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def multiprocessors(device: torch.device) -> int:
+    """Streaming multiprocessors of ``device`` (torch caches the properties; no device call);
+    a nominal 4 under the CPU interpreter."""
+    if device.type != "cuda":
+        return 4
+    return torch.cuda.get_device_properties(device).multi_processor_count

@@ -1,0 +1,293 @@
+"""xAttention decode in Triton: W beams share one prompt KV, then each adds its own few tokens.
+
+Same function as ``torch_engine.reference.decode_attention``. For each request and KV head the
+W beams x G query heads form one ``[W*G, D]`` query tile, so the shared prompt is read once per
+tile and attended with matrix products (``tl.dot``) instead of W vector products. Stages:
+
+1. shared stage: the prompt KV of the request, online softmax (FlashAttention-2) over
+   ``BLOCK_N``-key tiles; when ``B * Hkv`` tiles cannot fill the GPU the prompt is split into
+   ``splits`` equal chunks, one program each (split-K / flash-decoding);
+2. own stage (split 0 only): each row's own ``num_own`` beam tokens, folded into the same
+   running (max, sum, acc) state, which is the log-sum-exp merge done in registers;
+3. merge (only when ``splits > 1``): the per-split partial outputs and log-sum-exps combine in
+   float32. With ``splits == 1`` stage 3 disappears and the whole step is one launch.
+
+Registered as the custom op ``xgr::decode_attention`` with a shape-only fake, so
+``torch.compile`` and ``torch.export`` can trace it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from torch_engine.errors import InvalidInputError, require
+from torch_engine.kernels import _common as c
+
+_OP = "decode_attention"
+_LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Tiling of one decode launch: rows of the (beam x group) tile, keys per step, splits."""
+
+    block_m: int
+    block_n: int
+    splits: int
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+@triton.jit
+def _decode_partial_kernel(
+        q_ptr, sk_ptr, sv_ptr, cu_ptr, bk_ptr, bv_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+        num_own, qk_scale, width, num_kv_heads,
+        s_qb, s_qw, s_qh, s_skt, s_skh, s_svt, s_svh,
+        s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
+        s_ob, s_ow, s_oh,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    split = tl.program_id(2)
+    b = pid_bh // num_kv_heads
+    h = pid_bh % num_kv_heads
+    # Row r of the tile is beam r // GROUP, query head h * GROUP + r % GROUP.
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < width * GROUP
+    beam = rows // GROUP
+    head = h * GROUP + rows % GROUP
+    d = tl.arange(0, HEAD_DIM)
+    q_rows = q_ptr + b * s_qb + beam * s_qw + head * s_qh
+    q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
+
+    # Stage 1: this split's block-aligned chunk of the request's prompt.
+    start = tl.load(cu_ptr + b).to(tl.int32)
+    end = tl.load(cu_ptr + b + 1).to(tl.int32)
+    chunk = tl.cdiv(tl.cdiv(end - start, SPLITS), BLOCK_N) * BLOCK_N
+    lo = start + split * chunk
+    hi = tl.minimum(end, lo + chunk)
+    # A finite floor instead of -inf keeps exp2(m_old - m_new) defined when a tile is all masked.
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    for k0 in range(lo, hi, BLOCK_N):
+        kpos = k0 + n
+        k_ok = kpos < hi
+        k = tl.load(sk_ptr + kpos[:, None] * s_skt + h * s_skh + d[None, :],
+                    mask=k_ok[:, None], other=0.0)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+        s = tl.where(k_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(sv_ptr + kpos[:, None] * s_svt + h * s_svh + d[None, :],
+                    mask=k_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # Stage 2: each row's own beam tokens (different per beam, so vector products in fp32).
+    if split == 0:
+        qf = q.to(tl.float32)
+        for j in range(0, num_own):
+            k_own = tl.load(bk_ptr + b * s_bkb + beam[:, None] * s_bkw + j * s_bks
+                            + h * s_bkh + d[None, :], mask=row_ok[:, None], other=0.0)
+            s_own = tl.sum(qf * k_own.to(tl.float32), 1) * qk_scale
+            m_new = tl.maximum(m_i, s_own)
+            alpha = tl.exp2(m_i - m_new)
+            p_own = tl.exp2(s_own - m_new)
+            v_own = tl.load(bv_ptr + b * s_bvb + beam[:, None] * s_bvw + j * s_bvs
+                            + h * s_bvh + d[None, :], mask=row_ok[:, None], other=0.0)
+            l_i = l_i * alpha + p_own
+            acc = acc * alpha[:, None] + p_own[:, None] * v_own.to(tl.float32)
+            m_i = m_new
+
+    if SPLITS == 1:
+        o_rows = out_ptr + b * s_ob + beam * s_ow + head * s_oh
+        out = acc / l_i[:, None]
+        tl.store(o_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+    else:
+        # Partial state of this split: normalised output and log2-sum-exp (-inf when empty).
+        part = (pid_bh * SPLITS + split) * width * GROUP + rows
+        out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1.0e-30)), float("-inf"))
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+
+
+@triton.jit
+def _decode_merge_kernel(
+        part_o_ptr, part_lse_ptr, out_ptr, width, num_kv_heads, s_ob, s_ow, s_oh,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+        SPLITS: tl.constexpr):
+    # Stage 3: out = sum_s 2^(lse_s - lse) * out_s with lse = log2 sum_s 2^lse_s, in fp32.
+    pid_bh = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    b = pid_bh // num_kv_heads
+    h = pid_bh % num_kv_heads
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < width * GROUP
+    d = tl.arange(0, HEAD_DIM)
+    base = pid_bh * SPLITS * width * GROUP + rows
+    lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in tl.static_range(SPLITS):
+        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + base + s * width * GROUP,
+                                              mask=row_ok, other=0.0))
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for s in tl.static_range(SPLITS):
+        part = base + s * width * GROUP
+        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=row_ok, other=0.0) - lse_max)
+        o = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=row_ok[:, None],
+                    other=0.0)
+        total += weight
+        acc += weight[:, None] * o
+    beam = rows // GROUP
+    head = h * GROUP + rows % GROUP
+    o_rows = out_ptr + b * s_ob + beam * s_ow + head * s_oh
+    tl.store(o_rows[:, None] + d[None, :], (acc / total[:, None]).to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
+                  devices: bool = True) -> float:
+    """Shape/dtype/stride (and, unless tracing, device) checks; returns the softmax scale."""
+    c.check_rank(_OP, "q", q, 4, "[B, W, Hq, D]")
+    c.check_rank(_OP, "shared_k", shared_k, 3, "[T, Hkv, D]")
+    c.check_rank(_OP, "shared_v", shared_v, 3, "[T, Hkv, D]")
+    c.check_rank(_OP, "cu_seqlens", cu_seqlens, 1, "[B+1]")
+    c.check_rank(_OP, "beam_k", beam_k, 5, "[B, W, S, Hkv, D]")
+    c.check_rank(_OP, "beam_v", beam_v, 5, "[B, W, S, Hkv, D]")
+    batch, width, hq, dim = q.shape
+    total, hkv = shared_k.shape[:2]
+    c.check_head_dim(_OP, dim)
+    require(hkv >= 1 and hq % hkv == 0, InvalidInputError,
+            f"{_OP}: q heads ({hq}) must be a multiple of shared_k heads ({hkv})")
+    require(tuple(shared_v.shape) == tuple(shared_k.shape), InvalidInputError,
+            f"{_OP}: shared_v must have shared_k's shape {tuple(shared_k.shape)}, "
+            f"got {tuple(shared_v.shape)}")
+    c.check_dim(_OP, "shared_k", shared_k, 2, dim, "head_dim, as q")
+    c.check_dim(_OP, "cu_seqlens", cu_seqlens, 0, batch + 1, "B+1, as q")
+    expected_beam = (batch, width, beam_k.shape[2], hkv, dim)
+    for name, tensor in (("beam_k", beam_k), ("beam_v", beam_v)):
+        require(tuple(tensor.shape) == expected_beam, InvalidInputError,
+                f"{_OP}: {name} must have shape [B, W, S, Hkv, D] = {expected_beam}, "
+                f"got {tuple(tensor.shape)}")
+    require(isinstance(num_own, int) and 1 <= num_own <= beam_k.shape[2], InvalidInputError,
+            f"{_OP}: num_own must be an int in [1, S={beam_k.shape[2]}], got {num_own!r}")
+    tensors = {"q": q, "shared_k": shared_k, "shared_v": shared_v, "beam_k": beam_k,
+               "beam_v": beam_v}
+    c.check_float(_OP, tensors)
+    c.check_last_dim_contiguous(_OP, tensors)
+    c.check_index(_OP, "cu_seqlens", cu_seqlens)
+    if devices:
+        c.check_devices(_OP, {**tensors, "cu_seqlens": cu_seqlens})
+    return c.resolve_scale(_OP, scale, dim)
+
+
+def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, total_tokens: int,
+                      head_dim: int, device: torch.device) -> DecodeConfig:
+    """Tile choice from shapes alone (no device read, so CUDA-graph capturable).
+
+    Splits the prompt only when ``B * Hkv * row_tiles`` programs leave SMs idle, and never into
+    chunks shorter than two key tiles of the mean prompt length ``T / B``.
+    """
+    rows = width * group
+    if c.interpreting():
+        block_m, block_n = 16, 16
+    else:
+        block_m = 128 if rows > 64 else 64
+        block_n = 64
+    tiles = batch * num_kv_heads * triton.cdiv(rows, block_m)
+    mean_len = max(1, total_tokens // max(batch, 1))
+    most = max(1, mean_len // (2 * block_n))
+    splits = max(1, min(most, 16, triton.cdiv(c.multiprocessors(device), tiles)))
+    warps = 8 if block_m * head_dim >= 128 * 128 else 4
+    return DecodeConfig(block_m=block_m, block_n=block_n, splits=splits, num_warps=warps,
+                        num_stages=2 if head_dim >= 128 else 3)
+
+
+def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: int,
+                  scale: float, config: DecodeConfig,
+                  out: torch.Tensor | None = None) -> torch.Tensor:
+    """Runs the kernels with an explicit ``config`` (inputs already checked); ``out``
+    (caller-owned, like q) receives the result when given."""
+    batch, width, hq, dim = q.shape
+    hkv = shared_k.shape[1]
+    group = hq // hkv
+    out = torch.empty_like(q) if out is None else out
+    if out.numel() == 0:
+        return out
+    rows = width * group
+    grid = (batch * hkv, triton.cdiv(rows, config.block_m), config.splits)
+    if config.splits > 1:
+        part_o = torch.empty((batch * hkv, config.splits, rows, dim), device=q.device,
+                             dtype=torch.float32)
+        part_lse = torch.empty((batch * hkv, config.splits, rows), device=q.device,
+                               dtype=torch.float32)
+    else:
+        part_o = part_lse = out  # unused by the one-launch variant
+    _decode_partial_kernel[grid](
+        q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, out, part_o, part_lse,
+        num_own, scale * _LOG2E, width, hkv,
+        q.stride(0), q.stride(1), q.stride(2), shared_k.stride(0), shared_k.stride(1),
+        shared_v.stride(0), shared_v.stride(1),
+        beam_k.stride(0), beam_k.stride(1), beam_k.stride(2), beam_k.stride(3),
+        beam_v.stride(0), beam_v.stride(1), beam_v.stride(2), beam_v.stride(3),
+        out.stride(0), out.stride(1), out.stride(2),
+        GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        SPLITS=config.splits, DOT_PRECISION=c.dot_precision(q.dtype),
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    if config.splits > 1:
+        merge_m = min(config.block_m, 64)
+        _decode_merge_kernel[(batch * hkv, triton.cdiv(rows, merge_m))](
+            part_o, part_lse, out, width, hkv, out.stride(0), out.stride(1), out.stride(2),
+            GROUP=group, HEAD_DIM=dim, BLOCK_M=merge_m, SPLITS=config.splits, num_warps=4)
+    return out
+
+
+@torch.library.custom_op("xgr::decode_attention", mutates_args=())
+def _decode_attention_op(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                         cu_seqlens: torch.Tensor, beam_k: torch.Tensor, beam_v: torch.Tensor,
+                         num_own: int, scale: float | None = None) -> torch.Tensor:
+    scale = _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
+    hkv = shared_k.shape[1]
+    config = decode_config_for(q.shape[0], q.shape[1], q.shape[2] // hkv, hkv,
+                               shared_k.shape[0], q.shape[3], q.device)
+    if q.device.type == "cuda":
+        with torch.cuda.device(q.device):
+            return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own,
+                                 scale, config)
+    return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
+                         config)
+
+
+@_decode_attention_op.register_fake
+def _(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale=None):
+    # Tracing sees shapes only: check them so export fails early, then describe the output.
+    _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
+                  devices=False)
+    return torch.empty_like(q)
+
+
+def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                     cu_seqlens: torch.Tensor, beam_k: torch.Tensor, beam_v: torch.Tensor,
+                     num_own: int, scale: float | None = None) -> torch.Tensor:
+    """One decode step of W beams per request (Triton; the reference's signature and result).
+
+    q: ``[B, W, Hq, D]``; shared_k, shared_v: ``[T, Hkv, D]`` packed prompt KV, request b at
+    rows ``cu_seqlens[b]:cu_seqlens[b+1]``; cu_seqlens: ``[B+1]`` int32/int64, non-decreasing,
+    ``cu_seqlens[0] == 0``, ``cu_seqlens[-1] <= T`` (values are not read on the host);
+    beam_k, beam_v: ``[B, W, S, Hkv, D]`` with the first ``num_own`` slots valid,
+    ``1 <= num_own <= S``. fp16/bf16/fp32, last axis contiguous, all on one CUDA device.
+    Returns ``[B, W, Hq, D]`` in ``q.dtype``.
+    """
+    return torch.ops.xgr.decode_attention(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v,
+                                          num_own, scale)
