@@ -1,0 +1,54 @@
+"""``xgr parity --plan PLAN --data DATA``: run TF and the migrated plan side by side.
+
+Compares every stage boundary and the final outputs on each batch of DATA (npz or TFRecord,
+see ``bridge/parity/data.py``) with the tolerance table keyed by dtype (ids exact), writes
+``parity_report.md`` / ``.html`` with error histograms to ``--report_dir`` and exits with
+status 1 when any output is outside its tolerance, so CI can gate each migration step.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from absl import flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("plan", "migration_plan.json", "Path of the migration plan (JSON).")
+flags.DEFINE_string("data", None, "Batches: .npz ('<batch>/<input>' keys) or TFRecord.")
+flags.DEFINE_string("report_dir", None, "Where to write the report (default: "
+                    "<plan folder>/parity_report).")
+flags.DEFINE_integer("batch_size", 32, "Rows per batch when --data is a TFRecord file.")
+flags.DEFINE_integer("max_batches", 0, "Compare at most this many batches (0: all).")
+
+
+def main(argv: list[str]) -> int:
+    from bridge.migration.plan import load_plan
+    from bridge.migration.runner import PlanRunner
+    from bridge.parity.data import load_batches
+    from bridge.parity.harness import run_parity
+    from bridge.parity.report import write_report
+    from torch_engine.errors import XgrError
+
+    if len(argv) > 1:
+        print(f"xgr parity: unexpected arguments {argv[1:]}", file=sys.stderr)
+        return 2
+    if not FLAGS.data:
+        print("xgr parity: --data is required (npz or TFRecord batches)", file=sys.stderr)
+        return 2
+    plan_path = Path(FLAGS.plan)
+    try:
+        plan = load_plan(plan_path)
+        runner = PlanRunner(plan, plan_path.parent)
+        batches = load_batches(FLAGS.data, runner.model, FLAGS.batch_size)
+        if FLAGS.max_batches > 0:
+            batches = batches[: FLAGS.max_batches]
+        result = run_parity(runner, batches)
+    except XgrError as error:
+        print(f"xgr parity: {error}", file=sys.stderr)
+        return 1
+    report_dir = Path(FLAGS.report_dir) if FLAGS.report_dir else plan_path.parent / "parity_report"
+    md_path = write_report(result, report_dir, f"Parity of {plan_path.name} ({plan.model})")
+    print(result.summary())
+    print(f"report: {md_path} and {md_path.with_suffix('.html')}")
+    return 0 if result.passed else 1

@@ -1,0 +1,108 @@
+"""Hand-written Torch twins of common Keras layers, built from a Keras layer's weights.
+
+Use them in a plan as ``{"runtime": "torch", "module": "bridge.migration.keras_twins:Dense"}``:
+the runner calls ``Class.from_keras_layer(layer)``, which copies the layer's weights. They are
+also the reference for writing a team's own: Keras ``Dense`` keeps its kernel as
+``[in, out]``, ``nn.Linear`` as ``[out, in]``, hence the transpose.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import keras
+import numpy as np
+import torch
+from torch import nn
+
+from torch_engine.errors import MigrationError
+
+# Keras activation name -> torch function (same formulas; Keras "gelu" is the exact erf form).
+ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "linear": lambda x: x, "relu": torch.relu, "sigmoid": torch.sigmoid, "tanh": torch.tanh,
+    "silu": nn.functional.silu, "swish": nn.functional.silu, "gelu": nn.functional.gelu,
+    "softmax": lambda x: torch.softmax(x, dim=-1),
+}
+
+
+def _weight(array: Any) -> torch.Tensor:
+    return torch.from_numpy(np.array(keras.ops.convert_to_numpy(array), dtype=np.float32))
+
+
+def activation_name(layer: Any) -> str:
+    """The Keras layer's activation as a key of :data:`ACTIVATIONS`."""
+    name = keras.activations.serialize(layer.activation)
+    name = name if isinstance(name, str) else name.get("config", name.get("class_name"))
+    if name not in ACTIVATIONS:
+        raise MigrationError(f"layer {layer.name!r}: activation {name!r} has no Torch twin; "
+                             f"known: {sorted(ACTIVATIONS)}")
+    return name
+
+
+class Dense(nn.Module):
+    """``keras.layers.Dense``: ``activation(x @ kernel + bias)``; x ``[..., in]`` float32."""
+
+    def __init__(self, in_features: int, out_features: int, activation: str = "linear",
+                 use_bias: bool = True):
+        super().__init__()
+        if activation not in ACTIVATIONS:
+            raise MigrationError(f"Dense: activation {activation!r} unknown; "
+                                 f"known: {sorted(ACTIVATIONS)}")
+        self.linear = nn.Linear(in_features, out_features, bias=use_bias)
+        self.activation = activation
+
+    @classmethod
+    def from_keras_layer(cls, layer: Any) -> "Dense":
+        if not isinstance(layer, keras.layers.Dense):
+            raise MigrationError(f"Dense twin needs a keras Dense layer, stage {layer.name!r} "
+                                 f"is a {type(layer).__name__}")
+        kernel = _weight(layer.kernel)
+        twin = cls(kernel.shape[0], kernel.shape[1], activation_name(layer), layer.use_bias)
+        with torch.no_grad():
+            twin.linear.weight.copy_(kernel.T)
+            if layer.use_bias:
+                twin.linear.bias.copy_(_weight(layer.bias))
+        return twin
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return ACTIVATIONS[self.activation](self.linear(x))
+
+
+class Embedding(nn.Module):
+    """``keras.layers.Embedding``: ids ``[...]`` int -> ``[..., dim]`` float32."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table = nn.Embedding.from_pretrained(table, freeze=False)
+
+    @classmethod
+    def from_keras_layer(cls, layer: Any) -> "Embedding":
+        if not isinstance(layer, keras.layers.Embedding):
+            raise MigrationError(f"Embedding twin needs a keras Embedding layer, stage "
+                                 f"{layer.name!r} is a {type(layer).__name__}")
+        return cls(_weight(layer.embeddings))
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.table(ids.long())
+
+
+class LayerNormalization(nn.Module):
+    """``keras.layers.LayerNormalization`` over the last axis; x ``[..., dim]`` float32."""
+
+    def __init__(self, gamma: torch.Tensor, beta: torch.Tensor, epsilon: float):
+        super().__init__()
+        self.norm = nn.LayerNorm(gamma.shape[0], eps=epsilon)
+        with torch.no_grad():
+            self.norm.weight.copy_(gamma)
+            self.norm.bias.copy_(beta)
+
+    @classmethod
+    def from_keras_layer(cls, layer: Any) -> "LayerNormalization":
+        if not isinstance(layer, keras.layers.LayerNormalization) or \
+                list(layer.axis) not in ([-1], [len(layer.input.shape) - 1]):
+            raise MigrationError(f"LayerNormalization twin needs a keras LayerNormalization "
+                                 f"over the last axis, stage {layer.name!r} is not one")
+        return cls(_weight(layer.gamma), _weight(layer.beta), float(layer.epsilon))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x)

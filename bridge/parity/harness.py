@@ -1,0 +1,96 @@
+"""Run the original TF model and the migrated plan side by side and compare every boundary.
+
+For each batch both sides run the whole model; every stage's outputs and the model's final
+outputs are compared with :func:`bridge.parity.compare.compare`. Results are aggregated per
+(stage, output) over batches (worst error wins, any failing batch fails the row) and kept in
+execution order, so the first failing row names the stage where the migrated side diverged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+from tqdm import tqdm
+
+from bridge.migration.model_graph import output_names
+from bridge.migration.runner import PlanRunner
+from bridge.parity.compare import Comparison, compare, ragged_parts
+
+MODEL_OUTPUT = "(model output)"
+HISTOGRAM_SAMPLES = 200_000   # per row; keeps reports small on big batches
+
+
+@dataclass(frozen=True)
+class ParityResult:
+    """Aggregated comparisons in execution order (final outputs last)."""
+
+    rows: tuple[Comparison, ...]
+    batches: int
+    torch_stages: tuple[str, ...]
+
+    @property
+    def passed(self) -> bool:
+        return all(row.passed for row in self.rows)
+
+    @property
+    def first_failure(self) -> Comparison | None:
+        return next((row for row in self.rows if not row.passed), None)
+
+    def summary(self) -> str:
+        """One paragraph for terminals and assertion messages."""
+        failure = self.first_failure
+        head = (f"parity {'PASSED' if failure is None else 'FAILED'}: {len(self.rows)} outputs "
+                f"over {self.batches} batches; Torch stages: {list(self.torch_stages) or 'none'}")
+        if failure is None:
+            return head
+        return (f"{head}\nfirst failing stage {failure.stage!r}, output {failure.output!r}, "
+                f"dtype {failure.dtype}, shape {list(failure.shape)}: max abs err "
+                f"{failure.max_abs:.3g}, max rel err {failure.max_rel:.3g} ({failure.problem})")
+
+
+def _merge(old: Comparison | None, new: Comparison) -> Comparison:
+    if old is None:
+        return new
+    errors = [e for e in (old.abs_errors, new.abs_errors) if e is not None]
+    merged = np.concatenate(errors)[:HISTOGRAM_SAMPLES] if errors else None
+    worst = old if (not old.passed and new.passed) else new
+    return Comparison(stage=old.stage, output=old.output, dtype=old.dtype, shape=old.shape,
+                      max_abs=max(old.max_abs, new.max_abs), max_rel=max(old.max_rel, new.max_rel),
+                      rel_norm=max(old.rel_norm, new.rel_norm),
+                      mismatched=old.mismatched + new.mismatched,
+                      passed=old.passed and new.passed, problem=worst.problem or old.problem,
+                      abs_errors=merged)
+
+
+def _compare_batch(runner: PlanRunner, batch: Mapping[str, Any]) -> list[Comparison]:
+    ref_out, ref_stages = runner.run_reference(batch)
+    got_out, got_stages = runner.run(batch)
+    rows = []
+    for stage, expected in ref_stages.items():
+        got = got_stages.get(stage)
+        for i, (e, g) in enumerate(zip(expected, got)):
+            label = "output" if len(expected) == 1 else f"output_{i}"
+            for suffix, e_part in ragged_parts(e):
+                g_part = dict(ragged_parts(g)).get(suffix, g)
+                rows.append(compare(stage, label + suffix, g_part, e_part))
+    for name, e, g in zip(output_names(runner.model), ref_out, got_out):
+        for suffix, e_part in ragged_parts(e):
+            rows.append(compare(MODEL_OUTPUT, name + suffix, dict(ragged_parts(g)).get(suffix, g),
+                                e_part))
+    return rows
+
+
+def run_parity(runner: PlanRunner, batches: Iterable[Mapping[str, Any]],
+               progress: bool = True) -> ParityResult:
+    """Compare the plan against the all-TF model on every batch."""
+    merged: dict[tuple[str, str], Comparison] = {}
+    count = 0
+    for batch in tqdm(batches, desc="parity batches", unit="batch", disable=not progress):
+        for row in _compare_batch(runner, batch):
+            key = (row.stage, row.output)
+            merged[key] = _merge(merged.get(key), row)
+        count += 1
+    return ParityResult(tuple(merged.values()), count,
+                        tuple(s.name for s in runner.plan.torch_stages()))
