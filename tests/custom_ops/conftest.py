@@ -1,0 +1,47 @@
+"""Fixtures for the custom-op tests: the op package, its Torch twins and a small world."""
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+@pytest.fixture(scope="session")
+def ops():
+    import custom_ops
+    return custom_ops
+
+
+@pytest.fixture(scope="session")
+def twins():
+    from custom_ops import torch_twins
+    return torch_twins
+
+
+@pytest.fixture(scope="session")
+def world():
+    from torch_engine.synthetic import WorldConfig, make_world
+    return make_world(WorldConfig(num_items=600, num_users=64, history_events=30, seed=3))
+
+
+@pytest.fixture()
+def subprocess_env():
+    """Environment for child interpreters: the repository importable, TF quiet."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    return env
+
+
+@pytest.fixture(scope="session")
+def python():
+    return sys.executable
+
+
+def as_numpy(outputs):
+    """A tuple of TF or torch tensors as NumPy arrays."""
+    return tuple(np.asarray(o.numpy() if hasattr(o, "numpy") else o) for o in outputs)
