@@ -125,16 +125,17 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
     hkv = shared_k.shape[1]
     group = hq // hkv
     scale = 1.0 / math.sqrt(dim)
+    work = torch.float64 if q.dtype == torch.float64 else torch.float32  # softmax precision
     # All beams (x the query heads of one KV head) of a request form one matrix against the
     # shared prompt: a GEMM with W * group rows per KV head instead of W separate GEMVs.
     rows = q.view(batch, width, hkv, group, dim)
     grouped = rows.permute(0, 2, 1, 3, 4).reshape(batch, hkv, width * group, dim)
     keys = prompt.unpack(shared_k).permute(0, 2, 3, 1)            # [B, Hkv, D, Lmax]
     vals = prompt.unpack(shared_v).transpose(1, 2)                # [B, Hkv, Lmax, D]
-    s_shared = (grouped @ keys).float() * scale                   # [B, Hkv, W*g, Lmax]
+    s_shared = (grouped @ keys).to(work) * scale                   # [B, Hkv, W*g, Lmax]
     s_shared = s_shared.masked_fill(~prompt.valid[:, None, None, :], float("-inf"))
     own_k, own_v = beam_k[:, :, :num_own], beam_v[:, :, :num_own]  # [B, W, n, Hkv, D]
-    s_own = torch.einsum("bwhgd,bwnhd->bhwgn", rows, own_k).float() * scale
+    s_own = torch.einsum("bwhgd,bwnhd->bhwgn", rows, own_k).to(work) * scale
     s_own = s_own.reshape(batch, hkv, width * group, num_own)
     probs = torch.softmax(torch.cat([s_shared, s_own], dim=-1), dim=-1).to(q.dtype)
     p_shared, p_own = probs.split([s_shared.shape[-1], num_own], dim=-1)

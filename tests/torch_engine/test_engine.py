@@ -1,0 +1,244 @@
+"""Engine.recommend against brute-force scoring and a plain-Python beam search on full forwards."""
+
+import numpy as np
+import pytest
+import torch
+
+from torch_engine.catalog import Catalog
+from torch_engine.config import EngineConfig
+from torch_engine.engine import Engine
+from torch_engine.errors import InvalidInputError
+from torch_engine.inputs import check_inputs
+from torch_engine.layout import MaskMode, TokenLayout
+from torch_engine.model import Model
+from torch_engine.tolerances import tolerance_for
+
+FP32 = tolerance_for(torch.float32)
+LAYOUT = TokenLayout()
+
+
+def small_world(seed=0, n=60, used_codes=5):
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(np.arange(1000, 1000 + 20 * n), size=n, replace=False).astype(np.int64)
+    codes = rng.integers(0, used_codes, (n, 3)).astype(np.int32)
+    return ids, codes
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Model.from_preset("tiny", seed=11)
+
+
+@pytest.fixture(scope="module")
+def world():
+    ids, codes = small_world()
+    return ids, codes, Engine(Model.from_preset("tiny", seed=11), Catalog.from_arrays(ids, codes))
+
+
+def prompts(seed, lengths, width=None, segmented=True):
+    gen = torch.Generator().manual_seed(seed)
+    width = width or max(lengths)
+    tokens = torch.randint(8, 1024, (len(lengths), width), generator=gen)
+    segs = torch.zeros(len(lengths), width, dtype=torch.int32)
+    for row in range(len(lengths)):
+        steps = (torch.rand(width, generator=gen) < 0.25).to(torch.int32)
+        steps[0] = 0
+        segs[row] = torch.cumsum(steps, 0)
+    return tokens, torch.tensor(lengths), (segs if segmented else None)
+
+
+def level_logp(model, tokens, segs, prefix, codes):
+    """Log-probs over the next code after ``prefix`` (full forward), normalised over the codes
+    the catalog allows there; -inf elsewhere."""
+    level = len(prefix)
+    seq = torch.tensor(list(tokens) + [LAYOUT.code_token(i, c) for i, c in enumerate(prefix)])
+    if segs is None:
+        logits = model(seq[None])[0, -1]
+    else:
+        seg = torch.cat([segs, segs[-1] + 1 + torch.arange(level, dtype=torch.int32)])
+        logits = model(seq[None], segment_ids=seg[None], mode=MaskMode.ITEM_CAUSAL)[0, -1]
+    start, end = LAYOUT.level_range(level)
+    allowed = np.zeros(LAYOUT.codebook_size, dtype=bool)
+    match = (codes[:, :level] == np.asarray(prefix, dtype=np.int64)).all(axis=1)
+    allowed[np.unique(codes[match, level])] = True
+    masked = logits[start:end].double().masked_fill(~torch.from_numpy(allowed), float("-inf"))
+    return torch.log_softmax(masked, dim=0)
+
+
+def python_beam_search(model, tokens, segs, ids, codes, width, top_k, exclude=()):
+    """Beam search with one full forward per beam and level; then items of the best paths."""
+    beams = [((), 0.0)]
+    excluded = set(exclude)
+    with torch.no_grad():
+        for level in range(3):
+            cands = []
+            for prefix, score in beams:
+                logp = level_logp(model, tokens, segs, prefix, codes)
+                for code in np.flatnonzero(np.isfinite(logp.numpy())):
+                    path = prefix + (int(code),)
+                    if level == 2:
+                        items = ids[(codes == path).all(axis=1)]
+                        if all(int(i) in excluded for i in items):
+                            continue
+                    cands.append((path, score + float(logp[code])))
+            beams = sorted(cands, key=lambda c: -c[1])[:width]
+    out = []
+    for path, score in beams:
+        for item in sorted(ids[(codes == path).all(axis=1)].tolist()):
+            if item not in excluded:
+                out.append((item, score))
+    return out[:top_k]
+
+
+def assert_same(got_items, got_scores, expected):
+    items = [i for i in got_items.tolist() if i >= 0]
+    assert items == [i for i, _ in expected]
+    np.testing.assert_allclose(got_scores[:len(items)].numpy(), [s for _, s in expected],
+                               rtol=FP32.rtol, atol=FP32.atol)
+
+
+@pytest.mark.parametrize("segmented", [False, True])
+def test_beam_covering_every_prefix_equals_brute_force(world, segmented):
+    ids, codes, engine = world
+    paths = engine.catalog.num_prefixes[-1]
+    tokens, lengths, segs = prompts(1, [13], segmented=segmented)
+    items, scores = engine.recommend(tokens, lengths, segs, beam_width=paths, top_k=ids.shape[0])
+    # Brute force: score every item's full path on full forwards, sort (score desc, id asc).
+    with torch.no_grad():
+        path_score = {}
+        for path in {tuple(c) for c in codes.tolist()}:
+            path_score[path] = sum(float(level_logp(engine.model, tokens[0], None if segs is None
+                                                    else segs[0], path[:lvl], codes)[path[lvl]])
+                                   for lvl in range(3))
+    item_scores = np.array([path_score[tuple(c)] for c in codes.tolist()])
+    order = np.lexsort((ids, -item_scores))
+    assert_same(items[0], scores[0], [(int(ids[i]), item_scores[i]) for i in order])
+
+
+@pytest.mark.parametrize("width,top_k", [(3, 7), (8, 20), (1, 2)])
+def test_ranked_beams_equal_python_beam_search(world, width, top_k):
+    ids, codes, engine = world
+    assert engine.catalog.num_prefixes[1] > width or engine.catalog.num_prefixes[2] > width
+    tokens, lengths, segs = prompts(2, [9])
+    items, scores = engine.recommend(tokens, lengths, segs, beam_width=width, top_k=top_k)
+    expected = python_beam_search(engine.model, tokens[0], segs[0], ids, codes, width, top_k)
+    assert_same(items[0], scores[0], expected)
+
+
+@pytest.mark.parametrize("width,top_k", [(1, 1), (4, 6)])
+def test_excluded_items_never_returned_and_exhausted_paths_never_expanded(world, width, top_k):
+    ids, codes, engine = world
+    tokens, lengths, segs = prompts(3, [11])
+    best, _ = engine.recommend(tokens, lengths, segs, beam_width=width, top_k=top_k)
+    # Exclude every item of the best path, one item of another path, and an unknown id.
+    best_path = codes[ids == int(best[0, 0])][0]
+    whole_path = ids[(codes == best_path).all(axis=1)].tolist()
+    exclude = whole_path + [int(best[0, -1]), 999_999]
+    for given in (torch.tensor([exclude + [-1, -1]]), [torch.tensor(exclude)]):
+        items, scores = engine.recommend(tokens, lengths, segs, beam_width=width, top_k=top_k,
+                                         exclude_items=given)
+        assert not set(items[0].tolist()) & set(exclude)
+        assert int(items[0, 0]) >= 0  # the beam moved to a path with items left
+        expected = python_beam_search(engine.model, tokens[0], segs[0], ids, codes, width,
+                                      top_k, exclude=exclude)
+        assert_same(items[0], scores[0], expected)
+
+
+def test_results_exist_are_unique_and_sorted_when_top_k_exceeds_beam_width(model):
+    ids, codes = small_world(seed=5, n=400, used_codes=4)  # about 6 items per path
+    catalog = Catalog.from_arrays(ids, codes)
+    engine = Engine(model, catalog)
+    tokens, lengths, segs = prompts(4, [12, 5, 9])
+    items, scores = engine.recommend(tokens, lengths, segs, beam_width=5, top_k=25)
+    assert items.shape == (3, 25) and items.dtype == torch.int64
+    assert scores.dtype == torch.float32
+    for row in range(3):
+        got = items[row].tolist()
+        assert len(set(got)) == 25 and set(got) <= set(ids.tolist())
+        assert bool((scores[row][1:] <= scores[row][:-1]).all())
+
+
+def test_batched_equals_one_by_one(world):
+    _, _, engine = world
+    tokens, lengths, segs = prompts(5, [14, 6, 10, 1])
+    items, scores = engine.recommend(tokens, lengths, segs, beam_width=6, top_k=12)
+    for row in range(4):
+        n = int(lengths[row])
+        alone_items, alone_scores = engine.recommend(tokens[row:row + 1, :n], lengths[row:row + 1],
+                                                     segs[row:row + 1, :n], beam_width=6,
+                                                     top_k=12)
+        assert torch.equal(items[row], alone_items[0])
+        torch.testing.assert_close(scores[row], alone_scores[0], rtol=FP32.rtol, atol=FP32.atol)
+
+
+@pytest.mark.parametrize("segmented", [False, True])
+def test_prefix_embeds_equal_the_tokens_they_embed(world, segmented):
+    _, _, engine = world
+    tokens, lengths, segs = prompts(6, [12, 8], segmented=segmented)
+    soft = 3
+    if segmented:
+        segs[:, :soft] = 0  # soft tokens belong to the profile segment
+    full = engine.recommend(tokens, lengths, segs, beam_width=5, top_k=9)
+    with torch.no_grad():
+        embeds = engine.model.embed(tokens[:, :soft])
+    rest = engine.recommend(tokens[:, soft:], lengths - soft,
+                            None if segs is None else segs[:, soft:], beam_width=5, top_k=9,
+                            prefix_embeds=embeds)
+    assert torch.equal(full[0], rest[0])
+    torch.testing.assert_close(full[1], rest[1], rtol=FP32.rtol, atol=FP32.atol)
+
+
+GOOD = dict(token_ids=torch.full((2, 4), 9), lengths=torch.tensor([4, 2]))
+BAD_INPUTS = [
+    (dict(lengths=torch.tensor([4, 0])), "lengths must be >= 1"),
+    (dict(lengths=torch.tensor([5, 2])), r"lengths must be <= token_ids.shape\[1\] = 4"),
+    (dict(lengths=torch.tensor([4])), r"lengths must have shape \[2\]"),
+    (dict(token_ids=torch.tensor([[9, 9, 9, 2000], [9, 9, 0, 0]])), "token_ids must lie in"),
+    (dict(token_ids=torch.full((2, 4), 9.0)), "token_ids must have an integer dtype"),
+    (dict(token_ids=torch.full((4,), 9)), "token_ids must be 2-D"),
+    (dict(beam_width=0), "beam_width must be an int in"),
+    (dict(beam_width=65), "beam_width must be an int in"),
+    (dict(top_k=61), r"top_k must be an int in \[1, "),
+    (dict(segment_ids=torch.zeros(2, 3, dtype=torch.int32)), "segment_ids must have the shape"),
+    (dict(segment_ids=torch.tensor([[0, 1, 0, 0], [0, 0, 0, 0]])), "non-decreasing"),
+    (dict(prefix_embeds=torch.zeros(2, 3, 5)), r"prefix_embeds must have shape \[2, S, 64\]"),
+    (dict(exclude_items=torch.tensor([[1, -2], [1, 2]])), "exclude_items must hold item ids"),
+    (dict(exclude_items=[torch.tensor([1])]), "one tensor per request"),
+    (dict(exclude_items=torch.zeros(2, 70, dtype=torch.long)), "max_exclude=64"),
+]
+
+
+@pytest.mark.parametrize("change,match", BAD_INPUTS, ids=[m for _, m in BAD_INPUTS])
+def test_bad_inputs_raise_clear_value_errors(model, change, match):
+    ids, codes = small_world()
+    engine = Engine(model, Catalog.from_arrays(ids, codes),
+                    EngineConfig(max_beam_width=64, max_exclude=64))
+    args = {"beam_width": 4, "top_k": 5, **GOOD, **change}
+    with pytest.raises(InvalidInputError, match=match) as info:
+        engine.recommend(**args)
+    assert isinstance(info.value, ValueError)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("width", [4, 64])
+def test_decode_loop_runs_on_cuda_without_host_sync(width):
+    ids, codes = small_world(seed=7, n=3000, used_codes=12)
+    cpu_engine = Engine(Model.from_preset("tiny", seed=11), Catalog.from_arrays(ids, codes))
+    gpu_engine = Engine(Model.from_preset("tiny", seed=11, device="cuda"),
+                        Catalog.from_arrays(ids, codes), EngineConfig(attention_backend="torch"))
+    tokens, lengths, segs = prompts(8, [30, 12, 21])
+    exclude = torch.tensor([[int(ids[0]), -1], [int(ids[1]), int(ids[2])], [-1, -1]])
+    expected = cpu_engine.recommend(tokens, lengths, segs, beam_width=width, top_k=40,
+                                    exclude_items=exclude)
+    batch = check_inputs(gpu_engine, tokens.cuda(), lengths.cuda(), segs.cuda(), width, 40,
+                         None, exclude.cuda())
+    with torch.no_grad():
+        state = gpu_engine.prefill(batch)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            items, scores = gpu_engine.decode(state, width, 40)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(items.cpu(), expected[0])
+    torch.testing.assert_close(scores.cpu(), expected[1], rtol=1e-4, atol=1e-4)

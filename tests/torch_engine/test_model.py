@@ -1,0 +1,182 @@
+"""Model: parity with Hugging Face Qwen2/Qwen3, checkpoint I/O, prefill + decode == forward."""
+
+import math
+
+import pytest
+import torch
+
+from torch_engine import attention as attn
+from torch_engine import reference
+from torch_engine.config import PRESETS, ModelConfig
+from torch_engine.errors import ConfigError, InvalidInputError
+from torch_engine.kv_cache import BeamKV, PackedPrompt
+from torch_engine.layout import MaskMode
+from torch_engine.model import Model
+from torch_engine.tolerances import tolerance_for
+
+FP32 = tolerance_for(torch.float32)
+
+
+def rel_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((out.double() - ref.double()).norm() / ref.double().norm()).item()
+
+
+def _hf_model(family: str):
+    transformers = pytest.importorskip("transformers")
+    common = dict(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, intermediate_size=128, rope_theta=5000.0)
+    if family == "qwen2":
+        config = transformers.Qwen2Config(tie_word_embeddings=False, **common)
+        model = transformers.Qwen2ForCausalLM(config)
+    else:
+        config = transformers.Qwen3Config(head_dim=24, tie_word_embeddings=True, **common)
+        model = transformers.Qwen3ForCausalLM(config)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # HF zeroes biases and sets norms to one: randomise every tensor
+        for name, param in model.named_parameters():
+            offset = 1.0 if "norm" in name else 0.0
+            param.copy_(torch.randn(param.shape, generator=gen) * 0.1 + offset)
+    return model.eval()
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_from_pretrained_matches_hf_logits(tmp_path, family):
+    hf = _hf_model(family)
+    hf.save_pretrained(tmp_path)
+    ours = Model.from_pretrained(tmp_path)
+    assert ours.config.architecture == family
+    ids = torch.randint(0, 300, (3, 17), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        expected = hf(ids).logits
+        got = ours(ids)
+    assert rel_error(got, expected) <= FP32.rel_norm
+
+
+def test_save_pretrained_loads_in_hf_and_sharded_round_trip(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    model = Model.from_preset("tiny", seed=3)
+    ids = torch.randint(0, 1024, (2, 9))
+    with torch.no_grad():
+        expected = model(ids)
+    model.save_pretrained(tmp_path / "single")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "single").eval()
+    with torch.no_grad():
+        assert rel_error(hf(ids).logits, expected) <= FP32.rel_norm
+    model.save_pretrained(tmp_path / "sharded", max_shard_bytes=50_000)
+    assert len(list((tmp_path / "sharded").glob("model-*-of-*.safetensors"))) > 2
+    again = Model.from_pretrained(tmp_path / "sharded")
+    with torch.no_grad():
+        assert torch.equal(again(ids), expected)
+
+
+def test_from_pretrained_rejects_mismatched_checkpoint(tmp_path):
+    Model.from_preset("tiny").save_pretrained(tmp_path)
+    config = ModelConfig.from_hf_dict({**PRESETS["tiny"].to_hf_dict(), "num_hidden_layers": 3})
+    (tmp_path / "config.json").write_text(__import__("json").dumps(config.to_hf_dict()))
+    with pytest.raises(ConfigError, match="missing.*model.layers.2"):
+        Model.from_pretrained(tmp_path)
+
+
+def test_config_validation_names_the_field():
+    with pytest.raises(ConfigError, match="num_kv_heads"):
+        PRESETS["tiny"].replace(num_kv_heads=3)
+    with pytest.raises(ConfigError, match="model_type"):
+        ModelConfig.from_hf_dict({"model_type": "llama"})
+
+
+def test_forward_rejects_bad_inputs():
+    model = Model.from_preset("tiny")
+    with pytest.raises(InvalidInputError, match="exactly one"):
+        model()
+    with pytest.raises(InvalidInputError, match="segment_ids shape"):
+        model(torch.zeros(2, 5, dtype=torch.long), segment_ids=torch.zeros(2, 4))
+
+
+def _segments(length: int, generator: torch.Generator) -> torch.Tensor:
+    """Non-decreasing segment ids starting at 0 with random segment lengths."""
+    steps = (torch.rand(length, generator=generator) < 0.3).to(torch.int32)
+    steps[0] = 0
+    return torch.cumsum(steps, 0).to(torch.int32)
+
+
+@pytest.mark.parametrize("mode", [MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL,
+                                  MaskMode.PREFIX_BIDIRECTIONAL])
+def test_padded_forward_equals_each_row_alone(mode):
+    model = Model.from_preset("tiny", seed=4)
+    gen = torch.Generator().manual_seed(5)
+    lengths = [11, 4, 8]
+    ids = torch.randint(8, 1024, (3, 11), generator=gen)
+    segs = torch.full((3, 11), -1, dtype=torch.int32)
+    for row, n in enumerate(lengths):
+        segs[row, :n] = _segments(n, gen)
+    with torch.no_grad():
+        batched = model(ids, segment_ids=segs, mode=mode)
+        for row, n in enumerate(lengths):
+            alone = model(ids[row:row + 1, :n], segment_ids=segs[row:row + 1, :n], mode=mode)
+            assert rel_error(batched[row, :n], alone[0]) <= FP32.rel_norm
+
+
+def test_torch_backends_match_reference_attention():
+    gen = torch.Generator().manual_seed(6)
+    lengths = torch.tensor([9, 3, 6])
+    width, hq, hkv, dim, beams, slots = 9, 4, 2, 16, 5, 2
+    valid = torch.arange(width)[None] < lengths[:, None]
+    segs = torch.stack([_segments(width, gen) for _ in range(3)])
+    prompt = PackedPrompt.from_padded(valid, segs, MaskMode.ITEM_CAUSAL)
+    total = int(lengths.sum())
+    q, k, v = (torch.randn(total, h, dim, generator=gen, dtype=torch.float64)
+               for h in (hq, hkv, hkv))
+    got = attn.prefill_attention(q, k, v, prompt, "torch")
+    ref = reference.prefill_attention(q, k, v, prompt.cu_seqlens, prompt.segment_ids,
+                                      MaskMode.ITEM_CAUSAL)
+    assert rel_error(got, ref) <= 1e-12
+    qd = torch.randn(3, beams, hq, dim, generator=gen, dtype=torch.float64)
+    bk, bv = (torch.randn(3, beams, slots, hkv, dim, generator=gen, dtype=torch.float64)
+              for _ in range(2))
+    got = attn.decode_attention(qd, k, v, prompt, bk, bv, 2, "torch")
+    ref = reference.decode_attention(qd, k, v, prompt.cu_seqlens, bk, bv, 2)
+    assert rel_error(got, ref) <= 1e-12
+
+
+@pytest.mark.parametrize("preset_name,segmented", [("tiny", False), ("tiny", True)])
+def test_prefill_then_decode_equals_full_forward(preset_name, segmented):
+    """Packed prefill + two decode steps give the logits of forward() over prompt + tokens,
+    where (hybrid mask) each generated token sits in a new segment of its own."""
+    model = Model.from_preset(preset_name, seed=7)
+    cfg = model.config
+    gen = torch.Generator().manual_seed(8)
+    lengths = torch.tensor([10, 6])
+    width, beams, steps = 10, 3, 2
+    ids = torch.randint(8, 1024, (2, width), generator=gen)
+    segs = torch.stack([_segments(width, gen) for _ in range(2)]) if segmented else \
+        torch.zeros(2, width, dtype=torch.int32)
+    mode = MaskMode.ITEM_CAUSAL if segmented else MaskMode.CAUSAL
+    valid = torch.arange(width)[None] < lengths[:, None]
+    generated = torch.randint(256, 1024, (2, beams, steps), generator=gen)
+    with torch.no_grad():
+        prompt = PackedPrompt.from_padded(valid, segs, mode)
+        last, shared = model.prefill(prompt.pack(model.embed(ids)), prompt)
+        kv = BeamKV(cfg.num_layers, 2, beams, steps, cfg.num_kv_heads, cfg.head_dim,
+                    torch.float32, torch.device("cpu"))
+        hidden = [model.decode_step(generated[:, :, s], lengths + s, shared, prompt, kv, s)
+                  for s in range(steps)]
+        for row in range(2):
+            n = int(lengths[row])
+            for beam in range(beams):
+                seq = torch.cat([ids[row, :n], generated[row, beam]])[None]
+                seg = torch.cat([segs[row, :n], segs[row, n - 1] + 1 + torch.arange(steps,
+                                 dtype=torch.int32)])[None]
+                full = model(seq, segment_ids=seg, mode=mode)[0]
+                ours = [model.level_logits(last[row], 0, cfg.vocab_size)] + [
+                    model.level_logits(h[row, beam], 0, cfg.vocab_size) for h in hidden]
+                for step, logits in enumerate(ours):
+                    assert rel_error(logits, full[n - 1 + step]) <= FP32.rel_norm
+
+
+def test_beam_kv_reorder_copies_only_used_slots():
+    kv = BeamKV(1, 1, 3, 2, 1, 2, torch.float32, torch.device("cpu"))
+    kv.keys[0, 0, :, :, 0, 0] = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
+    kv.reorder(torch.tensor([[2, 2, 0]]), used_slots=1)
+    assert kv.keys[0, 0, :, 0, 0, 0].tolist() == [3.0, 3.0, 1.0]
+    assert kv.keys[0, 0, :, 1, 0, 0].tolist() == [10.0, 20.0, 30.0]
+    assert math.isclose(float(kv.keys.sum()), 3 + 3 + 1 + 60)
