@@ -26,6 +26,7 @@ class WorldConfig:
     history_events: int = 40      # events per user before cleaning
     preferred_categories: int = 2
     context_values: int = 8
+    popularity_exponent: float = 0.7   # item of popularity rank r has weight 1 / r**exponent
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -34,6 +35,8 @@ class WorldConfig:
                 "categories x subcategories exceed the codebook")
         require(self.num_items >= self.categories * self.subcategories, ConfigError,
                 "need at least one item per sub-category")
+        require(self.popularity_exponent >= 0, ConfigError,
+                f"popularity_exponent must be >= 0, got {self.popularity_exponent}")
 
 
 @dataclass(frozen=True)
@@ -70,7 +73,9 @@ def make_world(config: WorldConfig = WorldConfig()) -> World:
     codes[order, 2] = rank % config.codebook_size
     # Pairs with more than codebook_size items share level-2 codes: several items per path.
     item_ids = rng.choice(np.arange(10_000, 10_000 + 50 * n), size=n, replace=False).astype(np.int64)
-    popularity = rng.zipf(1.6, n).astype(np.float64)
+    # A Zipf law over popularity ranks. (Raw Zipf samples are unbounded: one item would hold
+    # nearly all the mass and every history would repeat it.)
+    popularity = 1.0 / (rng.permutation(n) + 1.0) ** config.popularity_exponent
     popularity /= popularity.sum()
 
     users = np.arange(1, config.num_users + 1, dtype=np.int64) * 7919
