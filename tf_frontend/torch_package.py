@@ -13,16 +13,42 @@ torch version and the device.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-import torch
-
 from torch_engine.errors import ExportError, InvalidInputError, require
+
+
+def _triton_usable() -> bool:
+    """TF and Triton each bundle LLVM: importing Triton after TF aborts the process ("Option
+    'bitcode-mdindex-threshold' registered more than once"), and torch.export and Inductor
+    import Triton. So take Triton now when TF is not loaded yet; report whether tracing is safe.
+    """
+    if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
+        return True
+    if "tensorflow" in sys.modules:
+        return False
+    import triton  # noqa: F401
+    return True
+
+
+def _require_traceable() -> None:
+    require(_triton_usable(), ExportError,
+            "cannot trace or compile torch code in this process: tensorflow was imported before "
+            "triton, and importing triton now would abort the process (both bundle LLVM). "
+            "Import tf_frontend.torch_package (or triton) before tensorflow, or build the "
+            "package in a separate process (`xgr export` does)")
+
+
+_triton_usable()
+
+import torch  # noqa: E402
 
 SIGNATURE_KEY = "xgr_signature"          # AOTInductor metadata key (torch_call packages.cc)
 SIGNATURE_FILE = "xgr_signature.txt"     # TorchScript extra file (torch_call packages.cc)
@@ -52,6 +78,20 @@ class Package:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     ranges: tuple[tuple[str, int, int], ...]
+
+    def to_json(self) -> dict:
+        """Plain data (for manifests written by a packaging process)."""
+        return {"path": str(self.path), "format": self.format, "device": self.device,
+                "inputs": [[t.dtype, list(t.dims)] for t in self.inputs],
+                "outputs": [[t.dtype, list(t.dims)] for t in self.outputs],
+                "ranges": [list(r) for r in self.ranges]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Package":
+        def specs(items):
+            return tuple(TensorSpec(dtype, tuple(dims)) for dtype, dims in items)
+        return cls(Path(data["path"]), data["format"], data["device"], specs(data["inputs"]),
+                   specs(data["outputs"]), tuple(tuple(r) for r in data["ranges"]))
 
     @property
     def signature(self) -> str:
@@ -115,6 +155,7 @@ def export_program(module: torch.nn.Module, example_inputs: Sequence[torch.Tenso
     """``torch.export`` of ``module`` on ``device`` (strict=False: the engine uses Python
     control flow on shapes that torch.export's non-strict tracer handles)."""
     require(len(example_inputs) > 0, InvalidInputError, "example_inputs must not be empty")
+    _require_traceable()
     module = module.to(device).eval()
     args = tuple(t.to(device) for t in example_inputs)
     try:
@@ -133,6 +174,7 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
     out_path = Path(out_path)
     require(out_path.suffix == ".pt2", InvalidInputError,
             f"out_path must end in .pt2, got {out_path.name}")
+    _require_traceable()
     contract = contract_of(program, device)
     cached = Path(cache_dir) / f"{_cache_key(program, device)}.pt2" if cache_dir else None
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -161,9 +203,10 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
 def package_torchscript(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor],
                         out_path: str | os.PathLike,
                         dynamic_dims: dict[tuple[int, int], tuple[str, int, int]] | None = None,
-                        device: str = "cpu") -> Package:
+                        device: str = "cpu", script: bool = False) -> Package:
     """Trace ``module`` to TorchScript in ``out_path`` (``.pt``), for what AOTInductor cannot
-    compile.
+    compile; ``script=True`` compiles it with ``torch.jit.script`` instead, keeping
+    data-dependent control flow that tracing would freeze.
 
     ``dynamic_dims`` maps ``(input index, dim index)`` to ``(symbol, min, max)``; every other
     input dim is fixed to its example size. Output dims are named per output (unchecked).
@@ -172,6 +215,7 @@ def package_torchscript(module: torch.nn.Module, example_inputs: Sequence[torch.
     require(out_path.suffix in (".pt", ".ts"), InvalidInputError,
             f"out_path must end in .pt or .ts, got {out_path.name}")
     dynamic_dims = dict(dynamic_dims or {})
+    _require_traceable()
     module = module.to(device).eval()
     args = tuple(t.to(device) for t in example_inputs)
     inputs, ranges = [], {}
@@ -188,7 +232,8 @@ def package_torchscript(module: torch.nn.Module, example_inputs: Sequence[torch.
                 dims.append(int(size))
         inputs.append(TensorSpec(_dtype_name(t.dtype, f"input {i}"), tuple(dims)))
     with torch.inference_mode():
-        traced = torch.jit.trace(module, args, check_trace=False)
+        traced = (torch.jit.script(module) if script
+                  else torch.jit.trace(module, args, check_trace=False))
         results = traced(*args)
     results = results if isinstance(results, (tuple, list)) else (results,)
     outputs = tuple(TensorSpec(_dtype_name(r.dtype, f"output {k}"),

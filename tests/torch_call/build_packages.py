@@ -1,0 +1,132 @@
+"""Builds the TorchCall test packages in a child process: ``python build_packages.py OUT CACHE``.
+
+A child, because torch.export and Inductor import Triton, and Triton aborts a process that
+imported TensorFlow first (both bundle LLVM); the test process has TF loaded. Writes
+``OUT/manifest.json``: package name -> ``torch_package.Package.to_json()``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+MAX_BATCH, MAX_LEN, TOP_K, ITEMS = 4096, 512, 5, 40
+
+
+class TwoHeads(torch.nn.Module):
+    """An MLP over float features and an int64 head: ``x`` float32 [B, 4], ``ids`` int64
+    [B, L] -> (float32 [B, 3], int64 [B, L])."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.SiLU(),
+                                       torch.nn.Linear(16, 3))
+
+    def forward(self, x, ids):
+        return self.mlp(x), ids * 2 + ids.sum(dim=-1, keepdim=True)
+
+
+class ToyRecommender(torch.nn.Module):
+    """``recommend``-shaped: token_ids int64 [B, L], lengths int64 [B] -> item ids int64
+    [B, TOP_K] and scores float32 [B, TOP_K] (mean token embedding against item embeddings)."""
+
+    def __init__(self, vocab: int = 64):
+        super().__init__()
+        torch.manual_seed(1)
+        self.tokens = torch.nn.Embedding(vocab, 8)
+        self.items = torch.nn.Parameter(torch.randn(ITEMS, 8))
+
+    def forward(self, token_ids, lengths):
+        mask = torch.arange(token_ids.shape[1]) < lengths[:, None]
+        pooled = (self.tokens(token_ids) * mask[..., None]).sum(1) / lengths[:, None]
+        scores, rows = torch.topk(pooled @ self.items.T, TOP_K, dim=-1)
+        return rows.to(torch.int64) * 10 + 1000, scores
+
+
+class DoubleInPlace(torch.nn.Module):
+    """x float32 [B] -> x + 0, after doubling x in place: visible in TF only if torch wrote
+    into TF's own buffer (a zero-copy input)."""
+
+    def forward(self, x):
+        x.mul_(2.0)
+        return x + 0.0
+
+
+class Table(torch.nn.Module):
+    """x float32 [B] (ignored) -> the module's own buffer float32 [1024], the same storage on
+    every call: TF outputs share it only if adopted without a copy."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("table", torch.arange(1024, dtype=torch.float32))
+
+    def forward(self, x):
+        return self.table
+
+
+class Unaligned(torch.nn.Module):
+    """x float32 [B] -> a copy of x that starts 4 bytes into its storage (not 64-byte aligned)."""
+
+    def forward(self, x):
+        buf = torch.zeros(x.shape[0] + 1, dtype=x.dtype)
+        buf[1:] = x
+        return buf[1:]
+
+
+class Identity(torch.nn.Module):
+    """x float32 [B] -> x itself: the result aliases the TF input buffer."""
+
+    def forward(self, x):
+        return x
+
+
+def _export_aoti(torch_package, module, example, dynamic, out, cache):
+    program = torch_package.export_program(module, example, dynamic)
+    return torch_package.package_aoti(program, out, cache_dir=cache)
+
+
+def main(out: Path, cache: Path) -> None:
+    from tf_frontend import torch_package  # first: it takes Triton before anything else
+
+    out.mkdir(parents=True, exist_ok=True)
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    length = torch.export.Dim("length", min=1, max=MAX_LEN)
+    two_example = (torch.randn(8, 4), torch.arange(24, dtype=torch.int64).reshape(8, 3))
+    rec_example = (torch.randint(0, 64, (4, 6)), torch.tensor([6, 3, 1, 5]))
+    one_dim = {(0, 0): ("batch", 1, MAX_BATCH)}
+    built = {
+        "two_heads_aoti": _export_aoti(torch_package, TwoHeads(), two_example,
+                                       ({0: batch}, {0: batch, 1: length}),
+                                       out / "two_heads.pt2", cache),
+        "two_heads_script": torch_package.package_torchscript(
+            TwoHeads(), two_example, out / "two_heads.pt",
+            {(0, 0): ("batch", 1, MAX_BATCH), (1, 0): ("batch", 1, MAX_BATCH),
+             (1, 1): ("length", 1, MAX_LEN)}),
+        "recommender_aoti": _export_aoti(torch_package, ToyRecommender(), rec_example,
+                                         ({0: batch, 1: length}, {0: batch}),
+                                         out / "recommender.pt2", cache),
+    }
+    for name, module in (("double_in_place", DoubleInPlace()), ("table", Table()),
+                         ("unaligned", Unaligned()),
+                         ("identity", Identity())):
+        built[name] = torch_package.package_torchscript(
+            module, (torch.randn(8),), out / f"{name}.pt", one_dim, script=True)
+    # A CPU module whose contract names CUDA: what a GPU export looks like on a CPU host.
+    cuda = torch_package.Package(out / "cuda.pt", "torchscript", "cuda:0",
+                                 built["identity"].inputs, built["identity"].outputs,
+                                 built["identity"].ranges)
+    torch.jit.save(torch.jit.script(Identity()), str(cuda.path),
+                   _extra_files={torch_package.SIGNATURE_FILE: cuda.signature})
+    built["cuda"] = cuda
+    # A TorchScript file made without torch_package: no contract.
+    torch.jit.save(torch.jit.script(Identity()), str(out / "bare.pt"))
+    manifest = {name: package.to_json() for name, package in built.items()}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), Path(sys.argv[2]))
