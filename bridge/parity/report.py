@@ -49,7 +49,10 @@ def plot_histogram(row: Comparison, path: Path) -> None:
     nonzero = errors[errors > 0]
     fig, ax = plt.subplots(figsize=(5, 3))
     if nonzero.size:
-        ax.hist(np.log10(nonzero), bins=40, color="#d62728" if not row.passed else "#1f77b4")
+        logs = np.log10(nonzero)
+        # Explicit edges: errors that are all (nearly) equal still get a visible bar.
+        edges = np.linspace(logs.min() - 0.5, logs.max() + 0.5, 41)
+        ax.hist(logs, bins=edges, color="#d62728" if not row.passed else "#1f77b4")
     ax.axvline(np.log10(tolerance_for(row.dtype).atol), color="black", linestyle="--",
                label="atol")
     ax.set_xlabel("log10 |migrated - TF|")

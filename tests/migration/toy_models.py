@@ -34,8 +34,19 @@ def embedding_dense() -> keras.Model:
     return keras.Model(ids, out, name="toy_embed")
 
 
+class Bucketize(keras.layers.Layer):
+    """tf.searchsorted over fixed boundaries: not in any known-layer table, so only tf2onnx's
+    raw-op output reveals that it cannot convert."""
+
+    def call(self, x):
+        import tensorflow as tf
+        edges = tf.constant([[-1.0, 0.0, 1.0]])
+        return tf.searchsorted(tf.tile(edges, [tf.shape(x)[0], 1]), x)
+
+
 def with_unconvertible() -> keras.Model:
-    """A string lookup, an integer lookup, hashing and exact gelu beside one dense stage."""
+    """A string lookup, an integer lookup, hashing, searchsorted and exact gelu beside two
+    convertible stages."""
     keras.utils.set_random_seed(3)
     country = keras.Input((1,), dtype="string", name="country")
     user = keras.Input((1,), dtype="int64", name="user")
@@ -45,8 +56,9 @@ def with_unconvertible() -> keras.Model:
     h = keras.layers.Hashing(num_bins=16, name="user_hash")(user)
     d = keras.layers.Dense(4, activation="gelu", name="exact_gelu")(x)
     ok = keras.layers.Dense(4, activation="relu", name="dense_ok")(x)
+    buckets = Bucketize(name="bucketize")(x)
     ids = keras.layers.Concatenate(name="ids")([c, u, h])
-    return keras.Model([country, user, x], [ids, d, ok], name="toy_mixed")
+    return keras.Model([country, user, x], [ids, d, ok, buckets], name="toy_mixed")
 
 
 def mlp_batches(count: int = 3, rows: int = 5, seed: int = 0) -> list[dict[str, np.ndarray]]:
