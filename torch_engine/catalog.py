@@ -53,15 +53,20 @@ class Catalog:
         layout = layout or TokenLayout()
         ids = np.asarray(item_ids.cpu() if isinstance(item_ids, torch.Tensor) else item_ids)
         paths = np.asarray(codes.cpu() if isinstance(codes, torch.Tensor) else codes)
-        _check_arrays(ids, paths, layout)
-        ids = ids.astype(np.int64, copy=False)
-        levels, size = layout.levels, layout.codebook_size
-        # One int64 key per path (codes as digits in base codebook_size), then sort by
-        # (key, item id): two flat keys sort far faster than `levels` columns.
-        key = np.zeros(ids.shape[0], dtype=np.int64)
+        ids = ids.astype(np.int64, copy=False) if np.issubdtype(ids.dtype, np.integer) else ids
+        by_id = _check_arrays(ids, paths, layout)
+        levels, size, count = layout.levels, layout.codebook_size, ids.shape[0]
+        # One int64 key per path (codes as digits in base codebook_size). Sorting by (key, item
+        # id) as one int64 (key * N + rank of the id) is several times faster than lexsort.
+        key = np.zeros(count, dtype=np.int64)
         for level in range(levels):
             key = key * size + paths[:, level].astype(np.int64)
-        order = np.lexsort((ids, key))
+        if float(size) ** levels * count < 2.0 ** 62:
+            id_rank = np.empty(count, dtype=np.int64)
+            id_rank[by_id] = np.arange(count, dtype=np.int64)
+            order = _argsort(key * count + id_rank)
+        else:
+            order = np.lexsort((ids, key))
         key_sorted = key[order]
         # starts[l]: first sorted row of each prefix of length l (l = 0..levels).
         starts = [np.zeros(1, dtype=np.int64)]
@@ -79,7 +84,6 @@ class Catalog:
             level_parents.append(parent.astype(np.int64))
             fanout.append(int(counts.max()))
         path_indptr = np.r_[starts[levels], ids.shape[0]].astype(np.int64)
-        by_id = np.argsort(ids, kind="stable")
         row_of_item = np.empty_like(order)
         row_of_item[order] = np.arange(order.shape[0], dtype=order.dtype)
         as_tensor = torch.from_numpy
@@ -125,7 +129,14 @@ class Catalog:
         return sum(t.numel() * t.element_size() for t in tensors)
 
 
-def _check_arrays(ids: np.ndarray, paths: np.ndarray, layout: TokenLayout) -> None:
+def _argsort(values: np.ndarray) -> np.ndarray:
+    """Argsort of unique int64 values; torch's CPU sort is about 3x NumPy's at 10M."""
+    return torch.sort(torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
+                      ).indices.numpy()
+
+
+def _check_arrays(ids: np.ndarray, paths: np.ndarray, layout: TokenLayout) -> np.ndarray:
+    """Raise CatalogError on a malformed catalog; returns the argsort of ``ids``."""
     require(ids.ndim == 1 and ids.shape[0] >= 1, CatalogError,
             f"item_ids must be a non-empty 1-D array, got shape {ids.shape}")
     require(np.issubdtype(ids.dtype, np.integer), CatalogError,
@@ -142,8 +153,10 @@ def _check_arrays(ids: np.ndarray, paths: np.ndarray, layout: TokenLayout) -> No
             f"codes must lie in [0, codebook_size={layout.codebook_size}), got [{low}, {high}]")
     require(int(ids.min()) >= 0, CatalogError,
             f"item_ids must be >= 0 (-1 marks 'no item' in results), got {int(ids.min())}")
-    sorted_ids = np.sort(ids)
+    by_id = _argsort(ids)
+    sorted_ids = ids[by_id]
     dup = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
     require(dup.shape[0] == 0, CatalogError,
             f"item_ids must be unique; {dup.shape[0]} duplicates, e.g. "
             f"{sorted_ids[dup[:3]].tolist() if dup.shape[0] else []}")
+    return by_id

@@ -220,12 +220,13 @@ def test_bad_inputs_raise_clear_value_errors(model, change, match):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("width", [4, 64])
-def test_decode_loop_runs_on_cuda_without_host_sync(width):
+def test_decode_loop_runs_on_cuda_without_host_sync(width, backend):
     ids, codes = small_world(seed=7, n=3000, used_codes=12)
     cpu_engine = Engine(Model.from_preset("tiny", seed=11), Catalog.from_arrays(ids, codes))
     gpu_engine = Engine(Model.from_preset("tiny", seed=11, device="cuda"),
-                        Catalog.from_arrays(ids, codes), EngineConfig(attention_backend="torch"))
+                        Catalog.from_arrays(ids, codes), EngineConfig(attention_backend=backend))
     tokens, lengths, segs = prompts(8, [30, 12, 21])
     exclude = torch.tensor([[int(ids[0]), -1], [int(ids[1]), int(ids[2])], [-1, -1]])
     expected = cpu_engine.recommend(tokens, lengths, segs, beam_width=width, top_k=40,
