@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+import numpy as np
 import tensorflow as tf
 
 from custom_ops._loader import load_library
@@ -33,12 +34,35 @@ class Prompt(NamedTuple):
     segment_ids: tf.Tensor  # int32 [B, L]
 
 
+_WIDENABLE = (tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32)
+
+
 def as_int64(value, name: str) -> tf.Tensor:
-    """``value`` as an int64 tensor; any integer dtype is widened, anything else is refused."""
-    tensor = tf.convert_to_tensor(value)
-    if not (tensor.dtype.is_integer):
-        raise InvalidInputError(f"{name} must be an integer tensor, got dtype {tensor.dtype.name}")
+    """``value`` as an int64 tensor; integer dtypes that fit are widened, anything else
+    (floats, uint64, Python ints beyond int64) is refused with ``InvalidInputError``."""
+    try:
+        tensor = tf.convert_to_tensor(value)
+    except (ValueError, TypeError, OverflowError) as err:
+        raise InvalidInputError(f"{name} cannot become an int64 tensor: {err}") from err
+    if tensor.dtype not in _WIDENABLE:
+        raise InvalidInputError(f"{name} must be an integer tensor that fits int64, got dtype "
+                                f"{tensor.dtype.name}")
     return tf.cast(tensor, tf.int64)
+
+
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+MAX_PROMPT_LENGTH = 2**20
+
+
+def int_attr(value, name: str, lo: int, hi: int) -> int:
+    """A Python int attribute in [lo, hi]; checked here because TF's Python layer cannot even
+    pass values beyond int64 to the op, and says so unclearly."""
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool):
+        raise InvalidInputError(f"attribute {name} must be an int, got {type(value).__name__}")
+    if not lo <= int(value) <= hi:
+        raise InvalidInputError(f"attribute {name} must lie in [{lo}, {hi}], got {value}")
+    return int(value)
 
 
 def clean_sequence(values, timestamps, row_splits, request_time, *, window_seconds: int,
@@ -64,7 +88,8 @@ def clean_sequence(values, timestamps, row_splits, request_time, *, window_secon
         values=as_int64(values, "values"), timestamps=as_int64(timestamps, "timestamps"),
         row_splits=as_int64(row_splits, "row_splits"),
         request_time=as_int64(request_time, "request_time"),
-        window_seconds=window_seconds, keep_last=keep_last)
+        window_seconds=int_attr(window_seconds, "window_seconds", 1, INT64_MAX),
+        keep_last=int_attr(keep_last, "keep_last", 1, INT64_MAX))
     return CleanedSequence(*out)
 
 
@@ -86,7 +111,9 @@ def semantic_id_lookup(table, items, row_splits, *, code_base: int) -> CodeToken
     """
     out = load_library("feature_ops").xgr_semantic_id_lookup(
         table=table.resource_handle, items=as_int64(items, "items"),
-        row_splits=as_int64(row_splits, "row_splits"), code_base=code_base,
+        row_splits=as_int64(row_splits, "row_splits"),
+        code_base=int_attr(code_base, "code_base", 0,
+                           INT64_MAX - table.levels * table.codebook_size),
         codebook_size=table.codebook_size, levels=table.levels)
     return CodeTokens(*out)
 
@@ -101,8 +128,9 @@ def assemble_prompt(context_tokens, item_tokens, item_row_splits, *, bos_id: int
       item_tokens: int64 [E', levels], each history item's code tokens, rows concatenated.
       item_row_splits: int64 [B+1], rows of ``item_tokens``.
       bos_id, profile_start_id, item_start_id, pad_id: special token ids (``TokenLayout``).
-      max_length: 0 for L = the longest row; otherwise L = ``max_length`` and a row that is
-        too long drops its OLDEST whole items until it fits (an error if 3 + P > max_length).
+      max_length: 0 for L = the longest row; otherwise L = ``max_length`` (at most 2^20) and a
+        row that is too long drops its OLDEST whole items until it fits (an error if
+        3 + P > max_length).
 
     Row layout (``torch_engine/prompt_spec.py``): ``BOS PROFILE_START ctx_1..ctx_P`` in
     segment 0; the k-th kept item (0-based) as ``ITEM_START c_0..c_{levels-1}`` in segment
@@ -116,6 +144,9 @@ def assemble_prompt(context_tokens, item_tokens, item_row_splits, *, bos_id: int
         context_tokens=as_int64(context_tokens, "context_tokens"),
         item_tokens=as_int64(item_tokens, "item_tokens"),
         item_row_splits=as_int64(item_row_splits, "item_row_splits"),
-        bos_id=bos_id, profile_start_id=profile_start_id, item_start_id=item_start_id,
-        pad_id=pad_id, max_length=max_length)
+        bos_id=int_attr(bos_id, "bos_id", 0, INT32_MAX),
+        profile_start_id=int_attr(profile_start_id, "profile_start_id", 0, INT32_MAX),
+        item_start_id=int_attr(item_start_id, "item_start_id", 0, INT32_MAX),
+        pad_id=int_attr(pad_id, "pad_id", 0, INT32_MAX),
+        max_length=int_attr(max_length, "max_length", 0, MAX_PROMPT_LENGTH))
     return Prompt(*out)

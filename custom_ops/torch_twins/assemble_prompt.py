@@ -16,6 +16,9 @@ from custom_ops.torch_twins import _checks
 from torch_engine.errors import InvalidInputError, require
 
 
+MAX_PROMPT_LENGTH = 2**20  # the C++ op's bound on max_length
+
+
 class Prompt(NamedTuple):
     token_ids: torch.Tensor    # int32 [B, L]
     lengths: torch.Tensor      # int32 [B]
@@ -28,9 +31,9 @@ def assemble_prompt(context_tokens: torch.Tensor, item_tokens: torch.Tensor,
     """context_tokens int64 [B, P]; item_tokens int64 [E', levels]; item_row_splits int64
     [B+1] -> ``Prompt(token_ids int32 [B, L], lengths int32 [B], segment_ids int32 [B, L])``."""
     for value, name in ((bos_id, "bos_id"), (profile_start_id, "profile_start_id"),
-                        (item_start_id, "item_start_id"), (pad_id, "pad_id"),
-                        (max_length, "max_length")):
+                        (item_start_id, "item_start_id"), (pad_id, "pad_id")):
         _checks.int_attr(value, 0, _checks.INT32_MAX, name)
+    _checks.int_attr(max_length, 0, MAX_PROMPT_LENGTH, "max_length")
     context = _checks.int64_tensor(context_tokens, "context_tokens", 2)
     items = _checks.int64_tensor(item_tokens, "item_tokens", 2)
     require(items.shape[1] >= 1, InvalidInputError,

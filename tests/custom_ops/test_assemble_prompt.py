@@ -111,6 +111,14 @@ class AssemblePromptTest(parameterized.TestCase):
             self.twins.assemble_prompt(*map(torch.from_numpy, args), **SPECIALS)
         bad = dict(SPECIALS, pad_id=2**31)
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "pad_id"):
+            self.ops.load_library("feature_ops").xgr_assemble_prompt(*args, **bad, max_length=0)
+        with self.assertRaisesRegex(InvalidInputError, "pad_id"):  # the wrapper checks first
             self.ops.assemble_prompt(*args, **bad)
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "max_length"):
+            self.ops.load_library("feature_ops").xgr_assemble_prompt(
+                *args, **SPECIALS, max_length=2**20 + 1)
+        with self.assertRaisesRegex(InvalidInputError, "max_length"):
+            self.twins.assemble_prompt(*map(torch.from_numpy, args), **SPECIALS,
+                                       max_length=2**20 + 1)
         with self.assertRaisesRegex(InvalidInputError, "pad_id"):
             self.twins.assemble_prompt(*map(torch.from_numpy, args), **bad)

@@ -21,6 +21,8 @@
 namespace xgr {
 namespace {
 
+constexpr int64_t kMaxPromptLength = 1 << 20;
+
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
@@ -70,8 +72,8 @@ token_ids: int32 [B, L], right-padded with pad_id.
 lengths: int32 [B], tokens per row before padding.
 segment_ids: int32 [B, L]; 0 profile, k+1 for the k-th kept item, n+1 for the trailing
   ITEM_START, -1 padding.
-max_length: 0 for L = the longest row; otherwise L = max_length and rows that are too long
-  drop their oldest items.
+max_length: 0 for L = the longest row; otherwise L = max_length (at most 2^20) and rows
+  that are too long drop their oldest items.
 )doc");
 
 class AssemblePromptOp : public OpKernel {
@@ -86,7 +88,8 @@ class AssemblePromptOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CheckAttrInRange(profile_start_id_, 0, kMaxInt32, "profile_start_id"));
     OP_REQUIRES_OK(ctx, CheckAttrInRange(item_start_id_, 0, kMaxInt32, "item_start_id"));
     OP_REQUIRES_OK(ctx, CheckAttrInRange(pad_id_, 0, kMaxInt32, "pad_id"));
-    OP_REQUIRES_OK(ctx, CheckAttrInRange(max_length_, 0, kMaxInt32, "max_length"));
+    // Bounded so a typo cannot ask for B x 2^31 tokens of output.
+    OP_REQUIRES_OK(ctx, CheckAttrInRange(max_length_, 0, kMaxPromptLength, "max_length"));
   }
 
   void Compute(OpKernelContext* ctx) override {
