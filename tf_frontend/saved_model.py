@@ -93,7 +93,7 @@ def load_saved_model(path: str | os.PathLike):
     """
     try:
         return tf.saved_model.load(str(path))
-    except (tf.errors.NotFoundError, tf.errors.InvalidArgumentError, ValueError) as err:
+    except (tf.errors.OpError, RuntimeError, ValueError) as err:  # TF 2.21 raises RuntimeError
         match = _UNREGISTERED.search(str(err))
         if match is None:
             raise
