@@ -38,18 +38,18 @@ ACTIONS = ("init", "status", "swap", "revert", "auto")
 
 
 def _status(plan: MigrationPlan, plan_path: Path) -> int:
-    from bridge.migration.model_graph import build_model, stage_calls
+    from bridge.migration.stages import StagedModel, build_model
 
-    calls = stage_calls(build_model(plan.model))
-    plan.check_stages_exist([c.name for c in calls])
+    staged = StagedModel(build_model(plan.model))
+    plan.check_stages_exist(staged.names)
     rows = [("stage", "layer", "runtime", "torch source")]
-    for call in calls:
-        stage = plan.stage(call.name)
-        rows.append((call.name, type(call.layer).__name__, stage.runtime,
+    for name in staged.names:
+        stage = plan.stage(name)
+        rows.append((name, type(staged.layer(name)).__name__, stage.runtime,
                      stage.module or stage.converted or "-"))
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     print(f"plan {plan_path} (model {plan.model}): "
-          f"{len(plan.torch_stages())} of {len(calls)} stages in Torch")
+          f"{len(plan.torch_stages())} of {len(staged.names)} stages in Torch")
     for row in rows:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
     return 0
@@ -73,11 +73,11 @@ def _swap(plan: MigrationPlan, plan_path: Path, stage: str, module: str, kwargs:
 def _auto(plan: MigrationPlan, plan_path: Path, stages: list[str]) -> int:
     from bridge.migration.auto import auto_migrate
     from bridge.migration.convert import format_reasons
-    from bridge.migration.model_graph import build_model, stage_calls
+    from bridge.migration.stages import StagedModel, build_model
     from bridge.parity.data import load_batches
 
     model = build_model(plan.model)
-    names = stages or [c.name for c in stage_calls(model) if plan.stage(c.name).runtime == "tf"]
+    names = stages or [n for n in StagedModel(model).names if plan.stage(n).runtime == "tf"]
     batch = load_batches(FLAGS.data, model, FLAGS.batch_size)[0] if FLAGS.data else None
     if FLAGS.dry_run:
         from bridge.migration.convert import convert_stages

@@ -16,8 +16,7 @@ import torch
 from torch import nn
 
 from bridge.dlpack import to_tf, to_torch
-from bridge.migration.model_graph import (Replacement, StageCall, build_model, import_object,
-                                          run_stages, stage_calls)
+from bridge.migration.stages import Outputs, Replacement, StagedModel, build_model, import_object
 from bridge.migration.plan import MigrationPlan, StagePlan
 from bridge.onnx_torch.module import OnnxGraphModule
 from torch_engine.errors import BridgeError, MigrationError
@@ -66,18 +65,17 @@ class PlanRunner:
         self.plan = plan
         self.plan_dir = Path(plan_dir)
         self.model = model if model is not None else build_model(plan.model)
-        self.stages: list[StageCall] = stage_calls(self.model)
-        plan.check_stages_exist([s.name for s in self.stages])
-        by_name = {s.name: s for s in self.stages}
+        self.staged = StagedModel(self.model)
+        plan.check_stages_exist(self.staged.names)
         self.modules: dict[str, nn.Module] = {
-            s.name: build_torch_stage(s, by_name[s.name].layer, self.plan_dir)
+            s.name: build_torch_stage(s, self.staged.layer(s.name), self.plan_dir)
             for s in plan.torch_stages()}
         self._replacements = {name: torch_replacement(name, m) for name, m in self.modules.items()}
 
-    def run(self, batch: Mapping[str, Any]) -> tuple[list, dict[str, list]]:
-        """Returns (flat model outputs, stage name -> flat stage outputs), all TF tensors."""
-        return run_stages(self.model, batch, self._replacements)
+    def run(self, batch: Mapping[str, Any]) -> tuple[Outputs, dict[str, list]]:
+        """Returns (named model outputs, stage call -> flat stage outputs), all TF values."""
+        return self.staged.run(batch, self._replacements)
 
-    def run_reference(self, batch: Mapping[str, Any]) -> tuple[list, dict[str, list]]:
+    def run_reference(self, batch: Mapping[str, Any]) -> tuple[Outputs, dict[str, list]]:
         """The same batch with every stage in TF: the original model."""
-        return run_stages(self.model, batch)
+        return self.staged.run(batch)

@@ -14,7 +14,6 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from tqdm import tqdm
 
-from bridge.migration.model_graph import output_names
 from bridge.migration.runner import PlanRunner
 from bridge.parity.compare import Comparison, compare, ragged_parts
 
@@ -69,13 +68,18 @@ def _compare_batch(runner: PlanRunner, batch: Mapping[str, Any]) -> list[Compari
     got_out, got_stages = runner.run(batch)
     rows = []
     for stage, expected in ref_stages.items():
-        got = got_stages.get(stage)
+        got = got_stages.get(stage, [])
+        if len(got) != len(expected):
+            rows.append(Comparison(stage, "outputs", "-", (), float("inf"), float("inf"),
+                                   float("inf"), len(expected), False,
+                                   f"TF gives {len(expected)} outputs, migrated {len(got)}"))
+            continue
         for i, (e, g) in enumerate(zip(expected, got)):
             label = "output" if len(expected) == 1 else f"output_{i}"
             for suffix, e_part in ragged_parts(e):
                 g_part = dict(ragged_parts(g)).get(suffix, g)
                 rows.append(compare(stage, label + suffix, g_part, e_part))
-    for name, e, g in zip(output_names(runner.model), ref_out, got_out):
+    for (name, e), (_, g) in zip(ref_out, got_out):
         for suffix, e_part in ragged_parts(e):
             rows.append(compare(MODEL_OUTPUT, name + suffix, dict(ragged_parts(g)).get(suffix, g),
                                 e_part))

@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import toy_models
 
-from bridge.migration.model_graph import run_stages, stage_calls
+from bridge.migration.stages import StagedModel
 from bridge.migration.plan import MigrationPlan, StagePlan
 from bridge.migration.runner import PlanRunner
 from bridge.parity.harness import run_parity
@@ -20,10 +20,11 @@ TWINS = "bridge.migration.keras_twins"
 def test_all_tf_walk_reproduces_the_model():
     model = toy_models.mlp()
     batch = toy_models.mlp_batches(1)[0]
-    outputs, boundaries = run_stages(model, batch)
-    np.testing.assert_array_equal(outputs[0].numpy(), model(batch["x"]).numpy())
-    assert list(boundaries) == ["hidden", "norm", "middle", "head"]
-    assert [c.name for c in stage_calls(model)] == list(boundaries)
+    staged = StagedModel(model)
+    outputs, boundaries = staged.run(batch)
+    assert outputs[0][0] == "head"
+    np.testing.assert_array_equal(outputs[0][1].numpy(), model(batch["x"]).numpy())
+    assert list(boundaries) == ["hidden", "norm", "middle", "head"] == staged.names
 
 
 def test_swapped_stages_run_in_torch_and_keep_parity():
