@@ -50,7 +50,8 @@ def _decode_partial_kernel(
         s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
         s_ob, s_ow, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -92,20 +93,28 @@ def _decode_partial_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
-    # Stage 2: each row's own beam tokens (different per beam, so vector products in fp32).
+    # Stage 2 (split 0): each row's own beam tokens. The tile's rows touch OWN_BEAMS beams;
+    # one small product against those beams' own keys, keeping each row's own-beam column,
+    # stays on the tensor cores instead of [BLOCK_M, D] fp32 vector products.
     if split == 0:
-        qf = q.to(tl.float32)
+        beam0 = (pid_m * BLOCK_M) // GROUP
+        nb = tl.arange(0, OWN_BEAMS)
+        own_beam = beam0 + nb
+        own_ok = (own_beam < width)[:, None]
+        mine = (beam - beam0)[:, None] == nb[None, :]                    # [BLOCK_M, OWN_BEAMS]
+        k_own_base = bk_ptr + b * s_bkb + own_beam[:, None] * s_bkw + h * s_bkh + d[None, :]
+        v_own_base = bv_ptr + b * s_bvb + own_beam[:, None] * s_bvw + h * s_bvh + d[None, :]
         for j in range(0, num_own):
-            k_own = tl.load(bk_ptr + b * s_bkb + beam[:, None] * s_bkw + j * s_bks
-                            + h * s_bkh + d[None, :], mask=row_ok[:, None], other=0.0)
-            s_own = tl.sum(qf * k_own.to(tl.float32), 1) * qk_scale
+            k_own = tl.load(k_own_base + j * s_bks, mask=own_ok, other=0.0)
+            s_all = tl.dot(q, tl.trans(k_own), input_precision=DOT_PRECISION) * qk_scale
+            s_own = tl.sum(tl.where(mine, s_all, 0.0), 1)
             m_new = tl.maximum(m_i, s_own)
             alpha = tl.exp2(m_i - m_new)
             p_own = tl.exp2(s_own - m_new)
-            v_own = tl.load(bv_ptr + b * s_bvb + beam[:, None] * s_bvw + j * s_bvs
-                            + h * s_bvh + d[None, :], mask=row_ok[:, None], other=0.0)
             l_i = l_i * alpha + p_own
-            acc = acc * alpha[:, None] + p_own[:, None] * v_own.to(tl.float32)
+            v_own = tl.load(v_own_base + j * s_bvs, mask=own_ok, other=0.0)
+            p_sel = tl.where(mine, p_own[:, None], 0.0).to(v_own.dtype)
+            acc = acc * alpha[:, None] + tl.dot(p_sel, v_own, input_precision=DOT_PRECISION)
             m_i = m_new
 
     if SPLITS == 1:
@@ -200,18 +209,28 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     chunks shorter than two key tiles of the mean prompt length ``T / B``.
     """
     rows = width * group
+    # 8 warps: at 4 warps these tiles need > 255 registers and spill (ptxas, sm_90).
     if c.interpreting():
-        block_m, block_n = 16, 16
+        block_m, block_n, warps = 16, 16, 4
     else:
-        block_m = 128 if rows > 64 else 64
-        block_n = 64
+        block_m = 128 if head_dim <= 64 and rows > 64 else 64
+        block_n, warps = 64, 8
     tiles = batch * num_kv_heads * triton.cdiv(rows, block_m)
     mean_len = max(1, total_tokens // max(batch, 1))
     most = max(1, mean_len // (2 * block_n))
     splits = max(1, min(most, 16, triton.cdiv(c.multiprocessors(device), tiles)))
-    warps = 8 if block_m * head_dim >= 128 * 128 else 4
-    return DecodeConfig(block_m=block_m, block_n=block_n, splits=splits, num_warps=warps,
-                        num_stages=2 if head_dim >= 128 else 3)
+    # Equal chunks of whole key tiles: drop splits that the rounding would leave empty.
+    chunk_tiles = triton.cdiv(triton.cdiv(mean_len, splits), block_n)
+    splits = triton.cdiv(mean_len, chunk_tiles * block_n)
+    return DecodeConfig(block_m=block_m, block_n=block_n, splits=max(1, splits),
+                        num_warps=warps, num_stages=2)
+
+
+def own_beams(block_m: int, group: int) -> int:
+    """Power-of-two bound (>= 16, the smallest dot) on the beams that block_m consecutive
+    rows of the (beam, group) tile touch: block_m / group when tiles align with beams."""
+    span = block_m // group if block_m % group == 0 else -(-(block_m - 1) // group) + 1
+    return max(16, triton.next_power_of_2(span))
 
 
 def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: int,
@@ -243,7 +262,8 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         beam_v.stride(0), beam_v.stride(1), beam_v.stride(2), beam_v.stride(3),
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        SPLITS=config.splits, DOT_PRECISION=c.dot_precision(q.dtype),
+        SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group),
+        DOT_PRECISION=c.dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits > 1:
         merge_m = min(config.block_m, 64)

@@ -229,9 +229,10 @@ def prefill_config_for(head_dim: int) -> PrefillConfig:
     """Tiles from the head size; small tiles under the interpreter to exercise many tiles."""
     if c.interpreting():
         return PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
+    # 8 warps: the 4-warp variants need > 255 registers and spill (ptxas, sm_90).
     if head_dim <= 64:
-        return PrefillConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)
-    return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+        return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
+    return PrefillConfig(block_m=64, block_n=64, num_warps=8, num_stages=3)
 
 
 def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: float,

@@ -1,0 +1,398 @@
+"""Attention kernels on one GPU: Triton xAttention decode and segmented-mask prefill vs anchors.
+
+    python3 benchmarks/bench_attention.py --out=benchmarks/results [--sweep]
+
+Measures in the same run the two ceilings (device copy GB/s, bf16 GEMM TFLOP/s), then
+decode (batch 1/16, W 64/256/512, prompt 1024/4096, qwen2-0.5b and qwen3-1.7b heads) against
+SDPA over per-beam KV copies and a plain-torch cascade (shared SDPA + own SDPA + LSE merge),
+and prefill (L 1024/4096/8192, batch 1/4/16, item-level causal layout, 64-token profile,
+4-token items) against SDPA ``is_causal`` (the yardstick), SDPA with a dense boolean mask and
+FlexAttention with a BlockMask (plus its build time). Every time is the median over CUDA-graph
+replays of calls rotating over enough input sets to exceed the L2 cache, divided per call.
+Writes ``attention_<date>.json`` under --out and prints a table last.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+
+import torch
+import triton
+from absl import app, flags
+from tqdm import tqdm
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from torch_engine import reference  # noqa: E402
+from torch_engine.kernels import decode_attention, prefill_attention  # noqa: E402
+from torch_engine.kernels.decode_attention import DecodeConfig, launch_decode  # noqa: E402
+from torch_engine.kernels.prefill_attention import PrefillConfig, launch_prefill  # noqa: E402
+from torch_engine.layout import MaskMode  # noqa: E402
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", "benchmarks/results", "folder for attention_<date>.json")
+flags.DEFINE_bool("sweep", False, "also time alternative tile configs at the target shapes")
+flags.DEFINE_list("parts", ["decode", "prefill"], "which parts to run")
+flags.DEFINE_list("flex_batches", ["1"], "prefill batches that also time FlexAttention")
+flags.DEFINE_float("anchor_gb", 40.0, "skip an anchor whose inputs exceed this many GB")
+
+HEADS = {"qwen2-0.5b": (14, 2, 64), "qwen3-1.7b": (16, 8, 128)}
+DTYPE = torch.bfloat16
+OWN = 2  # own decode tokens per beam at the last step (levels - 1)
+TARGETS_US = {("qwen2-0.5b", 1): 15, ("qwen2-0.5b", 16): 40, ("qwen3-1.7b", 1): 15,
+              ("qwen3-1.7b", 16): 90}
+
+
+def rotations(bytes_per_set: int) -> int:
+    """Input sets so that one pass over them is 3x the L2 (cold caches, as in a real step)."""
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    return max(1, min(32, math.ceil(3 * l2 / max(bytes_per_set, 1))))
+
+
+def graph_time_us(calls) -> float:
+    """Median per-call time of replaying one CUDA graph that holds ``calls`` in sequence."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:  # warm-up: compiles, autotunes, allocates outside the capture
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    times = []
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(25):
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / len(calls))
+    del graph
+    return statistics.median(times)
+
+
+def ceilings() -> dict:
+    """Device copy bandwidth (bytes read + written) and bf16 GEMM rate on random data."""
+    src = torch.randn(2**29, device="cuda", dtype=DTYPE)  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
+    n = 8192
+    a, b = (torch.randn(n, n, device="cuda", dtype=DTYPE) for _ in range(2))
+    gemm_ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
+    return {"copy_GBps": 2 * src.numel() * 2 / copy_ms / 1e6,
+            "bf16_gemm_TFLOPs": 2 * n**3 / gemm_ms / 1e9}
+
+
+def rates(us: float, flops: float, nbytes: float) -> dict:
+    return {"median_us": round(us, 2), "TFLOPs": round(flops / us / 1e6, 1),
+            "GBps": round(nbytes / us / 1e3, 1)}
+
+
+def safe(fn, *args):
+    """Run one measurement; an anchor that cannot run records why instead of ending the run."""
+    try:
+        return fn(*args)
+    except Exception as error:  # noqa: BLE001 - compile limits, OOM, missing backends
+        torch.cuda.empty_cache()
+        return {"error": f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"}
+
+
+# ---- decode -------------------------------------------------------------------------------
+
+def decode_sets(batch, width, hq, hkv, dim, length, count):
+    cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * length
+    return [dict(q=torch.randn(batch, width, hq, dim, device="cuda", dtype=DTYPE),
+                 shared_k=torch.randn(batch * length, hkv, dim, device="cuda", dtype=DTYPE),
+                 shared_v=torch.randn(batch * length, hkv, dim, device="cuda", dtype=DTYPE),
+                 cu_seqlens=cu,
+                 beam_k=torch.randn(batch, width, OWN, hkv, dim, device="cuda", dtype=DTYPE),
+                 beam_v=torch.randn(batch, width, OWN, hkv, dim, device="cuda", dtype=DTYPE))
+            for _ in range(count)]
+
+
+def decode_bytes(batch, width, hq, hkv, dim, length) -> int:
+    return 2 * (2 * batch * length * hkv * dim + 2 * batch * width * OWN * hkv * dim
+                + 2 * batch * width * hq * dim)
+
+
+def time_triton_decode(shape, config=None):
+    batch, width, hq, hkv, dim, length = shape
+    sets = decode_sets(*shape, rotations(decode_bytes(*shape)))
+    if config is None:
+        calls = [lambda s=s: decode_attention(**s, num_own=OWN) for s in sets]
+    else:
+        scale = 1 / math.sqrt(dim)
+        calls = [lambda s=s: launch_decode(**s, num_own=OWN, scale=scale, config=config)
+                 for s in sets]
+    got = {"us": graph_time_us(calls)}
+    if width * length * hq * dim <= 2**28:  # the reference expands KV per beam: keep it small
+        check = calls[0]()
+        ref = reference.decode_attention(**{k: v.float() if v.is_floating_point() else v
+                                            for k, v in sets[0].items()}, num_own=OWN)
+        got["rel_err"] = ((check.float() - ref).norm() / ref.norm()).item()
+    return got
+
+
+def time_sdpa_copies(shape):
+    """SDPA of every beam over its own copy of prompt + own KV (what a plain engine does)."""
+    batch, width, hq, hkv, dim, length = shape
+    per_set = 2 * 2 * batch * width * (length + OWN) * hkv * dim
+    if per_set > FLAGS.anchor_gb * 1e9:
+        return {"error": f"skipped: per-beam copies need {per_set / 1e9:.0f} GB"}
+    sets = []
+    for _ in range(rotations(per_set)):
+        q = torch.randn(batch * width, hq, 1, dim, device="cuda", dtype=DTYPE)
+        k = torch.randn(batch * width, hkv, length + OWN, dim, device="cuda", dtype=DTYPE)
+        sets.append((q, k, torch.randn_like(k)))
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return {"us": graph_time_us([lambda s=s: sdpa(*s, enable_gqa=True) for s in sets])}
+
+
+def time_cascade(shape):
+    """Plain-torch three stages: shared SDPA (beams as query rows), own SDPA, LSE merge.
+    KV heads are expanded to the query heads outside the timed region (favours the anchor)."""
+    batch, width, hq, hkv, dim, length = shape
+    flash = torch.ops.aten._scaled_dot_product_flash_attention
+    sets = []
+    per_set = 2 * 2 * batch * (length + width * OWN) * hq * dim
+    for _ in range(rotations(per_set)):
+        q = torch.randn(batch, width, hq, dim, device="cuda", dtype=DTYPE)
+        ks = torch.randn(batch, hq, length, dim, device="cuda", dtype=DTYPE)
+        ko = torch.randn(batch * width, hq, OWN, dim, device="cuda", dtype=DTYPE)
+        sets.append((q, ks, torch.randn_like(ks), ko, torch.randn_like(ko)))
+
+    def cascade(q, ks, vs, ko, vo):
+        out_s, lse_s = flash(q.transpose(1, 2), ks, vs)[:2]                 # [B, Hq, W, *]
+        q_own = q.reshape(batch * width, 1, hq, dim).transpose(1, 2)      # [BW, Hq, 1, D]
+        out_o, lse_o = flash(q_own, ko, vo)[:2]
+        out_o = out_o.reshape(batch, width, hq, dim).transpose(1, 2)
+        lse_o = lse_o.reshape(batch, width, hq).transpose(1, 2)
+        return reference.merge_states(out_s.float(), lse_s, out_o.float(), lse_o).to(DTYPE)
+
+    return {"us": graph_time_us([lambda s=s: cascade(*s) for s in sets])}
+
+
+def decode_part(results: list) -> None:
+    shapes = [(name, batch, width, length) for name in HEADS for batch in (1, 16)
+              for width in (64, 256, 512) for length in (1024, 4096)]
+    for name, batch, width, length in tqdm(shapes, desc="decode"):
+        hq, hkv, dim = HEADS[name]
+        shape = (batch, width, hq, hkv, dim, length)
+        flops = 4 * batch * width * hq * (length + OWN) * dim
+        nbytes = decode_bytes(*shape)
+        row = {"heads": name, "batch": batch, "width": width, "prompt": length}
+        for method, fn in (("triton", time_triton_decode), ("sdpa_copies", time_sdpa_copies),
+                           ("cascade", time_cascade)):
+            got = safe(fn, shape)
+            row[method] = ({**rates(got["us"], flops, nbytes),
+                            **({"rel_err": got["rel_err"]} if "rel_err" in got else {})}
+                           if "us" in got else got)
+        if "median_us" in row["triton"]:
+            for anchor in ("sdpa_copies", "cascade"):
+                if "median_us" in row[anchor]:
+                    row[f"speedup_vs_{anchor}"] = round(
+                        row[anchor]["median_us"] / row["triton"]["median_us"], 2)
+        row["target_us"] = TARGETS_US.get((name, batch)) if (width, length) == (256, 1024) \
+            else None
+        results.append(row)
+        torch.cuda.empty_cache()
+
+
+def decode_sweep(sweep: list) -> None:
+    """Tile configs at W 256, prompt 1024: splits matter at batch 1, tiles at batch 16."""
+    tiles = ((128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2))
+    for name in HEADS:
+        hq, hkv, dim = HEADS[name]
+        for batch, shapes in ((1, tiles[:2]), (16, tiles)):
+            splits = (2, 4, 8) if batch == 1 else (1, 2)
+            configs = [DecodeConfig(m, n, s, w, st) for m, n, w, st in shapes for s in splits]
+            for config in tqdm(configs, desc=f"decode sweep {name} b{batch}"):
+                got = safe(time_triton_decode, (batch, 256, hq, hkv, dim, 1024), config)
+                sweep.append({"part": "decode", "heads": name, "batch": batch,
+                              "config": config.__dict__, **got})
+                torch.cuda.empty_cache()
+
+
+# ---- prefill ------------------------------------------------------------------------------
+
+def item_layout(length: int) -> torch.Tensor:
+    """One request's segment ids: a 64-token profile (segment 0), then 4-token items."""
+    pos = torch.arange(length, device="cuda")
+    return torch.where(pos < 64, 0, 1 + (pos - 64).clamp(min=0) // 4).to(torch.int32)
+
+
+def prefill_sets(batch, length, hq, hkv, dim, count):
+    total = batch * length
+    return [(torch.randn(total, hq, dim, device="cuda", dtype=DTYPE),
+             torch.randn(total, hkv, dim, device="cuda", dtype=DTYPE),
+             torch.randn(total, hkv, dim, device="cuda", dtype=DTYPE)) for _ in range(count)]
+
+
+def padded(q, k, v, batch, length, group):
+    """[B, Hq, L, D] views of packed q and (expanded, contiguous) k, v for the SDPA anchors."""
+    def view(x):
+        return x.view(batch, length, x.shape[1], x.shape[2]).transpose(1, 2)
+    return (view(q), view(k).repeat_interleave(group, 1).contiguous(),
+            view(v).repeat_interleave(group, 1).contiguous())
+
+
+def rel_error_vs_sdpa(inputs, cu, segs, mask, batch, length, group) -> float:
+    """Triton item-causal prefill vs fp32 SDPA with the dense mask on the same bf16 inputs."""
+    got = prefill_attention(*inputs, cu, segs, MaskMode.ITEM_CAUSAL).float()
+    ref_q, ref_k, ref_v = (x.float() for x in padded(*inputs, batch, length, group))
+    ref = torch.nn.functional.scaled_dot_product_attention(ref_q, ref_k, ref_v, attn_mask=mask)
+    ref = ref.transpose(1, 2).reshape(got.shape)
+    return ((got - ref).norm() / ref.norm()).item()
+
+
+def prefill_part(results: list) -> None:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    flex = torch.compile(flex_attention)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    shapes = [(name, batch, length) for name in HEADS for length in (1024, 4096, 8192)
+              for batch in (1, 4, 16)]
+    for name, batch, length in tqdm(shapes, desc="prefill"):
+        hq, hkv, dim = HEADS[name]
+        group = hq // hkv
+        seg_one = item_layout(length)
+        segs = seg_one.repeat(batch)
+        cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * length
+        mask = reference.request_mask(seg_one, MaskMode.ITEM_CAUSAL)
+        pairs = int(mask.sum()) * batch
+        causal_pairs = length * (length + 1) // 2 * batch
+        nbytes = 2 * batch * length * dim * (2 * hq + 2 * hkv)
+        sets = prefill_sets(batch, length, hq, hkv, dim, rotations(nbytes))
+        row = {"heads": name, "batch": batch, "L": length, "allowed_pairs": pairs,
+               "causal_pairs": causal_pairs}
+
+        def timed(method, calls, flop_pairs):
+            got = safe(lambda: {"us": graph_time_us(calls)})
+            row[method] = rates(got["us"], 4 * dim * hq * flop_pairs, nbytes) \
+                if "us" in got else got
+
+        for mode, key in ((MaskMode.ITEM_CAUSAL, "triton_item_causal"),
+                          (MaskMode.CAUSAL, "triton_causal")):
+            timed(key, [lambda s=s, m=mode: prefill_attention(*s, cu, segs, m) for s in sets],
+                  pairs if mode is MaskMode.ITEM_CAUSAL else causal_pairs)
+        row["triton_rel_err_vs_fp32_sdpa"] = safe(rel_error_vs_sdpa, sets[0], cu, segs, mask,
+                                                  batch, length, group)
+        views = [padded(*s, batch, length, group) for s in sets]
+        timed("sdpa_causal", [lambda s=s: sdpa(*s, is_causal=True) for s in views], causal_pairs)
+        dense = mask[None, None]
+        timed("sdpa_dense_mask", [lambda s=s: sdpa(*s, attn_mask=dense) for s in views], pairs)
+        if str(batch) in FLAGS.flex_batches and name == "qwen2-0.5b":
+            seg_b = segs.view(batch, length)
+
+            def item_causal(b, h, q_idx, kv_idx):
+                return (kv_idx <= q_idx) | (seg_b[b, kv_idx] == seg_b[b, q_idx])
+
+            build_ms = triton.testing.do_bench(
+                lambda: create_block_mask(item_causal, batch, None, length, length, "cuda"),
+                warmup=5, rep=50, return_mode="median")
+            block_mask = create_block_mask(item_causal, batch, None, length, length, "cuda")
+            timed("flex_block_mask", [lambda s=s: flex(*s, block_mask=block_mask)
+                                      for s in views], pairs)
+            row["flex_block_mask_build_us"] = round(build_ms * 1e3, 1)
+        base = row["sdpa_causal"].get("median_us")
+        for key in ("triton_item_causal", "triton_causal", "sdpa_dense_mask", "flex_block_mask"):
+            if base and "median_us" in row.get(key, {}):
+                row[f"{key}_over_sdpa_causal"] = round(row[key]["median_us"] / base, 2)
+        results.append(row)
+        del sets, views, dense, mask
+        torch.cuda.empty_cache()
+
+
+def prefill_sweep(sweep: list) -> None:
+    """Tile configs at batch 4, L 4096, item-level causal."""
+    configs = [PrefillConfig(m, n, w, st) for m, n, w, st in
+               ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 8, 3),
+                (64, 64, 4, 3), (128, 32, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2))]
+    for name in HEADS:
+        hq, hkv, dim = HEADS[name]
+        batch, length = 4, 4096
+        segs = item_layout(length).repeat(batch)
+        cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * length
+        sets = prefill_sets(batch, length, hq, hkv, dim, 4)
+        for config in tqdm(configs, desc=f"prefill sweep {name}"):
+            calls = [lambda s=s: launch_prefill(*s, cu, segs, MaskMode.ITEM_CAUSAL,
+                                                1 / math.sqrt(dim), config) for s in sets]
+            got = safe(lambda: {"us": graph_time_us(calls)})
+            sweep.append({"part": "prefill", "heads": name, "batch": batch, "L": length,
+                          "config": config.__dict__, **got})
+
+
+# ---- report -------------------------------------------------------------------------------
+
+def cell(entry) -> str:
+    if not isinstance(entry, dict):
+        return "-"
+    return f"{entry['median_us']:.1f}" if "median_us" in entry else "n/a"
+
+
+def print_tables(report: dict) -> None:
+    ceil = report["ceilings"]
+    print(f"\n{report['gpu']}  copy {ceil['copy_GBps']:.0f} GB/s  "
+          f"bf16 GEMM {ceil['bf16_gemm_TFLOPs']:.0f} TFLOP/s  ({report['date']})")
+    if report["decode"]:
+        print("\ndecode (us per step, bf16)      triton  TFLOP/s  GB/s   sdpa_copies  cascade"
+              "  target")
+        for r in report["decode"]:
+            t = r["triton"]
+            print(f"{r['heads']:11s} b{r['batch']:<3d} W{r['width']:<4d} L{r['prompt']:<5d}"
+                  f"{cell(t):>9s} {t.get('TFLOPs', 0):8.1f} {t.get('GBps', 0):6.0f} "
+                  f"{cell(r['sdpa_copies']):>12s} {cell(r['cascade']):>8s} "
+                  f"{r['target_us'] or '':>7}")
+    if report["prefill"]:
+        print("\nprefill (us, bf16)       triton_item  TFLOP/s  triton_causal  sdpa_causal  "
+              "ratio  dense_mask  flex(+build)")
+        for r in report["prefill"]:
+            t = r["triton_item_causal"]
+            flex = cell(r.get("flex_block_mask"))
+            if "flex_block_mask_build_us" in r:
+                flex += f" (+{r['flex_block_mask_build_us']:.0f})"
+            print(f"{r['heads']:11s} b{r['batch']:<3d} L{r['L']:<5d}{cell(t):>12s} "
+                  f"{t.get('TFLOPs', 0):8.1f} {cell(r['triton_causal']):>14s} "
+                  f"{cell(r['sdpa_causal']):>12s} "
+                  f"{r.get('triton_item_causal_over_sdpa_causal', '-'):>6} "
+                  f"{cell(r['sdpa_dense_mask']):>11s}  {flex}")
+    for s in report["sweep"]:
+        us = f"{s['us']:.1f}" if "us" in s else s.get("error", "")
+        print("sweep", s["part"], s["heads"], s["batch"], s["config"], us)
+
+
+def main(argv) -> None:
+    del argv
+    torch.manual_seed(0)
+    props = torch.cuda.get_device_properties(0)
+    report = {"gpu": props.name, "sms": props.multi_processor_count,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "versions": {"torch": torch.__version__, "triton": triton.__version__,
+                           "cuda": torch.version.cuda},
+              "dtype": "bfloat16", "timing": "median of 25 CUDA-graph replays, inputs rotated "
+              "over >= 3x L2 per pass, per call", "decode": [], "prefill": [], "sweep": []}
+    report["ceilings"] = ceilings()
+    os.makedirs(FLAGS.out, exist_ok=True)
+    path = os.path.join(FLAGS.out, f"attention_{report['date'][:16].replace(':', '')}.json")
+    steps = [(decode_part, report["decode"]), (prefill_part, report["prefill"])]
+    # Sweeps last: the main grid (default configs) must land even if the run is cut short.
+    steps = [step for step, part in zip(steps, ("decode", "prefill")) if part in FLAGS.parts]
+    if FLAGS.sweep:
+        steps += [(decode_sweep, report["sweep"]), (prefill_sweep, report["sweep"])]
+    for run, into in steps:
+        run(into)
+        with open(path, "w") as handle:  # after every part, so a cut-short run keeps its data
+            json.dump(report, handle, indent=1)
+    print_tables(report)
+    print(f"\nwrote {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)

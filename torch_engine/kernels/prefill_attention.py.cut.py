@@ -1,0 +1,191 @@
+"""Segmented-mask prefill attention in Triton over a packed ragged batch.
+
+Same function as ``torch_engine.reference.prefill_attention``. The mask is never materialised:
+each ``BLOCK_M``-query tile derives it on the fly from positions and ``segment_ids``. Because
+segments are contiguous and non-decreasing within a request, the keys any tile may attend form
+one contiguous range ``[lo, hi)``, and a prefix ``[lo, full_end)`` of it is allowed for every
+query of the tile. Both come from the tile's first and last segment id and binary searches
+over the request's segment ids (a few scalar loads, no host work):
+
+============  =====================  ==============================  ==========================
+mode          lo                     hi                              full_end
+============  =====================  ==============================  ==========================
+causal        request start          q1                              q0 + 1
+prefix        request start          max(q1, profile end) *          q0 + 1 (profile end **)
+segment       first key of seg[q0]   one past last key of seg[q1-1]  hi if seg[q0] == seg[q1-1]
+item_causal   request start          one past last key of seg[q1-1]  one past last of seg[q0]
+============  =====================  ==============================  ==========================
+
+(* when the tile holds profile queries; ** when all its queries are profile tokens.)
+Key tiles below ``full_end`` run without any mask; the rest apply the mask; key tiles outside
+``[lo, hi)`` are never loaded (wholly masked tiles are skipped). FlashAttention-2 online
+softmax in float32; query tiles run longest-first.
+
+Programs map to query tiles without a host-side table: request b owns virtual tiles starting
+at ``cu_seqlens[b] // BLOCK_M + b`` (strictly increasing, leaving room for its
+``cdiv(len, BLOCK_M)`` tiles), found by a binary search over ``cu_seqlens``; at most B
+programs of the ``T // BLOCK_M + B`` launched exit at once.
+
+Registered as the custom op ``xgr::prefill_attention`` with a shape-only fake.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from torch_engine.errors import InvalidInputError, require
+from torch_engine.kernels import _common as c
+from torch_engine.layout import MaskMode
+
+_OP = "prefill_attention"
+_LOG2E = 1.4426950408889634
+# Kernel codes of the mask modes (a constexpr each, so every mode compiles its own loop).
+MODE_CODES = {MaskMode.CAUSAL: 0, MaskMode.PREFIX_BIDIRECTIONAL: 1,
+              MaskMode.SEGMENT_BIDIRECTIONAL: 2, MaskMode.ITEM_CAUSAL: 3}
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """Tiling of one prefill launch."""
+
+    block_m: int
+    block_n: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@triton.jit
+def _first_greater(ptr, lo, hi, x, n_iter, OR_EQUAL: tl.constexpr):
+    """First index p in [lo, hi) with ptr[p] > x (>= x if OR_EQUAL); hi if none. Sorted input."""
+    for _ in range(n_iter):
+        live = lo < hi
+        mid = (lo + hi) // 2
+        val = tl.load(ptr + mid, mask=live, other=0)
+        if OR_EQUAL:
+            go_right = val < x
+            go_left = val >= x
+        else:
+            go_right = val <= x
+            go_left = val > x
+        new_lo = tl.where(live & go_right, mid + 1, lo)
+        hi = tl.where(live & go_left, mid, hi)
+        lo = new_lo
+    return lo
+
+
+@triton.jit
+def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, qpos, seg_q,
+                 qk_scale, d, MODE: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr):
+    """One key tile of FlashAttention-2's online softmax; the mask only when MASKED."""
+    kpos = k0 + tl.arange(0, BLOCK_N)
+    if MASKED:
+        k_ok = kpos < hi
+        k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :], mask=k_ok[:, None], other=0.0)
+        v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :], mask=k_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :])
+        v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :])
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    if MASKED:
+        seg_k = tl.load(seg_ptr + kpos, mask=k_ok, other=-2)
+        causal = kpos[None, :] <= qpos[:, None]
+        same = seg_k[None, :] == seg_q[:, None]
+        if MODE == 0:
+            allowed = causal
+        elif MODE == 1:
+            allowed = causal | ((seg_k[None, :] == 0) & (seg_q[:, None] == 0))
+        elif MODE == 2:
+            allowed = same
+        else:
+            allowed = causal | same
+        s = tl.where(allowed & k_ok[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _prefill_kernel(
+        q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, seg_ptr, stats_ptr,
+        qk_scale, batch, num_tiles, req_iter, tok_iter,
+        s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh,
+        GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, MODE: tl.constexpr, STATS: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
+    tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
+    head = tl.program_id(1)
+    # Request b owns virtual tiles from cu[b] // BLOCK_M + b: find the last b at or below tile.
+    lo_b = tl.zeros([], tl.int32)
+    hi_b = batch
+    for _ in range(req_iter):
+        live = lo_b < hi_b
+        mid = (lo_b + hi_b) // 2
+        first = tl.load(cu_ptr + mid, mask=live, other=0).to(tl.int32) // BLOCK_M + mid
+        new_lo = tl.where(live & (first <= tile), mid + 1, lo_b)
+        hi_b = tl.where(live & (first > tile), mid, hi_b)
+        lo_b = new_lo
+    b = lo_b - 1
+    start = tl.load(cu_ptr + b).to(tl.int32)
+    end = tl.load(cu_ptr + b + 1).to(tl.int32)
+    q0 = start + (tile - (start // BLOCK_M + b)) * BLOCK_M
+    if q0 < end:
+        q1 = tl.minimum(q0 + BLOCK_M, end)
+        seg_first = tl.load(seg_ptr + q0)
+        seg_last = tl.load(seg_ptr + q1 - 1)
+        # Key range [lo, hi) of the tile and its all-allowed prefix [lo, full_end).
+        lo = start
+        hi = q1
+        full_end = q0 + 1
+        if MODE == 1:
+            if (seg_first <= 0) & (seg_last >= 0):
+                profile_end = _first_greater(seg_ptr, start, end, 0, tok_iter, False)
+                hi = tl.maximum(hi, profile_end)
+                if seg_first == seg_last:
+                    full_end = tl.maximum(full_end, profile_end)
+        elif MODE == 2:
+            lo = _first_greater(seg_ptr, start, q0, seg_first, tok_iter, True)
+            hi = _first_greater(seg_ptr, q1, end, seg_last, tok_iter, False)
+            full_end = tl.where(seg_first == seg_last, hi, lo)
+        elif MODE == 3:
+            hi = _first_greater(seg_ptr, q1, end, seg_last, tok_iter, False)
+            full_end = _first_greater(seg_ptr, q0, end, seg_first, tok_iter, False)
+        full_end = tl.minimum(full_end, hi)
+        n_full = (full_end - lo) // BLOCK_N
+
+        rows = q0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < q1
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + rows[:, None] * s_qt + head * s_qh + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        seg_q = tl.load(seg_ptr + rows, mask=row_ok, other=-3)
+        k_base = k_ptr + (head // GROUP) * s_kh
+        v_base = v_ptr + (head // GROUP) * s_vh
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        visited = 0
+        for k0 in range(lo, lo + n_full * BLOCK_N, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
+                                         k0, hi, rows, seg_q, qk_scale, d, MODE, False,
+                                         BLOCK_N, DOT_PRECISION)
+            visited += 1
+        for k0 in range(lo + n_full * BLOCK_N, hi, BLOCK_N):
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
+                                         k0, hi, rows, seg_q, qk_scale, d, MODE, True,
+                                         BLOCK_N, DOT_PRECISION)
+            visited += 1
+        # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
+        out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+        tl.store(o_ptr + rows[:, None] * s_ot + head * s_oh + d[None, :],
+                 out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+        if STATS:
+            tl.store(stats_ptr + tile * tl.num_programs(1) + head, visited)
+
