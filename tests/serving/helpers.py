@@ -1,0 +1,142 @@
+"""SavedModels built for the serving tests, their NumPy twins, and small clients.
+
+``HistoryModel``: the feature graph's input layout (ids, a string, a ragged history as values +
+row splits, a request time) with outputs that depend on every input, a ragged output, and an
+``InvalidArgument`` raised by the model on negative item ids. Its ``dense`` signature has one
+float input.
+"""
+
+import json
+import os
+import urllib.error
+import urllib.request
+
+import numpy as np
+import tensorflow as tf
+
+from tf_frontend.serving.config import ServerConfig
+from tf_frontend.serving.server import ModelServer
+
+
+
+HISTORY_SPEC = [tf.TensorSpec([None], tf.int64, name="user_id"),
+                tf.TensorSpec([None], tf.string, name="country"),
+                tf.TensorSpec([None], tf.int64, name="history_items"),
+                tf.TensorSpec([None], tf.int64, name="history_times"),
+                tf.TensorSpec([None], tf.int64, name="history_splits"),
+                tf.TensorSpec([None], tf.int64, name="request_time")]
+RECENT_WINDOW = 100
+
+
+class HistoryModel(tf.Module):
+    """score = scale * user_id + sum(items) + len(country); recent = items within the window."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = tf.Variable(scale, dtype=tf.float32)
+
+    @tf.function(input_signature=HISTORY_SPEC)
+    def serve(self, user_id, country, history_items, history_times, history_splits, request_time):
+        inputs = dict(user_id=user_id, country=country, history_items=history_items,
+                      history_times=history_times, history_splits=history_splits,
+                      request_time=request_time)
+        items = inputs["history_items"]
+        tf.debugging.assert_non_negative(items, message="history_items must be >= 0")
+        history = tf.RaggedTensor.from_row_splits(items, inputs["history_splits"], validate=False)
+        times = tf.RaggedTensor.from_row_splits(inputs["history_times"], inputs["history_splits"],
+                                                validate=False)
+        recent = tf.ragged.boolean_mask(
+            history, times >= tf.expand_dims(inputs["request_time"], 1) - RECENT_WINDOW)
+        score = (self.scale * tf.cast(inputs["user_id"], tf.float32)
+                 + tf.cast(tf.reduce_sum(history, axis=1), tf.float32)
+                 + tf.cast(tf.strings.length(inputs["country"]), tf.float32))
+        return {"score": score, "country_upper": tf.strings.upper(inputs["country"]),
+                "recent_items": recent.flat_values, "recent_splits": recent.row_splits}
+
+
+def history_reference(scale, user_id, country, history_items, history_times, history_splits,
+                      request_time):
+    """NumPy twin of HistoryModel for one request."""
+    rows = len(user_id)
+    score, recent, splits = [], [], [0]
+    for r in range(rows):
+        lo, hi = history_splits[r], history_splits[r + 1]
+        items, times = history_items[lo:hi], history_times[lo:hi]
+        score.append(scale * user_id[r] + items.sum() + len(country[r]))
+        kept = items[times >= request_time[r] - RECENT_WINDOW]
+        recent.extend(kept.tolist())
+        splits.append(splits[-1] + len(kept))
+    return {"score": np.array(score, np.float32),
+            "country_upper": np.array([c.upper() for c in country], dtype=object),
+            "recent_items": np.array(recent, np.int64), "recent_splits": np.array(splits, np.int64)}
+
+
+def save_history_model(path: str, scale: float) -> str:
+    module = HistoryModel(scale)
+
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def dense(x):
+        return {"y": tf.reduce_sum(x, axis=1) * 2.0}
+
+    module.dense = dense
+    tf.saved_model.save(module, path, signatures={
+        "serving_default": module.serve.get_concrete_function(),
+        "dense": dense.get_concrete_function()})
+    return path
+
+
+def random_request(rng: np.random.Generator, rows: int, max_events: int = 6) -> dict:
+    lengths = rng.integers(0, max_events + 1, rows)
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    request_time = rng.integers(1000, 2000, rows).astype(np.int64)
+    times = np.concatenate([rng.integers(t - 300, t + 1, n) for t, n in zip(request_time, lengths)]
+                           ).astype(np.int64) if splits[-1] else np.zeros(0, np.int64)
+    return {"user_id": rng.integers(0, 10_000, rows).astype(np.int64),
+            "country": np.array([rng.choice(["de", "fr", "usa", "jp"]).encode() for _ in range(rows)],
+                                dtype=object),
+            "history_items": rng.integers(0, 500, splits[-1]).astype(np.int64),
+            "history_times": times, "history_splits": splits, "request_time": request_time}
+
+
+def start_server(base: str, **overrides) -> ModelServer:
+    config = ServerConfig(model_name="recs", model_base_path=base, port=0, rest_api_port=0,
+                          bind_address="127.0.0.1", **overrides)
+    server = ModelServer(config)
+    server.start()
+    return server
+
+
+
+def columnar(request: dict) -> dict:
+    """A request of arrays as TF Serving's columnar JSON ("inputs")."""
+    return {name: [v.decode() for v in a] if a.dtype == object else a.tolist()
+            for name, a in request.items()}
+
+
+def instances(request: dict) -> list[dict]:
+    """The same request in the row format: one object per row, histories as lists."""
+    splits = request["history_splits"]
+    rows = []
+    for r in range(len(request["user_id"])):
+        lo, hi = splits[r], splits[r + 1]
+        rows.append({"user_id": int(request["user_id"][r]),
+                     "country": request["country"][r].decode(),
+                     "history_items": request["history_items"][lo:hi].tolist(),
+                     "history_times": request["history_times"][lo:hi].tolist(),
+                     "request_time": int(request["request_time"][r])})
+    return rows
+
+
+def http(port: int, path: str, body=None, method=None, raw: bytes | None = None):
+    """(status, parsed JSON or text) of one request to the REST port."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            status, text = resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        status, text = e.code, e.read().decode()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, text

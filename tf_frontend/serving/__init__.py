@@ -1,0 +1,1 @@
+"""A TF-Serving-compatible model server (REST + gRPC) for SavedModels; ``xgr serve``."""

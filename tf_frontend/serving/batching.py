@@ -1,0 +1,119 @@
+"""A shared batch queue with TF Serving's knobs (max_batch_size, batch_timeout_micros,
+max_enqueued_batches, num_batch_threads).
+
+Requests wait in one queue; a batch thread takes the oldest request and, until the batch
+holds ``max_batch_size`` rows or the oldest request has waited ``batch_timeout_micros``,
+adds every queued request with the same merge key (same signature, same non-batch dims).
+The batch then runs as one model call through ``run_batch``, which resolves each request's
+future with its own result or error.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import threading
+import time
+from typing import Callable, Sequence
+
+from torch_engine.errors import CapacityError, InvalidInputError, ServingError, require
+from tf_frontend.serving.config import BatchingConfig
+from tf_frontend.serving.validation import PreparedRequest
+
+
+@dataclasses.dataclass(eq=False)  # identity equality: the queue removes tasks by identity
+class BatchTask:
+    """A queued request and the future its caller waits on."""
+
+    request: PreparedRequest
+    future: concurrent.futures.Future
+    enqueued_at: float
+
+
+class SchedulerClosed(ServingError):
+    """The scheduler is closing (its version is unloading); the caller runs the request itself."""
+
+
+class BatchScheduler:
+    def __init__(self, config: BatchingConfig,
+                 run_batch: Callable[[Sequence[BatchTask]], None], name: str):
+        self._config = config
+        self._run_batch = run_batch
+        self._queue: collections.deque[BatchTask] = collections.deque()
+        self._queued_rows = 0
+        self._cond = threading.Condition()
+        self._closing = False
+        self._threads = [threading.Thread(target=self._loop, name=f"batch-{name}-{i}", daemon=True)
+                         for i in range(config.num_batch_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def submit(self, request: PreparedRequest) -> concurrent.futures.Future:
+        """Queues ``request``; the future resolves to its output dict."""
+        rows = request.rows
+        require(rows is not None and rows <= self._config.max_batch_size, InvalidInputError,
+                f"batch of {rows} rows is larger than max_batch_size "
+                f"{self._config.max_batch_size}")
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closing:
+                raise SchedulerClosed("the batch queue of this model version is closed")
+            if self._queued_rows + rows > self._config.max_enqueued_rows:
+                raise CapacityError(
+                    f"the batch queue is full ({self._config.max_enqueued_batches} batches of "
+                    f"{self._config.max_batch_size} rows); retry later")
+            self._queue.append(BatchTask(request, future, time.monotonic()))
+            self._queued_rows += rows
+            self._cond.notify_all()
+        return future
+
+    def _take_compatible(self, batch: list[BatchTask], rows: int) -> int:
+        key = batch[0].request.merge_key
+        for task in list(self._queue):
+            if rows >= self._config.max_batch_size:
+                break
+            if task.request.merge_key == key and rows + task.request.rows <= self._config.max_batch_size:
+                self._queue.remove(task)
+                self._queued_rows -= task.request.rows
+                batch.append(task)
+                rows += task.request.rows
+        return rows
+
+    def _next_batch(self) -> list[BatchTask] | None:
+        timeout = self._config.batch_timeout_micros / 1e6
+        with self._cond:
+            while not self._queue and not self._closing:
+                self._cond.wait()
+            if not self._queue:
+                return None
+            head = self._queue.popleft()
+            self._queued_rows -= head.request.rows
+            batch, rows = [head], head.request.rows
+            deadline = head.enqueued_at + timeout
+            while True:
+                rows = self._take_compatible(batch, rows)
+                remaining = deadline - time.monotonic()
+                if rows >= self._config.max_batch_size or remaining <= 0 or self._closing:
+                    return batch
+                self._cond.wait(remaining)
+
+    def _loop(self) -> None:
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._run_batch(batch)
+            except BaseException as e:  # never leave a caller waiting forever
+                for task in batch:
+                    if not task.future.done():
+                        task.future.set_exception(e)
+
+    def close(self) -> None:
+        """Refuses new requests, runs everything already queued, then stops the threads."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        for thread in self._threads:
+            thread.join()

@@ -1,0 +1,159 @@
+"""What the server knows about one signature: tensor specs and which inputs are ragged.
+
+Ragged inputs (a batch of variable-length histories) reach a signature as a flat ``values``
+tensor ``[E, ...]`` plus a ``row_splits`` tensor ``int[B + 1]``. The batcher must offset the
+splits when it concatenates requests and re-split outputs the same way, so it has to know
+which tensors belong together. That pairing comes from, in order:
+
+1. ``assets.extra/xgr_serving.json`` in the version directory::
+
+       {"ragged": {"history_splits": ["history_items", "history_times"]},
+        "max_history_events": 512}
+
+   ``ragged`` maps a row-splits tensor to the value tensors it partitions; it applies to the
+   inputs and outputs of every signature that has those names.
+2. A naming convention when the file is absent: a rank-1 integer tensor named ``P_splits``
+   or ``P_row_splits`` partitions every other tensor named ``P_*`` whose first dimension is
+   unknown (``history_splits`` -> ``history_items``, ``history_times``).
+
+A signature is *batchable* when every input is batch-major (first dim unknown) or part of a
+ragged group; otherwise each request gets its own model call.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from typing import Mapping
+
+import tensorflow as tf
+
+from torch_engine.errors import ExportError, require
+
+SERVING_SPEC_FILE = os.path.join("assets.extra", "xgr_serving.json")
+_SPLITS_SUFFIXES = ("_row_splits", "_splits")
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    """One signature tensor. ``shape`` is None when the rank is unknown; dims may be None."""
+
+    name: str
+    dtype: tf.DType
+    shape: tuple[int | None, ...] | None
+
+    @property
+    def batch_major(self) -> bool:
+        return self.shape is not None and len(self.shape) >= 1 and self.shape[0] is None
+
+    def describe(self) -> str:
+        dims = "?" if self.shape is None else ",".join("?" if d is None else str(d) for d in self.shape)
+        return f"{self.dtype.name}[{dims}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedGroup:
+    """``splits`` (int[B + 1]) partitions the first dimension of each of ``values``."""
+
+    splits: str
+    values: tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingSpec:
+    """The model's own serving hints (``assets.extra/xgr_serving.json``), or none."""
+
+    ragged: Mapping[str, tuple[str, ...]] | None = None
+    max_history_events: int | None = None
+
+    @classmethod
+    def read(cls, version_dir: str) -> "ServingSpec":
+        path = os.path.join(version_dir, SERVING_SPEC_FILE)
+        if not os.path.exists(path):
+            return cls()
+        try:
+            with open(path) as f:
+                raw = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ExportError(f"{path}: not readable JSON: {e}") from e
+        require(isinstance(raw, dict), ExportError, f"{path}: expected a JSON object")
+        ragged = raw.get("ragged")
+        if ragged is not None:
+            require(isinstance(ragged, dict) and all(
+                isinstance(v, list) and all(isinstance(n, str) for n in v) for v in ragged.values()),
+                ExportError, f"{path}: 'ragged' must map a splits name to a list of value names")
+            ragged = {k: tuple(v) for k, v in ragged.items()}
+        limit = raw.get("max_history_events")
+        require(limit is None or (isinstance(limit, int) and limit >= 1), ExportError,
+                f"{path}: 'max_history_events' must be a positive integer, got {limit!r}")
+        return cls(ragged=ragged, max_history_events=limit)
+
+
+@dataclasses.dataclass(frozen=True)
+class SignatureInfo:
+    name: str
+    inputs: Mapping[str, TensorInfo]
+    outputs: Mapping[str, TensorInfo]
+    input_groups: tuple[RaggedGroup, ...]
+    output_groups: tuple[RaggedGroup, ...]
+    max_history_events: int | None
+
+    @property
+    def ragged_input_names(self) -> frozenset[str]:
+        return frozenset(n for g in self.input_groups for n in (g.splits, *g.values))
+
+    @property
+    def batchable(self) -> bool:
+        ragged = self.ragged_input_names
+        return bool(self.inputs) and all(
+            info.batch_major or name in ragged for name, info in self.inputs.items())
+
+
+def _tensor_info(name: str, spec) -> TensorInfo:
+    shape = None if spec.shape.rank is None else tuple(spec.shape.as_list())
+    return TensorInfo(name=name, dtype=tf.as_dtype(spec.dtype), shape=shape)
+
+
+def _groups_by_convention(tensors: Mapping[str, TensorInfo]) -> tuple[RaggedGroup, ...]:
+    groups = []
+    splits_names = {n for n in tensors if n.endswith(_SPLITS_SUFFIXES)}
+    for splits in sorted(splits_names):
+        info = tensors[splits]
+        if info.shape is None or len(info.shape) != 1 or not info.dtype.is_integer:
+            continue
+        prefix = splits[: -len(next(s for s in _SPLITS_SUFFIXES if splits.endswith(s)))] + "_"
+        values = tuple(sorted(n for n, t in tensors.items()
+                              if n.startswith(prefix) and n not in splits_names and t.batch_major))
+        if values:
+            groups.append(RaggedGroup(splits=splits, values=values))
+    return tuple(groups)
+
+
+def _groups_from_spec(tensors: Mapping[str, TensorInfo], ragged: Mapping[str, tuple[str, ...]],
+                      signature: str) -> tuple[RaggedGroup, ...]:
+    groups = []
+    for splits, values in ragged.items():
+        present = [n for n in (splits, *values) if n in tensors]
+        if not present:
+            continue
+        require(len(present) == 1 + len(values), ExportError,
+                f"signature {signature!r}: ragged group {splits!r} -> {list(values)} is only "
+                f"partly present ({present})")
+        groups.append(RaggedGroup(splits=splits, values=tuple(values)))
+    return tuple(groups)
+
+
+def describe_signature(name: str, function, spec: ServingSpec,
+                       max_history_events: int | None) -> SignatureInfo:
+    """Builds the SignatureInfo of a loaded ``ConcreteFunction`` (``loaded.signatures[name]``)."""
+    _, kwargs = function.structured_input_signature
+    inputs = {n: _tensor_info(n, s) for n, s in sorted(kwargs.items())}
+    outputs = {n: _tensor_info(n, t) for n, t in sorted(function.structured_outputs.items())}
+    if spec.ragged is not None:
+        in_groups = _groups_from_spec(inputs, spec.ragged, name)
+        out_groups = _groups_from_spec(outputs, spec.ragged, name)
+    else:
+        in_groups, out_groups = _groups_by_convention(inputs), _groups_by_convention(outputs)
+    return SignatureInfo(name=name, inputs=inputs, outputs=outputs, input_groups=in_groups,
+                         output_groups=out_groups, max_history_events=max_history_events)

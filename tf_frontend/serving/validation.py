@@ -1,0 +1,106 @@
+"""Checks a request's tensors against its signature before any model work starts.
+
+Every failure raises ``InvalidInputError`` naming the input and the rule, so one bad request
+gets a 400 and never reaches (or poisons) a shared batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import numpy as np
+
+from torch_engine.errors import InvalidInputError, require
+from tf_frontend.serving.signature import SignatureInfo, TensorInfo
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PreparedRequest:
+    """A validated request.
+
+    inputs: name -> array with exactly the signature's dtype (strings: object array of bytes).
+    rows: the request's batch size B (None when the signature has no batch dimension).
+    merge_key: requests with equal keys may share one model call.
+    """
+
+    signature: SignatureInfo
+    inputs: Mapping[str, np.ndarray]
+    rows: int | None
+    merge_key: tuple | None
+
+
+def numpy_dtype_matches(array: np.ndarray, info: TensorInfo) -> bool:
+    if info.dtype.name == "string":
+        return array.dtype == object or array.dtype.kind in "SU"
+    return array.dtype == np.dtype(info.dtype.as_numpy_dtype)
+
+
+def _check_shape(name: str, array: np.ndarray, info: TensorInfo) -> None:
+    require(numpy_dtype_matches(array, info), InvalidInputError,
+            f"input {name!r}: expected dtype {info.dtype.name}, got {array.dtype}")
+    if info.shape is None:
+        return
+    require(array.ndim == len(info.shape), InvalidInputError,
+            f"input {name!r}: expected rank {len(info.shape)} ({info.describe()}), "
+            f"got shape {list(array.shape)}")
+    for axis, (want, got) in enumerate(zip(info.shape, array.shape)):
+        require(want is None or want == got, InvalidInputError,
+                f"input {name!r}: expected dim {axis} = {want} ({info.describe()}), "
+                f"got shape {list(array.shape)}")
+
+
+def _check_splits(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> None:
+    for group in sig.input_groups:
+        splits = inputs[group.splits]
+        require(splits.ndim == 1 and splits.size >= 1, InvalidInputError,
+                f"input {group.splits!r}: row splits need shape [B + 1], got {list(splits.shape)}")
+        require(int(splits[0]) == 0, InvalidInputError,
+                f"input {group.splits!r}: row splits must start at 0, got {int(splits[0])}")
+        lengths = np.diff(splits)
+        require(bool(np.all(lengths >= 0)), InvalidInputError,
+                f"input {group.splits!r}: row splits must be non-decreasing")
+        for value in group.values:
+            require(int(splits[-1]) == inputs[value].shape[0], InvalidInputError,
+                    f"input {group.splits!r}: last row split {int(splits[-1])} must equal the "
+                    f"length of {value!r} ({inputs[value].shape[0]})")
+        limit = sig.max_history_events
+        if limit is not None and lengths.size:
+            longest = int(lengths.max())
+            require(longest <= limit, InvalidInputError,
+                    f"input {group.splits!r}: row {int(lengths.argmax())} has {longest} events; "
+                    f"the maximum history length is {limit}")
+
+
+def _rows(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> int | None:
+    """The common batch size of all batch-major inputs and ragged groups."""
+    ragged = sig.ragged_input_names
+    sizes = {n: a.shape[0] for n, a in inputs.items()
+             if n not in ragged and sig.inputs[n].batch_major}
+    sizes.update({g.splits: inputs[g.splits].shape[0] - 1 for g in sig.input_groups})
+    if not sizes:
+        return None
+    require(len(set(sizes.values())) == 1, InvalidInputError,
+            "inputs disagree on the batch size: "
+            + ", ".join(f"{n}={b}" for n, b in sorted(sizes.items())))
+    return next(iter(sizes.values()))
+
+
+def prepare(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> PreparedRequest:
+    """Validates ``inputs`` (already decoded to arrays) against ``sig``."""
+    missing = sorted(set(sig.inputs) - set(inputs))
+    require(not missing, InvalidInputError,
+            f"signature {sig.name!r}: missing input(s) {missing}; expected "
+            + ", ".join(f"{n}: {i.describe()}" for n, i in sig.inputs.items()))
+    unknown = sorted(set(inputs) - set(sig.inputs))
+    require(not unknown, InvalidInputError,
+            f"signature {sig.name!r}: unknown input(s) {unknown}; expected {sorted(sig.inputs)}")
+    for name, info in sig.inputs.items():
+        _check_shape(name, inputs[name], info)
+    _check_splits(sig, inputs)
+    rows = _rows(sig, inputs)
+    key = None
+    if sig.batchable and rows is not None:
+        splits = {g.splits for g in sig.input_groups}
+        key = (sig.name,) + tuple((n, inputs[n].shape[1:]) for n in sorted(inputs) if n not in splits)
+    return PreparedRequest(signature=sig, inputs=dict(inputs), rows=rows, merge_key=key)
