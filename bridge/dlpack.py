@@ -20,6 +20,7 @@ will do and why.
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -27,7 +28,7 @@ import torch
 import torch.utils.dlpack
 
 from bridge.dtypes import TO_TF, TO_TORCH, Mode, condition, dtype_rule, render_markdown
-from torch_engine.errors import BridgeError
+from torch_engine.errors import BridgeError, InvalidInputError
 
 TF_ALIGNMENT = 64  # bytes; EIGEN_MAX_ALIGN_BYTES of TF's CPU kernels (tf.sysconfig flags)
 _CPU, _CUDA = torch.device("cpu"), torch.device("cuda")
@@ -112,7 +113,13 @@ def plan_to_torch(tf_tensor: tf.Tensor, device: str | torch.device | None = None
         raise _reject(TO_TORCH, f"symbolic tensor {tf_tensor.name!r}",
                       condition("symbolic", TO_TORCH).reason)
     source = _torch_device_of_tf(tf_tensor.device)
-    target = source if device is None else torch.device(device)
+    if device is None:
+        return plan_tf_to_torch(tf_tensor.dtype.name, source, source)
+    try:
+        target = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise InvalidInputError(f"device must be a torch device such as 'cpu' or 'cuda:0', "
+                                f"got {device!r} ({err})") from None
     return plan_tf_to_torch(tf_tensor.dtype.name, source, target)
 
 
@@ -126,6 +133,7 @@ def to_torch(tf_tensor: tf.Tensor, device: str | torch.device | None = None) -> 
         matches, the result shares the TF buffer (zero-copy); otherwise exactly one copy.
     Raises:
       BridgeError: the dtype, tensor kind or capsule cannot cross (see ``bridge/dtypes.py``).
+      InvalidInputError: ``device`` is not a torch device.
     """
     if _is_capsule(tf_tensor):
         _require_fresh_capsule(tf_tensor, TO_TORCH)
@@ -169,7 +177,9 @@ def plan_torch_to_tf(dtype: str, device_type: str, *, strided: bool = True,
     return HandOff(TO_TF, mode, torch.device(device_type), target, tuple(steps), tuple(reasons))
 
 
+@functools.cache
 def _tf_has_gpu() -> bool:
+    # TF fixes its devices when its runtime starts; asked once, on the first CUDA hand-off.
     return bool(tf.config.list_logical_devices("GPU"))
 
 

@@ -7,7 +7,7 @@ import torch
 
 from bridge.dlpack import plan_to_tf, plan_to_torch, tf_data_pointer, to_tf, to_torch
 from bridge.dtypes import DTYPES, Mode
-from torch_engine.errors import BridgeError
+from torch_engine.errors import BridgeError, InvalidInputError
 
 ZERO_COPY = [row.name for row in DTYPES
              if row.to_torch.mode is Mode.ZERO_COPY and row.to_tf.mode is Mode.ZERO_COPY]
@@ -176,6 +176,11 @@ def test_rejects_what_is_not_an_eager_tensor():
 
     with pytest.raises(BridgeError, match="symbolic"):
         inside_graph(tf.constant([1.0]))
+
+
+def test_bad_device_argument_is_named():
+    with pytest.raises(InvalidInputError, match="device must be a torch device.*'gpu0'"):
+        to_torch(tf.constant([1.0]), device="gpu0")
 
 
 def test_rejects_sparse_and_meta_tensors():
