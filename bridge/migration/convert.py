@@ -138,10 +138,10 @@ def convert_sample(sample: StageSample) -> StageConversion:
     signature = [tf.TensorSpec([None, *x.shape[1:]] if x.shape.rank else [], x.dtype,
                                name=f"in_{i}") for i, x in enumerate(sample.inputs())]
     try:
-        onnx_model = to_onnx(lambda *tensors: sample.call_with(list(tensors)), signature)
+        onnx_model, reasons = to_onnx(lambda *tensors: sample.call_with(list(tensors)), signature)
     except Exception as error:  # tf2onnx raises assorted exception types while tracing
         return StageConversion(name, (f"tf2onnx failed: {first_line(error)}",))
-    reasons = validate_onnx(onnx_model)
+    reasons = reasons or validate_onnx(onnx_model)
     if reasons:
         return StageConversion(name, tuple(reasons))
     try:

@@ -18,32 +18,43 @@ from bridge.onnx_torch.registry import CUSTOM_DOMAIN
 OPSET = 17
 
 
-def _custom_handlers() -> dict[str, tuple[Callable, list]]:
-    """tf2onnx ``custom_op_handlers`` for every registered custom op that has an ONNX node."""
+def _custom_handlers(failures: list[str]) -> dict[str, tuple[Callable, list]]:
+    """tf2onnx ``custom_op_handlers`` for every registered custom op that has an ONNX node.
+    A node that cannot take the registry's form appends its reason to ``failures``."""
     from custom_ops.registry import OPS
 
     def as_custom_node(ctx, node, name, args):
-        (attributes,) = args
+        # tf2onnx has already renamed the node to the registry's ONNX op type.
+        (entry,) = args
+        if len(node.input) != len(entry.onnx.inputs):
+            # e.g. the semantic-ID lookup reads a TF table resource; its ONNX node wants the
+            # catalog arrays as inputs, which a trace of the stage cannot supply.
+            failures.append(f"custom op {entry.tf_op} takes {len(node.input)} inputs in TF but "
+                            f"its ONNX node takes {list(entry.onnx.inputs)}: a TF resource "
+                            "input (a table) cannot be carried into the graph")
+            raise ValueError(failures[-1])
         node.domain = CUSTOM_DOMAIN
         for key in list(node.attr):
-            if key not in attributes:
+            if key not in entry.onnx.attributes:
                 del node.attr[key]   # TF bookkeeping attrs (T, _class, ...) are not part of the node
         return node
 
-    return {op.tf_op: (as_custom_node, [set(op.onnx.attributes)])
+    return {op.tf_op: (as_custom_node, [op.onnx.op_type, op])
             for op in OPS if op.onnx is not None}
 
 
-def to_onnx(fn: Callable, signature: Sequence[tf.TensorSpec]) -> onnx.ModelProto:
-    """Trace ``fn`` (flat tensors -> the layer's outputs) with tf2onnx at opset 17."""
+def to_onnx(fn: Callable, signature: Sequence[tf.TensorSpec]) -> tuple[onnx.ModelProto, list[str]]:
+    """Trace ``fn`` (flat tensors -> the layer's outputs) with tf2onnx at opset 17; returns the
+    model and the reasons custom ops could not be mapped."""
     import tf2onnx
 
-    logging.getLogger("tf2onnx").setLevel(logging.ERROR)
+    logging.getLogger("tf2onnx").setLevel(logging.CRITICAL)
+    failures: list[str] = []
     model, _ = tf2onnx.convert.from_function(
         tf.function(fn), input_signature=list(signature), opset=OPSET,
-        custom_op_handlers=_custom_handlers(),
+        custom_op_handlers=_custom_handlers(failures),
         extra_opset=[onnx.helper.make_opsetid(CUSTOM_DOMAIN, 1)])
-    return model
+    return model, failures
 
 
 def validate_onnx(model: onnx.ModelProto) -> list[str]:

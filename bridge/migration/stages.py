@@ -136,6 +136,10 @@ class StagedModel:
 
         def hook(name: str) -> Callable:
             def call(*args, **kwargs):
+                if not tf.executing_eagerly():
+                    # Keras traces an unbuilt model symbolically first (to infer output specs):
+                    # that pass runs the TF layer and records nothing.
+                    return self._layers[name](*args, **kwargs)
                 count = calls.get(name, 0)
                 calls[name] = count + 1
                 label = name if count == 0 else f"{name}#{count}"
