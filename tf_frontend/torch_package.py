@@ -123,6 +123,14 @@ def _spec(value: Any, what: str) -> TensorSpec:
     return TensorSpec(_dtype_name(value.dtype, what), tuple(_dim(s) for s in value.shape))
 
 
+def _bound(value: Any, unbounded: int) -> int:
+    """A range end as an int; torch's ``int_oo`` (no bound) becomes ``unbounded``."""
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError, AttributeError):
+        return unbounded
+
+
 def contract_of(program: torch.export.ExportedProgram, device: str) -> Package:
     """The contract of an exported program (``path`` left empty until it is written)."""
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
@@ -133,9 +141,8 @@ def contract_of(program: torch.export.ExportedProgram, device: str) -> Package:
     outputs = tuple(_spec(v.meta["val"], f"output {i}") for i, v in enumerate(values))
     ranges = []
     for symbol, value_range in program.range_constraints.items():
-        lo = int(value_range.lower)
-        hi = int(value_range.upper) if value_range.upper.is_finite else _INT64_MAX
-        ranges.append((str(symbol), lo, min(hi, _INT64_MAX)))
+        ranges.append((str(symbol), _bound(value_range.lower, 0),
+                       min(_bound(value_range.upper, _INT64_MAX), _INT64_MAX)))
     return Package(Path(), "aoti", device, inputs, outputs, tuple(sorted(ranges)))
 
 
@@ -146,7 +153,7 @@ def _cache_key(program: torch.export.ExportedProgram, device: str) -> str:
     for name, tensor in sorted({**program.state_dict, **program.constants}.items()):
         if isinstance(tensor, torch.Tensor):
             digest.update(name.encode())
-            digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+            digest.update(tensor.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()[:24]
 
 

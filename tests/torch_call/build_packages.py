@@ -13,7 +13,10 @@ from pathlib import Path
 
 import torch
 
+from torch_engine.synthetic import WorldConfig  # noqa: E402
+
 MAX_BATCH, MAX_LEN, TOP_K, ITEMS = 4096, 512, 5, 40
+WORLD = WorldConfig(num_items=300, num_users=20)
 
 
 class TwoHeads(torch.nn.Module):
@@ -31,20 +34,27 @@ class TwoHeads(torch.nn.Module):
 
 
 class ToyRecommender(torch.nn.Module):
-    """``recommend``-shaped: token_ids int64 [B, L], lengths int64 [B] -> item ids int64
-    [B, TOP_K] and scores float32 [B, TOP_K] (mean token embedding against item embeddings)."""
+    """``recommend``-shaped: token_ids int32 [B, L], lengths int32 [B] -> item_ids int64
+    [B, TOP_K] and scores float32 [B, TOP_K] (mean token embedding against item embeddings,
+    over the first ITEMS items of the synthetic world ``WORLD``)."""
 
-    def __init__(self, vocab: int = 64):
+    def __init__(self):
         super().__init__()
+        from torch_engine.layout import TokenLayout
+        from torch_engine.synthetic import make_world
+
         torch.manual_seed(1)
-        self.tokens = torch.nn.Embedding(vocab, 8)
+        self.tokens = torch.nn.Embedding(TokenLayout().code_end, 8)
         self.items = torch.nn.Parameter(torch.randn(ITEMS, 8))
+        ids = make_world(WORLD).item_ids[:ITEMS]
+        self.register_buffer("item_ids", torch.from_numpy(ids))
 
     def forward(self, token_ids, lengths):
+        lengths = lengths.to(torch.int64)
         mask = torch.arange(token_ids.shape[1]) < lengths[:, None]
-        pooled = (self.tokens(token_ids) * mask[..., None]).sum(1) / lengths[:, None]
-        scores, rows = torch.topk(pooled @ self.items.T, TOP_K, dim=-1)
-        return rows.to(torch.int64) * 10 + 1000, scores
+        pooled = (self.tokens(token_ids.to(torch.int64)) * mask[..., None]).sum(1)
+        scores, rows = torch.topk(pooled / lengths[:, None] @ self.items.T, TOP_K, dim=-1)
+        return self.item_ids[rows], scores
 
 
 class DoubleInPlace(torch.nn.Module):
@@ -96,7 +106,8 @@ def main(out: Path, cache: Path) -> None:
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
     length = torch.export.Dim("length", min=1, max=MAX_LEN)
     two_example = (torch.randn(8, 4), torch.arange(24, dtype=torch.int64).reshape(8, 3))
-    rec_example = (torch.randint(0, 64, (4, 6)), torch.tensor([6, 3, 1, 5]))
+    rec_example = (torch.randint(0, 64, (4, 6), dtype=torch.int32),
+                   torch.tensor([6, 3, 1, 5], dtype=torch.int32))
     one_dim = {(0, 0): ("batch", 1, MAX_BATCH)}
     built = {
         "two_heads_aoti": _export_aoti(torch_package, TwoHeads(), two_example,

@@ -1,0 +1,25 @@
+"""Fresh-process reload: ``python reload_child.py SAVED_MODEL FEATURES.npz OUT.npz``.
+
+Imports only tensorflow and custom_ops, loads the SavedModel, runs ``serving_default`` on the
+features and writes its outputs, plus the names of the loaded modules under ``modules``.
+"""
+
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+import custom_ops  # noqa: F401  (registers TorchCall and the feature ops)
+
+
+def main(saved_model: str, features_path: str, out_path: str) -> None:
+    loaded = tf.saved_model.load(saved_model)
+    serve = loaded.signatures["serving_default"]
+    with np.load(features_path) as data:
+        features = {name: tf.constant(data[name]) for name in data.files}
+    outputs = {name: value.numpy() for name, value in serve(**features).items()}
+    np.savez(out_path, modules=np.array(sorted(sys.modules), dtype=object), **outputs)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:4])

@@ -1,0 +1,118 @@
+"""One SavedModel: the real feature graph, TorchCall on an engine package, TF post-processing;
+reloaded in a fresh process without torch_engine or Python torch, it returns exactly the items
+of the in-process Python pipeline."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+
+from tf_frontend.export import (OUTPUTS, SIGNATURE, PipelineConfig, PythonPipeline,
+                                export_pipeline, post_process)
+from tf_frontend.feature_graph import INPUTS, FeatureGraph, features_from_world
+from torch_engine.errors import ExportError
+from torch_engine.prompt_spec import PromptSpec
+from torch_engine.synthetic import make_world
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+TOY_INPUTS = ("token_ids", "lengths")
+CONFIG = PipelineConfig(top_n=4)
+
+
+@pytest.fixture(scope="module")
+def world(builder):
+    return make_world(builder.WORLD)
+
+
+@pytest.fixture(scope="module")
+def feature_graph(world):
+    return FeatureGraph(PromptSpec(), world.item_ids, world.item_codes, seed=3)
+
+
+@pytest.fixture(scope="module")
+def saved_model(packages, feature_graph, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline") / "saved_model"
+    return export_pipeline(out, feature_graph, packages["recommender_aoti"], CONFIG, TOY_INPUTS)
+
+
+@pytest.fixture(scope="module")
+def features(world):
+    return features_from_world(world, slice(0, 12))
+
+
+def _reload_in_fresh_process(saved_model: Path, features: dict, tmp_path: Path) -> dict:
+    feats = tmp_path / "features.npz"
+    arrays = {name: value.numpy() for name, value in features.items()}
+    arrays["country"] = arrays["country"].astype("S")  # loadable without pickle
+    np.savez(feats, **arrays)
+    out = tmp_path / "outputs.npz"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, str(HERE / "reload_child.py"), str(saved_model),
+                           str(feats), str(out)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with np.load(out, allow_pickle=True) as data:
+        return {name: data[name] for name in data.files}
+
+
+def test_signature_names_every_input_and_output(saved_model):
+    serve = tf.saved_model.load(str(saved_model)).signatures[SIGNATURE]
+    assert set(serve.structured_input_signature[1]) == set(INPUTS)
+    assert set(serve.structured_outputs) == set(OUTPUTS)
+    assert (saved_model / "assets" / "recommender.pt2").exists()
+
+
+def test_fresh_process_matches_the_python_pipeline(saved_model, feature_graph, features,
+                                                   builder, tmp_path):
+    toy = builder.ToyRecommender().eval()
+    with torch.no_grad():
+        want = PythonPipeline(feature_graph, toy, CONFIG, TOY_INPUTS)(features)
+    got = _reload_in_fresh_process(saved_model, features, tmp_path)
+    modules = set(got.pop("modules").tolist())
+    assert "torch" not in modules and not any(m.startswith("torch.") for m in modules)
+    assert not {"torch_engine.engine", "torch_engine.model", "tf_frontend"} & modules
+    np.testing.assert_array_equal(got["item_ids"], want["item_ids"].numpy())
+    np.testing.assert_array_equal(got["num_items"], want["num_items"].numpy())
+    np.testing.assert_allclose(got["scores"], want["scores"].numpy(), rtol=1e-5, atol=1e-5)
+    assert (got["num_items"] > 0).all()
+
+
+def test_moved_saved_model_still_finds_its_package(saved_model, features, tmp_path):
+    moved = tmp_path / "elsewhere"
+    subprocess.run(["cp", "-r", str(saved_model), str(moved)], check=True)
+    got = _reload_in_fresh_process(moved, features, tmp_path)
+    assert got["item_ids"].shape == (12, CONFIG.top_n)
+
+
+def test_post_process_drops_padding_and_seen_items():
+    item_ids = tf.constant([[5, 7, -1, 9], [3, 4, 6, 8]], tf.int64)
+    scores = tf.constant([[-1.0, -2.0, -np.inf, -3.0], [-1.0, -1.5, -2.0, -2.5]])
+    history = tf.constant([7, 4, 8], tf.int64)
+    splits = tf.constant([0, 1, 3], tf.int64)
+    out = post_process(item_ids, scores, history, splits, top_n=3)
+    np.testing.assert_array_equal(out["item_ids"].numpy(), [[5, 9, -1], [3, 6, -1]])
+    np.testing.assert_array_equal(out["num_items"].numpy(), [2, 2])
+    np.testing.assert_array_equal(out["scores"].numpy(), [[-1.0, -3.0, -np.inf],
+                                                          [-1.0, -2.0, -np.inf]])
+
+
+def test_export_refuses_a_non_empty_folder_and_a_mismatched_package(packages, feature_graph,
+                                                                   tmp_path):
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "file").write_text("x")
+    with pytest.raises(ExportError, match="not empty"):
+        export_pipeline(tmp_path / "taken", feature_graph, packages["recommender_aoti"],
+                        CONFIG, TOY_INPUTS)
+    with pytest.raises(ExportError, match="package takes 2 inputs"):
+        export_pipeline(tmp_path / "new", feature_graph, packages["recommender_aoti"], CONFIG)
+    with pytest.raises(ExportError, match="must return \\(item_ids int64, scores float32\\)"):
+        export_pipeline(tmp_path / "new", feature_graph, packages["two_heads_aoti"], CONFIG,
+                        TOY_INPUTS)

@@ -1,0 +1,104 @@
+"""Package ``Engine.recommend`` for the TorchCall op: ``torch.export`` of its device part, then
+AOTInductor (or TorchScript) for the target device.
+
+The host checks of ``Engine.recommend`` (``torch_engine.inputs.check_inputs``) read values and
+cannot be traced; the exported program takes what the feature graph emits, which satisfies
+them by construction (``torch_engine.prompt_spec``), and runs ``Engine.search``. Import this
+module before tensorflow (see ``tf_frontend.torch_package``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from tf_frontend import torch_package  # first: it takes Triton before TF can be imported
+
+import torch  # noqa: E402
+
+from torch_engine.errors import ConfigError, require  # noqa: E402
+from torch_engine.inputs import RequestBatch  # noqa: E402
+
+
+@dataclass(frozen=True)
+class EngineExportConfig:
+    """What the exported engine serves.
+
+    beam_width, top_k: fixed at export (they size the search); max_batch: largest batch the
+    package accepts; device: "cpu" or "cuda[:i]" (the engine's device at run time).
+    """
+
+    beam_width: int = 16
+    top_k: int = 10
+    max_batch: int = 1024
+    device: str = "cpu"
+
+    def __post_init__(self) -> None:
+        for name in ("beam_width", "top_k", "max_batch"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 1, ConfigError,
+                    f"EngineExportConfig.{name} must be a positive int, got {value!r}")
+        require(self.device == "cpu" or self.device.startswith("cuda"), ConfigError,
+                f"EngineExportConfig.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
+
+
+class RecommendProgram(torch.nn.Module):
+    """The traceable body of ``Engine.recommend`` with fixed ``beam_width`` and ``top_k``.
+
+    Inputs (the feature graph's outputs): token_ids int32 [B, L], lengths int32 [B],
+    segment_ids int32 [B, L], profile_embeds float32 [B, S, hidden].
+    Returns item_ids int64 [B, top_k] (-1 = no item) and scores float32 [B, top_k].
+    """
+
+    def __init__(self, engine, beam_width: int, top_k: int):
+        super().__init__()
+        self.engine = engine
+        self.model = engine.model  # registered, so its weights become package constants
+        self.beam_width, self.top_k = beam_width, top_k
+
+    def forward(self, token_ids, lengths, segment_ids, profile_embeds):
+        device = self.engine.device
+        tokens = token_ids.to(torch.int64)
+        lens = lengths.to(torch.int64)
+        valid = torch.arange(tokens.shape[1], device=device)[None, :] < lens[:, None]
+        batch = RequestBatch(
+            token_ids=torch.where(valid, tokens, 0),
+            total_lengths=lens + profile_embeds.shape[1],
+            segment_ids=segment_ids.to(torch.int32),
+            causal=False,
+            prefix_embeds=profile_embeds.to(self.engine.dtype),
+            exclude_items=torch.full((tokens.shape[0], 1), -1, dtype=torch.int64,
+                                     device=device))
+        item_ids, scores = self.engine.search(batch, self.beam_width, self.top_k)
+        return item_ids, scores.to(torch.float32)
+
+
+def example_inputs(engine, spec, batch: int = 2) -> tuple[torch.Tensor, ...]:
+    """Prompts shaped like the feature graph's outputs for ``spec`` (a ``PromptSpec``): BOS,
+    PROFILE_START, a context token and one trailing ITEM_START, in 2 segments."""
+    layout, length = spec.layout, 4
+    row = [layout.bos_id, layout.profile_start_id, spec.context_token(0), layout.item_start_id]
+    tokens = torch.tensor([row] * batch, dtype=torch.int32)
+    lengths = torch.full((batch,), length, dtype=torch.int32)
+    segments = torch.tensor([[0, 0, 0, 1]] * batch, dtype=torch.int32)
+    embeds = torch.zeros(batch, spec.profile_tokens, engine.model.config.hidden_size)
+    return tokens, lengths, segments, embeds
+
+
+def export_engine(engine, spec, out_path: str | os.PathLike,
+                  config: EngineExportConfig = EngineExportConfig(),
+                  cache_dir: str | os.PathLike | None = None) -> torch_package.Package:
+    """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
+    dynamic in batch (1..max_batch) and prompt length (1..spec.max_prompt_tokens)."""
+    require(engine.device.type == torch.device(config.device).type, ConfigError,
+            f"engine lives on {engine.device}, the export targets {config.device}; move the "
+            f"engine first (the package runs where it was compiled)")
+    program = RecommendProgram(engine, config.beam_width, config.top_k)
+    # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
+    # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
+    batch = torch.export.Dim("batch", min=1, max=config.max_batch)
+    length = torch.export.Dim.DYNAMIC
+    dynamic = ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch})
+    exported = torch_package.export_program(program, example_inputs(engine, spec), dynamic,
+                                            config.device)
+    return torch_package.package_aoti(exported, out_path, config.device, cache_dir)
