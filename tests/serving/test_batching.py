@@ -1,0 +1,85 @@
+"""Batching: concurrent clients share model calls and each receives exactly its own rows."""
+
+import concurrent.futures
+import threading
+
+import grpc
+import numpy as np
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
+
+from tests.serving.helpers import columnar, http, random_request
+
+CLIENTS = 12
+
+
+def _batches_and_rows(server) -> tuple[float, float]:
+    registry, labels = server.metrics.registry, {"model_name": "recs"}
+    return (registry.get_sample_value("xgr_serving_batch_size_count", labels) or 0.0,
+            registry.get_sample_value("xgr_serving_batch_size_sum", labels) or 0.0)
+
+
+def _grpc_predict(port: int, request: dict) -> dict:
+    proto = predict_pb2.PredictRequest()
+    proto.model_spec.name = "recs"
+    for name, array in request.items():
+        proto.inputs[name].CopyFrom(tf.make_tensor_proto(array))
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(proto, timeout=60)
+    return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
+
+
+def _rest_predict(port: int, request: dict) -> tuple[int, dict]:
+    return http(port, "/v1/models/recs:predict", {"inputs": columnar(request)})
+
+
+def test_concurrent_clients_coalesce_and_get_their_own_results(server, in_process):
+    rng = np.random.default_rng(11)
+    requests = [random_request(rng, rows=int(rng.integers(1, 4))) for _ in range(CLIENTS)]
+    batches_before, rows_before = _batches_and_rows(server)
+    start = threading.Barrier(CLIENTS)
+
+    def client(i: int):
+        start.wait()
+        if i % 2:
+            return _grpc_predict(server.grpc_port, requests[i])
+        status, body = _rest_predict(server.rest_port, requests[i])
+        assert status == 200, body
+        return body["outputs"]
+
+    with concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
+        answers = list(pool.map(client, range(CLIENTS)))
+    for request, answer in zip(requests, answers):
+        expected = in_process(request)
+        np.testing.assert_array_equal(np.asarray(answer["score"], np.float32), expected["score"])
+        np.testing.assert_array_equal(np.asarray(answer["recent_items"], np.int64).reshape(-1),
+                                      expected["recent_items"])
+        np.testing.assert_array_equal(np.asarray(answer["recent_splits"], np.int64),
+                                      expected["recent_splits"])
+    batches, rows = _batches_and_rows(server)
+    assert rows - rows_before == sum(len(r["user_id"]) for r in requests)
+    assert batches - batches_before < CLIENTS, "no two requests shared a model call"
+
+
+def test_one_failing_request_does_not_fail_its_batch(server, in_process):
+    rng = np.random.default_rng(12)
+    requests = [random_request(rng, rows=2, max_events=3) for _ in range(6)]
+    bad = 3
+    requests[bad]["history_items"] = -np.ones(3, np.int64)
+    requests[bad]["history_times"] = np.zeros(3, np.int64)
+    requests[bad]["history_splits"] = np.array([0, 1, 3], np.int64)
+    start = threading.Barrier(len(requests))
+
+    def client(i: int):
+        start.wait()
+        return _rest_predict(server.rest_port, requests[i])
+
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(client, range(len(requests))))
+    for i, (status, body) in enumerate(answers):
+        if i == bad:
+            assert status == 400 and "history_items must be >= 0" in body["error"]
+        else:
+            assert status == 200, body
+            np.testing.assert_array_equal(np.asarray(body["outputs"]["score"], np.float32),
+                                          in_process(requests[i])["score"])

@@ -1,0 +1,166 @@
+"""Version pick-up without dropped requests, warm-up records, graceful stop, and `xgr serve`."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
+
+from tf_frontend.serving.config import BatchingConfig
+from tests.serving.helpers import (columnar, history_reference, http, random_request,
+                                   save_history_model, start_server)
+
+PREDICT = "/v1/models/recs:predict"
+
+
+def _wait_for(condition, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return
+        time.sleep(0.05)
+    raise AssertionError("condition not reached in time")
+
+
+def _states(port):
+    _, body = http(port, "/v1/models/recs")
+    return {int(v["version"]): v["state"] for v in body["model_version_status"]}
+
+
+def test_new_version_is_picked_up_without_dropping_requests(model_base, tmp_path):
+    base = tmp_path / "recs"
+    shutil.copytree(os.path.join(model_base, "1"), base / "1")
+    server = start_server(str(base), file_system_poll_wait_seconds=0.2,
+                          batching=BatchingConfig(max_batch_size=8, batch_timeout_micros=2000))
+    failures, answered_by, stop = [], [], threading.Event()
+    request = random_request(np.random.default_rng(20), rows=2)
+    by_scale = {s: history_reference(s, **request)["score"] for s in (1.0, 2.0)}
+
+    def client():
+        while not stop.is_set():
+            status, body = http(server.rest_port, PREDICT, {"inputs": columnar(request)})
+            if status != 200:
+                failures.append(body)
+                continue
+            score = np.asarray(body["outputs"]["score"], np.float32)
+            match = [s for s, ref in by_scale.items() if np.allclose(score, ref, rtol=1e-6)]
+            answered_by.append(match[0] if match else None)
+
+    clients = [threading.Thread(target=client) for _ in range(3)]
+    try:
+        for c in clients:
+            c.start()
+        staging = tmp_path / "staging"
+        save_history_model(str(staging), 2.0)
+        os.rename(staging, base / "2")  # appears complete, as a copy-then-rename deploy does
+        _wait_for(lambda: _states(server.rest_port) == {2: "AVAILABLE", 1: "END"})
+        count = len(answered_by)
+        _wait_for(lambda: len(answered_by) > count + 3)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join()
+        server.stop()
+    assert not failures
+    assert None not in answered_by
+    assert answered_by[0] == 1.0 and answered_by[-1] == 2.0
+    first_new = answered_by.index(2.0)
+    assert set(answered_by[first_new:]) == {2.0}
+
+
+def _write_warmup(version_dir, requests):
+    os.makedirs(os.path.join(version_dir, "assets.extra"), exist_ok=True)
+    path = os.path.join(version_dir, "assets.extra", "tf_serving_warmup_requests")
+    with tf.io.TFRecordWriter(path) as writer:
+        for request in requests:
+            proto = predict_pb2.PredictRequest()
+            proto.model_spec.name = "recs"
+            for name, array in request.items():
+                proto.inputs[name].CopyFrom(tf.make_tensor_proto(array))
+            log = prediction_log_pb2.PredictionLog(
+                predict_log=prediction_log_pb2.PredictLog(request=proto))
+            writer.write(log.SerializeToString())
+
+
+def test_warmup_runs_and_a_failing_warmup_fails_only_that_version(model_base, tmp_path):
+    base = tmp_path / "recs"
+    shutil.copytree(os.path.join(model_base, "1"), base / "1")
+    rng = np.random.default_rng(21)
+    _write_warmup(base / "1", [random_request(rng, 2), random_request(rng, 1)])
+    server = start_server(str(base), file_system_poll_wait_seconds=0.2)
+    try:
+        labels = {"model_name": "recs"}
+        assert server.metrics.registry.get_sample_value("xgr_serving_batch_size_count", labels) == 2
+        shutil.copytree(os.path.join(model_base, "1"), tmp_path / "staging")
+        broken = random_request(rng, 1)
+        broken["history_items"] = -np.ones(len(broken["history_items"]) or 1, np.int64)
+        broken["history_times"] = np.zeros(len(broken["history_items"]), np.int64)
+        broken["history_splits"] = np.array([0, len(broken["history_items"])], np.int64)
+        _write_warmup(tmp_path / "staging", [broken])
+        os.rename(tmp_path / "staging", base / "2")
+        _wait_for(lambda: _states(server.rest_port).get(2) == "END")
+        _, body = http(server.rest_port, "/v1/models/recs/versions/2")
+        status = body["model_version_status"][0]["status"]
+        assert status["error_code"] == "UNKNOWN" and "warm-up request 0 failed" in status["error_message"]
+        code, answer = http(server.rest_port, PREDICT, {"inputs": columnar(random_request(rng, 1))})
+        assert code == 200 and _states(server.rest_port)[1] == "AVAILABLE"
+    finally:
+        server.stop()
+
+
+def test_stop_finishes_in_flight_requests_then_refuses(model_base):
+    server = start_server(model_base, file_system_poll_wait_seconds=0,
+                          batching=BatchingConfig(max_batch_size=64, batch_timeout_micros=1_500_000))
+    request = random_request(np.random.default_rng(22), rows=2)
+    result = {}
+    waiting = threading.Thread(target=lambda: result.update(
+        answer=http(server.rest_port, PREDICT, {"inputs": columnar(request)})))
+    waiting.start()
+    time.sleep(0.5)  # the request now waits in the batch queue (1.5 s timeout)
+    server.stop()
+    waiting.join()
+    status, body = result["answer"]
+    assert status == 200
+    np.testing.assert_allclose(body["outputs"]["score"], history_reference(1.0, **request)["score"],
+                               rtol=1e-6)
+    with pytest.raises(OSError):
+        http(server.rest_port, "/healthz")
+
+
+def test_xgr_serve_subprocess_json_logs_and_sigterm(model_base):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "bridge.cli.main", "serve", "--model_name=recs",
+         f"--model_base_path={model_base}", "--port=0", "--rest_api_port=0",
+         "--bind_address=127.0.0.1", "--enable_batching", "--max_history_events=3"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        line = process.stdout.readline()
+        assert "rest port" in line, process.stderr.read()
+        rest_port = int(line.rsplit(" ", 1)[1])
+        request = random_request(np.random.default_rng(23), rows=2, max_events=3)
+        status, body = http(rest_port, PREDICT, {"inputs": columnar(request)})
+        assert status == 200, body
+        too_long = dict(columnar(request), history_items=[1] * 4, history_times=[0] * 4,
+                        history_splits=[0, 4, 4])
+        status, body = http(rest_port, PREDICT, {"inputs": too_long})
+        assert status == 400 and "maximum history length is 3" in body["error"]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    logs = [json.loads(x) for x in process.stderr.read().splitlines() if x.startswith("{")]
+    messages = [entry["message"] for entry in logs]
+    assert "model version available" in messages and messages[-1] == "stopped"
+    available = logs[messages.index("model version available")]
+    assert available["version"] == 1 and available["level"] == "INFO"
