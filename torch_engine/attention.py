@@ -56,17 +56,16 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q: ``[B, L, Hq, D]``; k, v: ``[B, L, Hkv, D]``; segment_ids: ``[B, L]`` (-1 = padding) or
     None (every slot valid). Returns ``[B, L, Hq, D]``; rows of padding slots are meaningless.
     """
-    group = q.shape[2] // k.shape[2]
     qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    if group > 1:
-        kt, vt = kt.repeat_interleave(group, 1), vt.repeat_interleave(group, 1)
+    gqa = q.shape[2] != k.shape[2]
     if MaskMode(mode) is MaskMode.CAUSAL:
         # Right padding sits after every valid key, so the causal rule already excludes it.
-        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True)
+        out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=gqa)
     else:
         require(segment_ids is not None, ConfigError,
                 f"mask mode {MaskMode(mode).value!r} needs segment_ids")
-        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense_mask(segment_ids, mode))
+        out = F.scaled_dot_product_attention(qt, kt, vt, attn_mask=dense_mask(segment_ids, mode),
+                                             enable_gqa=gqa)
     return out.transpose(1, 2)
 
 

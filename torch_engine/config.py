@@ -163,12 +163,16 @@ class EngineConfig:
     dtype: compute dtype name for the model weights and KV ("bfloat16" on GPU, "float32" on
         CPU); None keeps the model's dtype.
     max_exclude: widest per-request ``exclude_items`` row accepted.
+    cuda_graphs: on CUDA, replay a captured decode loop per batch shape (see ``graphs``).
+    max_graphs: captured shapes kept (least recently used dropped first).
     """
 
     max_beam_width: int = 512
     attention_backend: str = "auto"
     dtype: str | None = None
     max_exclude: int = 4096
+    cuda_graphs: bool = True
+    max_graphs: int = 8
 
     def __post_init__(self) -> None:
         require(isinstance(self.max_beam_width, int) and self.max_beam_width >= 1, ConfigError,
@@ -180,3 +184,5 @@ class EngineConfig:
                 f"EngineConfig.dtype must be None or one of {DTYPES}, got {self.dtype!r}")
         require(isinstance(self.max_exclude, int) and self.max_exclude >= 0, ConfigError,
                 f"EngineConfig.max_exclude must be a non-negative int, got {self.max_exclude!r}")
+        require(isinstance(self.max_graphs, int) and self.max_graphs >= 1, ConfigError,
+                f"EngineConfig.max_graphs must be a positive int, got {self.max_graphs!r}")

@@ -16,6 +16,7 @@ from torch_engine.attention import resolve_backend
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.errors import ConfigError, require
+from torch_engine.graphs import DecodeGraphs
 from torch_engine.inputs import RequestBatch, check_inputs
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
 from torch_engine.layout import MaskMode
@@ -53,6 +54,8 @@ class Engine:
         self.device = next(model.parameters()).device
         self.catalog = catalog.to(self.device)
         self.backend = resolve_backend(config.attention_backend, self.device)
+        use_graphs = config.cuda_graphs and self.device.type == "cuda"
+        self.graphs = DecodeGraphs(self, config.max_graphs) if use_graphs else None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -82,8 +85,12 @@ class Engine:
 
     def search(self, batch: RequestBatch, beam_width: int, top_k: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The device part of ``recommend`` on checked inputs (see ``inputs.check_inputs``)."""
-        return self.decode(self.prefill(batch), beam_width, top_k)
+        """The device part of ``recommend`` on checked inputs (see ``inputs.check_inputs``);
+        on CUDA the decode loop replays a captured graph unless ``config.cuda_graphs`` is off."""
+        state = self.prefill(batch)
+        if self.graphs is not None:
+            return self.graphs.run(state, beam_width, top_k)
+        return self.decode(state, beam_width, top_k)
 
     def prefill(self, batch: RequestBatch) -> PrefillState:
         """Pack the prompts and run them once, writing the shared KV.

@@ -25,6 +25,7 @@ class PackedPrompt:
     segment_ids: ``[T]`` int32 packed segment ids;
     gather: ``[B, Lmax]`` int64 packed row of each padded slot (clamped for padding);
     valid: ``[B, Lmax]`` bool, True where the padded slot holds a token;
+    rows: ``[T]`` int64 flat padded slot (``b * Lmax + l``) of each packed token;
     mode: the prefill mask rule.
     """
 
@@ -34,6 +35,7 @@ class PackedPrompt:
     segment_ids: torch.Tensor
     gather: torch.Tensor
     valid: torch.Tensor
+    rows: torch.Tensor
     mode: MaskMode
 
     @classmethod
@@ -41,7 +43,8 @@ class PackedPrompt:
                     mode: MaskMode) -> "PackedPrompt":
         """Describe right-padded rows ``valid [B, Lmax]`` (bool) with ``segment_ids [B, Lmax]``.
 
-        Uses only tensor ops (no host reads), so it traces; ``T`` is ``valid.sum()``.
+        ``T`` is data-dependent: finding the valid slots (``nonzero``) is the one place the
+        host waits for the device; packing and unpacking afterwards are plain gathers.
         """
         lengths = valid.sum(dim=1)
         cu = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=valid.device)
@@ -50,14 +53,14 @@ class PackedPrompt:
         slots = torch.arange(width, device=valid.device)
         total = cu[-1:]
         gather = torch.minimum(cu[:-1, None] + slots[None, :], (total - 1).clamp(min=0))
-        positions = slots[None, :].expand_as(valid)[valid]
-        return cls(lengths=lengths, cu_seqlens=cu.to(torch.int32), positions=positions,
-                   segment_ids=segment_ids[valid].to(torch.int32), gather=gather,
-                   valid=valid, mode=MaskMode(mode))
+        rows = torch.nonzero(valid.flatten()).squeeze(1)
+        return cls(lengths=lengths, cu_seqlens=cu.to(torch.int32), positions=rows % width,
+                   segment_ids=segment_ids.flatten()[rows].to(torch.int32), gather=gather,
+                   valid=valid, rows=rows, mode=MaskMode(mode))
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """``[B, Lmax, ...]`` -> ``[T, ...]`` (the valid slots, request by request)."""
-        return padded[self.valid]
+        return padded.flatten(0, 1)[self.rows]
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
         """``[T, ...]`` -> ``[B, Lmax, ...]``; padding slots hold copies of other rows."""

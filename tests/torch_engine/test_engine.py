@@ -229,17 +229,37 @@ def test_decode_loop_runs_on_cuda_without_host_sync(width, backend):
                         Catalog.from_arrays(ids, codes), EngineConfig(attention_backend=backend))
     tokens, lengths, segs = prompts(8, [30, 12, 21])
     exclude = torch.tensor([[int(ids[0]), -1], [int(ids[1]), int(ids[2])], [-1, -1]])
-    expected = cpu_engine.recommend(tokens, lengths, segs, beam_width=width, top_k=40,
+    expected = cpu_engine.recommend(tokens, lengths, segs, beam_width=width, top_k=20,
                                     exclude_items=exclude)
-    batch = check_inputs(gpu_engine, tokens.cuda(), lengths.cuda(), segs.cuda(), width, 40,
+    batch = check_inputs(gpu_engine, tokens.cuda(), lengths.cuda(), segs.cuda(), width, 20,
                          None, exclude.cuda())
     with torch.no_grad():
         state = gpu_engine.prefill(batch)
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            items, scores = gpu_engine.decode(state, width, 40)
+            items, scores = gpu_engine.decode(state, width, 20)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(items.cpu(), expected[0])
     torch.testing.assert_close(scores.cpu(), expected[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_graph_replays_equal_eager_decode_across_batches(backend):
+    """Two batches of one shape key but different lengths (different packed T) replay the one
+    captured graph and match eager decoding."""
+    ids, codes = small_world(seed=9, n=3000, used_codes=12)
+    model = Model.from_preset("tiny", seed=11, device="cuda")
+    catalog = Catalog.from_arrays(ids, codes)
+    graphed = Engine(model, catalog, EngineConfig(attention_backend=backend))
+    eager = Engine(model, catalog, EngineConfig(attention_backend=backend, cuda_graphs=False))
+    for seed, lengths in ((10, [30, 12, 21]), (11, [5, 30, 9])):
+        tokens, lens, segs = prompts(seed, lengths, width=30)
+        args = (tokens.cuda(), lens.cuda(), segs.cuda())
+        got = graphed.recommend(*args, beam_width=32, top_k=50)
+        want = eager.recommend(*args, beam_width=32, top_k=50)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert len(graphed.graphs) == 1
