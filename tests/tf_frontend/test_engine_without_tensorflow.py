@@ -41,7 +41,8 @@ CHILD = textwrap.dedent("""
 
 
 def test_torch_engine_and_its_submodules_import_without_tensorflow():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
