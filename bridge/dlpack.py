@@ -31,7 +31,7 @@ from bridge.dtypes import TO_TF, TO_TORCH, Mode, condition, dtype_rule, render_m
 from torch_engine.errors import BridgeError, InvalidInputError
 
 TF_ALIGNMENT = 64  # bytes; EIGEN_MAX_ALIGN_BYTES of TF's CPU kernels (tf.sysconfig flags)
-_CPU, _CUDA = torch.device("cpu"), torch.device("cuda")
+_CPU = torch.device("cpu")
 # Enum members as plain names: attribute lookups on the Enum class cost ~0.3 us each here.
 _ZERO_COPY, _COPY, _REJECTED = Mode.ZERO_COPY, Mode.COPY, Mode.REJECTED
 
@@ -149,12 +149,14 @@ def to_torch(tf_tensor: tf.Tensor, device: str | torch.device | None = None) -> 
     return out if _same_device(out.device, plan.target_device) else out.to(plan.target_device)
 
 
-def plan_torch_to_tf(dtype: str, device_type: str, *, strided: bool = True,
+def plan_torch_to_tf(dtype: str, device: str | torch.device, *, strided: bool = True,
                      contiguous: bool = True, aligned: bool = True, lazy_bits: bool = False,
                      requires_grad: bool = False, tf_has_gpu: bool = False) -> HandOff:
     """Plan for a torch tensor with these properties going to TF. Raises ``BridgeError`` for
     anything rejected. Pure: testable for devices this host lacks."""
-    what = f"a {dtype} tensor on {device_type}"
+    device = torch.device(device)
+    device_type = device.type
+    what = f"a {dtype} tensor on {device}"
     if not strided:
         raise _reject(TO_TF, what, condition("non_strided", TO_TF).reason)
     if device_type not in ("cpu", "cuda"):
@@ -163,7 +165,7 @@ def plan_torch_to_tf(dtype: str, device_type: str, *, strided: bool = True,
     rule = dtype_rule(dtype, TO_TF, tf_on_gpu=on_gpu)
     if rule.mode is _REJECTED:
         raise _reject(TO_TF, what, rule.reason)
-    target = _CUDA if on_gpu and rule.mode is _ZERO_COPY else _CPU
+    target = device if on_gpu and rule.mode is _ZERO_COPY else _CPU
     flags = (("requires_grad", requires_grad), ("lazy_conj_or_neg", lazy_bits),
              ("cuda_without_tf_gpu", device_type == "cuda" and not tf_has_gpu),
              ("non_contiguous", not contiguous), ("unaligned", contiguous and not aligned))
@@ -174,7 +176,7 @@ def plan_torch_to_tf(dtype: str, device_type: str, *, strided: bool = True,
         reasons.append(rule.reason)
     copies = any(condition(k, TO_TF).mode is _COPY for k in steps if k != "host_staging")
     mode = _COPY if copies or rule.mode is _COPY else _ZERO_COPY
-    return HandOff(TO_TF, mode, torch.device(device_type), target, tuple(steps), tuple(reasons))
+    return HandOff(TO_TF, mode, device, target, tuple(steps), tuple(reasons))
 
 
 @functools.cache
@@ -190,7 +192,7 @@ def plan_to_tf(torch_tensor: torch.Tensor) -> HandOff:
     t = torch_tensor
     strided = t.layout == torch.strided
     return plan_torch_to_tf(
-        str(t.dtype)[6:], t.device.type, strided=strided,
+        str(t.dtype)[6:], t.device, strided=strided,
         contiguous=strided and t.is_contiguous(),
         aligned=strided and t.data_ptr() % TF_ALIGNMENT == 0,
         lazy_bits=t.is_conj() or t.is_neg(), requires_grad=t.requires_grad,
