@@ -32,8 +32,7 @@ class Comparison:
 
 
 def to_numpy(value) -> np.ndarray:
-    """TF / torch / numpy value as numpy; ragged TF tensors as ``concat(values, row_splits)``
-    is not meaningful, so they compare as their flat values and row splits in turn."""
+    """A dense TF / torch / numpy value as numpy (ragged values go through ``ragged_parts``)."""
     if hasattr(value, "flat_values"):
         raise TypeError("ragged values are compared through ragged_parts()")
     if hasattr(value, "numpy"):

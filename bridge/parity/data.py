@@ -60,6 +60,9 @@ def load_npz(path: Path) -> list[dict[str, Any]]:
 
 
 def _feature_spec(model: keras.Model) -> dict[str, Any]:
+    if not getattr(model, "inputs", None):
+        raise InvalidInputError("TFRecord data needs a Functional model (its inputs give the "
+                                "feature spec); use an .npz file for this model")
     spec = {}
     for ref in model.inputs:
         dtype = tf.as_dtype(ref.dtype)

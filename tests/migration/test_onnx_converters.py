@@ -136,3 +136,44 @@ def test_opset_too_old_for_every_version_is_refused():
     model.opset_import[0].version = 16
     with pytest.raises(ConversionError, match="only from opset 17"):
         OnnxGraphModule(*graph_from_onnx(model))
+
+
+def test_constant_subgraphs_fold_once_at_build():
+    """Shape arithmetic on constants (as tf2onnx emits for Reshape) is evaluated at build time;
+    only the node touching the runtime input remains a step."""
+    shape = helper.make_node("Constant", [], ["shape"], name="c",
+                             value=numpy_helper.from_array(const([3, 2])))
+    first = helper.make_node("Unsqueeze", ["shape", "zero"], ["shape_2d"], name="u")
+    flat = helper.make_node("Squeeze", ["shape_2d", "zero"], ["target"], name="s")
+    reshape = helper.make_node("Reshape", ["x0", "target"], ["y"], name="r")
+    graph = helper.make_graph(
+        [shape, first, flat, reshape], "fold",
+        [helper.make_tensor_value_info("x0", TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 2])],
+        [numpy_helper.from_array(const([0]), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    module = OnnxGraphModule(*graph_from_onnx(model))
+    assert [node.name for node, _ in module._steps] == ["r"]
+    x = rand(2, 3)
+    np.testing.assert_array_equal(module(torch.from_numpy(x)).numpy(), x.reshape(3, 2))
+
+
+def test_weights_become_parameters_and_shapes_buffers():
+    model = single_node_model("MatMul", 17, {}, [rand(2, 4)], {"w": rand(4, 3)})
+    module = OnnxGraphModule(*graph_from_onnx(model))
+    assert [tuple(p.shape) for p in module.parameters()] == [(4, 3)]
+
+
+def test_custom_domain_node_without_twin_is_refused():
+    model = single_node_model("Relu", 17, {}, [rand(2)], {})
+    model.graph.node[0].domain = "xgr.custom"
+    model.graph.node[0].op_type = "XgrNoSuchOp"
+    with pytest.raises(ConversionError, match="custom op XgrNoSuchOp has no Torch twin"):
+        OnnxGraphModule(*graph_from_onnx(model))
+
+
+def test_wrong_input_rank_is_named():
+    model = single_node_model("Relu", 17, {}, [rand(2, 3)], {})
+    module = OnnxGraphModule(*graph_from_onnx(model))
+    with pytest.raises(Exception, match="input 'x0': expected rank 2"):
+        module(torch.zeros(6))
