@@ -81,9 +81,9 @@ def _auto(plan: MigrationPlan, plan_path: Path, stages: list[str]) -> int:
     batch = load_batches(FLAGS.data, model, FLAGS.batch_size)[0] if FLAGS.data else None
     if FLAGS.dry_run:
         from bridge.migration.convert import convert_stages
-        results = convert_stages(model, names, batch)
+        results = convert_stages(model, names, batch, progress=True)
     else:
-        plan, results = auto_migrate(plan, plan_path.parent, model, names, batch)
+        plan, results = auto_migrate(plan, plan_path.parent, model, names, batch, progress=True)
         save_plan(plan, plan_path)
     for result in results:
         if result.ok:

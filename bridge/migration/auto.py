@@ -26,10 +26,10 @@ def stage_folder(name: str) -> str:
 
 
 def auto_migrate(plan: MigrationPlan, plan_dir: str | Path, model: keras.Model,
-                 names: list[str], batch: Mapping[str, Any] | None = None
-                 ) -> tuple[MigrationPlan, list[StageConversion]]:
+                 names: list[str], batch: Mapping[str, Any] | None = None,
+                 progress: bool = False) -> tuple[MigrationPlan, list[StageConversion]]:
     """Convert ``names``; returns the updated plan (not yet saved) and every stage's outcome."""
-    results = convert_stages(model, names, batch)
+    results = convert_stages(model, names, batch, progress)
     for result in results:
         if result.ok:
             folder = stage_folder(result.name)

@@ -19,6 +19,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 import torch
+from tqdm import tqdm
 
 from bridge.dlpack import to_torch
 from bridge.migration.onnx_export import first_line, to_onnx, validate_onnx
@@ -162,7 +163,8 @@ def convert_sample(sample: StageSample) -> StageConversion:
 
 
 def convert_stages(model: keras.Model, names: list[str] | None = None,
-                   batch: Mapping[str, Any] | None = None) -> list[StageConversion]:
+                   batch: Mapping[str, Any] | None = None,
+                   progress: bool = False) -> list[StageConversion]:
     """Convert the named stages (all when None). Samples come from ``batch`` when given (needed
     for subclassed models), else from random inputs shaped like a Functional stage's inputs."""
     staged = StagedModel(model)
@@ -174,7 +176,7 @@ def convert_stages(model: keras.Model, names: list[str] | None = None,
         raise MigrationError("converting stages of a subclassed model needs a batch of real "
                              "inputs (xgr migrate auto --data BATCHES)")
     results = []
-    for name in names:
+    for name in tqdm(names, desc="converting stages", unit="stage", disable=not progress):
         if batch is not None:
             sample = StageSample(name, staged.layer(name), *staged.capture(batch, name))
         else:

@@ -12,6 +12,7 @@ from bridge.migration.plan import MigrationPlan, StagePlan
 from bridge.migration.runner import PlanRunner
 from bridge.parity.harness import run_parity
 from bridge.parity.pytest_helper import assert_parity
+from bridge.parity.pytest_plugin import parity  # noqa: F401  (the fixture, as users enable it)
 from torch_engine.errors import MigrationError, ParityError
 
 TWINS = "bridge.migration.keras_twins"
@@ -94,3 +95,13 @@ def test_batch_must_name_the_model_inputs():
     runner = PlanRunner(MigrationPlan("toy_models:mlp"), ".")
     with pytest.raises(Exception, match="missing \\['x'\\], unexpected \\['y'\\]"):
         runner.run({"y": tf.zeros((2, toy_models.FEATURES))})
+
+
+def test_parity_fixture_writes_its_report_and_fails_with_its_path(parity, tmp_path):
+    good = MigrationPlan("toy_models:mlp", (StagePlan("head", "torch", module=f"{TWINS}:Dense"),))
+    assert parity(good, toy_models.mlp_batches(1)).passed
+    assert (tmp_path / "parity_report" / "parity_report.html").is_file()
+    broken = MigrationPlan("toy_models:mlp", (StagePlan("head", "torch",
+                                                        module="toy_models:BrokenDense"),))
+    with pytest.raises(ParityError, match=f"first failing stage 'head'(.|\n)*report: {tmp_path}"):
+        parity(broken, toy_models.mlp_batches(1))
