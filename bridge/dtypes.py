@@ -64,6 +64,9 @@ _QUANTIZED_TF = Rule(Mode.REJECTED, "DLPack has no quantized types; tf.bitcast t
 _QUANTIZED_TORCH = Rule(Mode.REJECTED, "DLPack has no quantized types; hand over `.int_repr()` "
                                        "and the scale/zero point separately")
 _NO_TORCH_TYPE = Rule(Mode.REJECTED, "torch has no such dtype")
+_STRING = Rule(Mode.REJECTED, "TF strings are not fixed-width; tf.experimental.dlpack would abort "
+                              "the process (DataTypeCanUseMemcpy). Map strings to ids in TF "
+                              "(StringLookup, Hashing)")
 
 DTYPES: tuple[DtypeSupport, ...] = (
     DtypeSupport("float16", _ZERO, _ZERO),
@@ -82,10 +85,7 @@ DTYPES: tuple[DtypeSupport, ...] = (
     DtypeSupport("bool", _ZERO, _ZERO),
     DtypeSupport("complex64", _ZERO, _ZERO),
     DtypeSupport("complex128", _ZERO, _ZERO),
-    DtypeSupport("string", Rule(Mode.REJECTED, "TF strings are not fixed-width; tf.experimental."
-                                               "dlpack would abort the process (DataTypeCanUseMemcpy)"
-                                               ". Map strings to ids in TF (StringLookup, Hashing)"),
-                 _NO_TORCH_TYPE),
+    DtypeSupport("string", _STRING, _NO_TORCH_TYPE),
     DtypeSupport("resource", Rule(Mode.REJECTED, "a handle, not data; DLPack export would abort "
                                                  "the process. Read the variable's value first"),
                  _NO_TORCH_TYPE),

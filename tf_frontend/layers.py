@@ -24,7 +24,8 @@ class XgrCleanSequence(keras.layers.Layer):
 
     def __init__(self, window_seconds: int, keep_last: int, **kwargs):
         super().__init__(**kwargs)
-        require(window_seconds > 0, ConfigError, f"window_seconds must be > 0, got {window_seconds}")
+        require(window_seconds > 0, ConfigError,
+                f"window_seconds must be > 0, got {window_seconds}")
         require(keep_last >= 1, ConfigError, f"keep_last must be >= 1, got {keep_last}")
         self.window_seconds = int(window_seconds)
         self.keep_last = int(keep_last)
