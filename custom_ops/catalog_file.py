@@ -26,6 +26,7 @@ from torch_engine.errors import CatalogError, require
 
 MAGIC = b"XGRSID01"
 HEADER_BYTES = 32
+MAX_LEVELS = 2**20  # the ops' bound on the ``levels`` attribute
 
 
 @dataclass(frozen=True)
@@ -90,7 +91,9 @@ def read_catalog(path: str | os.PathLike) -> CatalogArrays:
         magic = f.read(8)
         n, levels, codebook_size = (int(v) for v in np.frombuffer(f.read(24), dtype="<i8"))
     require(magic == MAGIC, CatalogError, f"catalog file {path} does not start with {MAGIC!r}")
-    require(n >= 0 and levels >= 1 and size == HEADER_BYTES + n * (8 + 4 * levels),
+    require(1 <= levels <= MAX_LEVELS, CatalogError,
+            f"catalog file {path} announces levels={levels}, outside [1, {MAX_LEVELS}]")
+    require(n >= 0 and size == HEADER_BYTES + n * (8 + 4 * levels),
             CatalogError, f"catalog file {path} has {size} bytes; its header announces {n} "
             f"items of {levels} levels, which needs 32 + N * (8 + 4 * levels) bytes")
     data = np.memmap(path, dtype=np.uint8, mode="r")

@@ -39,11 +39,14 @@ class SemanticIdTable(tf.saved_model.experimental.TrackableResource):
             codebook_size = header.codebook_size if codebook_size is None else codebook_size
         self._levels = int(levels)
         self._codebook_size = int(codebook_size)
-        # A unique name per table: two tables never share a resource, while loading the same
-        # SavedModel twice re-initialises its one table from the same file.
+        # A unique name per table, so two tables never share a resource (tf.saved_model.load
+        # also suffixes shared names per load, so two loads of one SavedModel stay apart).
         self._shared_name = f"xgr_semantic_id_table_{uuid.uuid4().hex}"
         super().__init__()
-        self._asset = tf.saved_model.Asset(os.fspath(catalog_path))
+        # TrackableResource does not track attributes by itself: without this the saved init
+        # function would keep the original absolute path instead of the SavedModel's asset.
+        self._asset = self._track_trackable(tf.saved_model.Asset(os.fspath(catalog_path)),
+                                            name="catalog")
         with tf.init_scope():
             self._initialize()
 
@@ -78,6 +81,7 @@ class SemanticIdTable(tf.saved_model.experimental.TrackableResource):
             levels=self._levels, codebook_size=self._codebook_size)
 
     def _destroy_resource(self):
+        # Frees the catalog when this object (or its restored copy) is collected.
         tf.raw_ops.DestroyResourceOp(resource=self.resource_handle, ignore_lookup_error=True)
 
     def size(self) -> tf.Tensor:

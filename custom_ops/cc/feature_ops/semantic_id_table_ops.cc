@@ -3,7 +3,7 @@
 // XgrSemanticIdTableHandle names a table in the resource manager (like HashTableV2); one of
 // the init ops builds its catalog, from a catalog file (the SavedModel asset route, so a large
 // catalog is never a graph constant) or from two arrays. Initialising again replaces the
-// catalog atomically: loading the same SavedModel twice re-reads the same file.
+// catalog atomically; lookups already running keep the catalog they started with.
 #include <memory>
 #include <string>
 
