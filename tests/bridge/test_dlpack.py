@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 import tensorflow as tf
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 
 from bridge.dlpack import plan_to_tf, plan_to_torch, tf_data_pointer, to_tf, to_torch
@@ -228,3 +230,23 @@ def test_directions_are_named_in_errors():
         to_torch(quantized)
     with pytest.raises(BridgeError, match="Torch -> TF: a float8_e5m2 tensor"):
         to_tf(torch.zeros(2).to(torch.float8_e5m2))
+
+
+@settings(max_examples=60, deadline=None)
+@given(dtype=st.sampled_from(["float32", "float16", "int64", "int8", "bool", "complex64"]),
+       shape=st.lists(st.integers(0, 5), min_size=1, max_size=3),
+       offset=st.integers(0, 3), step=st.integers(1, 2), transpose=st.booleans())
+def test_any_strided_view_reaches_tf_with_its_values_and_aligned(dtype, shape, offset, step,
+                                                                 transpose):
+    """Property: whatever view torch hands over, TF sees the view's values in aligned memory."""
+    numel = int(np.prod(shape)) * step + offset
+    base = torch.from_numpy(_sample(dtype, (numel,))).to(getattr(torch, dtype)).clone()
+    view = base[offset:][::step][:int(np.prod(shape))].reshape(shape)
+    if transpose and view.dim() >= 2:
+        view = view.transpose(0, -1)
+    x = to_tf(view)
+    np.testing.assert_array_equal(x.numpy(), view.numpy())
+    if view.numel():  # empty tensors have no buffer to share or align
+        assert tf_data_pointer(x) % 64 == 0
+        shared = tf_data_pointer(x) == view.data_ptr()
+        assert shared == (plan_to_tf(view).mode is Mode.ZERO_COPY)
