@@ -208,11 +208,11 @@ def decode_part(results: list) -> None:
 
 def decode_sweep(sweep: list) -> None:
     """Tile configs at W 256, prompt 1024: splits matter at batch 1, tiles at batch 16."""
-    tiles = ((128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 8, 2), (64, 64, 4, 2), (128, 128, 8, 2))
+    tiles = ((128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 64, 8, 4), (128, 32, 8, 3))
     for name in HEADS:
         hq, hkv, dim = HEADS[name]
-        for batch, shapes in ((1, tiles[:2]), (16, tiles)):
-            splits = (2, 4, 8) if batch == 1 else (1, 2)
+        for batch, shapes in ((1, tiles[:1]), (16, tiles)):
+            splits = (3, 4, 6) if batch == 1 else (1,)
             configs = [DecodeConfig(m, n, s, w, st) for m, n, w, st in shapes for s in splits]
             for config in tqdm(configs, desc=f"decode sweep {name} b{batch}"):
                 got = safe(time_triton_decode, (batch, 256, hq, hkv, dim, 1024), config)
@@ -313,8 +313,8 @@ def prefill_part(results: list) -> None:
 def prefill_sweep(sweep: list) -> None:
     """Tile configs at batch 4, L 4096, item-level causal."""
     configs = [PrefillConfig(m, n, w, st) for m, n, w, st in
-               ((128, 64, 8, 3), (128, 64, 4, 3), (128, 128, 8, 3), (64, 64, 8, 3),
-                (64, 64, 4, 3), (128, 32, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2))]
+               ((64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 32, 4, 3),
+                (64, 128, 4, 3), (128, 64, 4, 3))]
     for name in HEADS:
         hq, hkv, dim = HEADS[name]
         batch, length = 4, 4096

@@ -78,11 +78,13 @@ def _needed_tiles(cu, seg, mode, block_m, block_n, num_tiles):
     return expected
 
 
+@pytest.mark.parametrize("profile", [20, 40], ids=["short-profile", "long-profile"])
 @pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
-def test_visits_only_key_tiles_with_allowed_keys(kt, gen, mode):
-    # 6-token items and a 20-token profile in 16-token tiles: many tiles, many skipped.
+def test_visits_only_key_tiles_with_allowed_keys(kt, gen, mode, profile):
+    # 6-token items in 16-token tiles: many tiles, many skipped. A 40-token profile outruns
+    # the one-tile scan for segment bounds, so the binary-search fallback runs too.
     lengths = [70, 1, 37]
-    inputs = _inputs(kt, gen, lengths, 1, 1, 16, torch.float32, profile=20, item=6)
+    inputs = _inputs(kt, gen, lengths, 1, 1, 16, torch.float32, profile=profile, item=6)
     config = PrefillConfig(block_m=16, block_n=16, num_stages=1)
     num_tiles = sum(lengths) // 16 + len(lengths)
     stats = torch.full((num_tiles, 1), -1, dtype=torch.int32, device=gen.device)

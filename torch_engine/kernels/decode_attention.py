@@ -39,7 +39,7 @@ class DecodeConfig:
     block_n: int
     splits: int
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
 
 
 @triton.jit
@@ -126,7 +126,8 @@ def _decode_partial_kernel(
         # Partial state of this split: normalised output and log2-sum-exp (-inf when empty).
         part = (pid_bh * SPLITS + split) * width * GROUP + rows
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :],
+                 out.to(part_o_ptr.dtype.element_ty), mask=row_ok[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1.0e-30)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
 
@@ -155,7 +156,7 @@ def _decode_merge_kernel(
         part = base + s * width * GROUP
         weight = tl.exp2(tl.load(part_lse_ptr + part, mask=row_ok, other=0.0) - lse_max)
         o = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=row_ok[:, None],
-                    other=0.0)
+                    other=0.0).to(tl.float32)
         total += weight
         acc += weight[:, None] * o
     beam = rows // GROUP
@@ -209,11 +210,12 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     chunks shorter than two key tiles of the mean prompt length ``T / B``.
     """
     rows = width * group
-    # 8 warps: at 4 warps these tiles need > 255 registers and spill (ptxas, sm_90).
+    # 128x64 tiles, 8 warps, 3 stages: fastest of 16 tilings at W 256, prompt 1024 on an H200
+    # for both head sizes (benchmarks/notes/attention.md).
     if c.interpreting():
         block_m, block_n, warps = 16, 16, 4
     else:
-        block_m = 128 if head_dim <= 64 and rows > 64 else 64
+        block_m = 128 if rows > 64 else 64
         block_n, warps = 64, 8
     tiles = batch * num_kv_heads * triton.cdiv(rows, block_m)
     mean_len = max(1, total_tokens // max(batch, 1))
@@ -223,7 +225,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     chunk_tiles = triton.cdiv(triton.cdiv(mean_len, splits), block_n)
     splits = triton.cdiv(mean_len, chunk_tiles * block_n)
     return DecodeConfig(block_m=block_m, block_n=block_n, splits=max(1, splits),
-                        num_warps=warps, num_stages=2)
+                        num_warps=warps, num_stages=3)
 
 
 def own_beams(block_m: int, group: int) -> int:
@@ -247,8 +249,10 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     rows = width * group
     grid = (batch * hkv, triton.cdiv(rows, config.block_m), config.splits)
     if config.splits > 1:
+        # Partial outputs in the input's 16-bit type halve the merge's traffic (it dominates at
+        # batch 1); fp32 inputs keep fp32 partials. The log-sum-exps stay fp32.
         part_o = torch.empty((batch * hkv, config.splits, rows, dim), device=q.device,
-                             dtype=torch.float32)
+                             dtype=q.dtype)
         part_lse = torch.empty((batch * hkv, config.splits, rows), device=q.device,
                                dtype=torch.float32)
     else:

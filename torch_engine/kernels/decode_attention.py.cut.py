@@ -39,7 +39,7 @@ class DecodeConfig:
     block_n: int
     splits: int
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
 
 
 @triton.jit
@@ -126,7 +126,8 @@ def _decode_partial_kernel(
         # Partial state of this split: normalised output and log2-sum-exp (-inf when empty).
         part = (pid_bh * SPLITS + split) * width * GROUP + rows
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], out, mask=row_ok[:, None])
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :],
+                 out.to(part_o_ptr.dtype.element_ty), mask=row_ok[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1.0e-30)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
 
@@ -155,7 +156,7 @@ def _decode_merge_kernel(
         part = base + s * width * GROUP
         weight = tl.exp2(tl.load(part_lse_ptr + part, mask=row_ok, other=0.0) - lse_max)
         o = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=row_ok[:, None],
-                    other=0.0)
+                    other=0.0).to(tl.float32)
         total += weight
         acc += weight[:, None] * o
     beam = rows // GROUP

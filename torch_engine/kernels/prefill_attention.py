@@ -4,8 +4,9 @@ Same function as ``torch_engine.reference.prefill_attention``. The mask is never
 each ``BLOCK_M``-query tile derives it on the fly from positions and ``segment_ids``. Because
 segments are contiguous and non-decreasing within a request, the keys any tile may attend form
 one contiguous range ``[lo, hi)``, and a prefix ``[lo, full_end)`` of it is allowed for every
-query of the tile. Both come from the tile's first and last segment id and binary searches
-over the request's segment ids (a few scalar loads, no host work):
+query of the tile. Both come from the tile's first and last segment id and one vector load of
+the segment ids just past (or before) the tile; a binary search runs only when a segment is
+longer than a key tile (no host work):
 
 ============  =====================  ==============================  ==========================
 mode          lo                     hi                              full_end
@@ -23,8 +24,9 @@ softmax in float32; query tiles run longest-first.
 
 Programs map to query tiles without a host-side table: request b owns virtual tiles starting
 at ``cu_seqlens[b] // BLOCK_M + b`` (strictly increasing, leaving room for its
-``cdiv(len, BLOCK_M)`` tiles), found by a binary search over ``cu_seqlens``; at most B
-programs of the ``T // BLOCK_M + B`` launched exit at once.
+``cdiv(len, BLOCK_M)`` tiles), found by counting, in one vector load of ``cu_seqlens``, the
+requests that start at or below a tile; at most B programs of the ``T // BLOCK_M + B``
+launched exit at once.
 
 Registered as the custom op ``xgr::prefill_attention`` with a shape-only fake.
 """
@@ -78,6 +80,29 @@ def _first_greater(ptr, lo, hi, x, n_iter, OR_EQUAL: tl.constexpr):
 
 
 @triton.jit
+def _segment_end(seg_ptr, pos, end, x, n_iter, SCAN: tl.constexpr):
+    """First p in [pos, end] with seg[p] > x (end if none), given seg[pos - 1] <= x. One vector
+    load of SCAN ids; the serial binary search runs only when the segment is longer."""
+    offs = pos + tl.arange(0, SCAN)
+    vals = tl.load(seg_ptr + offs, mask=offs < end, other=x + 1)
+    found = pos + tl.sum((vals <= x).to(tl.int32), 0)
+    if found == pos + SCAN:
+        found = _first_greater(seg_ptr, pos + SCAN, end, x, n_iter, False)
+    return found
+
+
+@triton.jit
+def _segment_start(seg_ptr, start, pos, x, n_iter, SCAN: tl.constexpr):
+    """First p in [start, pos] with seg[p] >= x (pos if none), given seg[pos] >= x."""
+    offs = pos - SCAN + tl.arange(0, SCAN)
+    vals = tl.load(seg_ptr + offs, mask=offs >= start, other=x - 1)
+    found = pos - tl.sum((vals >= x).to(tl.int32), 0)
+    if found == pos - SCAN:
+        found = _first_greater(seg_ptr, start, pos - SCAN, x, n_iter, True)
+    return found
+
+
+@triton.jit
 def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, qpos, seg_q,
                  qk_scale, d, MODE: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
                  DOT_PRECISION: tl.constexpr):
@@ -115,29 +140,26 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
 @triton.jit
 def _prefill_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, seg_ptr, stats_ptr,
-        qk_scale, batch, num_tiles, req_iter, tok_iter,
+        qk_scale, batch, num_tiles, tok_iter,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, MODE: tl.constexpr, STATS: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
+        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
+        STATS: tl.constexpr, DOT_PRECISION: tl.constexpr):
     tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
     head = tl.program_id(1)
-    # Request b owns virtual tiles from cu[b] // BLOCK_M + b: find the last b at or below tile.
-    lo_b = tl.zeros([], tl.int32)
-    hi_b = batch
-    for _ in range(req_iter):
-        live = lo_b < hi_b
-        mid = (lo_b + hi_b) // 2
-        first = tl.load(cu_ptr + mid, mask=live, other=0).to(tl.int32) // BLOCK_M + mid
-        new_lo = tl.where(live & (first <= tile), mid + 1, lo_b)
-        hi_b = tl.where(live & (first > tile), mid, hi_b)
-        lo_b = new_lo
-    b = lo_b - 1
+    # Request b owns virtual tiles from cu[b] // BLOCK_M + b: count the requests starting at or
+    # below this tile (one vector load instead of a serial search).
+    reqs = tl.arange(0, BLOCK_B)
+    firsts = tl.load(cu_ptr + reqs, mask=reqs < batch, other=0).to(tl.int32) // BLOCK_M + reqs
+    b = tl.sum(((firsts <= tile) & (reqs < batch)).to(tl.int32), 0) - 1
     start = tl.load(cu_ptr + b).to(tl.int32)
     end = tl.load(cu_ptr + b + 1).to(tl.int32)
     q0 = start + (tile - (start // BLOCK_M + b)) * BLOCK_M
     if q0 < end:
         q1 = tl.minimum(q0 + BLOCK_M, end)
+        rows = q0 + tl.arange(0, BLOCK_M)
+        row_ok = rows < q1
+        seg_q = tl.load(seg_ptr + rows, mask=row_ok, other=-3)
         seg_first = tl.load(seg_ptr + q0)
         seg_last = tl.load(seg_ptr + q1 - 1)
         # Key range [lo, hi) of the tile and its all-allowed prefix [lo, full_end).
@@ -146,26 +168,25 @@ def _prefill_kernel(
         full_end = q0 + 1
         if MODE == 1:
             if (seg_first <= 0) & (seg_last >= 0):
-                profile_end = _first_greater(seg_ptr, start, end, 0, tok_iter, False)
+                profile_end = _segment_end(seg_ptr, q0, end, 0, tok_iter, BLOCK_N)
                 hi = tl.maximum(hi, profile_end)
                 if seg_first == seg_last:
                     full_end = tl.maximum(full_end, profile_end)
         elif MODE == 2:
-            lo = _first_greater(seg_ptr, start, q0, seg_first, tok_iter, True)
-            hi = _first_greater(seg_ptr, q1, end, seg_last, tok_iter, False)
+            lo = _segment_start(seg_ptr, start, q0, seg_first, tok_iter, BLOCK_N)
+            hi = _segment_end(seg_ptr, q1, end, seg_last, tok_iter, BLOCK_N)
             full_end = tl.where(seg_first == seg_last, hi, lo)
         elif MODE == 3:
-            hi = _first_greater(seg_ptr, q1, end, seg_last, tok_iter, False)
-            full_end = _first_greater(seg_ptr, q0, end, seg_first, tok_iter, False)
+            hi = _segment_end(seg_ptr, q1, end, seg_last, tok_iter, BLOCK_N)
+            # Keys up to the end of the first row's segment are allowed for every row.
+            first_rows = tl.sum(((seg_q == seg_first) & row_ok).to(tl.int32), 0)
+            full_end = tl.where(seg_first == seg_last, hi, q0 + first_rows)
         full_end = tl.minimum(full_end, hi)
         n_full = (full_end - lo) // BLOCK_N
 
-        rows = q0 + tl.arange(0, BLOCK_M)
-        row_ok = rows < q1
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + rows[:, None] * s_qt + head * s_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
-        seg_q = tl.load(seg_ptr + rows, mask=row_ok, other=-3)
         k_base = k_ptr + (head // GROUP) * s_kh
         v_base = v_ptr + (head // GROUP) * s_vh
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
@@ -229,10 +250,10 @@ def prefill_config_for(head_dim: int) -> PrefillConfig:
     """Tiles from the head size; small tiles under the interpreter to exercise many tiles."""
     if c.interpreting():
         return PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    # 8 warps: the 4-warp variants need > 255 registers and spill (ptxas, sm_90).
-    if head_dim <= 64:
-        return PrefillConfig(block_m=128, block_n=64, num_warps=8, num_stages=3)
-    return PrefillConfig(block_m=64, block_n=64, num_warps=8, num_stages=3)
+    # Fastest of eight tilings at batch 4, L 4096 on an H200 (benchmarks/notes/attention.md):
+    # 64x64 with 4 warps beat 128-row tiles with 8 warps for both head sizes.
+    del head_dim
+    return PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
 
 
 def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: float,
@@ -252,10 +273,11 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
     num_tiles = total // config.block_m + batch
     _prefill_kernel[(num_tiles, hq)](
         q, k, v, out, cu_seqlens, segment_ids, stats if stats is not None else out,
-        scale * _LOG2E, batch, num_tiles, (batch + 1).bit_length(), (total + 1).bit_length(),
+        scale * _LOG2E, batch, num_tiles, (total + 1).bit_length(),
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        BLOCK_B=max(2, triton.next_power_of_2(batch)),
         MODE=MODE_CODES[mode], STATS=stats is not None, DOT_PRECISION=c.dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
