@@ -32,8 +32,10 @@ def load_op_libraries(paths: tuple[str, ...] = ()) -> list[str]:
     try:
         importlib.import_module("custom_ops")
         loaded.append("custom_ops")
-    except ImportError as e:
-        LOG.info("custom_ops not importable; serving without project ops", extra={"error": str(e)})
+    except (ImportError, OpLibraryError) as e:
+        # Models without the project's ops still serve; one that needs them fails to load
+        # with TF's "Op type not registered" in its version status.
+        LOG.warning("custom_ops not loaded; serving without project ops", extra={"error": str(e)})
     for path in paths:
         try:
             tf.load_op_library(path)
