@@ -93,6 +93,16 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
+    # The host checks of recommend() do not run in the package: check the fixed sizes now.
+    catalog = engine.catalog
+    require(config.beam_width <= engine.config.max_beam_width, ConfigError,
+            f"beam_width {config.beam_width} exceeds EngineConfig.max_beam_width "
+            f"{engine.config.max_beam_width}")
+    reachable = min(catalog.num_items, config.beam_width * catalog.max_items_per_path)
+    require(config.top_k <= reachable, ConfigError,
+            f"top_k {config.top_k} exceeds the {reachable} items beam_width "
+            f"{config.beam_width} can reach (catalog of {catalog.num_items} items, at most "
+            f"{catalog.max_items_per_path} per path)")
     program = RecommendProgram(engine, config.beam_width, config.top_k)
     # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
     # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).

@@ -117,9 +117,10 @@ def main(out: Path, cache: Path) -> None:
             TwoHeads(), two_example, out / "two_heads.pt",
             {(0, 0): ("batch", 1, MAX_BATCH), (1, 0): ("batch", 1, MAX_BATCH),
              (1, 1): ("length", 1, MAX_LEN)}),
-        "recommender_aoti": _export_aoti(torch_package, ToyRecommender(), rec_example,
-                                         ({0: batch, 1: length}, {0: batch}),
-                                         out / "recommender.pt2", cache),
+        "recommender": torch_package.package_torchscript(
+            ToyRecommender(), rec_example, out / "recommender.pt",
+            {(0, 0): ("batch", 1, MAX_BATCH), (0, 1): ("length", 1, MAX_LEN),
+             (1, 0): ("batch", 1, MAX_BATCH)}),
     }
     for name, module in (("double_in_place", DoubleInPlace()), ("table", Table()),
                          ("unaligned", Unaligned()),

@@ -40,7 +40,7 @@ def feature_graph(world):
 @pytest.fixture(scope="module")
 def saved_model(packages, feature_graph, tmp_path_factory):
     out = tmp_path_factory.mktemp("pipeline") / "saved_model"
-    return export_pipeline(out, feature_graph, packages["recommender_aoti"], CONFIG, TOY_INPUTS)
+    return export_pipeline(out, feature_graph, packages["recommender"], CONFIG, TOY_INPUTS)
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,7 @@ def test_signature_names_every_input_and_output(saved_model):
     serve = tf.saved_model.load(str(saved_model)).signatures[SIGNATURE]
     assert set(serve.structured_input_signature[1]) == set(INPUTS)
     assert set(serve.structured_outputs) == set(OUTPUTS)
-    assert (saved_model / "assets" / "recommender.pt2").exists()
+    assert (saved_model / "assets" / "recommender.pt").exists()
 
 
 def test_fresh_process_matches_the_python_pipeline(saved_model, feature_graph, features,
@@ -109,10 +109,10 @@ def test_export_refuses_a_non_empty_folder_and_a_mismatched_package(packages, fe
     (tmp_path / "taken").mkdir()
     (tmp_path / "taken" / "file").write_text("x")
     with pytest.raises(ExportError, match="not empty"):
-        export_pipeline(tmp_path / "taken", feature_graph, packages["recommender_aoti"],
+        export_pipeline(tmp_path / "taken", feature_graph, packages["recommender"],
                         CONFIG, TOY_INPUTS)
     with pytest.raises(ExportError, match="package takes 2 inputs"):
-        export_pipeline(tmp_path / "new", feature_graph, packages["recommender_aoti"], CONFIG)
+        export_pipeline(tmp_path / "new", feature_graph, packages["recommender"], CONFIG)
     with pytest.raises(ExportError, match="must return \\(item_ids int64, scores float32\\)"):
         export_pipeline(tmp_path / "new", feature_graph, packages["two_heads_aoti"], CONFIG,
                         TOY_INPUTS)
