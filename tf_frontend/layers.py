@@ -50,12 +50,7 @@ class XgrSemanticIdLookup(keras.layers.Layer):
 
     def __init__(self, table: custom_ops.SemanticIdTable, code_base: int, **kwargs):
         super().__init__(**kwargs)
-        self.table = table  # tracked: saving the model saves the table resource
-        # SemanticIdTable (a plain Trackable, not AutoTrackable) does not list its catalog
-        # Asset as a child, so a SavedModel would keep the absolute build-time path instead of
-        # copying the file into assets/. Tracking the same Asset object here makes the save
-        # copy it and rewrite the table initializer's path to the copy.
-        self.catalog = table._asset
+        self.table = table  # tracked: a SavedModel carries the table and its catalog asset
         self.code_base = int(code_base)
 
     def call(self, items, row_splits):
