@@ -1,4 +1,5 @@
-"""A SavedModel using the semantic-ID table and all three ops, reloaded in a fresh process.
+"""A SavedModel using the semantic-ID table (inside a Keras layer) and all three ops, reloaded
+in a fresh process.
 
 The child imports only tensorflow and custom_ops; the SavedModel is moved and the original
 catalog file deleted first, so the table can only come from the SavedModel's own asset.
@@ -9,6 +10,7 @@ import shutil
 import subprocess
 import textwrap
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -22,6 +24,18 @@ INPUTS = dict(items=[101, 205, 205, 999, 309, 412, 412, 309],
               splits=[0, 5, 8], request=[50, 40], context=[[9, 10], [11, 12]])
 
 
+class SemanticIdLayer(keras.layers.Layer):
+    """A Keras layer owning the table, as a team's feature layers would."""
+
+    def __init__(self, table, **kwargs):
+        super().__init__(**kwargs)
+        self.table = table
+
+    def call(self, items, row_splits):
+        tokens = self.table.lookup(items, row_splits, code_base=LAYOUT.code_base)
+        return tokens.code_tokens, tokens.row_splits, tokens.unknown_count
+
+
 class PromptModule(tf.Module):
     """History -> prompt with the project's ops, as a team's feature graph would do it."""
 
@@ -29,6 +43,7 @@ class PromptModule(tf.Module):
         super().__init__()
         self.table = ops.SemanticIdTable.from_arrays(catalog_path, IDS, CODES,
                                                      LAYOUT.codebook_size)
+        self.tokenize = SemanticIdLayer(self.table)
         self._ops = ops
 
     @tf.function(input_signature=[tf.TensorSpec([None], tf.int64)] * 3 +
@@ -36,14 +51,13 @@ class PromptModule(tf.Module):
     def __call__(self, items, times, splits, request, context):
         cleaned = self._ops.clean_sequence(items, times, splits, request, window_seconds=35,
                                            keep_last=3)
-        tokens = self.table.lookup(cleaned.values, cleaned.row_splits,
-                                   code_base=LAYOUT.code_base)
+        code_tokens, code_splits, unknown = self.tokenize(cleaned.values, cleaned.row_splits)
         prompt = self._ops.assemble_prompt(
-            context, tokens.code_tokens, tokens.row_splits, bos_id=LAYOUT.bos_id,
+            context, code_tokens, code_splits, bos_id=LAYOUT.bos_id,
             profile_start_id=LAYOUT.profile_start_id, item_start_id=LAYOUT.item_start_id,
             pad_id=LAYOUT.pad_id, max_length=14)
         return {"token_ids": prompt.token_ids, "lengths": prompt.lengths,
-                "segment_ids": prompt.segment_ids, "unknown": tokens.unknown_count,
+                "segment_ids": prompt.segment_ids, "unknown": unknown,
                 "table_size": self.table.size()}
 
 
