@@ -34,6 +34,8 @@ class HistoryModel(tf.Module):
     def __init__(self, scale: float):
         super().__init__()
         self.scale = tf.Variable(scale, dtype=tf.float32)
+        # The model's own history limit, which the server reads when no flag overrides it.
+        self.max_history_events = tf.Variable(50, dtype=tf.int64, trainable=False)
 
     @tf.function(input_signature=HISTORY_SPEC)
     def serve(self, user_id, country, history_items, history_times, history_splits, request_time):

@@ -1,0 +1,49 @@
+"""What the server reads from the model itself: the history limit and the ragged pairing."""
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from torch_engine.errors import ExportError, InvalidInputError
+from tf_frontend.serving.servable import ServableVersion
+from tests.serving.helpers import random_request
+
+
+def _long_request(events: int) -> dict:
+    request = random_request(np.random.default_rng(30), rows=1)
+    request.update(history_items=np.arange(events, dtype=np.int64),
+                   history_times=np.zeros(events, np.int64),
+                   history_splits=np.array([0, events], np.int64))
+    return request
+
+
+def test_history_limit_comes_from_the_model_unless_a_flag_sets_it(model_base):
+    path = os.path.join(model_base, "1")
+    from_model = ServableVersion("recs", 1, path, batching=None, max_history_events=None)
+    assert from_model.signatures["serving_default"].max_history_events == 50
+    from_model.predict("", _long_request(50))
+    with pytest.raises(InvalidInputError, match="row 0 has 51 events; the maximum history length is 50"):
+        from_model.predict("", _long_request(51))
+    from_flag = ServableVersion("recs", 1, path, batching=None, max_history_events=60)
+    from_flag.predict("", _long_request(51))
+
+
+def test_serving_spec_file_declares_ragged_groups_and_limit(model_base, tmp_path):
+    path = tmp_path / "1"
+    shutil.copytree(os.path.join(model_base, "1"), path)
+    os.makedirs(path / "assets.extra")
+    spec = {"ragged": {"history_splits": ["history_items"]}, "max_history_events": 3}
+    (path / "assets.extra" / "xgr_serving.json").write_text(json.dumps(spec))
+    version = ServableVersion("recs", 1, str(path), batching=None, max_history_events=None)
+    sig = version.signatures["serving_default"]
+    assert [(g.splits, g.values) for g in sig.input_groups] == [("history_splits", ("history_items",))]
+    assert sig.output_groups == ()  # recent_* are not declared: no longer treated as ragged
+    assert sig.max_history_events == 3
+    with pytest.raises(InvalidInputError, match="maximum history length is 3"):
+        version.predict("", _long_request(4))
+    (path / "assets.extra" / "xgr_serving.json").write_text('{"ragged": {"history_splits": ["nope"]}}')
+    with pytest.raises(ExportError, match="only partly present"):
+        ServableVersion("recs", 1, str(path), batching=None, max_history_events=None)
