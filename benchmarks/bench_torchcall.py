@@ -1,0 +1,179 @@
+"""Per-call cost of the TorchCall op on the CPU, beside the same package from Python and the
+same MLP as a native TF graph.
+
+Model: ``[B, 64] -> Linear(64, 64) -> SiLU -> Linear(64, 16)``, float32, compiled once with
+AOTInductor (cached in ``--cache_dir``). Each implementation is timed (median over repeats):
+
+* ``eager``: one call from Python (TorchCall op / the package via ``aoti_load_package`` / TF ops);
+* ``function``: one call of a ``tf.function`` holding the computation (TF's per-call floor is
+  measured with a ``tf.function`` holding only ``tf.identity``);
+* ``while_loop``: per iteration of a ``tf.while_loop`` of ``--loop`` steps inside one
+  ``tf.function``, minus the loop's own per-iteration cost (an identity body);
+* ``saved_model``: one call of the restored SavedModel's signature (floor: a saved identity).
+
+TorchCall's own cost is its time minus the matching floor. Torch and TF both get one intra-op
+thread, so the compute is comparable. Prints a table and writes
+``benchmarks/results/torchcall_<date>.json``.
+
+    python benchmarks/bench_torchcall.py [--repeats=300] [--loop=200] [--batches=8,1024]
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # run from a checkout
+
+from tf_frontend import torch_package  # noqa: E402  (first: Triton before TF)
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from absl import app, flags  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+REPEATS = flags.DEFINE_integer("repeats", 300, "timed calls per case (median reported)")
+LOOP = flags.DEFINE_integer("loop", 200, "iterations of the tf.while_loop cases")
+BATCHES = flags.DEFINE_list("batches", ["8", "1024"], "batch sizes")
+CACHE = flags.DEFINE_string("cache_dir", str(ROOT / "build" / "torch_call_cache"),
+                            "compiled AOTInductor packages by content hash")
+OUTPUT = flags.DEFINE_string("output_dir", str(ROOT / "benchmarks" / "results"),
+                             "where the JSON goes")
+WIDTH, OUT = 64, 16
+
+
+def _mlp() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.SiLU(),
+                               torch.nn.Linear(WIDTH, OUT)).eval()
+
+
+def _median_us(fn, repeats: int, warmup: int = 20) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+class Implementations:
+    """The three implementations of one MLP as TF-callable pieces."""
+
+    def __init__(self, tf, module: torch.nn.Module, package_path: str):
+        from custom_ops.torch_call import torch_call
+
+        self.tf, self.path = tf, package_path
+        w1, b1, w2, b2 = (p.detach().numpy() for p in module.parameters())
+        self.w1, self.b1 = tf.constant(w1.T), tf.constant(b1)
+        self.w2, self.b2 = tf.constant(w2.T), tf.constant(b2)
+        self.torch_call = torch_call
+
+    def torchcall(self, x):
+        return self.torch_call(self.path, [x], [self.tf.float32], output_shapes=[[None, OUT]])[0]
+
+    def native(self, x):
+        tf = self.tf
+        return tf.matmul(tf.nn.silu(tf.matmul(x, self.w1) + self.b1), self.w2) + self.b2
+
+
+def _loop_function(tf, body, loop: int):
+    @tf.function(input_signature=[tf.TensorSpec([None, WIDTH], tf.float32)])
+    def run(x):
+        def step(i, acc):
+            return i + 1, acc + tf.reduce_sum(body(x))
+        return tf.while_loop(lambda i, _: i < loop, step, (tf.constant(0), tf.constant(0.0)))[1]
+    return run
+
+
+def _saved(tf, fn, path: Path):
+    module = tf.Module()
+    module.serve = tf.function(lambda x: {"y": fn(x)},
+                               input_signature=[tf.TensorSpec([None, WIDTH], tf.float32)])
+    tf.saved_model.save(module, str(path),
+                        signatures={"serving_default": module.serve.get_concrete_function()})
+    return tf.saved_model.load(str(path)).signatures["serving_default"]
+
+
+def bench_batch(tf, impl: Implementations, loader, batch: int, tmp: Path) -> dict[str, float]:
+    x_np = np.random.default_rng(batch).standard_normal((batch, WIDTH)).astype(np.float32)
+    x, x_torch = tf.constant(x_np), torch.from_numpy(x_np)
+    np.testing.assert_allclose(impl.torchcall(x).numpy(), impl.native(x).numpy(), atol=1e-4)
+    identity = lambda v: tf.identity(v)  # noqa: E731
+    fns = {"torchcall": impl.torchcall, "native": impl.native, "identity": identity}
+    spec = [tf.TensorSpec([None, WIDTH], tf.float32)]
+    traced = {k: tf.function(f, input_signature=spec) for k, f in fns.items()}
+    loops = {k: _loop_function(tf, f, LOOP.value) for k, f in fns.items()}
+    saved = {k: _saved(tf, f, tmp / f"{k}_{batch}") for k, f in fns.items()}
+    cases = {
+        "eager/torchcall": lambda: impl.torchcall(x),
+        "eager/torch_python": lambda: loader(x_torch),
+        "eager/native_tf": lambda: impl.native(x),
+        **{f"function/{k}": (lambda f=f: f(x)) for k, f in traced.items()},
+        **{f"saved_model/{k}": (lambda f=f: f(x=x)) for k, f in saved.items()},
+    }
+    result = {}
+    for name, fn in tqdm(cases.items(), desc=f"batch {batch}", leave=False):
+        result[name] = _median_us(fn, REPEATS.value)
+    for name, fn in loops.items():  # per iteration
+        result[f"while_loop/{name}"] = _median_us(lambda fn=fn: fn(x), max(REPEATS.value // 10, 5),
+                                                  warmup=3) / LOOP.value
+    result["own/function"] = result["function/torchcall"] - result["function/identity"]
+    result["own/while_loop"] = result["while_loop/torchcall"] - result["while_loop/identity"]
+    result["own/saved_model"] = result["saved_model/torchcall"] - result["saved_model/identity"]
+    return result
+
+
+def _table(results: dict[int, dict[str, float]]) -> str:
+    names = list(next(iter(results.values())))
+    rows = [["case (us per call)", *(f"batch {b}" for b in results)]]
+    rows += [[n, *(f"{results[b][n]:.1f}" for b in results)] for n in names]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in
+                               enumerate(zip(row, widths))) for row in rows)
+
+
+def main(argv):
+    del argv
+    torch.set_num_threads(1)
+    module = _mlp()
+    with tempfile.TemporaryDirectory(prefix="bench_torchcall_") as tmp_name:
+        tmp = Path(tmp_name)
+        batch = torch.export.Dim("batch", min=1, max=4096)
+        program = torch_package.export_program(module, (torch.randn(8, WIDTH),),
+                                               ({0: batch},))
+        package = torch_package.package_aoti(program, tmp / "mlp.pt2", cache_dir=CACHE.value)
+        loader = torch._inductor.aoti_load_package(str(package.path))
+
+        import tensorflow as tf
+
+        tf.config.threading.set_intra_op_parallelism_threads(1)
+        impl = Implementations(tf, module, str(package.path))
+        results = {int(b): bench_batch(tf, impl, loader, int(b), tmp) for b in BATCHES.value}
+    print(_table(results))
+    record = {
+        "benchmark": "torchcall", "date": datetime.datetime.now(datetime.UTC).isoformat(),
+        "machine": platform.platform(), "cpus": os.cpu_count(),
+        "load_average": os.getloadavg(), "tensorflow": tf.__version__,
+        "torch": torch.__version__, "model": f"MLP {WIDTH}-{WIDTH}-{OUT} float32",
+        "repeats": REPEATS.value, "loop": LOOP.value, "median_us": results,
+    }
+    out = Path(OUTPUT.value) / f"torchcall_{datetime.date.today().isoformat()}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    app.run(main)
