@@ -171,6 +171,18 @@ def test_cpu_tensors_without_interpreter_are_refused(monkeypatch):
         decode_attention(**case)
 
 
+def test_inputs_beyond_int32_offsets_are_refused_while_tracing():
+    # Meta tensors: the shape-only checks of the fake run without allocating 2**31 elements.
+    def meta(*shape):
+        return torch.empty(*shape, device="meta")
+
+    total = 2**31 // (2 * 128) + 1
+    with pytest.raises(InvalidInputError, match="shared_k spans"):
+        _check_inputs(meta(1, 4, 16, 128), meta(total, 2, 128), meta(total, 2, 128),
+                      torch.empty(2, dtype=torch.int32, device="meta"), meta(1, 4, 2, 2, 128),
+                      meta(1, 4, 2, 2, 128), 2, None, devices=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128), (7, 7, 64)],

@@ -145,6 +145,17 @@ def test_bad_input_names_argument_and_rule(name):
         prefill_attention(**case)
 
 
+def test_inputs_beyond_int32_offsets_are_refused_while_tracing():
+    # Meta tensors: the shape-only checks of the fake run without allocating 2**31 elements.
+    total = 2**31 // (4 * 64) + 1
+    q = torch.empty(total, 4, 64, device="meta")
+    k = torch.empty(total, 1, 64, device="meta")
+    with pytest.raises(InvalidInputError, match="indexes in int32"):
+        _check_inputs(q, k, k, torch.empty(2, dtype=torch.int32, device="meta"),
+                      torch.empty(total, dtype=torch.int32, device="meta"),
+                      MaskMode.ITEM_CAUSAL, None, devices=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])

@@ -66,6 +66,17 @@ def check_last_dim_contiguous(op: str, names_tensors: dict[str, torch.Tensor]) -
                 f"== 1, got strides {tensor.stride()}")
 
 
+def check_int32_offsets(op: str, names_tensors: dict[str, torch.Tensor]) -> None:
+    """Kernels compute element offsets in int32: every input must span < 2**31 elements."""
+    for name, tensor in names_tensors.items():
+        span = 1 + sum((size - 1) * abs(stride)
+                       for size, stride in zip(tensor.shape, tensor.stride()) if size > 0)
+        require(span < 2**31, InvalidInputError,
+                f"{op}: {name} spans {span} elements (shape {tuple(tensor.shape)}, strides "
+                f"{tensor.stride()}); the kernel indexes in int32, so at most 2**31 - 1: "
+                "split the batch")
+
+
 def check_head_dim(op: str, head_dim: int) -> None:
     ok = 16 <= head_dim <= 256 and head_dim & (head_dim - 1) == 0
     require(ok, InvalidInputError,

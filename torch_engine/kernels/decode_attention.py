@@ -7,8 +7,10 @@ tile and attended with matrix products (``tl.dot``) instead of W vector products
 1. shared stage: the prompt KV of the request, online softmax (FlashAttention-2) over
    ``BLOCK_N``-key tiles; when ``B * Hkv`` tiles cannot fill the GPU the prompt is split into
    ``splits`` equal chunks, one program each (split-K / flash-decoding);
-2. own stage (split 0 only): each row's own ``num_own`` beam tokens, folded into the same
-   running (max, sum, acc) state, which is the log-sum-exp merge done in registers;
+2. own stage (split 0 only): each row's own ``num_own`` beam tokens, as one small product of
+   the tile against the own keys of the <= OWN_BEAMS beams the tile touches (keeping each
+   row's own-beam column), folded into the same running (max, sum, acc) state: the
+   log-sum-exp merge with the shared stage, done in registers in float32;
 3. merge (only when ``splits > 1``): the per-split partial outputs and log-sum-exps combine in
    float32. With ``splits == 1`` stage 3 disappears and the whole step is one launch.
 
@@ -196,6 +198,7 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
                "beam_v": beam_v}
     c.check_float(_OP, tensors)
     c.check_last_dim_contiguous(_OP, tensors)
+    c.check_int32_offsets(_OP, tensors)
     c.check_index(_OP, "cu_seqlens", cu_seqlens)
     if devices:
         c.check_devices(_OP, {**tensors, "cu_seqlens": cu_seqlens})

@@ -234,6 +234,7 @@ def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
     tensors = {"q": q, "k": k, "v": v}
     c.check_float(_OP, tensors)
     c.check_last_dim_contiguous(_OP, tensors)
+    c.check_int32_offsets(_OP, tensors)
     c.check_index(_OP, "cu_seqlens", cu_seqlens)
     c.check_index(_OP, "segment_ids", segment_ids, (torch.int32,))
     if devices:
