@@ -1,9 +1,10 @@
 """``xgr migrate`` and ``xgr parity`` driven as a user drives them.
 
-``xgr migrate`` calls go through ``bridge.cli.main.run`` in this process, with absl flags
-restored after each (``flagsaver``). ``xgr parity`` defines flags of the same names, so (as in
-real use, one subcommand per process) it runs as a separate ``python -m bridge.cli.main``
-process, exactly as CI would call it.
+Each subcommand defines its own absl flags, and subcommands share flag names (``--plan``), so
+as in real use each runs in its own process, never inside the pytest process. To keep the
+suite fast, one helper process runs a sequence of ``xgr migrate`` commands (importing TF once),
+with the flags restored between commands (``flagsaver``) and each command's exit status and
+output reported back.
 """
 
 from __future__ import annotations
@@ -17,83 +18,97 @@ from pathlib import Path
 
 import pytest
 import toy_models
-from absl.testing import flagsaver
 
-import bridge.cli.migrate  # noqa: F401  (defines its flags once, outside flagsaver)
-from bridge.cli.main import run
 from bridge.parity.data import save_npz
 from bridge.parity.pytest_helper import assert_parity
 
 ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])}
+DRIVER = """
+import contextlib, io, json, sys
+from absl.testing import flagsaver
+from absl import app  # noqa: F401  (absl.app and the subcommand define flags once,
+import bridge.cli.migrate  # outside flagsaver, which would drop them after a command)
+from bridge.cli.main import run
+results = []
+for args in json.loads(sys.argv[1]):
+    out, err = io.StringIO(), io.StringIO()
+    with flagsaver.flagsaver(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            run(["xgr", *args])
+            code = 0
+        except SystemExit as stop:
+            code = stop.code or 0
+    results.append([code, out.getvalue(), err.getvalue()])
+print("RESULTS" + json.dumps(results))
+"""
 
 
-def xgr(*args: str) -> int:
-    """Run ``xgr ARGS`` in-process; returns the exit status."""
-    with flagsaver.flagsaver(), pytest.raises(SystemExit) as exit_info:
-        run(["xgr", *args])
-    return exit_info.value.code or 0
+def xgr(*commands: list[str]) -> list[tuple[int, str, str]]:
+    """Run each ``xgr migrate`` command (a list of arguments) in order, in one fresh process."""
+    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=ROOT, env=ENV,
+                          capture_output=True, text=True, timeout=300)
+    marker = proc.stdout.rfind("RESULTS")
+    assert marker >= 0, proc.stderr[-3000:]
+    return [tuple(r) for r in json.loads(proc.stdout[marker + len("RESULTS"):])]
 
 
 @pytest.fixture()
 def plan_path(tmp_path):
-    path = tmp_path / "plan.json"
-    assert xgr("migrate", "init", "--plan", str(path), "--model", "toy_models:mlp") == 0
     save_npz(tmp_path / "batches.npz", toy_models.mlp_batches(2))
-    return path
+    return tmp_path / "plan.json"
 
 
-def test_swap_auto_revert_and_status(plan_path, capsys):
+def test_init_swap_auto_status_revert_and_bad_requests(plan_path):
     p = ["--plan", str(plan_path)]
-    assert xgr("migrate", "swap", "hidden", "--module",
-               "bridge.migration.keras_twins:Dense", *p) == 0
-    assert xgr("migrate", "auto", "head", *p) == 0
-    stages = json.loads(plan_path.read_text())["stages"]
-    assert stages == {"hidden": {"runtime": "torch", "module": "bridge.migration.keras_twins:Dense"},
-                      "head": {"runtime": "torch", "converted": "converted/head"}}
+    init, swap, auto, status, revert, no_module, unknown, bad_action, again = xgr(
+        ["migrate", "init", "--model", "toy_models:mlp", *p],
+        ["migrate", "swap", "hidden", "--module", "bridge.migration.keras_twins:Dense", *p],
+        ["migrate", "auto", "head", *p],
+        ["migrate", "status", *p],
+        ["migrate", "revert", "hidden", *p],
+        ["migrate", "swap", "hidden", *p],
+        ["migrate", "swap", "nope", "--module", "torch.nn:Identity", *p],
+        ["migrate", "frobnicate", *p],
+        ["migrate", "init", "--model", "toy_models:mlp", *p])
+    assert [init[0], swap[0], auto[0], status[0], revert[0]] == [0] * 5, (swap, auto)
+    assert "0 of 4 stages in Torch" in init[1]
+    assert "2 of 4 stages in Torch" in status[1] and "converted/head" in status[1]
+    assert "head: converted, now runs in Torch" in auto[1]
+    # Bad requests exit non-zero, say why, and leave the plan as it was.
+    assert no_module[0] == 1 and "swap needs --module" in no_module[2]
+    assert unknown[0] == 1 and "stages the model lacks: ['nope']" in unknown[2]
+    assert bad_action[0] == 2 and "usage: xgr migrate" in bad_action[2]
+    assert again[0] == 1 and "pass --force" in again[2]
+    assert json.loads(plan_path.read_text())["stages"] == {
+        "head": {"runtime": "torch", "converted": "converted/head"}}
     assert (plan_path.parent / "converted/head/graph.json").is_file()
-    capsys.readouterr()
-    assert xgr("migrate", "status", *p) == 0
-    out = capsys.readouterr().out
-    assert "2 of 4 stages in Torch" in out and "converted/head" in out
-    assert_parity(plan_path, plan_path.parent / "batches.npz")
-    assert xgr("migrate", "revert", "hidden", *p) == 0
-    assert list(json.loads(plan_path.read_text())["stages"]) == ["head"]
+    assert assert_parity(plan_path, plan_path.parent / "batches.npz").passed
 
 
-def test_bad_requests_exit_non_zero_with_the_reason(plan_path, capsys):
-    p = ["--plan", str(plan_path)]
-    assert xgr("migrate", "swap", "hidden", *p) == 1
-    assert "swap needs --module" in capsys.readouterr().err
-    assert xgr("migrate", "swap", "nope", "--module", "torch.nn:Identity", *p) == 1
-    assert "stages the model lacks: ['nope']" in capsys.readouterr().err
-    assert xgr("migrate", "frobnicate", *p) == 2
-    assert xgr("migrate", "init", "--model", "toy_models:mlp", *p) == 1
-    assert "pass --force" in capsys.readouterr().err
-
-
-def test_auto_reports_every_unconvertible_stage_at_once(tmp_path, capsys):
-    plan = tmp_path / "plan.json"
-    assert xgr("migrate", "init", "--plan", str(plan), "--model",
-               "toy_models:with_unconvertible") == 0
-    capsys.readouterr()
-    assert xgr("migrate", "auto", "--dry_run", "--plan", str(plan)) == 1
-    out = capsys.readouterr().out
+def test_auto_reports_every_unconvertible_stage_at_once(tmp_path):
+    plan = ["--plan", str(tmp_path / "plan.json")]
+    _, (code, out, _) = xgr(["migrate", "init", "--model", "toy_models:with_unconvertible", *plan],
+                            ["migrate", "auto", "--dry_run", *plan])
+    assert code == 1
     assert "5 of 7 stages cannot convert and stay in TF" in out
     for stage in ("country_lookup", "user_lookup", "user_hash", "exact_gelu", "bucketize"):
         assert f"{stage}: stays in TF" in out
-    assert "dense_ok: converts" in out
-    assert json.loads(plan.read_text())["stages"] == {}, "--dry_run leaves the plan alone"
+    assert "dense_ok: converts" in out and "ids: converts" in out
+    assert json.loads((tmp_path / "plan.json").read_text())["stages"] == {}, \
+        "--dry_run leaves the plan alone"
 
 
 def test_broken_torch_module_fails_parity_and_the_report_names_its_stage(plan_path):
     p = ["--plan", str(plan_path)]
-    assert xgr("migrate", "auto", "hidden", *p) == 0
-    assert xgr("migrate", "swap", "middle", "--module", "toy_models:BrokenDense", *p) == 0
+    results = xgr(["migrate", "init", "--model", "toy_models:mlp", *p],
+                  ["migrate", "auto", "hidden", *p],
+                  ["migrate", "swap", "middle", "--module", "toy_models:BrokenDense", *p])
+    assert [r[0] for r in results] == [0, 0, 0], results
     report_dir = plan_path.parent / "report"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])}
     proc = subprocess.run([sys.executable, "-m", "bridge.cli.main", "parity", *p, "--data",
                            str(plan_path.parent / "batches.npz"), "--report_dir", str(report_dir)],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "first failing stage 'middle', output 'output', dtype float32, shape [5, 8]" in proc.stdout
     markdown = (report_dir / "parity_report.md").read_text()
