@@ -40,6 +40,12 @@ flags.DEFINE_integer("users_per_request", 2, "Users (batch rows) per valid reque
 flags.DEFINE_integer("max_batch_size", 32, "Server batching: rows per model call.")
 flags.DEFINE_integer("batch_timeout_micros", 2000, "Server batching timeout.")
 flags.DEFINE_integer("warmup_requests", 20, "Untimed valid requests sent first, one at a time.")
+flags.DEFINE_list("rates", [], "Open-loop request rates (req/s) to sweep after the closed loop.")
+flags.DEFINE_float("rate_seconds", 10.0, "Duration of each open-loop rate.")
+flags.DEFINE_float("p99_target_ms", 100.0, "Report the highest swept rate whose P99 is within this.")
+flags.DEFINE_integer("open_loop_workers", 64, "Client threads that carry the open-loop requests.")
+flags.DEFINE_string("model_label", "tiny pipeline (examples/export_serve_query.py defaults)",
+                    "What is served, for the result file.")
 flags.DEFINE_string("label", "cpu", "Device label for the result file name.")
 flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                     "Where the JSON result goes.")
@@ -125,6 +131,8 @@ class Client:
         except urllib.error.HTTPError as e:
             e.read()
             return e.code, None
+        except OSError:  # refused, reset or timed out: counted as lost
+            return 0, None
 
     def grpc(self, request):
         import grpc
@@ -156,79 +164,123 @@ def _median_ms(seconds: list[float]) -> float | None:
     return float(np.median(seconds) * 1e3) if seconds else None
 
 
-def run_load(pool, grpc_port: int, rest_port: int) -> dict:
-    import tensorflow as tf
-    from tensorflow_serving.apis import predict_pb2
+class LoadRun:
+    """A fixed plan of requests (pool entry, malformed kind or None, protocol) and its sender."""
 
-    kinds = ("bad_json", "missing_input", "wrong_dtype", "broken_splits", "unknown_signature")
-    rng = random.Random(0)
-    plan = []  # (pool index, malformed kind or None, protocol)
-    for i in range(FLAGS.requests):
-        bad = rng.random() < FLAGS.malformed_share
-        plan.append((rng.randrange(len(pool)), rng.choice(kinds) if bad else None,
-                     "grpc" if i % 2 else "rest"))
-    bodies = [json.dumps({"inputs": {k: ([x.decode() for x in v] if v.dtype == object
-                                         else v.tolist()) for k, v in f.items()}})
-              for f, _ in pool]
-    protos = []
-    for features, _ in pool:
-        proto = predict_pb2.PredictRequest()
-        proto.model_spec.name = "recs"
-        for name, value in features.items():
-            proto.inputs[name].CopyFrom(tf.make_tensor_proto(value))
-        protos.append(proto)
+    KINDS = ("bad_json", "missing_input", "wrong_dtype", "broken_splits", "unknown_signature")
 
-    lock, cursor, stop_at = threading.Lock(), iter(range(len(plan))), time.monotonic() + FLAGS.max_seconds
-    records = []  # (valid, protocol, status, correct, seconds)
-    progress = tqdm(total=len(plan), desc="requests", unit="req")
+    def __init__(self, pool, grpc_port: int, rest_port: int, count: int, seed: int = 0):
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2
 
-    def worker():
-        client = Client(grpc_port, rest_port)
-        while time.monotonic() < stop_at:
-            with lock:
-                index = next(cursor, None)
-            if index is None:
-                return
-            pick, kind, protocol = plan[index]
-            started = time.perf_counter()
-            if kind is not None:
-                status, outputs = client.rest(malformed(pool[pick][0], kind)["raw"])
-            elif protocol == "rest":
-                status, outputs = client.rest(bodies[pick])
-            else:
-                status, outputs = client.grpc(protos[pick])
-            seconds = time.perf_counter() - started
-            correct = (status == 400) if kind else (status == 200 and same(outputs, pool[pick][1]))
-            with lock:
-                records.append((kind is None, protocol, status, correct, seconds))
-                progress.update(1)
+        rng = random.Random(seed)
+        self.pool, self.client = pool, Client(grpc_port, rest_port)
+        self.plan = [(rng.randrange(len(pool)),
+                      rng.choice(self.KINDS) if rng.random() < FLAGS.malformed_share else None,
+                      "grpc" if i % 2 else "rest") for i in range(count)]
+        self.bodies = [json.dumps({"inputs": {k: ([x.decode() for x in v] if v.dtype == object
+                                                  else v.tolist()) for k, v in f.items()}})
+                       for f, _ in pool]
+        self.protos = []
+        for features, _ in pool:
+            proto = predict_pb2.PredictRequest()
+            proto.model_spec.name = "recs"
+            for name, value in features.items():
+                proto.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+            self.protos.append(proto)
 
-    warm = Client(grpc_port, rest_port)
-    for i in range(FLAGS.warmup_requests):  # first calls trace and allocate: not timed
-        status, _ = warm.rest(bodies[i % len(pool)]) if i % 2 else warm.grpc(protos[i % len(pool)])
-        if status != 200:
-            raise RuntimeError(f"warm-up request {i} answered {status}")
-    began = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(FLAGS.clients) as executor:
-        for future in [executor.submit(worker) for _ in range(FLAGS.clients)]:
-            future.result()
-    elapsed = time.perf_counter() - began
-    progress.close()
+    def warm_up(self, count: int) -> None:
+        """First calls trace and allocate: sent one at a time and not timed."""
+        for i in range(count):
+            pick = i % len(self.pool)
+            status, _ = self.client.rest(self.bodies[pick]) if i % 2 else self.client.grpc(self.protos[pick])
+            if status != 200:
+                raise RuntimeError(f"warm-up request {i} answered {status}")
+
+    def send(self, index: int, since: float | None = None) -> tuple:
+        """Sends plan[index]; returns (valid, protocol, status, correct, seconds since ``since``)."""
+        pick, kind, protocol = self.plan[index]
+        started = time.perf_counter() if since is None else since
+        if kind is not None:
+            status, outputs = self.client.rest(malformed(self.pool[pick][0], kind)["raw"])
+        elif protocol == "rest":
+            status, outputs = self.client.rest(self.bodies[pick])
+        else:
+            status, outputs = self.client.grpc(self.protos[pick])
+        seconds = time.perf_counter() - started
+        correct = (status == 400) if kind else (status == 200 and same(outputs, self.pool[pick][1]))
+        return kind is None, protocol, status, correct, seconds
+
+    def closed_loop(self, clients: int, max_seconds: float) -> tuple[list, float]:
+        """``clients`` threads, each sending its next request when the last one is answered."""
+        lock, cursor = threading.Lock(), iter(range(len(self.plan)))
+        stop_at, records = time.monotonic() + max_seconds, []
+        progress = tqdm(total=len(self.plan), desc="closed loop", unit="req")
+
+        def worker():
+            while time.monotonic() < stop_at:
+                with lock:
+                    index = next(cursor, None)
+                if index is None:
+                    return
+                record = self.send(index)
+                with lock:
+                    records.append(record)
+                    progress.update(1)
+
+        began = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(clients) as executor:
+            for future in [executor.submit(worker) for _ in range(clients)]:
+                future.result()
+        progress.close()
+        return records, time.perf_counter() - began
+
+    def open_loop(self, rate: float, seconds: float) -> tuple[list, float]:
+        """Requests start every 1/rate s whatever the answers; latency counts from the planned
+        start, so a server that falls behind shows it (no coordinated omission)."""
+        count = min(len(self.plan), int(rate * seconds))
+        began = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(FLAGS.open_loop_workers) as executor:
+            futures = []
+            for index in tqdm(range(count), desc=f"open loop {rate:g} req/s", unit="req"):
+                planned = began + index / rate
+                time.sleep(max(0.0, planned - time.perf_counter()))
+                futures.append(executor.submit(self.send, index, planned))
+            records = [f.result() for f in futures]
+        return records, time.perf_counter() - began
+
+
+def summarize(records: list, elapsed: float) -> dict:
     valid = [r for r in records if r[0]]
     latencies = np.array([r[4] for r in valid]) * 1e3
     return {
-        "sent": len(records), "planned": len(plan), "seconds": elapsed,
+        "sent": len(records), "seconds": elapsed,
         "valid": len(valid), "valid_ok": sum(r[3] for r in valid),
         "malformed": len(records) - len(valid),
         "malformed_refused_400": sum(r[3] for r in records if not r[0]),
         "statuses": {str(s): sum(1 for r in records if r[2] == s) for s in sorted({r[2] for r in records})},
         "throughput_rps": len(records) / elapsed,
-        "valid_throughput_rps": len(valid) / elapsed,
         "p50_ms": float(np.percentile(latencies, 50)) if len(valid) else None,
         "p99_ms": float(np.percentile(latencies, 99)) if len(valid) else None,
         "p50_ms_rest": _median_ms([r[4] for r in valid if r[1] == "rest"]),
         "p50_ms_grpc": _median_ms([r[4] for r in valid if r[1] == "grpc"]),
     }
+
+
+def _table(rows: list[tuple]) -> str:
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(r, widths)) for r in rows)
+
+
+def _run_all(pool, grpc_port: int, rest_port: int) -> tuple[dict, list[dict]]:
+    closed = LoadRun(pool, grpc_port, rest_port, FLAGS.requests)
+    closed.warm_up(FLAGS.warmup_requests)
+    summary = summarize(*closed.closed_loop(FLAGS.clients, FLAGS.max_seconds))
+    sweep = []
+    for rate in map(float, FLAGS.rates):
+        run = LoadRun(pool, grpc_port, rest_port, int(rate * FLAGS.rate_seconds), seed=int(rate))
+        sweep.append(dict(summarize(*run.open_loop(rate, FLAGS.rate_seconds)), offered_rps=rate))
+    return summary, sweep
 
 
 def main(argv: list[str]) -> None:
@@ -239,36 +291,48 @@ def main(argv: list[str]) -> None:
     distinct = len({json.dumps({k: v.tolist() for k, v in a.items()}) for _, a in pool})
     process, grpc_port, rest_port = start_server(FLAGS.model_base_path)
     try:
-        result = run_load(pool, grpc_port, rest_port)
+        result, sweep = _run_all(pool, grpc_port, rest_port)
     finally:
         process.terminate()
         exit_code = process.wait(timeout=60)
-    result.update(clients=FLAGS.clients, warmup_requests=FLAGS.warmup_requests, users_per_request=FLAGS.users_per_request,
-                  max_batch_size=FLAGS.max_batch_size,
-                  batch_timeout_micros=FLAGS.batch_timeout_micros,
-                  distinct_answers_in_pool=distinct, pool=len(pool),
-                  server_exit_code_after_sigterm=exit_code,
-                  model_base_path=FLAGS.model_base_path, machine=platform.machine(),
-                  cpus=os.cpu_count(), load_average=os.getloadavg()[0],
-                  date=datetime.date.today().isoformat())
-    rows = [("requests sent", result["sent"]), ("valid ok / valid", f"{result['valid_ok']} / {result['valid']}"),
-            ("malformed refused (400) / malformed",
-             f"{result['malformed_refused_400']} / {result['malformed']}"),
-            ("throughput (req/s)", f"{result['throughput_rps']:.1f}"),
-            ("P50 valid (ms)", f"{result['p50_ms']:.1f}"), ("P99 valid (ms)", f"{result['p99_ms']:.1f}"),
-            ("P50 REST / gRPC (ms)", f"{result['p50_ms_rest']:.1f} / {result['p50_ms_grpc']:.1f}"),
-            ("server exit after SIGTERM", exit_code)]
-    width = max(len(k) for k, _ in rows)
-    print("\n".join(f"{k.ljust(width)}  {v}" for k, v in rows))
+    within = [s["offered_rps"] for s in sweep
+              if s["p99_ms"] is not None and s["p99_ms"] <= FLAGS.p99_target_ms]
+    result.update(
+        clients=FLAGS.clients, warmup_requests=FLAGS.warmup_requests,
+        users_per_request=FLAGS.users_per_request, max_batch_size=FLAGS.max_batch_size,
+        batch_timeout_micros=FLAGS.batch_timeout_micros, malformed_share=FLAGS.malformed_share,
+        distinct_answers_in_pool=distinct, pool=len(pool), open_loop=sweep,
+        p99_target_ms=FLAGS.p99_target_ms, highest_rate_within_p99_target=max(within, default=None),
+        server_exit_code_after_sigterm=exit_code, model=FLAGS.model_label,
+        model_base_path=FLAGS.model_base_path, machine=platform.machine(), cpus=os.cpu_count(),
+        load_average=os.getloadavg()[0], date=datetime.date.today().isoformat())
+    fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
+    print(f"closed loop, {FLAGS.clients} clients, {FLAGS.malformed_share:.0%} malformed:")
+    print(_table([("sent", "valid ok/valid", "malformed 400/malformed", "req/s", "P50 ms", "P99 ms",
+                   "P50 REST/gRPC ms"),
+                  (result["sent"], f"{result['valid_ok']}/{result['valid']}",
+                   f"{result['malformed_refused_400']}/{result['malformed']}",
+                   fmt(result["throughput_rps"]), fmt(result["p50_ms"]), fmt(result["p99_ms"]),
+                   f"{fmt(result['p50_ms_rest'])}/{fmt(result['p50_ms_grpc'])}")]))
+    if sweep:
+        print(f"open loop (P99 target {FLAGS.p99_target_ms:g} ms):")
+        print(_table([("offered req/s", "achieved req/s", "valid ok/valid", "P50 ms", "P99 ms")] + [
+            (fmt(s["offered_rps"]), fmt(s["throughput_rps"]), f"{s['valid_ok']}/{s['valid']}",
+             fmt(s["p50_ms"]), fmt(s["p99_ms"])) for s in sweep]))
+        print(f"highest rate with P99 <= {FLAGS.p99_target_ms:g} ms: "
+              f"{result['highest_rate_within_p99_target']}")
+    print(f"server exit code after SIGTERM: {exit_code}")
     os.makedirs(FLAGS.out_dir, exist_ok=True)
     path = os.path.join(FLAGS.out_dir, f"serving_{FLAGS.label}_{result['date']}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     print(f"wrote {path}")
-    require(result["valid_ok"] == result["valid"], ParityError,
-            f"{result['valid'] - result['valid_ok']} valid requests were lost or answered wrongly")
-    require(result["malformed_refused_400"] == result["malformed"], ParityError,
-            "a malformed request was not refused with 400")
+    for name, run in [("closed loop", result)] + [(f"{s['offered_rps']:g} req/s", s) for s in sweep]:
+        require(run["valid_ok"] == run["valid"], ParityError,
+                f"{name}: {run['valid'] - run['valid_ok']} valid requests were lost or answered "
+                "with wrong results")
+        require(run["malformed_refused_400"] == run["malformed"], ParityError,
+                f"{name}: a malformed request was not refused with 400")
     require(exit_code == 0, ParityError, f"the server exited with {exit_code} after SIGTERM")
 
 

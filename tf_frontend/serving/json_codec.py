@@ -162,8 +162,9 @@ def _jsonable(name: str, array: np.ndarray) -> Any:
                 pass
         return {"b64": base64.b64encode(x).decode("ascii")}
 
-    flat = [leaf(x) for x in array.reshape(-1).tolist()]
-    return np.array(flat + [None], dtype=object)[:-1].reshape(array.shape).tolist()
+    flat = np.empty(array.size, dtype=object)
+    flat[:] = [leaf(x) for x in array.reshape(-1).tolist()]
+    return flat.reshape(array.shape).tolist()
 
 
 def encode_response(sig: SignatureInfo, outputs: Mapping[str, np.ndarray], row_format: bool,
