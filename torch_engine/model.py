@@ -21,7 +21,7 @@ from torch_engine.config import ModelConfig, preset
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
 from torch_engine.layers import DecoderLayer, RMSNorm, rotary_cos_sin
-from torch_engine.layout import PAD_SEGMENT, MaskMode
+from torch_engine.layout import MaskMode
 
 
 class Decoder(nn.Module):
@@ -158,7 +158,3 @@ class Model(nn.Module):
         return self.model.norm(x)
 
 
-def padding_segments(lengths: torch.Tensor, width: int) -> torch.Tensor:
-    """``[B, width]`` int32 segment ids: 0 on the first ``lengths[b]`` slots, -1 after."""
-    slots = torch.arange(width, device=lengths.device)[None, :]
-    return torch.where(slots < lengths[:, None], 0, PAD_SEGMENT).to(torch.int32)

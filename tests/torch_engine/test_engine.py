@@ -8,7 +8,7 @@ from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
 from torch_engine.errors import InvalidInputError
-from torch_engine.inputs import check_inputs
+from torch_engine.inputs import RequestBatch, check_inputs
 from torch_engine.layout import MaskMode, TokenLayout
 from torch_engine.model import Model
 from torch_engine.tolerances import tolerance_for
@@ -58,11 +58,44 @@ def level_logp(model, tokens, segs, prefix, codes):
         seg = torch.cat([segs, segs[-1] + 1 + torch.arange(level, dtype=torch.int32)])
         logits = model(seq[None], segment_ids=seg[None], mode=MaskMode.ITEM_CAUSAL)[0, -1]
     start, end = LAYOUT.level_range(level)
+    masked = logits[start:end].double().masked_fill(~allowed_codes(codes, prefix), float("-inf"))
+    return torch.log_softmax(masked, dim=0)
+
+
+def allowed_codes(codes, prefix):
+    """[C] bool: the codes the catalog allows after ``prefix``."""
+    level = len(prefix)
     allowed = np.zeros(LAYOUT.codebook_size, dtype=bool)
     match = (codes[:, :level] == np.asarray(prefix, dtype=np.int64)).all(axis=1)
     allowed[np.unique(codes[match, level])] = True
-    masked = logits[start:end].double().masked_fill(~torch.from_numpy(allowed), float("-inf"))
-    return torch.log_softmax(masked, dim=0)
+    return torch.from_numpy(allowed)
+
+
+def brute_force_path_scores(model, tokens, segs, codes):
+    """{path: score} for every distinct path: one batched forward over prompt + path tokens
+    gives the three levels' logits (after the prompt, after c0, after c1)."""
+    paths = sorted({tuple(c) for c in codes.tolist()})
+    n = tokens.shape[0]
+    seq = torch.stack([torch.cat([tokens, torch.tensor([LAYOUT.code_token(0, p[0]),
+                                                        LAYOUT.code_token(1, p[1])])])
+                       for p in paths])
+    with torch.no_grad():
+        if segs is None:
+            logits = model(seq)
+        else:
+            seg = torch.cat([segs, segs[-1] + 1 + torch.arange(2, dtype=torch.int32)])
+            logits = model(seq, segment_ids=seg.expand(len(paths), -1),
+                           mode=MaskMode.ITEM_CAUSAL)
+    scores = {}
+    for row, path in enumerate(paths):
+        total = 0.0
+        for level in range(3):
+            start, end = LAYOUT.level_range(level)
+            masked = logits[row, n - 1 + level, start:end].double().masked_fill(
+                ~allowed_codes(codes, path[:level]), float("-inf"))
+            total += float(torch.log_softmax(masked, dim=0)[path[level]])
+        scores[path] = total
+    return scores
 
 
 def python_beam_search(model, tokens, segs, ids, codes, width, top_k, exclude=()):
@@ -104,12 +137,8 @@ def test_beam_covering_every_prefix_equals_brute_force(world, segmented):
     tokens, lengths, segs = prompts(1, [13], segmented=segmented)
     items, scores = engine.recommend(tokens, lengths, segs, beam_width=paths, top_k=ids.shape[0])
     # Brute force: score every item's full path on full forwards, sort (score desc, id asc).
-    with torch.no_grad():
-        path_score = {}
-        for path in {tuple(c) for c in codes.tolist()}:
-            path_score[path] = sum(float(level_logp(engine.model, tokens[0], None if segs is None
-                                                    else segs[0], path[:lvl], codes)[path[lvl]])
-                                   for lvl in range(3))
+    path_score = brute_force_path_scores(engine.model, tokens[0], None if segs is None
+                                         else segs[0], codes)
     item_scores = np.array([path_score[tuple(c)] for c in codes.tolist()])
     order = np.lexsort((ids, -item_scores))
     assert_same(items[0], scores[0], [(int(ids[i]), item_scores[i]) for i in order])
@@ -263,3 +292,35 @@ def test_graph_replays_equal_eager_decode_across_batches(backend):
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
     assert len(graphed.graphs) == 1
+
+
+class _Search(torch.nn.Module):
+    """Engine.search with tensors in and out, as an exporter wraps it."""
+
+    def __init__(self, engine):
+        super().__init__()
+        self.engine, self.model = engine, engine.model
+
+    def forward(self, token_ids, total_lengths, segment_ids, exclude_items):
+        batch = RequestBatch(token_ids, total_lengths, segment_ids, False, None, exclude_items)
+        return self.engine.search(batch, 6, 10)
+
+
+def test_search_exports_with_dynamic_batch_and_length(world):
+    _, _, engine = world
+    wrapper = _Search(engine)
+    tokens, lengths, segs = prompts(12, [12, 7])
+    batch_dim = torch.export.Dim("batch", min=1, max=64)
+    length_dim = torch.export.Dim("length", min=2, max=4096)
+    exported = torch.export.export(
+        wrapper, (tokens, lengths, segs, torch.full((2, 3), -1)), strict=False,
+        dynamic_shapes=({0: batch_dim, 1: length_dim}, {0: batch_dim},
+                        {0: batch_dim, 1: length_dim}, {0: batch_dim}))
+    tokens, lengths, segs = prompts(13, [20, 5, 9])
+    exclude = torch.tensor([[-1, -1, -1], [1000, -1, -1], [-1, -1, -1]])
+    with torch.no_grad():
+        got = exported.module()(tokens, lengths, segs, exclude)
+        want = engine.recommend(tokens, lengths, segs, beam_width=6, top_k=10,
+                                exclude_items=exclude)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=FP32.rtol, atol=FP32.atol)

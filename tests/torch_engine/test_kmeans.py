@@ -20,7 +20,7 @@ def planted(seed=0, clusters=6, per_cluster=80, dim=8):
 
 def test_level_zero_recovers_planted_clusters_and_error_falls():
     points, labels = planted()
-    config = KMeansConfig(levels=3, codebook_size=6, iterations=15, chunk=100)
+    config = KMeansConfig(levels=3, codebook_size=6, iterations=8, chunk=100)
     result = residual_kmeans(points, config)
     assert result.codes.shape == (points.shape[0], 3) and result.codes.dtype == np.int32
     assert result.codes.min() >= 0 and result.codes.max() < 6
