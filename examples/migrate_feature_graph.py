@@ -12,7 +12,12 @@ Steps (each followed by ``xgr parity``'s check on real batches of the synthetic 
    stages map to their Torch twins, the string and table stages stay in TF with their reasons;
 4. the stages that convert (custom ops included) move too, and parity is checked once more.
 
-The plan, the converted stages and one parity report per step land in ``--workdir``.
+The plan, the converted stages and one parity report per step land in ``--workdir``; the same
+checks from the command line (the plan's factory lives in this file, hence the path)::
+
+    PYTHONPATH=.:examples xgr migrate status --plan /tmp/fg_migration/plan.json
+    PYTHONPATH=.:examples xgr parity --plan /tmp/fg_migration/plan.json \
+        --data /tmp/fg_migration/batches.npz
 """
 
 from __future__ import annotations

@@ -107,11 +107,18 @@ def precheck(sample: StageSample) -> list[str]:
     return reasons
 
 
-def _ordered(spec: GraphSpec) -> GraphSpec:
-    """Graph inputs in the stage's call order (``in_0``, ``in_1``, ...): tf2onnx may reorder."""
-    def index(v: ValueInfo) -> int:
-        return int(v.name.split(":")[0].rsplit("_", 1)[1])
-    return GraphSpec(spec.opsets, tuple(sorted(spec.inputs, key=index)), spec.outputs, spec.nodes)
+def _ordered(spec: GraphSpec, count: int) -> tuple[GraphSpec | None, str]:
+    """Graph inputs in the stage's call order (``in_0``, ``in_1``, ...): tf2onnx may reorder
+    them. Returns (None, reason) when the graph's inputs are not exactly the stage's tensors
+    (a captured TF resource or variable became an input)."""
+    expected = [f"in_{i}" for i in range(count)]
+    by_name = {v.name.split(":")[0]: v for v in spec.inputs}
+    if sorted(by_name) != sorted(expected):
+        extra = sorted(set(by_name) - set(expected))
+        return None, (f"the ONNX graph's inputs {sorted(by_name)} are not the stage's tensors "
+                      f"{expected}: {extra} came from captured TF state (a resource or table)")
+    return GraphSpec(spec.opsets, tuple(by_name[n] for n in expected), spec.outputs,
+                     spec.nodes), ""
 
 
 def numeric_reasons(sample: StageSample, module: OnnxGraphModule) -> list[str]:
@@ -149,7 +156,9 @@ def convert_sample(sample: StageSample) -> StageConversion:
         spec, constants = graph_from_onnx(onnx_model)
     except ConversionError as error:
         return StageConversion(name, (str(error),))
-    spec = _ordered(spec)
+    spec, reason = _ordered(spec, len(signature))
+    if spec is None:
+        return StageConversion(name, (reason,))
     reasons = unsupported_nodes(spec)
     if reasons:
         return StageConversion(name, tuple(reasons))

@@ -66,3 +66,15 @@ def test_auto_migrate_moves_only_the_stages_that_convert(tmp_path):
     result = run_parity(PlanRunner(plan, tmp_path), [batch], progress=False)
     assert result.passed, result.summary()
     assert {r.dtype for r in result.rows} >= {"int64", "float32"}
+
+
+def test_graph_inputs_are_put_in_call_order_and_extra_inputs_refused():
+    from bridge.migration.convert import _ordered
+    from bridge.onnx_torch.graph import GraphSpec, ValueInfo
+
+    def spec(*names):
+        return GraphSpec({"": 17}, tuple(ValueInfo(n, "float32", (None,)) for n in names), (), ())
+    ordered, reason = _ordered(spec("in_1:0", "in_0:0"), 2)
+    assert [v.name for v in ordered.inputs] == ["in_0:0", "in_1:0"] and reason == ""
+    refused, reason = _ordered(spec("in_0:0", "stage/table:0"), 1)
+    assert refused is None and "['stage/table'] came from captured TF state" in reason
