@@ -13,6 +13,7 @@ change costs nothing.
 # No `from __future__ import annotations`: setup.py execs this file without registering it in
 # sys.modules, and dataclasses then cannot resolve string annotations.
 
+import functools
 import hashlib
 import os
 import subprocess
@@ -40,6 +41,7 @@ def _python_eval(code: str) -> str:
     return subprocess.check_output([sys.executable, "-c", code], env=env, text=True).strip()
 
 
+@functools.cache
 def tf_flags() -> tuple[list[str], list[str]]:
     out = _python_eval(
         "import tensorflow as tf; print('\\x1f'.join(tf.sysconfig.get_compile_flags()));"
@@ -48,6 +50,7 @@ def tf_flags() -> tuple[list[str], list[str]]:
     return compile_line.split("\x1f"), link_line.split("\x1f")
 
 
+@functools.cache
 def torch_flags() -> tuple[list[str], list[str]]:
     out = _python_eval(
         "import os, torch, torch.utils.cpp_extension as ce;"

@@ -31,7 +31,8 @@ MAX_LEVELS = 2**20  # the ops' bound on the ``levels`` attribute
 
 @dataclass(frozen=True)
 class CatalogArrays:
-    """A catalog in memory: ``item_ids`` int64 [N], ``codes`` int32 [N, levels]."""
+    """A validated catalog in memory, sorted by id: ``item_ids`` int64 [N] strictly
+    increasing, ``codes`` int32 [N, levels] (row i is item_ids[i]'s code path)."""
 
     item_ids: np.ndarray
     codes: np.ndarray
@@ -45,8 +46,8 @@ class CatalogArrays:
 def validate_catalog(item_ids: np.ndarray, codes: np.ndarray, codebook_size: int) -> CatalogArrays:
     """Checks shapes, unique ids and code ranges (the rules the C++ table enforces at init).
 
-    item_ids: integer [N]; codes: integer [N, levels] with levels >= 1. Returns int64/int32
-    copies.
+    item_ids: integer [N]; codes: integer [N, levels] with levels >= 1. Returns the catalog
+    sorted by id (int64 ids, int32 codes).
     """
     ids = np.asarray(item_ids)
     cds = np.asarray(codes)
@@ -62,11 +63,12 @@ def validate_catalog(item_ids: np.ndarray, codes: np.ndarray, codebook_size: int
         lo, hi = int(cds.min()), int(cds.max())
         require(lo >= 0 and hi < codebook_size, CatalogError,
                 f"codes must lie in [0, codebook_size={codebook_size}), got values in [{lo}, {hi}]")
-    sorted_ids = np.sort(ids)
+    order = np.argsort(ids, kind="stable")
+    sorted_ids = ids[order].astype(np.int64)
     dup = np.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
     require(dup.size == 0, CatalogError,
             f"item_ids must be unique, item {sorted_ids[dup[0]] if dup.size else ''} appears twice")
-    return CatalogArrays(ids.astype(np.int64), cds.astype(np.int32), int(codebook_size))
+    return CatalogArrays(sorted_ids, cds[order].astype(np.int32), int(codebook_size))
 
 
 def write_catalog(path: str | os.PathLike, item_ids: np.ndarray, codes: np.ndarray,

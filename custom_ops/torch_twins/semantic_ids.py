@@ -62,9 +62,9 @@ class TorchSemanticIdTable:
         return table
 
     def _init_from(self, cat: CatalogArrays, device: torch.device) -> None:
-        order = np.argsort(cat.item_ids, kind="stable")
-        self._sorted_ids = torch.from_numpy(cat.item_ids[order]).to(device)
-        self._codes = torch.from_numpy(cat.codes[order].astype(np.int64)).to(device)
+        # CatalogArrays come sorted by id.
+        self._sorted_ids = torch.from_numpy(cat.item_ids).to(device)
+        self._codes = torch.from_numpy(cat.codes.astype(np.int64)).to(device)
         self._codebook_size = cat.codebook_size
 
     @property

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -39,18 +38,19 @@ absl::Status BuildCatalogImpl(const int64_t* ids, const CodeT* codes, int64_t nu
           i % levels));
     }
   }
-  // Sort a permutation, not the ids, so the codes can follow it in one gather.
-  std::vector<int64_t> order(num_items);
-  std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [ids](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+  // Sort (id, source row) pairs: contiguous keys sort several times faster than a
+  // permutation compared through the ids; the codes then follow in one gather.
+  std::vector<std::pair<int64_t, int64_t>> order(num_items);
+  for (int64_t i = 0; i < num_items; ++i) order[i] = {ids[i], i};
+  std::sort(order.begin(), order.end());
   auto catalog = std::make_shared<SemanticIdCatalog>();
   catalog->levels = levels;
   catalog->codebook_size = codebook_size;
   catalog->sorted_ids.resize(num_items);
   catalog->codes.resize(num_items * levels);
   for (int64_t r = 0; r < num_items; ++r) {
-    const int64_t src = order[r];
-    catalog->sorted_ids[r] = ids[src];
+    const int64_t src = order[r].second;
+    catalog->sorted_ids[r] = order[r].first;
     if (r > 0 && catalog->sorted_ids[r] == catalog->sorted_ids[r - 1]) {
       return absl::InvalidArgumentError(
           absl::StrCat(source, ": item ids must be unique, item ", ids[src], " appears twice"));
