@@ -60,3 +60,11 @@ def row_ids(splits: torch.Tensor) -> torch.Tensor:
     """Row index of every value: int64 [E] from row splits [B+1]."""
     batch = splits.numel() - 1
     return torch.repeat_interleave(torch.arange(batch, device=splits.device), splits.diff())
+
+
+def same_device(**tensors: torch.Tensor) -> torch.device:
+    """All tensors on one device (the TF op sees one host buffer); returns that device."""
+    devices = {name: t.device for name, t in tensors.items()}
+    require(len(set(devices.values())) == 1, InvalidInputError,
+            f"inputs must be on one device, got {devices}")
+    return next(iter(devices.values()))

@@ -36,6 +36,8 @@ def assemble_prompt(context_tokens: torch.Tensor, item_tokens: torch.Tensor,
     _checks.int_attr(max_length, 0, MAX_PROMPT_LENGTH, "max_length")
     context = _checks.int64_tensor(context_tokens, "context_tokens", 2)
     items = _checks.int64_tensor(item_tokens, "item_tokens", 2)
+    _checks.same_device(context_tokens=context, item_tokens=items,
+                        item_row_splits=_checks.int64_tensor(item_row_splits, "item_row_splits", 1))
     require(items.shape[1] >= 1, InvalidInputError,
             f"item_tokens must have at least one level (column), got shape {tuple(items.shape)}")
     splits = _checks.row_splits(item_row_splits, items.shape[0], "item_row_splits", "item_tokens")

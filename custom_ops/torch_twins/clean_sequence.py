@@ -34,6 +34,8 @@ def clean_sequence(values: torch.Tensor, timestamps: torch.Tensor, row_splits: t
     values = _checks.int64_tensor(values, "values", 1)
     timestamps = _checks.int64_tensor(timestamps, "timestamps", 1)
     request_time = _checks.int64_tensor(request_time, "request_time", 1)
+    _checks.same_device(values=values, timestamps=timestamps, request_time=request_time,
+                        row_splits=_checks.int64_tensor(row_splits, "row_splits", 1))
     num_events = values.numel()
     require(timestamps.numel() == num_events, InvalidInputError,
             f"timestamps must have the length of values ({num_events}), got {timestamps.numel()}")

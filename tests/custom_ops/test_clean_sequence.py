@@ -98,3 +98,9 @@ class CleanSequenceTest(parameterized.TestCase):
             tf.function(lambda s, r: self.ops.clean_sequence(
                 [1], [1], s, r, window_seconds=5, keep_last=2)).get_concrete_function(
                     tf.TensorSpec([4], tf.int64), tf.TensorSpec([2], tf.int64))
+
+    def test_twin_rejects_mixed_devices(self):
+        on_meta = torch.zeros(2, dtype=torch.int64, device="meta")
+        with self.assertRaisesRegex(InvalidInputError, "one device"):
+            self.twins.clean_sequence(on_meta, torch.tensor([1, 2]), torch.tensor([0, 2]),
+                                      torch.tensor([5]), window_seconds=10, keep_last=3)

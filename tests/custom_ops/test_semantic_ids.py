@@ -145,3 +145,12 @@ class SemanticIdLookupTest(parameterized.TestCase):
             self.twins.semantic_ids.semantic_id_lookup_onnx(
                 sorted_ids.flip(0), codes, torch.tensor([20]), torch.tensor([0, 1]),
                 code_base=CODE_BASE, codebook_size=CODEBOOK, levels=3)
+
+    def test_graph_mode_shapes(self):
+        spec = tf.TensorSpec([None], tf.int64)
+        fn = tf.function(lambda items, splits: self.table.lookup(
+            items, splits, code_base=CODE_BASE)).get_concrete_function(
+                spec, tf.TensorSpec([5], tf.int64))
+        self.assertEqual(fn.output_shapes.code_tokens.as_list(), [None, 3])
+        self.assertEqual(fn.output_shapes.row_splits.as_list(), [5])
+        self.assertEqual(fn.output_shapes.unknown_count.as_list(), [4])
