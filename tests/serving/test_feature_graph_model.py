@@ -34,10 +34,10 @@ def feature_model(world, tmp_path_factory):
     base = tmp_path_factory.mktemp("feature_graph") / "features"
     graph = FeatureGraph(PromptSpec(), world.item_ids, world.item_codes, seed=1)
     export_feature_graph(graph, base / "1")
-    loaded = tf.saved_model.load(str(base / "1")).signatures["serving_default"]
+    module = tf.saved_model.load(str(base / "1"))  # kept alive: it owns the table resources
     server = start_server(str(base), file_system_poll_wait_seconds=0,
                           batching=BatchingConfig(max_batch_size=16, batch_timeout_micros=30_000))
-    yield server, loaded
+    yield server, module.signatures["serving_default"]
     server.stop()
 
 
