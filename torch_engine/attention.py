@@ -101,8 +101,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]``. Returns ``[T, Hq, D]`` in ``q.dtype``.
     """
     if backend == "triton":
-        return _kernel("prefill_attention")(q, k, v, prompt.cu_seqlens, prompt.segment_ids,
-                                            prompt.mode, None)
+        return _kernel("prefill_attention")(q, k, v, prompt.prefill_cu_seqlens,
+                                            prompt.segment_ids, prompt.mode, None)
     # Plain torch: scatter into the [B, Lmax] rows the caller padded, attend, pack again.
     out = padded_attention(prompt.unpack(q), prompt.unpack(k), prompt.unpack(v),
                            prompt.padded_segments(), prompt.mode)

@@ -163,7 +163,10 @@ class EngineConfig:
     dtype: compute dtype name for the model weights and KV ("bfloat16" on GPU, "float32" on
         CPU); None keeps the model's dtype.
     max_exclude: widest per-request ``exclude_items`` row accepted.
-    cuda_graphs: on CUDA, replay a captured decode loop per batch shape (see ``graphs``).
+    cuda_graphs: on CUDA, capture the whole search once per input shape and replay it
+        (see ``graphs``); implies ``static_shapes``.
+    static_shapes: pack prompts into a fixed ``B * Lmax``-row buffer (see
+        ``kv_cache.PackedPrompt``): no host wait anywhere, padding slots computed.
     max_graphs: captured shapes kept (least recently used dropped first).
     """
 
@@ -172,6 +175,7 @@ class EngineConfig:
     dtype: str | None = None
     max_exclude: int = 4096
     cuda_graphs: bool = True
+    static_shapes: bool = False
     max_graphs: int = 8
 
     def __post_init__(self) -> None:

@@ -16,7 +16,7 @@ from torch_engine.attention import resolve_backend
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.errors import ConfigError, require
-from torch_engine.graphs import DecodeGraphs
+from torch_engine.graphs import SearchGraphs
 from torch_engine.inputs import RequestBatch, check_inputs
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
 from torch_engine.layout import MaskMode
@@ -55,7 +55,8 @@ class Engine:
         self.catalog = catalog.to(self.device)
         self.backend = resolve_backend(config.attention_backend, self.device)
         use_graphs = config.cuda_graphs and self.device.type == "cuda"
-        self.graphs = DecodeGraphs(self, config.max_graphs) if use_graphs else None
+        self.static_shapes = config.static_shapes or use_graphs
+        self.graphs = SearchGraphs(self, config.max_graphs) if use_graphs else None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -86,17 +87,16 @@ class Engine:
     def search(self, batch: RequestBatch, beam_width: int, top_k: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """The device part of ``recommend`` on checked inputs (see ``inputs.check_inputs``);
-        on CUDA the decode loop replays a captured graph unless ``config.cuda_graphs`` is off."""
-        state = self.prefill(batch)
+        on CUDA it replays a captured graph unless ``config.cuda_graphs`` is off."""
         if self.graphs is not None:
-            return self.graphs.run(state, beam_width, top_k)
-        return self.decode(state, beam_width, top_k)
+            return self.graphs.run(batch, beam_width, top_k)
+        return self.decode(self.prefill(batch), beam_width, top_k)
 
     def prefill(self, batch: RequestBatch) -> PrefillState:
         """Pack the prompts and run them once, writing the shared KV.
 
-        Packing selects the valid slots (a data-dependent size ``T``): the one place where the
-        device may wait for the host; everything after it is shape-static.
+        Unless ``static_shapes``, packing selects the valid slots (a data-dependent size
+        ``T``): the one place where the host waits for the device.
         """
         prompt, embeds = self._pack(batch)
         last_hidden, shared = self.model.prefill(prompt.pack(embeds), prompt, self.backend)
@@ -153,4 +153,4 @@ class Engine:
         slots = torch.arange(embeds.shape[1], device=self.device)
         valid = slots[None, :] < batch.total_lengths[:, None]
         mode = MaskMode.CAUSAL if batch.causal else MaskMode.ITEM_CAUSAL
-        return PackedPrompt.from_padded(valid, segments, mode), embeds
+        return PackedPrompt.from_padded(valid, segments, mode, self.static_shapes), embeds

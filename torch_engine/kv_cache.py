@@ -26,7 +26,15 @@ class PackedPrompt:
     gather: ``[B, Lmax]`` int64 packed row of each padded slot (clamped for padding);
     valid: ``[B, Lmax]`` bool, True where the padded slot holds a token;
     rows: ``[T]`` int64 flat padded slot (``b * Lmax + l``) of each packed token;
+    prefill_cu_seqlens: ``[B+1]`` int32 offsets the prefill kernel reads (see ``static``);
     mode: the prefill mask rule.
+
+    With ``static=True`` the packed buffers have the fixed capacity ``T = B * Lmax``: the
+    requests are packed at the front as usual (``cu_seqlens[-1]`` = real tokens) and the tail
+    holds the padding slots, in a segment of their own appended to the last request for the
+    prefill kernel (``prefill_cu_seqlens[-1] == B * Lmax``), so no real token attends them.
+    Every shape is then fixed by the inputs' shapes: no host wait, capturable in a CUDA graph,
+    at the cost of computing the padding slots' projections and MLP.
     """
 
     lengths: torch.Tensor
@@ -36,15 +44,17 @@ class PackedPrompt:
     gather: torch.Tensor
     valid: torch.Tensor
     rows: torch.Tensor
+    prefill_cu_seqlens: torch.Tensor
     mode: MaskMode
 
     @classmethod
     def from_padded(cls, valid: torch.Tensor, segment_ids: torch.Tensor,
-                    mode: MaskMode) -> "PackedPrompt":
+                    mode: MaskMode, static: bool = False) -> "PackedPrompt":
         """Describe right-padded rows ``valid [B, Lmax]`` (bool) with ``segment_ids [B, Lmax]``.
 
-        ``T`` is data-dependent: finding the valid slots (``nonzero``) is the one place the
-        host waits for the device; packing and unpacking afterwards are plain gathers.
+        Unless ``static``, ``T`` is data-dependent: finding the valid slots (``nonzero``) is
+        the one place the host waits for the device; packing and unpacking afterwards are
+        plain gathers.
         """
         lengths = valid.sum(dim=1)
         cu = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=valid.device)
@@ -53,10 +63,23 @@ class PackedPrompt:
         slots = torch.arange(width, device=valid.device)
         total = cu[-1:]
         gather = torch.minimum(cu[:-1, None] + slots[None, :], (total - 1).clamp(min=0))
-        rows = torch.nonzero(valid.flatten()).squeeze(1)
+        flat_segments = segment_ids.flatten().to(torch.int32)
+        if not static:
+            rows = torch.nonzero(valid.flatten()).squeeze(1)
+            return cls(lengths=lengths, cu_seqlens=cu.to(torch.int32), positions=rows % width,
+                       segment_ids=flat_segments[rows], gather=gather, valid=valid, rows=rows,
+                       prefill_cu_seqlens=cu.to(torch.int32), mode=MaskMode(mode))
+        # Valid slots first (in order), then the padding slots: a stable sort, fixed size.
+        rows = torch.sort((~valid).flatten().to(torch.int8), stable=True).indices
+        packed = flat_segments[rows]
+        tail = torch.arange(rows.shape[0], device=valid.device) >= total
+        last_segment = packed[(total - 1).clamp(min=0)]
+        prefill_cu = cu.clone()
+        prefill_cu[-1] = rows.shape[0]
         return cls(lengths=lengths, cu_seqlens=cu.to(torch.int32), positions=rows % width,
-                   segment_ids=segment_ids.flatten()[rows].to(torch.int32), gather=gather,
-                   valid=valid, rows=rows, mode=MaskMode(mode))
+                   segment_ids=torch.where(tail, last_segment + 1, packed), gather=gather,
+                   valid=valid, rows=rows, prefill_cu_seqlens=prefill_cu.to(torch.int32),
+                   mode=MaskMode(mode))
 
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
         """``[B, Lmax, ...]`` -> ``[T, ...]`` (the valid slots, request by request)."""

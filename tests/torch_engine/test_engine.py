@@ -201,6 +201,21 @@ def test_batched_equals_one_by_one(world):
 
 
 @pytest.mark.parametrize("segmented", [False, True])
+def test_static_packing_equals_dynamic_packing(world, segmented):
+    """Fixed-capacity packing (padding slots computed in a tail segment) changes no result."""
+    _, _, engine = world
+    static = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=True))
+    tokens, lengths, segs = prompts(14, [3, 15, 8], segmented=segmented)
+    soft = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(15))
+    exclude = torch.tensor([[-1], [int(engine.catalog.path_items[0])], [-1]])
+    args = dict(beam_width=7, top_k=12, prefix_embeds=soft, exclude_items=exclude)
+    want = engine.recommend(tokens, lengths, segs, **args)
+    got = static.recommend(tokens, lengths, segs, **args)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=FP32.rtol, atol=FP32.atol)
+
+
+@pytest.mark.parametrize("segmented", [False, True])
 def test_prefix_embeds_equal_the_tokens_they_embed(world, segmented):
     _, _, engine = world
     tokens, lengths, segs = prompts(6, [12, 8], segmented=segmented)
@@ -251,23 +266,24 @@ def test_bad_inputs_raise_clear_value_errors(model, change, match):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("width", [4, 64])
-def test_decode_loop_runs_on_cuda_without_host_sync(width, backend):
+def test_search_runs_on_cuda_without_host_sync(width, backend):
     ids, codes = small_world(seed=7, n=3000, used_codes=12)
     cpu_engine = Engine(Model.from_preset("tiny", seed=11), Catalog.from_arrays(ids, codes))
     gpu_engine = Engine(Model.from_preset("tiny", seed=11, device="cuda"),
-                        Catalog.from_arrays(ids, codes), EngineConfig(attention_backend=backend))
+                        Catalog.from_arrays(ids, codes),
+                        EngineConfig(attention_backend=backend, cuda_graphs=False,
+                                     static_shapes=True))
     tokens, lengths, segs = prompts(8, [30, 12, 21])
     exclude = torch.tensor([[int(ids[0]), -1], [int(ids[1]), int(ids[2])], [-1, -1]])
     expected = cpu_engine.recommend(tokens, lengths, segs, beam_width=width, top_k=20,
                                     exclude_items=exclude)
     batch = check_inputs(gpu_engine, tokens.cuda(), lengths.cuda(), segs.cuda(), width, 20,
                          None, exclude.cuda())
+    torch.cuda.synchronize()
     with torch.no_grad():
-        state = gpu_engine.prefill(batch)
-        torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
-        try:
-            items, scores = gpu_engine.decode(state, width, 20)
+        try:  # static packing: prefill too runs without waiting for the host
+            items, scores = gpu_engine.search(batch, width, 20)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(items.cpu(), expected[0])
@@ -276,14 +292,15 @@ def test_decode_loop_runs_on_cuda_without_host_sync(width, backend):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_graph_replays_equal_eager_decode_across_batches(backend):
-    """Two batches of one shape key but different lengths (different packed T) replay the one
-    captured graph and match eager decoding."""
+def test_graph_replays_equal_eager_search_across_batches(backend):
+    """Two batches of one shape but different lengths replay the one captured graph and match
+    the eager, dynamically packed search."""
     ids, codes = small_world(seed=9, n=3000, used_codes=12)
     model = Model.from_preset("tiny", seed=11, device="cuda")
     catalog = Catalog.from_arrays(ids, codes)
     graphed = Engine(model, catalog, EngineConfig(attention_backend=backend))
     eager = Engine(model, catalog, EngineConfig(attention_backend=backend, cuda_graphs=False))
+    assert graphed.static_shapes and not eager.static_shapes
     for seed, lengths in ((10, [30, 12, 21]), (11, [5, 30, 9])):
         tokens, lens, segs = prompts(seed, lengths, width=30)
         args = (tokens.cuda(), lens.cuda(), segs.cuda())
@@ -306,8 +323,10 @@ class _Search(torch.nn.Module):
         return self.engine.search(batch, 6, 10)
 
 
-def test_search_exports_with_dynamic_batch_and_length(world):
+@pytest.mark.parametrize("static", [False, True])
+def test_search_exports_with_dynamic_batch_and_length(world, static):
     _, _, engine = world
+    engine = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=static))
     wrapper = _Search(engine)
     tokens, lengths, segs = prompts(12, [12, 7])
     batch_dim = torch.export.Dim("batch", min=1, max=64)

@@ -138,11 +138,20 @@ def test_torch_backends_match_reference_attention():
     assert rel_error(got, ref) <= 1e-12
 
 
-@pytest.mark.parametrize("preset_name,segmented", [("tiny", False), ("tiny", True)])
-def test_prefill_then_decode_equals_full_forward(preset_name, segmented):
+QWEN3_TINY = PRESETS["tiny"].replace(qk_norm=True, attention_bias=False, head_dim=24)
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+@pytest.mark.parametrize("segmented,static", [(False, False), (True, False), (True, True)])
+def test_prefill_then_decode_equals_full_forward(family, segmented, static):
     """Packed prefill + two decode steps give the logits of forward() over prompt + tokens,
     where (hybrid mask) each generated token sits in a new segment of its own."""
-    model = Model.from_preset(preset_name, seed=7)
+    if family == "qwen2":
+        model = Model.from_preset("tiny", seed=7)
+    else:
+        model = Model(QWEN3_TINY)
+        model.init_weights(7)
+        model.eval()
     cfg = model.config
     gen = torch.Generator().manual_seed(8)
     lengths = torch.tensor([10, 6])
@@ -154,8 +163,9 @@ def test_prefill_then_decode_equals_full_forward(preset_name, segmented):
     valid = torch.arange(width)[None] < lengths[:, None]
     generated = torch.randint(256, 1024, (2, beams, steps), generator=gen)
     with torch.no_grad():
-        prompt = PackedPrompt.from_padded(valid, segs, mode)
+        prompt = PackedPrompt.from_padded(valid, segs, mode, static=static)
         last, shared = model.prefill(prompt.pack(model.embed(ids)), prompt)
+        assert shared.keys[0].shape[0] == (valid.numel() if static else int(lengths.sum()))
         kv = BeamKV(cfg.num_layers, 2, beams, steps, cfg.num_kv_heads, cfg.head_dim,
                     torch.float32, torch.device("cpu"))
         hidden = [model.decode_step(generated[:, :, s], lengths + s, shared, prompt, kv, s)
@@ -180,3 +190,25 @@ def test_beam_kv_reorder_copies_only_used_slots():
     assert kv.keys[0, 0, :, 0, 0, 0].tolist() == [3.0, 3.0, 1.0]
     assert kv.keys[0, 0, :, 1, 0, 0].tolist() == [10.0, 20.0, 30.0]
     assert math.isclose(float(kv.keys.sum()), 3 + 3 + 1 + 60)
+
+
+@pytest.mark.parametrize("mode", [MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL])
+def test_static_packing_tail_is_never_attended_by_real_tokens(mode):
+    """What a kernel sees in static packing (``prefill_cu_seqlens`` stretching the last request
+    over the padding tail, in a segment of its own) gives the real rows their dynamic result."""
+    gen = torch.Generator().manual_seed(9)
+    lengths = torch.tensor([4, 9, 2])
+    valid = torch.arange(9)[None] < lengths[:, None]
+    segs = torch.stack([_segments(9, gen) for _ in range(3)])
+    dynamic = PackedPrompt.from_padded(valid, segs, mode)
+    static = PackedPrompt.from_padded(valid, segs, mode, static=True)
+    total = int(lengths.sum())
+    assert static.prefill_cu_seqlens[-1] == valid.numel() and static.cu_seqlens[-1] == total
+    assert torch.equal(static.rows[:total], dynamic.rows)
+    q, k, v = (torch.randn(valid.numel(), h, 16, generator=gen, dtype=torch.float64)
+               for h in (4, 2, 2))
+    got = reference.prefill_attention(q, k, v, static.prefill_cu_seqlens, static.segment_ids,
+                                      mode)[:total]
+    want = reference.prefill_attention(q[:total], k[:total], v[:total], dynamic.cu_seqlens,
+                                       dynamic.segment_ids, mode)
+    assert rel_error(got, want) <= 1e-12
