@@ -15,7 +15,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("bridge.cli.demo", "TF feature graph -> bridge -> engine on the embedded default"),
     "export": ("bridge.cli.export", "export the pipeline as one TF SavedModel with the Torch call"),
     "serve": ("tf_frontend.serving.cli", "serve a SavedModel over TF Serving's REST and gRPC APIs"),
-    "migrate": ("bridge.cli.migrate", "show or change a migration plan (status, swap, auto)"),
+    "migrate": ("bridge.cli.migrate", "show or change a migration plan (init, status, swap, auto, revert)"),
     "parity": ("bridge.cli.parity", "run TF and the migrated plan side by side; report parity"),
 }
 
