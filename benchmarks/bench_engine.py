@@ -5,7 +5,8 @@
 qwen2-0.5b shape with random bf16 weights, prompts of 1024 tokens, beam 256, 3 levels x 256
 codes, a 1M-item catalog with random code paths, batch 1 and 8. For each attention backend
 (plain torch, Triton kernels when importable) it times whole ``recommend`` calls (input checks,
-prefill, decode, item expansion; synchronised) and prefill alone; the anchor is
+prefill, decode, item expansion; synchronised; CUDA graphs unless the backend name ends in
+"-eager"), a ragged batch, and eager prefill alone; the anchor is
 ``transformers`` ``generate(num_beams=256, max_new_tokens=3, prefix_allowed_tokens_fn=...)``
 constrained to the same catalog (reported absent when transformers is missing).
 Median and P99 per call and per request; writes ``engine_<date>.json`` and prints a table.
@@ -46,8 +47,12 @@ flags.DEFINE_integer("items", 1_000_000, "catalog size")
 flags.DEFINE_integer("paths", 250_000, "distinct code paths the items share (about 4 per path)")
 flags.DEFINE_integer("repeats", 20, "timed engine calls per configuration")
 flags.DEFINE_integer("hf_repeats", 3, "timed transformers calls per batch size")
-flags.DEFINE_list("backends", ["torch", "triton"], "attention backends to time")
+flags.DEFINE_list("backends", ["torch", "triton", "torch-eager"],
+                  "attention backends to time; '-eager' turns the decode CUDA graphs off")
 flags.DEFINE_bool("hf", True, "time the transformers anchor")
+flags.DEFINE_string("tag", "", "suffix of the result file name (engine_<date>_<tag>.json)")
+flags.DEFINE_bool("ragged", True, "also time the largest batch with lengths drawn from "
+                  "[prompt/2, prompt] (static packing computes the padding slots)")
 flags.DEFINE_string("device", "cuda", "torch device (cpu only for a smoke run of the script)")
 
 LAYOUT = TokenLayout()
@@ -151,22 +156,29 @@ def main(argv: list[str]) -> None:
     rows = []
     for backend in FLAGS.backends:
         try:
-            engine = Engine(model, catalog, EngineConfig(attention_backend=backend))
+            engine = Engine(model, catalog, EngineConfig(
+                attention_backend=backend.removesuffix("-eager"),
+                cuda_graphs=not backend.endswith("-eager")))
         except ValueError as err:
             rows.append({"system": f"engine ({backend})", "absent": str(err)})
             continue
-        for batch, tokens in tqdm(prompts.items(), desc=f"engine {backend}"):
-            lengths = torch.full((batch,), FLAGS.prompt, device=device)
+        cases = [(b, t, torch.full((b,), FLAGS.prompt, device=device), "")
+                 for b, t in prompts.items()]
+        if FLAGS.ragged:
+            batch, tokens = max(prompts.items())
+            lengths = torch.randint(FLAGS.prompt // 2, FLAGS.prompt + 1, (batch,), device=device)
+            cases.append((batch, tokens, lengths, " ragged"))
+        for batch, tokens, lengths, label in tqdm(cases, desc=f"engine {backend}"):
             def call():
                 return engine.recommend(tokens, lengths, beam_width=FLAGS.beam, top_k=FLAGS.top_k)
             items, _ = call()
-            row = summary(f"engine ({backend})", batch, timed(call, FLAGS.repeats))
+            row = summary(f"engine ({backend}){label}", batch, timed(call, FLAGS.repeats))
             row["items_returned_min"] = int((items >= 0).sum(dim=1).min())
             rows.append(row)
             checked = check_inputs(engine, tokens, lengths, None, FLAGS.beam, FLAGS.top_k,
                                    None, None)
             with torch.no_grad():
-                rows.append(summary(f"engine ({backend}) prefill only", batch,
+                rows.append(summary(f"engine ({backend}){label} eager prefill only", batch,
                                     timed(lambda: engine.prefill(checked), FLAGS.repeats)))
     if FLAGS.hf:
         rows += hf_anchor(model, catalog, prompts, device)
@@ -179,7 +191,8 @@ def main(argv: list[str]) -> None:
         "catalog_build_s": build_s, "rows": rows,
     }
     os.makedirs(FLAGS.out, exist_ok=True)
-    path = os.path.join(FLAGS.out, f"engine_{datetime.date.today().isoformat()}.json")
+    suffix = f"_{FLAGS.tag}" if FLAGS.tag else ""
+    path = os.path.join(FLAGS.out, f"engine_{datetime.date.today().isoformat()}{suffix}.json")
     with open(path, "w") as f:
         json.dump(result, f, indent=2)
     print(f"\n{'system':42s} {'batch':>5s} {'median ms':>10s} {'p99 ms':>9s} {'ms/request':>11s}")
