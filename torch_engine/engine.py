@@ -73,7 +73,9 @@ class Engine:
         prefix_embeds: ``[B, S, hidden]`` float soft tokens placed before ``token_ids``
         (segment 0); exclude_items: ``[B, X]`` int64 padded with -1, or a list of B 1-D int
         tensors: those items are never returned and a path whose items are all excluded is
-        never chosen. Generated codes attend the whole prompt and the earlier codes.
+        never chosen (checked at the last level: a shorter prefix all of whose paths are
+        excluded can still hold a beam). Generated codes attend the whole prompt and the
+        earlier codes.
 
         Returns item ids ``[B, top_k]`` int64 and scores ``[B, top_k]`` float32 (the path's
         log-probability, each level normalised over the codes the catalog allows), best first;
@@ -87,7 +89,11 @@ class Engine:
     def search(self, batch: RequestBatch, beam_width: int, top_k: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """The device part of ``recommend`` on checked inputs (see ``inputs.check_inputs``);
-        on CUDA it replays a captured graph unless ``config.cuda_graphs`` is off."""
+        on CUDA it replays a captured graph unless ``config.cuda_graphs`` is off.
+
+        To trace it (``torch.export``), build the engine with ``cuda_graphs=False``; with
+        ``static_shapes=True`` every shape then follows the input shapes (no unbacked sizes).
+        """
         if self.graphs is not None:
             return self.graphs.run(batch, beam_width, top_k)
         return self.decode(self.prefill(batch), beam_width, top_k)
