@@ -84,15 +84,30 @@ def write_catalog(path: str | os.PathLike, item_ids: np.ndarray, codes: np.ndarr
     return cat
 
 
-def read_catalog(path: str | os.PathLike) -> CatalogArrays:
-    """Reads and validates a catalog file (memory-mapped, then copied once)."""
+@dataclass(frozen=True)
+class CatalogHeader:
+    num_items: int
+    levels: int
+    codebook_size: int
+
+
+def read_header(path: str | os.PathLike) -> CatalogHeader:
+    """The 32-byte header of a catalog file (magic checked, sizes not yet)."""
     size = os.path.getsize(path)
     require(size >= HEADER_BYTES, CatalogError,
             f"catalog file {path} has {size} bytes, fewer than its {HEADER_BYTES}-byte header")
     with open(path, "rb") as f:
         magic = f.read(8)
-        n, levels, codebook_size = (int(v) for v in np.frombuffer(f.read(24), dtype="<i8"))
+        fields = (int(v) for v in np.frombuffer(f.read(24), dtype="<i8"))
     require(magic == MAGIC, CatalogError, f"catalog file {path} does not start with {MAGIC!r}")
+    return CatalogHeader(*fields)
+
+
+def read_catalog(path: str | os.PathLike) -> CatalogArrays:
+    """Reads and validates a catalog file (memory-mapped, then copied once)."""
+    size = os.path.getsize(path)
+    header = read_header(path)
+    n, levels, codebook_size = header.num_items, header.levels, header.codebook_size
     require(1 <= levels <= MAX_LEVELS, CatalogError,
             f"catalog file {path} announces levels={levels}, outside [1, {MAX_LEVELS}]")
     require(n >= 0 and size == HEADER_BYTES + n * (8 + 4 * levels),

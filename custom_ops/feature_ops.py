@@ -16,6 +16,12 @@ from custom_ops._loader import load_library
 from torch_engine.errors import InvalidInputError
 
 
+INT64_MAX = 2**63 - 1
+INT32_MAX = 2**31 - 1
+MAX_PROMPT_LENGTH = 2**20  # the assemble op's bound on max_length
+_WIDENABLE = (tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32)
+
+
 class CleanedSequence(NamedTuple):
     values: tf.Tensor       # int64 [E']
     timestamps: tf.Tensor   # int64 [E']
@@ -34,9 +40,6 @@ class Prompt(NamedTuple):
     segment_ids: tf.Tensor  # int32 [B, L]
 
 
-_WIDENABLE = (tf.int8, tf.int16, tf.int32, tf.int64, tf.uint8, tf.uint16, tf.uint32)
-
-
 def as_int64(value, name: str) -> tf.Tensor:
     """``value`` as an int64 tensor; integer dtypes that fit are widened, anything else
     (floats, uint64, Python ints beyond int64) is refused with ``InvalidInputError``."""
@@ -48,11 +51,6 @@ def as_int64(value, name: str) -> tf.Tensor:
         raise InvalidInputError(f"{name} must be an integer tensor that fits int64, got dtype "
                                 f"{tensor.dtype.name}")
     return tf.cast(tensor, tf.int64)
-
-
-INT64_MAX = 2**63 - 1
-INT32_MAX = 2**31 - 1
-MAX_PROMPT_LENGTH = 2**20
 
 
 def int_attr(value, name: str, lo: int, hi: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from custom_ops._loader import load_library
-from custom_ops.catalog_file import read_catalog, write_catalog
+from custom_ops.catalog_file import read_header, write_catalog
 from custom_ops.feature_ops import CodeTokens, semantic_id_lookup
 
 
@@ -34,7 +34,7 @@ class SemanticIdTable(tf.saved_model.experimental.TrackableResource):
     def __init__(self, catalog_path: str | os.PathLike, levels: int | None = None,
                  codebook_size: int | None = None):
         if levels is None or codebook_size is None:
-            header = read_catalog(catalog_path)
+            header = read_header(catalog_path)  # the op validates the rest at init
             levels = header.levels if levels is None else levels
             codebook_size = header.codebook_size if codebook_size is None else codebook_size
         self._levels = int(levels)
