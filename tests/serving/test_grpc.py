@@ -68,6 +68,10 @@ def test_metadata_and_status(channel):
     status = status_stub.GetModelStatus(status_request, timeout=60)
     assert [(v.version, v.state) for v in status.model_version_status] == [
         (1, get_model_status_pb2.ModelVersionStatus.AVAILABLE)]
+    status_request.model_spec.name = "other"
+    with pytest.raises(grpc.RpcError) as failure:
+        status_stub.GetModelStatus(status_request, timeout=60)
+    assert failure.value.code() == grpc.StatusCode.NOT_FOUND and "'other'" in failure.value.details()
 
 
 def _bad_requests():
@@ -75,7 +79,10 @@ def _bad_requests():
     wrong_dtype = dict(good, user_id=good["user_id"].astype(np.int32))
     missing = {k: v for k, v in good.items() if k != "country"}
     negative = dict(good, history_items=-np.ones_like(good["history_items"]))
+    labelled = predict_request(good)
+    labelled.model_spec.version_label = "stable"
     return {
+        "version_label": (labelled, grpc.StatusCode.INVALID_ARGUMENT, "version labels"),
         "wrong_dtype": (predict_request(wrong_dtype), grpc.StatusCode.INVALID_ARGUMENT, "int64"),
         "missing_input": (predict_request(missing), grpc.StatusCode.INVALID_ARGUMENT, "country"),
         "model_invalid_argument": (predict_request(negative), grpc.StatusCode.INVALID_ARGUMENT,

@@ -76,6 +76,25 @@ def test_new_version_is_picked_up_without_dropping_requests(model_base, tmp_path
     assert set(answered_by[first_new:]) == {2.0}
 
 
+def test_an_empty_base_path_serves_once_a_version_appears(model_base, tmp_path):
+    base = tmp_path / "recs"
+    base.mkdir()
+    (base / "not_a_version").mkdir()
+    server = start_server(str(base), file_system_poll_wait_seconds=0.2)
+    try:
+        assert http(server.rest_port, "/healthz") == (503, {"status": "NOT_SERVING"})
+        status, body = http(server.rest_port, "/v1/models/recs")
+        assert status == 404 and "no version of model 'recs'" in body["error"]
+        status, body = http(server.rest_port, PREDICT, {"inputs": {}})
+        assert status == 404 and "no available version" in body["error"]
+        shutil.copytree(os.path.join(model_base, "1"), tmp_path / "staging")
+        os.rename(tmp_path / "staging", base / "3")
+        _wait_for(lambda: http(server.rest_port, "/healthz")[0] == 200)
+        assert _states(server.rest_port) == {3: "AVAILABLE"}
+    finally:
+        server.stop()
+
+
 def _write_warmup(version_dir, requests):
     os.makedirs(os.path.join(version_dir, "assets.extra"), exist_ok=True)
     path = os.path.join(version_dir, "assets.extra", "tf_serving_warmup_requests")
@@ -135,12 +154,15 @@ def test_stop_finishes_in_flight_requests_then_refuses(model_base):
         http(server.rest_port, "/healthz")
 
 
-def test_xgr_serve_subprocess_json_logs_and_sigterm(model_base):
+def test_xgr_serve_subprocess_json_logs_and_sigterm(model_base, tmp_path):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
+    batching = tmp_path / "batching.config"
+    batching.write_text("max_batch_size { value: 4 }\nbatch_timeout_micros { value: 1000 }\n")
     process = subprocess.Popen(
         [sys.executable, "-m", "bridge.cli.main", "serve", "--model_name=recs",
          f"--model_base_path={model_base}", "--port=0", "--rest_api_port=0",
-         "--bind_address=127.0.0.1", "--enable_batching", "--max_history_events=3"],
+         "--bind_address=127.0.0.1", "--enable_batching", f"--batching_parameters_file={batching}",
+         "--max_history_events=3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     try:
@@ -154,6 +176,9 @@ def test_xgr_serve_subprocess_json_logs_and_sigterm(model_base):
                         history_splits=[0, 4, 4])
         status, body = http(rest_port, PREDICT, {"inputs": too_long})
         assert status == 400 and "maximum history length is 3" in body["error"]
+        five_rows = random_request(np.random.default_rng(24), rows=5, max_events=1)
+        status, body = http(rest_port, PREDICT, {"inputs": columnar(five_rows)})
+        assert status == 400 and "larger than max_batch_size 4" in body["error"]
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=60) == 0
     finally:

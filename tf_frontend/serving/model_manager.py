@@ -158,10 +158,13 @@ class ModelManager:
     def statuses(self, name: str, version: int | None) -> list[VersionStatus]:
         self.check_name(name)
         with self._lock:
-            if version is None:
+            if version is None and self._status:
                 return [self._status[v] for v in sorted(self._status, reverse=True)]
             if version in self._status:
                 return [self._status[version]]
+        if version is None:
+            raise ServingError(f"no version of model {name!r} found under "
+                               f"{self._config.model_base_path}")
         raise ServingError(f"model {name!r} version {version} not found")
 
     def healthy(self) -> bool:
