@@ -18,7 +18,7 @@ import numpy as np
 import tensorflow as tf
 
 from custom_ops._loader import load_library
-from custom_ops.catalog_file import read_header, write_catalog
+from custom_ops.catalog_file import CatalogArrays, read_catalog, read_header, write_catalog
 from custom_ops.feature_ops import CodeTokens, semantic_id_lookup
 
 
@@ -70,6 +70,12 @@ class SemanticIdTable(tf.saved_model.experimental.TrackableResource):
     def catalog_path(self) -> tf.Tensor:
         """The asset's path (a string tensor; inside a loaded SavedModel, its assets copy)."""
         return self._asset.asset_path
+
+    def catalog_arrays(self) -> CatalogArrays:
+        """The catalog behind the table, sorted by id (eager only): what the ONNX node
+        ``XgrSemanticIdLookup`` takes as its ``catalog_item_ids``/``catalog_codes`` inputs and
+        what ``TorchSemanticIdTable`` is built from."""
+        return read_catalog(self.catalog_path.numpy().decode())
 
     def _create_resource(self):
         return load_library("feature_ops").xgr_semantic_id_table_handle(

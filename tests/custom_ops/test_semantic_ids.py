@@ -135,8 +135,10 @@ class SemanticIdLookupTest(parameterized.TestCase):
                                        code_base=0, codebook_size=CODEBOOK, levels=3)
 
     def test_onnx_form_matches(self):
-        sorted_ids = torch.from_numpy(np.sort(IDS))
-        codes = torch.from_numpy(CODES[np.argsort(IDS)])
+        catalog = self.table.catalog_arrays()  # the TF table's own catalog, sorted by id
+        sorted_ids = torch.from_numpy(catalog.item_ids)
+        codes = torch.from_numpy(catalog.codes.astype(np.int64))
+        np.testing.assert_array_equal(catalog.item_ids, np.sort(IDS))
         got = self.twins.semantic_ids.semantic_id_lookup_onnx(
             sorted_ids, codes, torch.tensor([20, 1]), torch.tensor([0, 2]),
             code_base=CODE_BASE, codebook_size=CODEBOOK, levels=3)
