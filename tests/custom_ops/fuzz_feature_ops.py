@@ -104,7 +104,8 @@ def clean_sequence_is_safe(values_splits, data, window, keep):
                                              window_seconds=window, keep_last=keep))
 
 
-TABLE_DIR = tempfile.mkdtemp()
+_WORKDIR = tempfile.TemporaryDirectory(prefix="xgr_fuzz_")  # removed when the child exits
+TABLE_DIR = _WORKDIR.name
 TABLE_IDS = np.array([INT64_MIN, -1, 0, 3, 7, INT64_MAX], np.int64)
 TABLE_CODES = np.array([[0, 1], [1, 0], [2, 2], [3, 0], [0, 0], [1, 3]], np.int64)
 TF_TABLE = custom_ops.SemanticIdTable.from_arrays(os.path.join(TABLE_DIR, "t.bin"), TABLE_IDS,
