@@ -80,10 +80,14 @@ def save_history_model(path: str, scale: float) -> str:
     def dense(x):
         return {"y": tf.reduce_sum(x, axis=1) * 2.0}
 
-    module.dense = dense
+    @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+    def total(x):  # a scalar output: requests cannot share a call
+        return {"total": tf.reduce_sum(x), "rows": tf.shape(x)[0]}
+
+    module.dense, module.total = dense, total
     tf.saved_model.save(module, path, signatures={
         "serving_default": module.serve.get_concrete_function(),
-        "dense": dense.get_concrete_function()})
+        "dense": dense.get_concrete_function(), "total": total.get_concrete_function()})
     return path
 
 

@@ -5,6 +5,7 @@ import threading
 
 import grpc
 import numpy as np
+import pytest
 import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
@@ -83,3 +84,24 @@ def test_one_failing_request_does_not_fail_its_batch(server, in_process):
             assert status == 200, body
             np.testing.assert_array_equal(np.asarray(body["outputs"]["score"], np.float32),
                                           in_process(requests[i])["score"])
+
+
+def test_a_signature_with_a_scalar_output_runs_each_request_alone(server):
+    version = server.manager.get("recs", None)
+    assert version.signatures["serving_default"].batchable
+    assert not version.signatures["total"].batchable
+    rng = np.random.default_rng(13)
+    inputs = [rng.normal(size=(int(rng.integers(1, 4)), 3)).astype(np.float32) for _ in range(6)]
+    start = threading.Barrier(len(inputs))
+
+    def client(i: int):
+        start.wait()
+        return http(server.rest_port, "/v1/models/recs:predict",
+                    {"signature_name": "total", "inputs": inputs[i].tolist()})
+
+    with concurrent.futures.ThreadPoolExecutor(len(inputs)) as pool:
+        answers = list(pool.map(client, range(len(inputs))))
+    for x, (status, body) in zip(inputs, answers):
+        assert status == 200, body
+        assert body["outputs"]["rows"] == len(x)
+        assert body["outputs"]["total"] == pytest.approx(float(x.sum()), rel=1e-5)

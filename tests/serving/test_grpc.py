@@ -59,7 +59,7 @@ def test_metadata_and_status(channel):
     response = stub.GetModelMetadata(request, timeout=60)
     signatures = get_model_metadata_pb2.SignatureDefMap()
     response.metadata["signature_def"].Unpack(signatures)
-    assert sorted(signatures.signature_def) == ["dense", "serving_default"]
+    assert sorted(signatures.signature_def) == ["dense", "serving_default", "total"]
     assert signatures.signature_def["dense"].inputs["x"].dtype == tf.float32.as_datatype_enum
 
     status_stub = model_service_pb2_grpc.ModelServiceStub(channel)

@@ -19,7 +19,7 @@ def test_status_and_metadata(server):
     assert status == 200 and body["model_spec"] == {"name": "recs", "signature_name": "",
                                                     "version": "1"}
     signatures = body["metadata"]["signature_def"]["signature_def"]
-    assert sorted(signatures) == ["dense", "serving_default"]
+    assert sorted(signatures) == ["dense", "serving_default", "total"]
     assert sorted(signatures["serving_default"]["inputs"]) == [
         "country", "history_items", "history_splits", "history_times", "request_time", "user_id"]
     assert signatures["serving_default"]["inputs"]["country"]["dtype"] == "DT_STRING"

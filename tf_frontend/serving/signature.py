@@ -17,7 +17,8 @@ which tensors belong together. That pairing comes from, in order:
    unknown (``history_splits`` -> ``history_items``, ``history_times``).
 
 A signature is *batchable* when every input is batch-major (first dim unknown) or part of a
-ragged group; otherwise each request gets its own model call.
+ragged group and no output has a known non-batch leading shape; otherwise each request gets
+its own model call.
 """
 
 from __future__ import annotations
@@ -105,9 +106,14 @@ class SignatureInfo:
 
     @property
     def batchable(self) -> bool:
+        """Inputs all batch-major or ragged, and no output statically without a batch dim (an
+        output of unknown shape is checked per merged call, which falls back to single calls)."""
         ragged = self.ragged_input_names
+        ragged_out = {n for g in self.output_groups for n in (g.splits, *g.values)}
         return bool(self.inputs) and all(
-            info.batch_major or name in ragged for name, info in self.inputs.items())
+            info.batch_major or name in ragged for name, info in self.inputs.items()) and all(
+            info.shape is None or info.batch_major or name in ragged_out
+            for name, info in self.outputs.items())
 
 
 def _tensor_info(name: str, spec) -> TensorInfo:
