@@ -97,7 +97,8 @@ def clean_sequence_is_safe(values_splits, data, window, keep):
         times = np.sort(times)  # sorted overall is sorted inside every row
     request = data.draw(st.one_of(arrays(np.int64, max(splits.size - 1, 0), elements=ELEMENTS),
                                   ANY_ARRAY))
-    agree("clean_sequence_is_safe", lambda: LIB.xgr_clean_sequence(values=values, timestamps=times, row_splits=splits,
+    agree("clean_sequence_is_safe",
+          lambda: LIB.xgr_clean_sequence(values=values, timestamps=times, row_splits=splits,
                                          request_time=request, window_seconds=window,
                                          keep_last=keep),
           lambda: torch_twins.clean_sequence(t(values), t(times), t(splits), t(request),
@@ -117,7 +118,8 @@ TWIN_TABLE = torch_twins.TorchSemanticIdTable(TABLE_IDS, TABLE_CODES, 4)
 @given(ragged(), st.sampled_from([0, 5, 2**40, INT64_MAX - 8, INT64_MAX - 7, INT64_MAX]))
 def semantic_id_lookup_is_safe(items_splits, code_base):
     items, splits = items_splits
-    agree("semantic_id_lookup_is_safe", lambda: LIB.xgr_semantic_id_lookup(table=TF_TABLE.resource_handle, items=items,
+    agree("semantic_id_lookup_is_safe",
+          lambda: LIB.xgr_semantic_id_lookup(table=TF_TABLE.resource_handle, items=items,
                                              row_splits=splits, code_base=code_base,
                                              codebook_size=4, levels=2),
           lambda: torch_twins.semantic_id_lookup(TWIN_TABLE, t(items), t(splits),
@@ -212,7 +214,8 @@ def assemble_prompt_is_safe(context, items_splits, data, max_length):
         max_length = 9  # keep the output small: the bound itself is what matters
     specials = dict(bos_id=1, profile_start_id=data.draw(st.sampled_from([2, 2, 2, -1, 2**31])),
                     item_start_id=4, pad_id=0)
-    agree("assemble_prompt_is_safe", lambda: LIB.xgr_assemble_prompt(context_tokens=context, item_tokens=items,
+    agree("assemble_prompt_is_safe",
+          lambda: LIB.xgr_assemble_prompt(context_tokens=context, item_tokens=items,
                                           item_row_splits=splits, max_length=max_length,
                                           **specials),
           lambda: torch_twins.assemble_prompt(t(context), t(items), t(splits),
