@@ -48,7 +48,10 @@ class SemanticIdTable(tf.saved_model.experimental.TrackableResource):
         self._asset = self._track_trackable(tf.saved_model.Asset(os.fspath(catalog_path)),
                                             name="catalog")
         with tf.init_scope():
-            self._initialize()
+            init_op = self._initialize()
+        if not tf.executing_eagerly():
+            # TF1-style graphs run table initialisers through tf.compat.v1.tables_initializer.
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TABLE_INITIALIZERS, init_op)
 
     @classmethod
     def from_arrays(cls, catalog_path: str | os.PathLike, item_ids: np.ndarray,

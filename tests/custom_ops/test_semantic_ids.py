@@ -156,3 +156,14 @@ class SemanticIdLookupTest(parameterized.TestCase):
         self.assertEqual(fn.output_shapes.code_tokens.as_list(), [None, 3])
         self.assertEqual(fn.output_shapes.row_splits.as_list(), [5])
         self.assertEqual(fn.output_shapes.unknown_count.as_list(), [4])
+
+    def test_tf1_graph_mode_with_tables_initializer(self):
+        with tf.Graph().as_default():
+            table = self.ops.SemanticIdTable(self.tmp / "catalog.bin")
+            out = table.lookup(tf.constant([20, 7], tf.int64), tf.constant([0, 2], tf.int64),
+                               code_base=CODE_BASE)
+            with tf.compat.v1.Session() as session:
+                session.run(tf.compat.v1.tables_initializer())
+                tokens, unknown = session.run([out.code_tokens, out.unknown_count])
+        np.testing.assert_array_equal(tokens, expected_tokens(CODES[[2]]))
+        np.testing.assert_array_equal(unknown, [1])
