@@ -189,3 +189,17 @@ def test_xgr_serve_subprocess_json_logs_and_sigterm(model_base, tmp_path):
     assert "model version available" in messages and messages[-1] == "stopped"
     available = logs[messages.index("model version available")]
     assert available["version"] == 1 and available["level"] == "INFO"
+
+
+def test_xgr_serve_refuses_a_bad_batching_file_with_a_message(model_base, tmp_path):
+    batching = tmp_path / "batching.config"
+    batching.write_text("max_batch { value: 3 }\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "bridge.cli.main", "serve", f"--model_base_path={model_base}",
+         "--enable_batching", f"--batching_parameters_file={batching}"],
+        capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert done.returncode == 1
+    assert "batching parameters: unknown field 'max_batch'" in done.stderr
+    assert "Traceback" not in done.stderr

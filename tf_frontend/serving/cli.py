@@ -11,9 +11,10 @@ from __future__ import annotations
 import signal
 import threading
 
-from absl import flags
+from absl import app, flags
 
 from tf_frontend.serving.config import BatchingConfig, ServerConfig, parse_batching_parameters
+from torch_engine.errors import XgrError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_name", "default", "Name of the served model (in URLs and ModelSpec).")
@@ -71,8 +72,12 @@ def main(argv: list[str]) -> None:
     from tf_frontend.serving.server import ModelServer, load_op_libraries
 
     install_json_logging(FLAGS.log_level)
-    load_op_libraries(tuple(FLAGS.custom_op_libraries))
-    server = ModelServer(config_from_flags())
+    try:
+        config = config_from_flags()
+        load_op_libraries(tuple(FLAGS.custom_op_libraries))
+    except (XgrError, OSError) as e:  # a bad flag or file: a message, not a traceback
+        raise app.UsageError(str(e)) from e
+    server = ModelServer(config)
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
@@ -84,6 +89,4 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from absl import app
-
     app.run(main)
