@@ -7,7 +7,6 @@ float input.
 """
 
 import json
-import os
 import urllib.error
 import urllib.request
 

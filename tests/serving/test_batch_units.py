@@ -1,6 +1,5 @@
 """Batch merge/split, the batching parameters file and the batch queue, without a server."""
 
-import concurrent.futures
 import threading
 
 import numpy as np

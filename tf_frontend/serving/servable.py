@@ -24,7 +24,7 @@ from tf_frontend.serving.batch_merge import UnsplittableOutput, merge_inputs, sp
 from tf_frontend.serving.batching import BatchScheduler, BatchTask, SchedulerClosed
 from tf_frontend.serving.config import BatchingConfig
 from tf_frontend.serving.signature import ServingSpec, SignatureInfo, describe_signature
-from tf_frontend.serving.validation import PreparedRequest, prepare
+from tf_frontend.serving.validation import prepare
 
 LOG = logging.getLogger("xgr.serving")
 DEFAULT_SIGNATURE = "serving_default"
@@ -127,6 +127,9 @@ class ServableVersion:
             if len(tasks) == 1:
                 tasks[0].future.set_exception(e)
                 return
+            LOG.info("merged call failed; running its requests one by one",
+                     extra={"model": self.model_name, "version": self.version,
+                            "requests": len(tasks), "reason": str(e)})
             self._run_alone(tasks)
             return
         except Exception as e:  # a failure of the whole call reaches every caller
