@@ -272,10 +272,29 @@ def _table(rows: list[tuple]) -> str:
     return "\n".join("  ".join(str(c).rjust(w) for c, w in zip(r, widths)) for r in rows)
 
 
+def batch_rows(rest_port: int) -> tuple[float, float]:
+    """(model calls, rows) so far, from the server's Prometheus batch-size histogram."""
+    import urllib.request
+
+    url = f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics"
+    with urllib.request.urlopen(url, timeout=30) as response:
+        text = response.read().decode()
+    values = {}
+    for line in text.splitlines():
+        for name in ("xgr_serving_batch_size_count", "xgr_serving_batch_size_sum"):
+            if line.startswith(name + "{"):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    return values.get("xgr_serving_batch_size_count", 0.0), values.get("xgr_serving_batch_size_sum", 0.0)
+
+
 def _run_all(pool, grpc_port: int, rest_port: int) -> tuple[dict, list[dict]]:
     closed = LoadRun(pool, grpc_port, rest_port, FLAGS.requests)
     closed.warm_up(FLAGS.warmup_requests)
+    calls_before, rows_before = batch_rows(rest_port)
     summary = summarize(*closed.closed_loop(FLAGS.clients, FLAGS.max_seconds))
+    calls, rows = batch_rows(rest_port)
+    summary["model_calls"] = calls - calls_before
+    summary["mean_rows_per_model_call"] = (rows - rows_before) / max(calls - calls_before, 1.0)
     sweep = []
     for rate in map(float, FLAGS.rates):
         run = LoadRun(pool, grpc_port, rest_port, int(rate * FLAGS.rate_seconds), seed=int(rate))
@@ -309,11 +328,12 @@ def main(argv: list[str]) -> None:
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     print(f"closed loop, {FLAGS.clients} clients, {FLAGS.malformed_share:.0%} malformed:")
     print(_table([("sent", "valid ok/valid", "malformed 400/malformed", "req/s", "P50 ms", "P99 ms",
-                   "P50 REST/gRPC ms"),
+                   "P50 REST/gRPC ms", "rows/model call"),
                   (result["sent"], f"{result['valid_ok']}/{result['valid']}",
                    f"{result['malformed_refused_400']}/{result['malformed']}",
                    fmt(result["throughput_rps"]), fmt(result["p50_ms"]), fmt(result["p99_ms"]),
-                   f"{fmt(result['p50_ms_rest'])}/{fmt(result['p50_ms_grpc'])}")]))
+                   f"{fmt(result['p50_ms_rest'])}/{fmt(result['p50_ms_grpc'])}",
+                   fmt(result["mean_rows_per_model_call"]))]))
     if sweep:
         print(f"open loop (P99 target {FLAGS.p99_target_ms:g} ms):")
         print(_table([("offered req/s", "achieved req/s", "valid ok/valid", "P50 ms", "P99 ms")] + [

@@ -1,0 +1,39 @@
+"""benchmarks/load_serving.py as a user runs it, on the feature-graph SavedModel, tiny counts:
+it must finish with every valid request answered with its own results and every malformed one
+refused, and write its JSON."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+pytest.importorskip("custom_ops")
+
+
+def test_load_benchmark_small_run(tmp_path):
+    from tf_frontend.feature_graph import FeatureGraph
+    from tf_frontend.saved_model import export_feature_graph
+    from torch_engine.prompt_spec import PromptSpec
+    from torch_engine.synthetic import WorldConfig, make_world
+
+    world = make_world(WorldConfig(num_items=300, num_users=40))  # the benchmark's world
+    export_feature_graph(FeatureGraph(PromptSpec(), world.item_ids, world.item_codes, seed=2),
+                         tmp_path / "features" / "1")
+    done = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "load_serving.py"),
+         f"--model_base_path={tmp_path / 'features'}", "--requests=80", "--clients=4",
+         "--warmup_requests=2", "--malformed_share=0.25", "--rates=20", "--rate_seconds=1",
+         f"--out_dir={tmp_path / 'out'}", "--label=test", "--model_label=feature graph"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    (result_file,) = (tmp_path / "out").iterdir()
+    result = json.loads(result_file.read_text())
+    assert result["sent"] == 80 and result["valid_ok"] == result["valid"] > 0
+    assert result["malformed_refused_400"] == result["malformed"] > 0
+    assert result["model_calls"] >= 1 and result["mean_rows_per_model_call"] >= 2
+    assert result["open_loop"][0]["sent"] == 20
+    assert result["server_exit_code_after_sigterm"] == 0
