@@ -1,6 +1,7 @@
 // The torch half of TorchCall: loading AOTInductor / TorchScript packages once per process and
 // running them on borrowed TF buffers.
 #include <ATen/Parallel.h>
+#include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 #include <torch/cuda.h>
@@ -10,6 +11,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "custom_ops/cc/torch_call/torch/signature.h"
 #include "custom_ops/cc/torch_call/torch_runner.h"
@@ -75,6 +77,9 @@ class PackageBase : public Package {
     ApplyThreadCount(threads);
     try {
       c10::InferenceMode inference;
+      // Kernels launch on the package's GPU whatever device the calling thread had current.
+      std::optional<c10::DeviceGuard> on_device;
+      if (!device_.is_cpu() && device_.has_index()) on_device.emplace(device_);
       std::vector<at::Tensor> tensors;
       tensors.reserve(inputs.size());
       for (const auto& in : inputs) {
@@ -210,6 +215,14 @@ Status LoadAoti(const std::string& path, const LoadOptions& options,
                    " but its signature says " + sig.device);
   }
   if (!(s = CheckDevice(sig, path)).ok()) return s;
+  const c10::Device device(sig.device);
+  if (device.is_cuda() && device.has_index() && device.index() != 0) {
+    // The loader picked the default GPU before the contract was readable: reload on the
+    // GPU the package names, so its weights and its inputs share a device.
+    loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
+        path, "model", /*run_single_threaded=*/false,
+        static_cast<size_t>(std::max(1, options.concurrency)), device.index());
+  }
   *out = std::make_shared<AotiPackage>(std::move(sig), std::move(loader));
   return Status::Ok();
 }
