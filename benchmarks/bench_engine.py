@@ -184,7 +184,8 @@ def main(argv: list[str]) -> None:
         rows += hf_anchor(model, catalog, prompts, device)
     result = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu", "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "torch": torch.__version__,
         "preset": FLAGS.preset, "dtype": "bfloat16", "prompt": FLAGS.prompt,
         "beam": FLAGS.beam, "top_k": FLAGS.top_k, "levels": LAYOUT.levels,
         "codebook": LAYOUT.codebook_size, "items": FLAGS.items, "paths": FLAGS.paths,

@@ -163,8 +163,8 @@ class EngineConfig:
     dtype: compute dtype name for the model weights and KV ("bfloat16" on GPU, "float32" on
         CPU); None keeps the model's dtype.
     max_exclude: widest per-request ``exclude_items`` row accepted.
-    cuda_graphs: on CUDA, capture the whole search once per input shape and replay it
-        (see ``graphs``); implies ``static_shapes``.
+    cuda_graphs: on CUDA, replay captured graphs (see ``graphs``): the decode loop, or with
+        ``static_shapes`` the whole search.
     static_shapes: pack prompts into a fixed ``B * Lmax``-row buffer (see
         ``kv_cache.PackedPrompt``): no host wait anywhere, padding slots computed.
     max_graphs: captured shapes kept (least recently used dropped first).

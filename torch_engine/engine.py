@@ -16,7 +16,7 @@ from torch_engine.attention import resolve_backend
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.errors import ConfigError, require
-from torch_engine.graphs import SearchGraphs
+from torch_engine.graphs import DecodeGraphs, SearchGraphs
 from torch_engine.inputs import RequestBatch, check_inputs
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
 from torch_engine.layout import MaskMode
@@ -54,9 +54,11 @@ class Engine:
         self.device = next(model.parameters()).device
         self.catalog = catalog.to(self.device)
         self.backend = resolve_backend(config.attention_backend, self.device)
-        use_graphs = config.cuda_graphs and self.device.type == "cuda"
-        self.static_shapes = config.static_shapes or use_graphs
-        self.graphs = SearchGraphs(self, config.max_graphs) if use_graphs else None
+        self.static_shapes = config.static_shapes
+        self.graphs: DecodeGraphs | SearchGraphs | None = None
+        if config.cuda_graphs and self.device.type == "cuda":
+            kind = SearchGraphs if self.static_shapes else DecodeGraphs
+            self.graphs = kind(self, config.max_graphs)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -89,14 +91,18 @@ class Engine:
     def search(self, batch: RequestBatch, beam_width: int, top_k: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
         """The device part of ``recommend`` on checked inputs (see ``inputs.check_inputs``);
-        on CUDA it replays a captured graph unless ``config.cuda_graphs`` is off.
+        on CUDA it replays captured graphs (decode, or with static shapes the whole search)
+        unless ``config.cuda_graphs`` is off.
 
         To trace it (``torch.export``), build the engine with ``cuda_graphs=False``; with
         ``static_shapes=True`` every shape then follows the input shapes (no unbacked sizes).
         """
-        if self.graphs is not None:
+        if isinstance(self.graphs, SearchGraphs):
             return self.graphs.run(batch, beam_width, top_k)
-        return self.decode(self.prefill(batch), beam_width, top_k)
+        state = self.prefill(batch)
+        if isinstance(self.graphs, DecodeGraphs):
+            return self.graphs.run(state, beam_width, top_k)
+        return self.decode(state, beam_width, top_k)
 
     def prefill(self, batch: RequestBatch) -> PrefillState:
         """Pack the prompts and run them once, writing the shared KV.

@@ -74,8 +74,8 @@ class PackedPrompt:
         packed = flat_segments[rows]
         tail = torch.arange(rows.shape[0], device=valid.device) >= total
         last_segment = packed[(total - 1).clamp(min=0)]
-        prefill_cu = cu.clone()
-        prefill_cu[-1] = rows.shape[0]
+        # The last offset becomes the capacity; built with a device fill, no host-to-device copy.
+        prefill_cu = torch.cat([cu[:-1], cu.new_full((1,), rows.shape[0])])
         return cls(lengths=lengths, cu_seqlens=cu.to(torch.int32), positions=rows % width,
                    segment_ids=torch.where(tail, last_segment + 1, packed), gather=gather,
                    valid=valid, rows=rows, prefill_cu_seqlens=prefill_cu.to(torch.int32),

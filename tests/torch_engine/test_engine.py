@@ -264,26 +264,31 @@ def test_bad_inputs_raise_clear_value_errors(model, change, match):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("width", [4, 64])
-def test_search_runs_on_cuda_without_host_sync(width, backend):
+def test_search_runs_on_cuda_without_host_sync(width, backend, static):
+    """Decode never waits for the host; with static packing prefill does not either."""
     ids, codes = small_world(seed=7, n=3000, used_codes=12)
     cpu_engine = Engine(Model.from_preset("tiny", seed=11), Catalog.from_arrays(ids, codes))
     gpu_engine = Engine(Model.from_preset("tiny", seed=11, device="cuda"),
                         Catalog.from_arrays(ids, codes),
                         EngineConfig(attention_backend=backend, cuda_graphs=False,
-                                     static_shapes=True))
+                                     static_shapes=static))
     tokens, lengths, segs = prompts(8, [30, 12, 21])
     exclude = torch.tensor([[int(ids[0]), -1], [int(ids[1]), int(ids[2])], [-1, -1]])
     expected = cpu_engine.recommend(tokens, lengths, segs, beam_width=width, top_k=20,
                                     exclude_items=exclude)
     batch = check_inputs(gpu_engine, tokens.cuda(), lengths.cuda(), segs.cuda(), width, 20,
                          None, exclude.cuda())
-    torch.cuda.synchronize()
     with torch.no_grad():
+        state = None if static else gpu_engine.prefill(batch)
+        torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
-        try:  # static packing: prefill too runs without waiting for the host
-            items, scores = gpu_engine.search(batch, width, 20)
+        try:
+            if static:
+                state = gpu_engine.prefill(batch)
+            items, scores = gpu_engine.decode(state, width, 20)
         finally:
             torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(items.cpu(), expected[0])
@@ -291,16 +296,18 @@ def test_search_runs_on_cuda_without_host_sync(width, backend):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
-def test_graph_replays_equal_eager_search_across_batches(backend):
-    """Two batches of one shape but different lengths replay the one captured graph and match
-    the eager, dynamically packed search."""
+def test_graph_replays_equal_eager_search_across_batches(backend, static):
+    """Two batches of one shape but different lengths replay the one captured graph (decode
+    only, or with static packing the whole search) and match the eager search."""
     ids, codes = small_world(seed=9, n=3000, used_codes=12)
     model = Model.from_preset("tiny", seed=11, device="cuda")
     catalog = Catalog.from_arrays(ids, codes)
-    graphed = Engine(model, catalog, EngineConfig(attention_backend=backend))
+    graphed = Engine(model, catalog, EngineConfig(attention_backend=backend,
+                                                  static_shapes=static))
     eager = Engine(model, catalog, EngineConfig(attention_backend=backend, cuda_graphs=False))
-    assert graphed.static_shapes and not eager.static_shapes
+    assert graphed.graphs is not None and eager.graphs is None
     for seed, lengths in ((10, [30, 12, 21]), (11, [5, 30, 9])):
         tokens, lens, segs = prompts(seed, lengths, width=30)
         args = (tokens.cuda(), lens.cuda(), segs.cuda())
