@@ -94,14 +94,16 @@ class Engine:
         on CUDA it replays captured graphs (decode, or with static shapes the whole search)
         unless ``config.cuda_graphs`` is off.
 
-        To trace it (``torch.export``), build the engine with ``cuda_graphs=False``; with
-        ``static_shapes=True`` every shape then follows the input shapes (no unbacked sizes).
+        It traces (``torch.export``; the graphs are skipped while tracing); with
+        ``static_shapes=True`` every shape follows the input shapes (no unbacked sizes).
         """
-        if isinstance(self.graphs, SearchGraphs):
-            return self.graphs.run(batch, beam_width, top_k)
+        # Under torch.export / torch.compile the eager path is traced; graphs are for serving.
+        graphs = None if torch.compiler.is_compiling() else self.graphs
+        if isinstance(graphs, SearchGraphs):
+            return graphs.run(batch, beam_width, top_k)
         state = self.prefill(batch)
-        if isinstance(self.graphs, DecodeGraphs):
-            return self.graphs.run(state, beam_width, top_k)
+        if isinstance(graphs, DecodeGraphs):
+            return graphs.run(state, beam_width, top_k)
         return self.decode(state, beam_width, top_k)
 
     def prefill(self, batch: RequestBatch) -> PrefillState:
