@@ -13,6 +13,7 @@ Inputs stay on the TF host; the op moves them to the package's device and the re
 
 from __future__ import annotations
 
+import functools
 from typing import Sequence
 
 import tensorflow as tf
@@ -22,6 +23,28 @@ from torch_engine.errors import InvalidInputError, require
 
 _DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int8, tf.uint8, tf.int32,
            tf.int64, tf.bool)
+
+
+@functools.lru_cache(maxsize=256)
+def _attrs(output_dtypes: tuple, output_shapes: tuple | None) -> tuple[list, list]:
+    """Checked ``Tout`` and ``output_shapes`` attrs (cached: eager calls repeat them)."""
+    require(len(output_dtypes) >= 1, InvalidInputError, "output_dtypes must name >= 1 output")
+    dtypes = []
+    for i, dtype in enumerate(output_dtypes):
+        require(tf.as_dtype(dtype) in _DTYPES, InvalidInputError,
+                f"output_dtypes[{i}] = {dtype} is not one of {[d.name for d in _DTYPES]}")
+        dtypes.append(tf.as_dtype(dtype))
+    if output_shapes is None:
+        return dtypes, []
+    require(len(output_shapes) == len(output_dtypes), InvalidInputError,
+            f"output_shapes has {len(output_shapes)} entries for {len(output_dtypes)} outputs")
+    return dtypes, [tf.TensorShape(s) for s in output_shapes]
+
+
+@functools.lru_cache(maxsize=64)
+def _path_tensor(path: str) -> tf.Tensor:
+    """An eager string tensor of ``path``: building one from a str costs ~60 us per call."""
+    return tf.constant(path, tf.string)
 
 
 def torch_call(package, inputs: Sequence[tf.Tensor], output_dtypes: Sequence[tf.DType],
@@ -41,16 +64,13 @@ def torch_call(package, inputs: Sequence[tf.Tensor], output_dtypes: Sequence[tf.
     Returns:
       One host tensor per output.
     """
-    require(len(output_dtypes) >= 1, InvalidInputError, "output_dtypes must name >= 1 output")
-    for i, dtype in enumerate(output_dtypes):
-        require(tf.as_dtype(dtype) in _DTYPES, InvalidInputError,
-                f"output_dtypes[{i}] = {dtype} is not one of {[d.name for d in _DTYPES]}")
-    if output_shapes is not None:
-        require(len(output_shapes) == len(output_dtypes), InvalidInputError,
-                f"output_shapes has {len(output_shapes)} entries for {len(output_dtypes)} outputs")
+    shapes = None if output_shapes is None else tuple(
+        tuple(s) if s is not None else None for s in output_shapes)
+    dtypes, shape_attrs = _attrs(tuple(output_dtypes), shapes)
     path = package.asset_path if isinstance(package, tf.saved_model.Asset) else package
+    if isinstance(path, str) and tf.executing_eagerly():
+        path = _path_tensor(path)
     op = load_library("torch_call")
-    return op.torch_call(
-        package=path, inputs=list(inputs), Tout=[tf.as_dtype(d) for d in output_dtypes],
-        output_shapes=[tf.TensorShape(s) for s in output_shapes or ()],
-        intra_op_threads=intra_op_threads, concurrency=concurrency, name=name)
+    return op.torch_call(package=path, inputs=list(inputs), Tout=dtypes,
+                         output_shapes=shape_attrs, intra_op_threads=intra_op_threads,
+                         concurrency=concurrency, name=name)
