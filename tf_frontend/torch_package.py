@@ -171,17 +171,46 @@ def export_program(module: torch.nn.Module, example_inputs: Sequence[torch.Tenso
         raise ExportError(f"torch.export of {type(module).__name__} failed: {err}") from err
 
 
+_BUILTIN_NAMESPACES = ("aten", "prims", "_operator", "higher_order")
+
+
+def python_custom_ops(program: torch.export.ExportedProgram) -> list[str]:
+    """Custom ops in ``program`` that only Python can run: registered with
+    ``torch.library.custom_op`` (opaque to AOTInductor), not ``torch.library.triton_op`` (whose
+    Triton kernels AOTInductor compiles into the package)."""
+    from torch._library.triton import get_triton_kernels_for_op
+
+    names = set()
+    for node in program.graph.nodes:
+        target = node.target
+        if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+            continue
+        name = target._schema.name  # "namespace::op"
+        if target.namespace not in _BUILTIN_NAMESPACES and not get_triton_kernels_for_op(name):
+            names.add(name)
+    return sorted(names)
+
+
 def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathLike,
-                 device: str = "cpu", cache_dir: str | os.PathLike | None = None) -> Package:
+                 device: str = "cpu", cache_dir: str | os.PathLike | None = None,
+                 runtime_ops: tuple[str, ...] = ()) -> Package:
     """Compile ``program`` with AOTInductor into ``out_path`` (a ``.pt2``) with its contract.
 
     With ``cache_dir``, a package compiled before from the same graph, weights, torch version
-    and device is copied instead of compiled again.
+    and device is copied instead of compiled again. ``runtime_ops`` names custom ops that the
+    serving process registers itself (C++ libraries linked beside TorchCall); any other op that
+    only Python can run is refused, because a TorchCall process has no Python torch.
     """
     out_path = Path(out_path)
     require(out_path.suffix == ".pt2", InvalidInputError,
             f"out_path must end in .pt2, got {out_path.name}")
     _require_traceable()
+    unservable = [name for name in python_custom_ops(program) if name not in runtime_ops]
+    require(not unservable, ExportError,
+            f"the program calls custom ops registered from Python ({', '.join(unservable)}): "
+            f"a process serving TorchCall has no Python to run them. Register Triton kernels "
+            f"with torch.library.triton_op (AOTInductor then embeds them), or export the plain "
+            f"torch path (e.g. EngineConfig(attention_backend='torch'))")
     contract = contract_of(program, device)
     cached = Path(cache_dir) / f"{_cache_key(program, device)}.pt2" if cache_dir else None
     out_path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,10 @@ flags.DEFINE_integer("top_k", 12, "Items the engine returns per request (<= beam
 flags.DEFINE_integer("top_n", 8, "Items per request after the business rule.")
 flags.DEFINE_integer("max_batch", 1024, "Largest batch the exported engine accepts.")
 flags.DEFINE_string("device", "cpu", "Device the engine runs on when served: cpu or cuda[:i].")
+flags.DEFINE_enum("attention_backend", "torch", ["torch", "triton", "auto"],
+                  "Engine attention in the package. 'triton' embeds the Triton kernels only when "
+                  "they are registered with torch.library.triton_op (export refuses Python-only "
+                  "custom ops: a TorchCall process has no Python).")
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
                     "Compiled packages by content hash (AOTInductor takes ~40 s on a CPU).")
 flags.mark_flag_as_required("out")
@@ -40,6 +44,7 @@ def main(argv: list[str]) -> int:
     import torch
 
     from torch_engine.catalog import Catalog
+    from torch_engine.config import EngineConfig
     from torch_engine.engine import Engine
     from torch_engine.model import Model
     from torch_engine.prompt_spec import PromptSpec
@@ -55,7 +60,8 @@ def main(argv: list[str]) -> int:
     device = torch.device(FLAGS.device)
     model = (Model.from_pretrained(FLAGS.model, device=device) if FLAGS.model
              else Model.from_preset(FLAGS.preset, seed=FLAGS.seed, device=device))
-    engine = Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes))
+    engine = Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes),
+                    EngineConfig(attention_backend=FLAGS.attention_backend))
     spec = PromptSpec(model_hidden=model.config.hidden_size)
     print(f"exporting Engine.recommend (beam_width {engine_config.beam_width}, top_k "
           f"{engine_config.top_k}) for {engine_config.device}; AOTInductor takes a while ...")

@@ -94,6 +94,35 @@ class Identity(torch.nn.Module):
         return x
 
 
+@torch.library.custom_op("xgr_test::scale", mutates_args=())
+def _scale(x: torch.Tensor) -> torch.Tensor:
+    return x * 2.0
+
+
+@_scale.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class UsesPythonOp(torch.nn.Module):
+    """Calls a custom op that only Python can run."""
+
+    def forward(self, x):
+        return _scale(x) + 1.0
+
+
+def _refusal(torch_package, out: Path) -> str:
+    """The message package_aoti refuses a Python-only custom op with (before compiling)."""
+    from torch_engine.errors import ExportError
+
+    program = torch_package.export_program(UsesPythonOp(), (torch.randn(4),))
+    try:
+        torch_package.package_aoti(program, out / "refused.pt2")
+    except ExportError as err:
+        return str(err)
+    return "accepted"
+
+
 def _export_aoti(torch_package, module, example, dynamic, out, cache):
     program = torch_package.export_program(module, example, dynamic)
     return torch_package.package_aoti(program, out, cache_dir=cache)
@@ -137,6 +166,7 @@ def main(out: Path, cache: Path) -> None:
     # A TorchScript file made without torch_package: no contract.
     torch.jit.save(torch.jit.script(Identity()), str(out / "bare.pt"))
     manifest = {name: package.to_json() for name, package in built.items()}
+    manifest["refusals"] = {"python_custom_op": _refusal(torch_package, out)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 

@@ -36,7 +36,10 @@ def build_packages(out: Path) -> dict[str, Package]:
     if done.returncode != 0:
         raise RuntimeError(f"building test packages failed:\n{done.stderr[-4000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
-    return {name: Package.from_json(data) for name, data in manifest.items()}
+    refusals = manifest.pop("refusals")
+    packages = {name: Package.from_json(data) for name, data in manifest.items()}
+    packages["refusals"] = refusals
+    return packages
 
 
 @pytest.fixture(scope="session")

@@ -116,3 +116,8 @@ def test_export_refuses_a_non_empty_folder_and_a_mismatched_package(packages, fe
     with pytest.raises(ExportError, match="must return \\(item_ids int64, scores float32\\)"):
         export_pipeline(tmp_path / "new", feature_graph, packages["two_heads_aoti"], CONFIG,
                         TOY_INPUTS)
+
+
+def test_python_only_custom_ops_are_refused_at_export(packages):
+    message = packages["refusals"]["python_custom_op"]
+    assert "xgr_test::scale" in message and "torch.library.triton_op" in message
