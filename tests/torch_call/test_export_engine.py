@@ -83,3 +83,14 @@ def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path)
     np.testing.assert_allclose(got["scores"][finite], want["scores"].numpy()[finite],
                                atol=tol.atol * 10, rtol=tol.rtol)
     assert (got["num_items"] > 0).all()
+
+
+def test_export_rejects_sizes_the_search_cannot_serve(tmp_path):
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    done = subprocess.run([sys.executable, "-m", "bridge.cli.main", "export",
+                           f"--out={tmp_path / 'never'}", f"--num_items={ITEMS}",
+                           "--beam_width=4", "--top_k=50"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0
+    assert "top_k 50 exceeds the 4 items beam_width 4 can reach" in done.stderr
+    assert not (tmp_path / "never").exists()
