@@ -299,7 +299,12 @@ def _run_all(pool, grpc_port: int, rest_port: int) -> tuple[dict, list[dict]]:
     sweep = []
     for rate in map(float, FLAGS.rates):
         run = LoadRun(pool, grpc_port, rest_port, int(rate * FLAGS.rate_seconds), seed=int(rate))
-        sweep.append(dict(summarize(*run.open_loop(rate, FLAGS.rate_seconds)), offered_rps=rate))
+        calls_before, rows_before = batch_rows(rest_port)
+        summary_at_rate = summarize(*run.open_loop(rate, FLAGS.rate_seconds))
+        calls, rows = batch_rows(rest_port)
+        summary_at_rate.update(offered_rps=rate, model_calls=calls - calls_before,
+                               mean_rows_per_model_call=(rows - rows_before) / max(calls - calls_before, 1.0))
+        sweep.append(summary_at_rate)
     return summary, sweep
 
 
@@ -340,9 +345,10 @@ def main(argv: list[str]) -> None:
                    fmt(result["mean_rows_per_model_call"]))]))
     if sweep:
         print(f"open loop (P99 target {FLAGS.p99_target_ms:g} ms):")
-        print(_table([("offered req/s", "achieved req/s", "valid ok/valid", "P50 ms", "P99 ms")] + [
+        print(_table([("offered req/s", "achieved req/s", "valid ok/valid", "P50 ms", "P99 ms",
+                       "rows/model call")] + [
             (fmt(s["offered_rps"]), fmt(s["throughput_rps"]), f"{s['valid_ok']}/{s['valid']}",
-             fmt(s["p50_ms"]), fmt(s["p99_ms"])) for s in sweep]))
+             fmt(s["p50_ms"]), fmt(s["p99_ms"]), fmt(s["mean_rows_per_model_call"])) for s in sweep]))
         print(f"highest rate with P99 <= {FLAGS.p99_target_ms:g} ms: "
               f"{result['highest_rate_within_p99_target']}")
     print(f"server exit code after SIGTERM: {exit_code}")
