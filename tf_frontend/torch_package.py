@@ -43,7 +43,7 @@ def _require_traceable() -> None:
             "cannot trace or compile torch code in this process: tensorflow was imported before "
             "triton, and importing triton now would abort the process (both bundle LLVM). "
             "Import tf_frontend.torch_package (or triton) before tensorflow, or build the "
-            "package in a separate process (`xgr export` does)")
+            "package in a separate process (`xgr export` imports torch first)")
 
 
 _triton_usable()

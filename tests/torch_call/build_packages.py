@@ -163,6 +163,10 @@ def main(out: Path, cache: Path) -> None:
     torch.jit.save(torch.jit.script(Identity()), str(cuda.path),
                    _extra_files={torch_package.SIGNATURE_FILE: cuda.signature})
     built["cuda"] = cuda
+    # A contract with a line the op cannot read.
+    torch.jit.save(torch.jit.script(Identity()), str(out / "garbled.pt"),
+                   _extra_files={torch_package.SIGNATURE_FILE: "device cpu\nin float32 n\n"
+                                                               "sideways float32 n\n"})
     # A TorchScript file made without torch_package: no contract.
     torch.jit.save(torch.jit.script(Identity()), str(out / "bare.pt"))
     manifest = {name: package.to_json() for name, package in built.items()}

@@ -87,3 +87,10 @@ def test_package_path_must_be_a_scalar(packages):
 def test_attrs_are_checked(packages):
     with pytest.raises(tf.errors.InvalidArgumentError, match="intra_op_threads must be >= 1"):
         torch_call(str(packages["two_heads_script"].path), _good(), OUT, intra_op_threads=0)
+
+
+def test_unreadable_contract_names_its_line(packages):
+    garbled = packages["identity"].path.parent / "garbled.pt"
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="signature line 3 \\('sideways float32 n'\\): unknown entry"):
+        torch_call(str(garbled), [np.ones(3, np.float32)], [tf.float32])
