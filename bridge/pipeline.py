@@ -29,6 +29,7 @@ from bridge.dlpack import to_tf, to_torch
 from torch_engine.engine import Engine
 from torch_engine.errors import ConfigError, InvalidInputError, require
 from torch_engine.inputs import check_inputs
+from torch_engine.layout import MaskMode
 
 
 @dataclass(frozen=True)
@@ -120,14 +121,21 @@ class RecommendPipeline:
 
     feature_graph: a ``tf_frontend.feature_graph.FeatureGraph`` (or any Keras model with its
     inputs and outputs); engine: a ``torch_engine.Engine`` over the same catalog; rules: the
-    TF post-processing; item_ids/item_codes: the catalog (for the rules' category lookup).
+    TF post-processing; item_ids/item_codes: the catalog (for the rules' category lookup);
+    prefill_mask: the mask the model was trained with. ``ITEM_CAUSAL`` hands the graph's
+    segment ids to the engine (hybrid-mask prefill); ``CAUSAL`` leaves them out.
     """
 
     def __init__(self, feature_graph, engine: Engine, item_ids: np.ndarray,
-                 item_codes: np.ndarray, rules: BusinessRules = BusinessRules()):
+                 item_codes: np.ndarray, rules: BusinessRules = BusinessRules(),
+                 prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL):
+        require(MaskMode(prefill_mask) in (MaskMode.ITEM_CAUSAL, MaskMode.CAUSAL), ConfigError,
+                f"prefill_mask must be item_causal or causal (the engine's two prompt masks), "
+                f"got {prefill_mask!r}")
         self.feature_graph = feature_graph
         self.engine = engine
         self.rules = rules
+        self.prefill_mask = MaskMode(prefill_mask)
         self.post_process = PostProcessor(item_ids, item_codes, rules)
 
     def _sync(self) -> None:
@@ -169,6 +177,8 @@ class RecommendPipeline:
         self._sync()
         t_in = lap()
 
+        if self.prefill_mask is MaskMode.CAUSAL:
+            segment_ids = None
         batch = check_inputs(self.engine, token_ids, lengths, segment_ids, beam_width, top_k,
                              profile, excluded)
         with torch.no_grad():

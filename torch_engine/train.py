@@ -38,6 +38,9 @@ from torch_engine.model import Model
 from torch_engine.prompt_spec import PromptSpec
 
 
+OBJECTIVES = ("next_item", "all_codes")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """Optimiser and schedule of one fit. ``steps`` batches of ``batch_size`` examples."""
@@ -50,6 +53,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     mask_mode: MaskMode = MaskMode.ITEM_CAUSAL
+    objective: str = "next_item"          # or "all_codes" (causal mask only); see code_loss
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, ConfigError, f"steps must be >= 1, got {self.steps}")
@@ -59,6 +63,11 @@ class TrainConfig:
                 f"learning_rate must be > 0, got {self.learning_rate}")
         require(0 <= self.warmup_steps < self.steps or self.steps == 1, ConfigError,
                 f"warmup_steps must be in [0, steps={self.steps}), got {self.warmup_steps}")
+        require(self.objective in OBJECTIVES, ConfigError,
+                f"objective must be one of {OBJECTIVES}, got {self.objective!r}")
+        require(self.objective == "next_item" or MaskMode(self.mask_mode) is MaskMode.CAUSAL,
+                ConfigError, "the all_codes objective needs mask_mode CAUSAL: under the "
+                "item-causal mask a history item's first tokens see its later codes")
 
 
 @dataclass(frozen=True)
@@ -158,30 +167,34 @@ def _glorot(fan_in: int, fan_out: int, gen: torch.Generator) -> torch.Tensor:
 
 def teacher_forced_batch(batch: TrainingExamples, layout: TokenLayout, soft_tokens: int
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Append each row's first ``levels - 1`` target codes after its prompt.
+    """Append each row's ``levels`` target codes after its prompt.
 
-    Returns ``tokens [B, L + levels - 1]`` int64 (PAD past each row), ``segment_ids
-    [B, S + L + levels - 1]`` int32 (S leading profile-segment slots for the soft vectors) and
-    ``predict_at [B, levels]`` int64, the positions (soft slots included) whose logits predict
-    the target codes.
+    Returns ``tokens [B, L + levels]`` int64 (PAD past each row), ``segment_ids
+    [B, S + L + levels]`` int32 (S leading profile-segment slots for the soft vectors; one new
+    segment per appended code) and ``predict_at [B, levels]`` int64, the positions (soft slots
+    included) whose logits predict the target codes. The last code is input to no prediction
+    of the target; it is there so the all-codes objective sees a whole item.
     """
     rows, width = batch.token_ids.shape
     levels = layout.levels
     arange = torch.arange(rows)
-    tokens = torch.full((rows, width + levels - 1), layout.pad_id, dtype=torch.int64)
+    tokens = torch.full((rows, width + levels), layout.pad_id, dtype=torch.int64)
     tokens[:, :width] = batch.token_ids
-    segments = torch.full((rows, width + levels - 1), PAD_SEGMENT, dtype=torch.int32)
+    segments = torch.full((rows, width + levels), PAD_SEGMENT, dtype=torch.int32)
     segments[:, :width] = batch.segment_ids
     last_segment = batch.segment_ids[arange, batch.lengths - 1]
-    offsets = torch.arange(levels - 1)
-    if levels > 1:
-        tail = batch.lengths[:, None] + offsets[None, :]                         # [B, levels-1]
-        bases = torch.tensor([layout.level_range(level)[0] for level in range(levels - 1)])
-        tokens[arange[:, None], tail] = bases[None, :] + batch.target_codes[:, :-1]
-        segments[arange[:, None], tail] = (last_segment[:, None] + 1 + offsets[None, :]).int()
+    offsets = torch.arange(levels)
+    tail = batch.lengths[:, None] + offsets[None, :]                             # [B, levels]
+    tokens[arange[:, None], tail] = _level_bases(layout)[None, :] + batch.target_codes
+    segments[arange[:, None], tail] = (last_segment[:, None] + 1 + offsets[None, :]).int()
     soft = torch.zeros(rows, soft_tokens, dtype=torch.int32)
-    predict_at = soft_tokens + batch.lengths[:, None] - 1 + torch.arange(levels)[None, :]
+    predict_at = soft_tokens + batch.lengths[:, None] - 1 + offsets[None, :]
     return tokens, torch.cat([soft, segments], dim=1), predict_at
+
+
+def _level_bases(layout: TokenLayout) -> torch.Tensor:
+    """``[levels]`` int64: the first token id of each level's codebook."""
+    return torch.tensor([layout.level_range(level)[0] for level in range(layout.levels)])
 
 
 def final_hidden(model: Model, embeds: torch.Tensor, segment_ids: torch.Tensor,
@@ -202,19 +215,35 @@ def final_hidden(model: Model, embeds: torch.Tensor, segment_ids: torch.Tensor,
 
 
 def code_loss(model: Model, tower: ProfileTower | None, batch: TrainingExamples,
-              layout: TokenLayout, mode: MaskMode = MaskMode.ITEM_CAUSAL) -> torch.Tensor:
-    """Mean cross entropy (over the full vocabulary) of the target codes of ``batch``."""
+              layout: TokenLayout, mode: MaskMode = MaskMode.ITEM_CAUSAL,
+              objective: str = "next_item") -> torch.Tensor:
+    """Mean cross entropy (over the full vocabulary) of code tokens of ``batch``.
+
+    objective "next_item": the target item's ``levels`` codes only (any mask mode).
+    "all_codes": every code token of the prompt and of the target, each predicted from the
+    position before it; leak-free only under the causal mask (under the item-causal one a
+    history item's first tokens see its later codes).
+    """
+    require(objective in OBJECTIVES, ConfigError,
+            f"objective must be one of {OBJECTIVES}, got {objective!r}")
+    require(objective == "next_item" or MaskMode(mode) is MaskMode.CAUSAL, ConfigError,
+            "the all_codes objective needs the causal mask")
     soft = tower.spec.profile_tokens if tower is not None else 0
     tokens, segments, predict_at = teacher_forced_batch(batch, layout, soft)
     embeds = model.embed(tokens)
     if tower is not None:
         embeds = torch.cat([tower(batch.profile_ids).to(embeds.dtype), embeds], dim=1)
     hidden = final_hidden(model, embeds, segments, mode)
-    picked = hidden[torch.arange(len(batch))[:, None], predict_at]          # [B, levels, hidden]
-    logits = (picked @ model.lm_head.weight.T).float()                       # [B, levels, V]
-    bases = torch.tensor([layout.level_range(level)[0] for level in range(layout.levels)])
-    targets = bases[None, :] + batch.target_codes
-    return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+    if objective == "next_item":
+        picked = hidden[torch.arange(len(batch))[:, None], predict_at]      # [B, levels, hidden]
+        labels = _level_bases(layout)[None, :] + batch.target_codes
+    else:
+        following = tokens[:, 1:]
+        is_code = (following >= layout.code_base) & (following < layout.code_end)
+        picked = hidden[:, soft:soft + tokens.shape[1] - 1][is_code]         # [n, hidden]
+        labels = following[is_code]
+    logits = (picked @ model.lm_head.weight.T).float()
+    return nn.functional.cross_entropy(logits.flatten(0, -2), labels.flatten())
 
 
 @dataclass(frozen=True)
@@ -257,7 +286,8 @@ def fit(model: Model, tower: ProfileTower | None, examples: TrainingExamples,
     bar = tqdm(range(config.steps), desc="fit", unit="step", disable=not progress, leave=False)
     for _ in bar:
         rows = torch.randint(0, len(examples), (config.batch_size,), generator=gen)
-        loss = code_loss(model, tower, examples.select(rows), layout, config.mask_mode)
+        loss = code_loss(model, tower, examples.select(rows), layout, config.mask_mode,
+                         config.objective)
         optimiser.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, config.grad_clip)

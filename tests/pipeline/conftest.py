@@ -1,0 +1,71 @@
+"""Shared fixtures: one quick fit, made by ``xgr demo --quick`` in a fresh process.
+
+The fit runs in a child process because torch's optimiser imports Triton, which aborts a
+process that imported TensorFlow first (this test process may have). The child caches the fit;
+the tests here load it (no optimiser involved) and run the pipeline in process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_xgr(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``xgr ARGS`` in a fresh interpreter at the repository root."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    return subprocess.run([sys.executable, "-m", "bridge.cli.main", *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def xgr():
+    """``run_xgr``, for tests that start their own ``xgr`` process."""
+    return run_xgr
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory):
+    """(cache dir, stdout, JSON report) of ``xgr demo --quick`` on its 300 held-out users."""
+    cache = tmp_path_factory.mktemp("xgr_cache")
+    report = cache / "report.json"
+    proc = run_xgr("demo", "--quick", f"--cache_dir={cache}", f"--report_json={report}",
+                   "--users=300", "--batch_size=100", "--show_users=2", "--recall_at=10,50")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return cache, proc.stdout, json.loads(report.read_text())
+
+
+@pytest.fixture(scope="session")
+def quick_model(quick_run):
+    """The quick fit, loaded from the cache the demo wrote."""
+    from bridge import default_model
+
+    fitted = default_model.fit_or_load(default_model.QUICK, quick_run[0], progress=False)
+    assert fitted.loaded
+    return fitted
+
+
+@pytest.fixture(scope="session")
+def make_pipeline(quick_model):
+    """Builds a ``RecommendPipeline`` over the quick model with the given rules."""
+    from bridge.pipeline import BusinessRules, RecommendPipeline
+    from torch_engine.catalog import Catalog
+    from torch_engine.engine import Engine
+
+    world = quick_model.world
+    catalog = Catalog.from_arrays(world.item_ids, world.item_codes,
+                                  quick_model.settings.spec.layout)
+    engine = Engine(quick_model.model, catalog)
+    graph = quick_model.feature_graph()
+
+    def build(rules: BusinessRules = BusinessRules()) -> RecommendPipeline:
+        return RecommendPipeline(graph, engine, world.item_ids, world.item_codes, rules)
+
+    return build
