@@ -111,4 +111,7 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     dynamic = ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch})
     exported = torch_package.export_program(program, example_inputs(engine, spec), dynamic,
                                             config.device)
-    return torch_package.package_aoti(exported, out_path, config.device, cache_dir)
+    # token_ids and segment_ids share their length; the trace names them apart (Dim.DYNAMIC),
+    # so the contract ties them: a mismatch is refused instead of read out of bounds.
+    return torch_package.package_aoti(exported, out_path, config.device, cache_dir,
+                                      same_dims=[((0, 1), (2, 1))])

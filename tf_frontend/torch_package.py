@@ -146,9 +146,9 @@ def contract_of(program: torch.export.ExportedProgram, device: str) -> Package:
     return Package(Path(), "aoti", device, inputs, outputs, tuple(sorted(ranges)))
 
 
-def _cache_key(program: torch.export.ExportedProgram, device: str) -> str:
+def _cache_key(program: torch.export.ExportedProgram, device: str, signature: str) -> str:
     digest = hashlib.sha256()
-    digest.update(f"{torch.__version__}|{device}|{program.graph_module.code}|"
+    digest.update(f"{torch.__version__}|{device}|{signature}|{program.graph_module.code}|"
                   f"{program.range_constraints}".encode())
     for name, tensor in sorted({**program.state_dict, **program.constants}.items()):
         if isinstance(tensor, torch.Tensor):
@@ -191,15 +191,31 @@ def python_custom_ops(program: torch.export.ExportedProgram) -> list[str]:
     return sorted(names)
 
 
+def _unify_dims(contract: Package, pairs) -> Package:
+    """``contract`` with the second dim of each pair named like the first."""
+    inputs = [list(spec.dims) for spec in contract.inputs]
+    for (i, d), (j, e) in pairs:
+        require(i < len(inputs) and d < len(inputs[i]) and j < len(inputs) and
+                e < len(inputs[j]), InvalidInputError,
+                f"same_dims pair {((i, d), (j, e))} names a dim the program does not have")
+        inputs[j][e] = inputs[i][d]
+    specs = tuple(TensorSpec(s.dtype, tuple(dims)) for s, dims in zip(contract.inputs, inputs))
+    return Package(contract.path, contract.format, contract.device, specs, contract.outputs,
+                   contract.ranges)
+
+
 def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathLike,
                  device: str = "cpu", cache_dir: str | os.PathLike | None = None,
-                 runtime_ops: tuple[str, ...] = ()) -> Package:
+                 runtime_ops: tuple[str, ...] = (),
+                 same_dims: Sequence[tuple[tuple[int, int], tuple[int, int]]] = ()) -> Package:
     """Compile ``program`` with AOTInductor into ``out_path`` (a ``.pt2``) with its contract.
 
     With ``cache_dir``, a package compiled before from the same graph, weights, torch version
     and device is copied instead of compiled again. ``runtime_ops`` names custom ops that the
     serving process registers itself (C++ libraries linked beside TorchCall); any other op that
     only Python can run is refused, because a TorchCall process has no Python torch.
+    ``same_dims`` pairs ``((input, dim), (input, dim))`` that the caller must keep equal
+    although the program traced them apart; the op then checks them as one.
     """
     out_path = Path(out_path)
     require(out_path.suffix == ".pt2", InvalidInputError,
@@ -211,8 +227,9 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
             f"a process serving TorchCall has no Python to run them. Register Triton kernels "
             f"with torch.library.triton_op (AOTInductor then embeds them), or export the plain "
             f"torch path (e.g. EngineConfig(attention_backend='torch'))")
-    contract = contract_of(program, device)
-    cached = Path(cache_dir) / f"{_cache_key(program, device)}.pt2" if cache_dir else None
+    contract = _unify_dims(contract_of(program, device), same_dims)
+    key = _cache_key(program, device, contract.signature)
+    cached = Path(cache_dir) / f"{key}.pt2" if cache_dir else None
     out_path.parent.mkdir(parents=True, exist_ok=True)
     if cached is not None and cached.exists():
         shutil.copyfile(cached, out_path)

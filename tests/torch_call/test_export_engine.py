@@ -94,3 +94,20 @@ def test_export_rejects_sizes_the_search_cannot_serve(tmp_path):
     assert done.returncode != 0
     assert "top_k 50 exceeds the 4 items beam_width 4 can reach" in done.stderr
     assert not (tmp_path / "never").exists()
+
+
+def test_engine_package_refuses_mismatched_prompt_widths(saved_model):
+    import tensorflow as tf
+
+    from custom_ops.torch_call import torch_call
+
+    engine = str(saved_model / "assets" / "engine.pt2")
+    tokens = np.full((2, 6), 1, np.int32)
+    lengths = np.array([6, 4], np.int32)
+    embeds = np.zeros((2, PromptSpec().profile_tokens, 64), np.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 2 dim 1 .*must match"):
+        torch_call(engine, [tokens, lengths, np.zeros((2, 5), np.int32), embeds],
+                   [tf.int64, tf.float32])
+    item_ids, scores = torch_call(engine, [tokens, lengths, np.zeros((2, 6), np.int32), embeds],
+                                  [tf.int64, tf.float32])
+    assert item_ids.shape == (2, TOP_K) and scores.dtype == tf.float32
