@@ -9,8 +9,12 @@ The Torch twins of the feature ops live in ``custom_ops.torch_twins`` (imported 
 ``custom_ops.registry`` pairs each TF op with its twin and its ONNX node.
 """
 
-from custom_ops._loader import (BUILD_COMMAND, library_names, library_path, library_paths,
-                                load_library)
+from torch_engine.import_order import preload_triton
+
+preload_triton()  # before TensorFlow: see torch_engine/import_order.py
+
+from custom_ops._loader import (BUILD_COMMAND, library_names, library_path,  # noqa: E402
+                                library_paths, load_library)
 
 for _name in library_names():
     load_library(_name)

@@ -5,7 +5,11 @@
 ``torch_engine.reference``; each is also the torch custom op ``xgr::<name>``.
 """
 
-from torch_engine.kernels.decode_attention import decode_attention
-from torch_engine.kernels.prefill_attention import prefill_attention
+from torch_engine.import_order import check_triton_importable
+
+check_triton_importable()
+
+from torch_engine.kernels.decode_attention import decode_attention  # noqa: E402
+from torch_engine.kernels.prefill_attention import prefill_attention  # noqa: E402
 
 __all__ = ["decode_attention", "prefill_attention"]

@@ -1,0 +1,33 @@
+"""Import order between TensorFlow and Triton, which both carry their own copy of LLVM.
+
+Measured with TF 2.21 and triton 3.9: importing ``triton`` after ``tensorflow`` aborts the whole
+process (``LLVM ERROR: inconsistency in registered CommandLine options``); the other order
+works. Every package of ours that imports TensorFlow calls ``preload_triton`` first, and the
+Triton kernels call ``check_triton_importable`` so the wrong order gives an error, not an abort.
+
+Imports neither TF nor torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+
+from torch_engine.errors import XgrError
+
+
+def preload_triton() -> None:
+    """Import triton (if installed) before TensorFlow is imported; a no-op otherwise."""
+    if "triton" in sys.modules or "tensorflow" in sys.modules:
+        return
+    if importlib.util.find_spec("triton") is not None:
+        import triton  # noqa: F401  (the import itself is the point)
+
+
+def check_triton_importable() -> None:
+    """Raise instead of letting a triton import after TensorFlow abort the process."""
+    if "tensorflow" in sys.modules and "triton" not in sys.modules:
+        raise XgrError(
+            "triton must be imported before tensorflow in one process (both carry LLVM; the "
+            "other order aborts the process). Import `triton`, `bridge`, `tf_frontend` or "
+            "`custom_ops` before `import tensorflow`.")
