@@ -15,6 +15,7 @@ Import this module before tensorflow when the same process also exports torch pr
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,9 +43,12 @@ class PipelineConfig:
     top_n: int = 10
     intra_op_threads: int = 1
     concurrency: int = 1
+    # Longest raw history row a server accepts (before cleaning keeps the last N): a guard
+    # against oversized requests, written to assets.extra/xgr_serving.json for `xgr serve`.
+    max_history_events: int = 4096
 
     def __post_init__(self) -> None:
-        for name in ("top_n", "intra_op_threads", "concurrency"):
+        for name in ("top_n", "intra_op_threads", "concurrency", "max_history_events"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, ConfigError,
                     f"PipelineConfig.{name} must be a positive int, got {value!r}")
@@ -116,7 +120,18 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: torch_pa
     module = Pipeline(feature_graph, package, config, engine_inputs)
     concrete = module.serve.get_concrete_function()
     tf.saved_model.save(module, str(out_dir), signatures={SIGNATURE: concrete})
+    _write_serving_spec(out_dir, config)
     return out_dir
+
+
+def _write_serving_spec(out_dir: Path, config: PipelineConfig) -> None:
+    """Tells ``xgr serve`` which inputs are ragged and the history limit (see
+    ``tf_frontend/serving/signature.py``), so serving needs no extra flags."""
+    spec = {"ragged": {"history_splits": ["history_items", "history_times"]},
+            "max_history_events": config.max_history_events}
+    extra = out_dir / "assets.extra"
+    extra.mkdir(exist_ok=True)
+    (extra / "xgr_serving.json").write_text(json.dumps(spec, indent=2) + "\n")
 
 
 class PythonPipeline:

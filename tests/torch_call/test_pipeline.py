@@ -121,3 +121,12 @@ def test_export_refuses_a_non_empty_folder_and_a_mismatched_package(packages, fe
 def test_python_only_custom_ops_are_refused_at_export(packages):
     message = packages["refusals"]["python_custom_op"]
     assert "xgr_test::scale" in message and "torch.library.triton_op" in message
+
+
+def test_export_tells_the_server_the_ragged_inputs_and_history_limit(saved_model):
+    from tf_frontend.serving.signature import SERVING_SPEC_FILE, ServingSpec
+
+    spec = ServingSpec.read(str(saved_model))
+    assert (saved_model / SERVING_SPEC_FILE).is_file()
+    assert spec.max_history_events == CONFIG.max_history_events
+    assert set(spec.ragged["history_splits"]) == {"history_items", "history_times"}
