@@ -38,8 +38,12 @@ TOLERANCES: dict[str, Tolerance] = {
 
 
 def dtype_name(dtype: object) -> str:
-    """Normalise a numpy, torch or TF dtype (or its string) to this table's key."""
-    name = getattr(dtype, "name", None) or str(dtype)
+    """Normalise a numpy, torch or TF dtype, a NumPy scalar type (``np.float32``) or a dtype
+    string to this table's key."""
+    if isinstance(dtype, type):  # a scalar type class: its ``name`` is a descriptor, not a str
+        dtype = getattr(dtype, "__name__", str(dtype))
+    name = getattr(dtype, "name", None)
+    name = name if isinstance(name, str) else str(dtype)
     name = name.replace("torch.", "").replace("tf.", "")
     aliases = {"float": "float32", "double": "float64", "half": "float16", "long": "int64",
                "int": "int32", "bool_": "bool", "object": "string", "bytes": "string"}
