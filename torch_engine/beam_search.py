@@ -10,11 +10,43 @@ Beam state between levels: ``scores [B, W]`` float32 (sum of per-level log-proba
 
 from __future__ import annotations
 
+import os
+
 import torch
 
+from torch_engine.attention import _kernel
 from torch_engine.catalog import Catalog
+from torch_engine.errors import ConfigError, require
 
 NEG_INF = float("-inf")
+
+
+def resolve_selection(name: str, device: torch.device) -> str:
+    """"torch" (``constrain`` + ``rank``/``keep_all``) or "triton" (the fused
+    ``xgr::constrained_topk``) for the configured ``name`` ("auto", "torch", "triton").
+    "auto" picks triton on CUDA only; "triton" also runs on the CPU under TRITON_INTERPRET=1."""
+    kernel = _kernel("constrained_topk") is not None
+    if name == "auto":
+        return "triton" if kernel and device.type == "cuda" else "torch"
+    if name == "triton":
+        usable = device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+        require(kernel and usable, ConfigError,
+                f"selection_backend='triton' needs CUDA (or TRITON_INTERPRET=1) and "
+                f"torch_engine.kernels.constrained_topk (device is {device}, kernel importable: "
+                f"{kernel})")
+    return name
+
+
+def select_fused(logits: torch.Tensor, scores: torch.Tensor, prefixes: torch.Tensor,
+                 catalog: Catalog, level: int, width: int, blocked: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``constrain`` + ``rank`` (+ ``drop_exhausted_paths`` via ``blocked``, see
+    ``exhausted_paths``) in one Triton op. Returns parents, codes, new prefixes and scores
+    ``[B, width]`` like ``rank``, but ordered by (parent, code) instead of by score."""
+    new, parents, codes, children = _kernel("constrained_topk")(
+        logits, scores, prefixes, catalog.level_indptr[level], catalog.level_codes[level],
+        width, blocked)
+    return parents, codes, children, new
 
 
 def constrain(logits: torch.Tensor, prefixes: torch.Tensor, catalog: Catalog, level: int
@@ -111,6 +143,24 @@ def drop_exhausted_paths(logp: torch.Tensor, child: torch.Tensor, excluded: torc
             - torch.searchsorted(path_of, flat, right=False))
     sizes = catalog.path_indptr[flat + 1] - catalog.path_indptr[flat]
     return logp.masked_fill((hits >= sizes).view_as(logp), NEG_INF)
+
+
+def exhausted_paths(excluded: torch.Tensor, catalog: Catalog) -> torch.Tensor:
+    """Paths all of whose items are excluded, for the fused selection's ``blocked`` input.
+
+    excluded: ``[B, X]`` sorted rows from ``excluded_rows``. Returns ``[B, X]`` int64 path
+    ids sorted ascending, padded with ``num_prefixes[-1]`` (no path has that id). Same paths
+    as ``drop_exhausted_paths`` drops, without a ``[B, W, C]`` pass.
+    """
+    paths_total = catalog.num_prefixes[-1]
+    known = excluded < catalog.num_items
+    path_of = torch.searchsorted(catalog.path_indptr, excluded, right=True) - 1
+    path_of = torch.where(known, path_of, paths_total)                 # sorted along rows
+    hits = (torch.searchsorted(path_of, path_of, right=True)
+            - torch.searchsorted(path_of, path_of, right=False))
+    first = path_of.clamp(max=paths_total - 1)
+    sizes = catalog.path_indptr[first + 1] - catalog.path_indptr[first]
+    return torch.where(known & (hits >= sizes), path_of, paths_total).sort(dim=1).values
 
 
 def expand_items(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,

@@ -14,6 +14,7 @@ from torch_engine.layout import TokenLayout
 from torch_engine.prompt_spec import PromptSpec
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
+SELECTION_BACKENDS = ("auto", "torch", "triton")
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
@@ -168,6 +169,11 @@ class EngineConfig:
     static_shapes: pack prompts into a fixed ``B * Lmax``-row buffer (see
         ``kv_cache.PackedPrompt``): no host wait anywhere, padding slots computed.
     max_graphs: captured shapes kept (least recently used dropped first).
+    selection_backend: beam selection per level: "torch" (plain PyTorch, the default until
+        the fused kernel is measured on the GPU), "triton" (``xgr::constrained_topk``, CUDA or
+        the CPU interpreter) or "auto" (triton on CUDA, else torch).
+    memory_budget: bytes a request may use on the CPU (``capacity.check_capacity``); on
+        CUDA the free device memory is the budget. None: no check on the CPU.
     """
 
     max_beam_width: int = 512
@@ -177,6 +183,8 @@ class EngineConfig:
     cuda_graphs: bool = True
     static_shapes: bool = False
     max_graphs: int = 8
+    selection_backend: str = "torch"
+    memory_budget: int | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.max_beam_width, int) and self.max_beam_width >= 1, ConfigError,
@@ -190,3 +198,10 @@ class EngineConfig:
                 f"EngineConfig.max_exclude must be a non-negative int, got {self.max_exclude!r}")
         require(isinstance(self.max_graphs, int) and self.max_graphs >= 1, ConfigError,
                 f"EngineConfig.max_graphs must be a positive int, got {self.max_graphs!r}")
+        require(self.selection_backend in SELECTION_BACKENDS, ConfigError,
+                f"EngineConfig.selection_backend must be one of {SELECTION_BACKENDS}, "
+                f"got {self.selection_backend!r}")
+        require(self.memory_budget is None or (isinstance(self.memory_budget, int)
+                                               and self.memory_budget >= 1), ConfigError,
+                f"EngineConfig.memory_budget must be None or a positive int (bytes), got "
+                f"{self.memory_budget!r}")

@@ -54,6 +54,7 @@ class Engine:
         self.device = next(model.parameters()).device
         self.catalog = catalog.to(self.device)
         self.backend = resolve_backend(config.attention_backend, self.device)
+        self.selection = bs.resolve_selection(config.selection_backend, self.device)
         self.static_shapes = config.static_shapes
         self.graphs: DecodeGraphs | SearchGraphs | None = None
         if config.cuda_graphs and self.device.type == "cuda":
@@ -135,6 +136,8 @@ class Engine:
         beams = BeamKV(cfg.num_layers, rows, width, levels - 1, cfg.num_kv_heads,
                        cfg.head_dim, hidden.dtype, self.device)
         tokens = prefixes
+        fused = self.selection == "triton"
+        blocked = bs.exhausted_paths(state.excluded, catalog) if fused else None
         for level in range(levels):
             if level > 0:
                 hidden = model.decode_step(tokens, state.prompt.lengths + (level - 1),
@@ -142,14 +145,19 @@ class Engine:
                                            backend=self.backend)
             start, end = layout.level_range(level)
             logits = model.level_logits(hidden, start, end).expand(rows, width, -1)
-            logp, child = bs.constrain(logits, prefixes, catalog, level)
-            if level == levels - 1:
-                logp = bs.drop_exhausted_paths(logp, child, state.excluded, catalog)
-            if catalog.num_prefixes[level + 1] <= width:
-                parents, codes, prefixes, scores = bs.keep_all(scores, logp, catalog, level,
-                                                               width)
+            if fused:
+                parents, codes, prefixes, scores = bs.select_fused(
+                    logits, scores, prefixes, catalog, level, width,
+                    blocked if level == levels - 1 else None)
             else:
-                parents, codes, prefixes, scores = bs.rank(scores, logp, child, width)
+                logp, child = bs.constrain(logits, prefixes, catalog, level)
+                if level == levels - 1:
+                    logp = bs.drop_exhausted_paths(logp, child, state.excluded, catalog)
+                if catalog.num_prefixes[level + 1] <= width:
+                    parents, codes, prefixes, scores = bs.keep_all(scores, logp, catalog,
+                                                                   level, width)
+                else:
+                    parents, codes, prefixes, scores = bs.rank(scores, logp, child, width)
             if 0 < level < levels - 1:
                 beams.reorder(parents, used_slots=level)
             tokens = codes + start

@@ -1,7 +1,8 @@
 """Triton kernels of the engine's attention, each beside its plain-torch reference.
 
-``decode_attention`` (xAttention over shared prompt KV + per-beam KV) and ``prefill_attention``
-(segmented-mask prefill over a packed ragged batch) keep the signatures of
+``decode_attention`` (xAttention over shared prompt KV + per-beam KV), ``prefill_attention``
+(segmented-mask prefill over a packed ragged batch) and ``constrained_topk`` (one beam-search
+level: CSR-masked log-softmax and per-request top-k) keep the signatures of
 ``torch_engine.reference``; each is also the torch custom op ``xgr::<name>``.
 """
 
@@ -9,7 +10,8 @@ from torch_engine.import_order import check_triton_importable
 
 check_triton_importable()
 
+from torch_engine.kernels.constrained_topk import constrained_topk  # noqa: E402
 from torch_engine.kernels.decode_attention import decode_attention  # noqa: E402
 from torch_engine.kernels.prefill_attention import prefill_attention  # noqa: E402
 
-__all__ = ["decode_attention", "prefill_attention"]
+__all__ = ["constrained_topk", "decode_attention", "prefill_attention"]

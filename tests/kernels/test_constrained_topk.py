@@ -1,0 +1,233 @@
+"""The fused constrained top-k (``xgr::constrained_topk``) against its plain-torch reference, the
+reference against the engine's torch selection path, and the engine with the fused selection.
+
+On the CPU the kernel runs under Triton's interpreter (about a second per W=64, C=256 call).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from torch_engine import beam_search as bs
+from torch_engine.catalog import Catalog
+from torch_engine.config import EngineConfig
+from torch_engine.engine import Engine
+from torch_engine.errors import ConfigError, InvalidInputError
+from torch_engine.kernels.constrained_topk import constrained_topk, launch_constrained_topk
+from torch_engine.layout import TokenLayout
+from torch_engine.model import Model
+from torch_engine.reference.constrained_topk import constrained_topk as reference
+from torch_engine.tolerances import tolerance_for
+
+FP32 = tolerance_for(torch.float32)
+
+
+def random_catalog(rng: np.random.Generator, size: int, items: int, skew: float) -> Catalog:
+    """Codes drawn from a power law (``skew`` > 0): some prefixes get many children, most few,
+    so the allowed sets are ragged."""
+    weights = 1.0 / np.arange(1, size + 1) ** skew
+    codes = rng.choice(size, size=(items, 3), p=weights / weights.sum())
+    codes = np.stack([rng.permutation(size)[codes[:, i]] for i in range(3)], axis=1)
+    return Catalog.from_arrays(np.arange(items) * 7 + 3, codes, TokenLayout(codebook_size=size))
+
+
+def level_inputs(gen: torch.Generator, catalog: Catalog, level: int, batch: int, beams: int,
+                 dtype: torch.dtype, dead: float = 0.25):
+    """Logits on a 0.25 grid (many exact ties inside a row), random live prefixes and scores,
+    a fraction of dead beams."""
+    size = catalog.layout.codebook_size
+    logits = (torch.randint(-12, 12, (batch, beams, size), generator=gen) * 0.25).to(dtype)
+    prefixes = torch.randint(0, catalog.num_prefixes[level], (batch, beams), generator=gen)
+    scores = torch.randn((batch, beams), generator=gen) - 3.0
+    scores[torch.rand((batch, beams), generator=gen) < dead] = float("-inf")
+    scores[:, 0] = 0.0
+    return logits, scores, prefixes
+
+
+def random_blocked(gen: torch.Generator, catalog: Catalog, level: int, batch: int
+                   ) -> torch.Tensor:
+    """Sorted ``[B, 6]`` child ids to drop, some past the last entry (padding)."""
+    entries = catalog.num_prefixes[level + 1]
+    return torch.randint(0, entries + 3, (batch, 6), generator=gen).sort(dim=1).values
+
+
+def poisoned(batch: int, width: int) -> tuple[torch.Tensor, ...]:
+    return (torch.full((batch, width), float("nan")),
+            *(torch.full((batch, width), -7, dtype=torch.int64) for _ in range(3)))
+
+
+def check_equal(out, ref, what: str) -> None:
+    scores, parent, code, prefix = out
+    assert not bool(torch.isnan(scores).any()), f"{what}: unwritten scores"
+    for name, got, want in (("parent", parent, ref[1]), ("code", code, ref[2]),
+                            ("prefix", prefix, ref[3])):
+        assert torch.equal(got, want), f"{what}: {name} differs\n{got}\n{want}"
+    finite = torch.isfinite(ref[0])
+    assert torch.equal(torch.isfinite(scores), finite), f"{what}: -inf pattern differs"
+    torch.testing.assert_close(scores[finite], ref[0][finite], atol=FP32.atol, rtol=FP32.rtol)
+
+
+@pytest.mark.parametrize("beams,size,level,dtype", [
+    (1, 16, 1, torch.float32), (4, 16, 2, torch.float32), (4, 256, 1, torch.bfloat16),
+    (64, 16, 0, torch.float32), (64, 16, 2, torch.float32), (64, 256, 1, torch.float32)])
+def test_kernel_matches_reference(beams, size, level, dtype):
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    catalog = random_catalog(rng, size, items=40 * size, skew=1.2)
+    logits, scores, prefixes = level_inputs(gen, catalog, level, 2, beams, dtype)
+    blocked = random_blocked(gen, catalog, level, 2) if level == 2 else None
+    indptr, codes = catalog.level_indptr[level], catalog.level_codes[level]
+    for width in sorted({1, beams, min(2 * beams, beams * size)}):
+        out = launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, blocked,
+                                      out=poisoned(2, width))
+        ref = reference(logits, scores, prefixes, indptr, codes, width, blocked)
+        check_equal(out, ref, f"W={beams} C={size} level={level} width={width} {dtype}")
+
+
+def test_fewer_continuations_than_beams_fill_the_tail_with_dead_beams():
+    rng = np.random.default_rng(3)
+    catalog = random_catalog(rng, 16, items=30, skew=0.0)
+    gen = torch.Generator().manual_seed(5)
+    logits, scores, prefixes = level_inputs(gen, catalog, 0, 2, 64, torch.float32, dead=1.0)
+    width = 64
+    out = launch_constrained_topk(logits, scores, prefixes, catalog.level_indptr[0],
+                                  catalog.level_codes[0], width, None, out=poisoned(2, width))
+    ref = reference(logits, scores, prefixes, catalog.level_indptr[0], catalog.level_codes[0],
+                    width)
+    check_equal(out, ref, "level 0, one live beam")
+    live = catalog.num_prefixes[1]
+    assert live < width
+    # One live beam: its allowed children come first, in prefix (= catalog) order.
+    assert torch.equal(out[3][:, :live], torch.arange(live).expand(2, live))
+    assert bool(torch.isfinite(out[0][:, :live]).all())
+    assert bool(torch.isneginf(out[0][:, live:]).all())
+
+
+def test_ties_break_by_flat_index_then_come_out_sorted_by_parent():
+    catalog = Catalog.from_arrays(np.arange(8), np.array([[c, 0, 0] for c in range(8)]),
+                                  TokenLayout(codebook_size=8))
+    logits = torch.zeros((1, 3, 8))                     # all 8 codes allowed, all equal
+    scores = torch.tensor([[-1.0, -1.0, -2.0]])
+    prefixes = torch.zeros((1, 3), dtype=torch.int64)
+    args = (logits, scores, prefixes, catalog.level_indptr[0], catalog.level_codes[0], 10)
+    for result in (constrained_topk(*args), reference(*args)):
+        # 16 tied candidates of beams 0 and 1: the first 10 in flat order w * 8 + c.
+        assert result[1].tolist() == [[0] * 8 + [1] * 2]
+        assert result[2].tolist() == [list(range(8)) + [0, 1]]
+
+
+def torch_path(logits, scores, prefixes, catalog, level, width, excluded=None):
+    logp, child = bs.constrain(logits, prefixes, catalog, level)
+    if excluded is not None:
+        logp = bs.drop_exhausted_paths(logp, child, excluded, catalog)
+    if catalog.num_prefixes[level + 1] <= width:
+        return bs.keep_all(scores, logp, catalog, level, width)
+    return bs.rank(scores, logp, child, width)
+
+
+@pytest.mark.parametrize("level", [0, 1, 2])
+def test_reference_selects_what_the_engine_torch_path_selects(level):
+    rng = np.random.default_rng(11 + level)
+    catalog = random_catalog(rng, 16, items=400, skew=1.0)
+    gen = torch.Generator().manual_seed(level)
+    # Fewer beams than next prefixes: ``rank`` (``keep_all`` has its own test below).
+    width = min(24, catalog.num_prefixes[level + 1] - 1)
+    logits = torch.randn((2, width, 16), generator=gen)           # continuous: no ties
+    prefixes = torch.randint(0, catalog.num_prefixes[level], (2, width), generator=gen)
+    scores = torch.randn((2, width), generator=gen)
+    excluded = blocked = None
+    if level == 2:
+        rows = torch.arange(catalog.num_items)[torch.randperm(catalog.num_items, generator=gen)]
+        excluded = bs.excluded_rows(catalog.path_items[rows[:2 * 150]].view(2, 150), catalog)
+        blocked = bs.exhausted_paths(excluded, catalog)
+        assert bool((blocked < catalog.num_prefixes[-1]).any()), "no exhausted path to test"
+    parents, codes, children, new = torch_path(logits, scores, prefixes, catalog, level, width,
+                                               excluded)
+    ref = reference(logits, scores, prefixes, catalog.level_indptr[level],
+                    catalog.level_codes[level], width, blocked)
+    for b in range(2):
+        want = {(int(p), int(c), int(x)) for p, c, x, s in
+                zip(parents[b], codes[b], children[b], new[b]) if s > float("-inf")}
+        got = {(int(p), int(c), int(x)) for p, c, x, s in
+               zip(ref[1][b], ref[2][b], ref[3][b], ref[0][b]) if s > float("-inf")}
+        assert got == want and len(got) > 0
+        torch.testing.assert_close(ref[0][b][torch.isfinite(ref[0][b])].sort().values,
+                                   new[b][torch.isfinite(new[b])].sort().values)
+
+
+def test_keep_all_layout_is_what_the_kernel_returns_when_every_prefix_fits():
+    catalog = random_catalog(np.random.default_rng(2), 16, items=60, skew=0.5)
+    width = catalog.num_prefixes[1] + 3
+    gen = torch.Generator().manual_seed(1)
+    logits, scores, prefixes = level_inputs(gen, catalog, 0, 1, width, torch.float32, dead=1.0)
+    prefixes.zero_()
+    parents, codes, children, new = torch_path(logits, scores, prefixes, catalog, 0, width)
+    out = constrained_topk(logits, scores, prefixes, catalog.level_indptr[0],
+                           catalog.level_codes[0], width)
+    live = catalog.num_prefixes[1]
+    for got, want in zip((out[1], out[2], out[3]), (parents, codes, children)):
+        assert torch.equal(got[:, :live], want[:, :live])
+    torch.testing.assert_close(out[0][:, :live], new[:, :live])
+
+
+def _bad_cases():
+    catalog = random_catalog(np.random.default_rng(0), 16, items=50, skew=0.0)
+    gen = torch.Generator().manual_seed(0)
+    logits, scores, prefixes = level_inputs(gen, catalog, 1, 2, 4, torch.float32)
+    base = dict(logits=logits, scores=scores, prefixes=prefixes,
+                indptr=catalog.level_indptr[1], codes=catalog.level_codes[1], width=4,
+                blocked=None)
+    return {
+        "logits": {**base, "logits": logits[0]},
+        "scores": {**base, "scores": scores.double()},
+        "prefixes": {**base, "prefixes": prefixes.int()},
+        "indptr": {**base, "indptr": catalog.level_indptr[1].int()},
+        "width": {**base, "width": 4 * 16 + 1},
+        "blocked": {**base, "blocked": torch.zeros((3, 2), dtype=torch.int64)},
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_bad_cases()))
+def test_bad_input_names_argument(name):
+    with pytest.raises(InvalidInputError, match=name):
+        constrained_topk(**_bad_cases()[name])
+
+
+def test_opcheck():
+    catalog = random_catalog(np.random.default_rng(4), 16, items=60, skew=0.5)
+    gen = torch.Generator().manual_seed(4)
+    logits, scores, prefixes = level_inputs(gen, catalog, 2, 1, 2, torch.float32)
+    blocked = random_blocked(gen, catalog, 2, 1)
+    torch.library.opcheck(torch.ops.xgr.constrained_topk.default,
+                          (logits, scores, prefixes, catalog.level_indptr[2],
+                           catalog.level_codes[2], 3, blocked),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def test_engine_with_fused_selection_returns_the_torch_selection_items():
+    rng = np.random.default_rng(9)
+    ids = rng.choice(np.arange(10_000), size=300, replace=False)
+    codes = rng.integers(0, 12, (300, 3))
+    catalog = Catalog.from_arrays(ids, codes)
+    model = Model.from_preset("tiny", seed=3)
+    gen = torch.Generator().manual_seed(2)
+    tokens = torch.randint(8, 1024, (2, 12), generator=gen)
+    lengths = torch.tensor([12, 7])
+    exclude = torch.tensor([[int(ids[0]), -1], [int(ids[1]), int(ids[2])]])
+    results = []
+    for selection in ("torch", "triton"):
+        engine = Engine(model, catalog, EngineConfig(selection_backend=selection))
+        assert engine.selection == selection
+        results.append(engine.recommend(tokens, lengths, beam_width=16, top_k=20,
+                                        exclude_items=exclude))
+    (items_t, scores_t), (items_k, scores_k) = results
+    assert torch.equal(items_k, items_t)
+    torch.testing.assert_close(scores_k, scores_t, atol=FP32.atol, rtol=FP32.rtol)
+
+
+def test_auto_selection_stays_torch_on_the_cpu():
+    assert bs.resolve_selection("auto", torch.device("cpu")) == "torch"
+    with pytest.raises(ConfigError, match="selection_backend"):
+        EngineConfig(selection_backend="cuda")

@@ -1,0 +1,271 @@
+"""Constrained top-k of one beam-search level in Triton: masked log-softmax over the CSR
+allowed codes plus per-request top-``width`` over W x C candidates, no dense vocabulary mask.
+
+Same function and selection rule as ``torch_engine.reference.constrained_topk`` (read its
+docstring: softmax normalised over the allowed codes; ties by flat index ``w * C + c``; output
+in flat-index order, i.e. sorted by parent beam). Two launches:
+
+1. ``_level_scores_kernel``, one program per beam: reads the beam's CSR slice (its allowed
+   codes), gathers those logits, takes their log-sum-exp in fp32, and writes the candidate
+   totals ``parent score + logp`` and child prefix ids into a ``[B, W*C]`` scratch row (-inf
+   and -1 for codes not allowed, dropped children via a binary search in ``blocked``).
+2. ``_select_kernel``, one program per request: finds the ``width``-th largest sortable key by
+   bisection over the int32 key range (32 counting passes), then one ordered pass writes the
+   keys above it plus the first ties in flat-index order, so the outputs come out sorted by
+   parent without a sort (-inf picks, when too few candidates are finite, go last).
+
+Shapes only decide the launch (no device reads), so it captures in a CUDA graph. Registered as
+``xgr::constrained_topk`` with a shape-only fake.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from torch_engine.errors import InvalidInputError, require
+from torch_engine.kernels import _common as c
+
+_OP = "constrained_topk"
+_NEG_INF_KEY = -2139095041            # sortable key of -inf: 0xFF800000 ^ 0x7FFFFFFF as int32
+
+
+@triton.jit
+def _level_scores_kernel(
+        logits_ptr, scores_ptr, prefix_ptr, indptr_ptr, codes_ptr, blocked_ptr,
+        total_ptr, child_ptr, width, size, num_blocked,
+        s_lb, s_lw, s_lc, s_sb, s_sw, s_pb, s_pw, s_xb,
+        BLOCK_C: tl.constexpr, BLOCK_E: tl.constexpr, SEARCH_STEPS: tl.constexpr):
+    row = tl.program_id(0)                          # b * W + w
+    b = row // width
+    w = row % width
+    prefix = tl.load(prefix_ptr + b * s_pb + w * s_pw)
+    start = tl.load(indptr_ptr + prefix)
+    count = (tl.load(indptr_ptr + prefix + 1) - start).to(tl.int32)
+    parent = tl.load(scores_ptr + b * s_sb + w * s_sw).to(tl.float32)
+    logit_row = logits_ptr + b * s_lb + w * s_lw
+    out_row = row.to(tl.int64) * size
+
+    # Clear the row first: codes not allowed stay -inf / -1.
+    for c0 in range(0, size, BLOCK_C):
+        cols = c0 + tl.arange(0, BLOCK_C)
+        ok = cols < size
+        tl.store(total_ptr + out_row + cols, tl.full([BLOCK_C], float("-inf"), tl.float32),
+                 mask=ok)
+        tl.store(child_ptr + out_row + cols, tl.full([BLOCK_C], -1, tl.int32), mask=ok)
+
+    # Online log-sum-exp over the allowed codes only (the CSR slice of this prefix).
+    m_i = tl.full([BLOCK_E], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_E], tl.float32)
+    for e0 in range(0, count, BLOCK_E):
+        j = e0 + tl.arange(0, BLOCK_E)
+        ok = j < count
+        code = tl.load(codes_ptr + start + j, mask=ok, other=0)
+        x = tl.load(logit_row + code * s_lc, mask=ok, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m_i, x)
+        l_i = l_i * tl.exp(m_i - m_new) + tl.where(ok, tl.exp(x - m_new), 0.0)
+        m_i = m_new
+    m_all = tl.max(m_i, 0)
+    lse = m_all + tl.log(tl.sum(l_i * tl.exp(m_i - m_all), 0))
+    # The clearing stores above and the scatter below may map one address to two threads.
+    tl.debug_barrier()
+
+    for e0 in range(0, count, BLOCK_E):
+        j = e0 + tl.arange(0, BLOCK_E)
+        ok = j < count
+        entry = start + j
+        code = tl.load(codes_ptr + entry, mask=ok, other=0)
+        x = tl.load(logit_row + code * s_lc, mask=ok, other=0.0).to(tl.float32)
+        total = parent + (x - lse)
+        # lower_bound of each entry in this request's sorted blocked ids.
+        lo = tl.zeros([BLOCK_E], tl.int32)
+        hi = tl.zeros([BLOCK_E], tl.int32) + num_blocked
+        for _ in range(SEARCH_STEPS):
+            mid = (lo + hi) // 2
+            probe = tl.load(blocked_ptr + b * s_xb + mid, mask=mid < hi, other=0)
+            below = (probe < entry) & (mid < hi)
+            lo = tl.where(below, mid + 1, lo)
+            hi = tl.where(below, hi, mid)
+        found = tl.load(blocked_ptr + b * s_xb + lo, mask=lo < num_blocked, other=-1)
+        total = tl.where(found == entry, float("-inf"), total)
+        tl.store(total_ptr + out_row + code, total, mask=ok)
+        tl.store(child_ptr + out_row + code, entry.to(tl.int32), mask=ok)
+
+
+@triton.jit
+def _sortable(x):
+    bits = x.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
+
+
+@triton.jit
+def _select_kernel(total_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code_ptr,
+                   out_prefix_ptr, count, size, keep, BLOCK: tl.constexpr):
+    b = tl.program_id(0)
+    base = b.to(tl.int64) * count
+    # Largest threshold t with #(key >= t) >= keep, by bisection over [-2**31, 2**31 - 1].
+    lo = tl.full([1], -2147483648, tl.int64)
+    hi = tl.full([1], 2147483647, tl.int64)
+    for _ in range(32):
+        mid = (lo + hi + 1) // 2
+        above = tl.zeros([1], tl.int64)
+        for i0 in range(0, count, BLOCK):
+            idx = i0 + tl.arange(0, BLOCK)
+            x = tl.load(total_ptr + base + idx, mask=idx < count, other=float("-inf"))
+            hit = (_sortable(x).to(tl.int64)[None, :] >= mid[:, None]) & (idx < count)[None, :]
+            above += tl.sum(hit.to(tl.int64), 1)
+        lo = tl.where(above >= keep, mid, lo)
+        hi = tl.where(above >= keep, hi, mid - 1)
+    threshold = lo
+    greater = tl.zeros([1], tl.int64)
+    for i0 in range(0, count, BLOCK):
+        idx = i0 + tl.arange(0, BLOCK)
+        x = tl.load(total_ptr + base + idx, mask=idx < count, other=float("-inf"))
+        hit = (_sortable(x).to(tl.int64)[None, :] > threshold[:, None]) & (idx < count)[None, :]
+        greater += tl.sum(hit.to(tl.int64), 1)
+    ties = keep - greater                            # ties to take, first in flat order
+    # When the threshold is -inf (fewer finite candidates than ``keep``) the dead picks go
+    # after every live one, so live beams fill the first slots.
+    tail = threshold == _NEG_INF_KEY
+    taken = tl.zeros([1], tl.int64)
+    taken_live = tl.zeros([1], tl.int64)
+    seen = tl.zeros([1], tl.int64)
+    for i0 in range(0, count, BLOCK):
+        idx = i0 + tl.arange(0, BLOCK)
+        inside = idx < count
+        x = tl.load(total_ptr + base + idx, mask=inside, other=float("-inf"))
+        key = _sortable(x).to(tl.int64)[None, :]
+        tie = ((key == threshold[:, None]) & inside[None, :]).to(tl.int64)
+        tie_rank = seen[:, None] + tl.cumsum(tie, 1)              # 1-based among ties
+        live = (key > threshold[:, None]) & inside[None, :]
+        pick = live | ((tie > 0) & (tie_rank <= ties[:, None]))
+        merged = taken[:, None] + tl.cumsum(pick.to(tl.int64), 1) - 1
+        split = tl.where(live, taken_live[:, None] + tl.cumsum(live.to(tl.int64), 1) - 1,
+                         greater[:, None] + tie_rank - 1)
+        slot = tl.where(tail[:, None], split, merged)
+        child = tl.load(child_ptr + base + idx, mask=inside, other=-1).to(tl.int64)[None, :]
+        out = b.to(tl.int64) * keep + slot
+        flat = idx.to(tl.int64)[None, :]
+        tl.store(out_score_ptr + out, x[None, :], mask=pick)
+        tl.store(out_parent_ptr + out, flat // size, mask=pick)
+        tl.store(out_code_ptr + out, flat % size, mask=pick)
+        tl.store(out_prefix_ptr + out, tl.maximum(child, 0), mask=pick)
+        taken += tl.sum(pick.to(tl.int64), 1)
+        taken_live += tl.sum(live.to(tl.int64), 1)
+        seen += tl.sum(tie, 1)
+
+
+def _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked,
+                  devices: bool = True) -> None:
+    """Shape/dtype (and, unless tracing, device) checks; values are never read."""
+    c.check_rank(_OP, "logits", logits, 3, "[B, W, C]")
+    c.check_rank(_OP, "scores", scores, 2, "[B, W]")
+    c.check_rank(_OP, "prefixes", prefixes, 2, "[B, W]")
+    c.check_rank(_OP, "indptr", indptr, 1, "[P + 1]")
+    c.check_rank(_OP, "codes", codes, 1, "[E]")
+    batch, beams, size = logits.shape
+    require(batch >= 1 and beams >= 1 and size >= 1, InvalidInputError,
+            f"{_OP}: logits must have B, W, C >= 1, got shape {tuple(logits.shape)}")
+    require(logits.dtype in c.FLOAT_DTYPES, InvalidInputError,
+            f"{_OP}: logits.dtype must be one of float16/bfloat16/float32, got {logits.dtype}")
+    require(scores.dtype == torch.float32, InvalidInputError,
+            f"{_OP}: scores.dtype must be float32, got {scores.dtype}")
+    for name, tensor in (("scores", scores), ("prefixes", prefixes)):
+        require(tuple(tensor.shape) == (batch, beams), InvalidInputError,
+                f"{_OP}: {name} must have shape [B, W] = {(batch, beams)} as logits, got "
+                f"{tuple(tensor.shape)}")
+    require(prefixes.dtype == torch.int64, InvalidInputError,
+            f"{_OP}: prefixes.dtype must be int64, got {prefixes.dtype}")
+    for name, tensor in (("indptr", indptr), ("codes", codes)):
+        c.check_index(_OP, name, tensor, allowed=(torch.int64,))
+    require(indptr.shape[0] >= 2, InvalidInputError,
+            f"{_OP}: indptr must hold at least one prefix (P + 1 >= 2), got {indptr.shape[0]}")
+    require(codes.shape[0] < 2**31, InvalidInputError,
+            f"{_OP}: codes holds {codes.shape[0]} entries; child ids are int32, so < 2**31")
+    require(isinstance(width, int) and 1 <= width <= beams * size, InvalidInputError,
+            f"{_OP}: width must be an int in [1, W * C = {beams * size}], got {width!r}")
+    c.check_int32_offsets(_OP, {"logits": logits})
+    tensors = {"logits": logits, "scores": scores, "prefixes": prefixes, "indptr": indptr,
+               "codes": codes}
+    if blocked is not None:
+        c.check_rank(_OP, "blocked", blocked, 2, "[B, X]")
+        c.check_index(_OP, "blocked", blocked, allowed=(torch.int64,))
+        c.check_dim(_OP, "blocked", blocked, 0, batch, "B, as logits")
+        tensors["blocked"] = blocked
+    if devices:
+        c.check_devices(_OP, tensors)
+
+
+def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, blocked,
+                            out: tuple[torch.Tensor, ...] | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Runs both kernels on checked inputs; ``out`` (caller-owned scores, parent, code,
+    prefix ``[B, width]``) receives the result when given."""
+    batch, beams, size = logits.shape
+    device = logits.device
+    total = torch.empty((batch, beams * size), dtype=torch.float32, device=device)
+    child = torch.empty((batch, beams * size), dtype=torch.int32, device=device)
+    if blocked is None or blocked.shape[1] == 0:
+        blocked = torch.empty((batch, 1), dtype=torch.int64, device=device)
+        num_blocked = 0
+    else:
+        num_blocked = blocked.shape[1]
+    block_c = min(triton.next_power_of_2(size), 1024)
+    steps = max(1, num_blocked).bit_length()
+    _level_scores_kernel[(batch * beams,)](
+        logits, scores, prefixes, indptr, codes, blocked, total, child, beams, size,
+        num_blocked, logits.stride(0), logits.stride(1), logits.stride(2), scores.stride(0),
+        scores.stride(1), prefixes.stride(0), prefixes.stride(1), blocked.stride(0),
+        BLOCK_C=block_c, BLOCK_E=block_c, SEARCH_STEPS=steps, num_warps=4)
+    if out is None:
+        out = (torch.empty((batch, width), dtype=torch.float32, device=device),
+               *(torch.empty((batch, width), dtype=torch.int64, device=device)
+                 for _ in range(3)))
+    out_scores, parent, code, prefix = out
+    count = beams * size
+    # The interpreter pays per block, the GPU per register: larger blocks only on the CPU.
+    block = min(triton.next_power_of_2(count), 8192 if c.interpreting() else 1024)
+    _select_kernel[(batch,)](total, child, out_scores, parent, code, prefix, count, size,
+                             width, BLOCK=block, num_warps=8)
+    return out_scores, parent, code, prefix
+
+
+@torch.library.custom_op("xgr::constrained_topk", mutates_args=())
+def _constrained_topk_op(logits: torch.Tensor, scores: torch.Tensor, prefixes: torch.Tensor,
+                         indptr: torch.Tensor, codes: torch.Tensor, width: int,
+                         blocked: torch.Tensor | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked)
+    if logits.device.type == "cuda":
+        with torch.cuda.device(logits.device):
+            return launch_constrained_topk(logits, scores, prefixes, indptr, codes, width,
+                                           blocked)
+    return launch_constrained_topk(logits, scores, prefixes, indptr, codes, width,
+                                           blocked)
+
+
+@_constrained_topk_op.register_fake
+def _(logits, scores, prefixes, indptr, codes, width, blocked=None):
+    _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked, devices=False)
+    batch = logits.shape[0]
+    shape = (batch, width)
+    return (logits.new_empty(shape, dtype=torch.float32),
+            *(logits.new_empty(shape, dtype=torch.int64) for _ in range(3)))
+
+
+def constrained_topk(logits: torch.Tensor, scores: torch.Tensor, prefixes: torch.Tensor,
+                     indptr: torch.Tensor, codes: torch.Tensor, width: int,
+                     blocked: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One level of constrained beam search (Triton; the reference's signature and result).
+
+    logits: ``[B, W, C]`` fp32/bf16/fp16 (any strides); scores: ``[B, W]`` float32;
+    prefixes: ``[B, W]`` int64 valid prefix ids of ``indptr``; indptr ``[P + 1]``, codes
+    ``[E]`` int64 contiguous CSR (codes of one prefix distinct, in ``[0, C)``); width in
+    ``[1, W * C]``; blocked: optional ``[B, X]`` int64, each row sorted ascending (padding:
+    any id >= E). Values are not read on the host. Returns scores ``[B, width]`` float32 and
+    parent, code, prefix ``[B, width]`` int64, sorted by (parent, code).
+    """
+    return torch.ops.xgr.constrained_topk(logits, scores, prefixes, indptr, codes, width,
+                                          blocked)
