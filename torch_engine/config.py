@@ -172,11 +172,12 @@ class EngineConfig:
     selection_backend: beam selection per level: "torch" (plain PyTorch, the default until
         the fused kernel is measured on the GPU), "triton" (``xgr::constrained_topk``, CUDA or
         the CPU interpreter) or "auto" (triton on CUDA, else torch).
-    memory_budget: bytes a request may use on the CPU (``capacity.check_capacity``); on
-        CUDA the free device memory is the budget. None: no check on the CPU.
+    memory_budget: bytes one request may use (``capacity.check_request``, before any work);
+        on CUDA the free device memory caps it. None: the free device memory on CUDA, no
+        check on the CPU.
     """
 
-    max_beam_width: int = 512
+    max_beam_width: int = 1024
     attention_backend: str = "auto"
     dtype: str | None = None
     max_exclude: int = 4096

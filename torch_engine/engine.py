@@ -13,6 +13,7 @@ import torch
 
 from torch_engine import beam_search as bs
 from torch_engine.attention import resolve_backend
+from torch_engine.capacity import check_request, run_contained
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.errors import ConfigError, require
@@ -83,11 +84,17 @@ class Engine:
         Returns item ids ``[B, top_k]`` int64 and scores ``[B, top_k]`` float32 (the path's
         log-probability, each level normalised over the codes the catalog allows), best first;
         when the final beams reach fewer than ``top_k`` items, the tail holds -1 and -inf.
+
+        Raises ``CapacityError`` before any work when the estimated memory
+        (``capacity.estimate_request``) exceeds what is free, and when the device runs out of
+        memory during the batch (the batch is dropped; the next call runs normally).
         """
         batch = check_inputs(self, token_ids, lengths, segment_ids, beam_width, top_k,
                              prefix_embeds, exclude_items)
+        check_request(self, batch, beam_width, top_k)
         with torch.no_grad():
-            return self.search(batch, beam_width, top_k)
+            return run_contained(lambda: self.search(batch, beam_width, top_k), self.device,
+                                 f"a batch of {batch.token_ids.shape[0]} requests")
 
     def search(self, batch: RequestBatch, beam_width: int, top_k: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
