@@ -7,8 +7,8 @@ Stages, each timed (``StageTimings``, milliseconds):
 
     feature_graph  the team's TF graph: prompt tokens, soft profile vectors, cleaned history
     bridge_in      TF -> Torch hand-off (zero-copy on the CPU; one copy onto a GPU)
-    prefill        the engine writes the shared prompt KV (input checks included)
-    decode         constrained beam search over the code levels, item expansion
+    engine         ``Engine.recommend``: input checks, prefill (shared prompt KV), constrained
+                   beam search over the code levels, item expansion (CUDA graphs on a GPU)
     bridge_out     Torch -> TF hand-off of the items and scores
     post_process   business rules in TF (``BusinessRules``)
 
@@ -28,7 +28,6 @@ import torch
 from bridge.dlpack import to_tf, to_torch
 from torch_engine.engine import Engine
 from torch_engine.errors import ConfigError, InvalidInputError, require
-from torch_engine.inputs import check_inputs
 from torch_engine.layout import MaskMode
 
 
@@ -102,8 +101,7 @@ class StageTimings:
 
     feature_graph: float
     bridge_in: float
-    prefill: float
-    decode: float
+    engine: float
     bridge_out: float
     post_process: float
 
@@ -179,15 +177,11 @@ class RecommendPipeline:
 
         if self.prefill_mask is MaskMode.CAUSAL:
             segment_ids = None
-        batch = check_inputs(self.engine, token_ids, lengths, segment_ids, beam_width, top_k,
-                             profile, excluded)
-        with torch.no_grad():
-            state = self.engine.prefill(batch)
-            self._sync()
-            t_prefill = lap()
-            items, scores = self.engine.decode(state, beam_width, top_k)
-            self._sync()
-        t_decode = lap()
+        items, scores = self.engine.recommend(token_ids, lengths, segment_ids, beam_width,
+                                              top_k, prefix_embeds=profile,
+                                              exclude_items=excluded)
+        self._sync()
+        t_engine = lap()
 
         items_tf, scores_tf = to_tf(items.contiguous()), to_tf(scores.float().contiguous())
         t_out = lap()
@@ -196,4 +190,4 @@ class RecommendPipeline:
         return {**out, "prompt_lengths": graph["lengths"],
                 "history_values": graph["history_values"],
                 "history_splits": graph["history_splits"],
-                "timings": StageTimings(t_graph, t_in, t_prefill, t_decode, t_out, t_post)}
+                "timings": StageTimings(t_graph, t_in, t_engine, t_out, t_post)}

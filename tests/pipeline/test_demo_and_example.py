@@ -17,8 +17,8 @@ def test_demo_prints_items_timings_and_recall(quick_run):
     assert "(a) top items of 2 held-out users" in stdout
     assert len(re.findall(r"^user \d+ \(\w+\): \d+ past events", stdout, re.M)) == 2
     assert re.search(r"^\s+1\s+\d+\s+\d+-\d+-\d+\s+-\d+\.\d{3}", stdout, re.M)
-    for stage in ("feature_graph", "bridge_in", "prefill", "decode", "bridge_out",
-                  "post_process", "total"):
+    for stage in ("feature_graph", "bridge_in", "engine", "bridge_out", "post_process",
+                  "total"):
         assert re.search(rf"^\s+{stage}\s+\d+\.\d{{3}}", stdout, re.M), stage
     assert "(c) recall@K on 300 held-out users" in stdout
     for k in ("10", "50", "100"):
