@@ -203,7 +203,8 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.xgr.constrained_topk.default,
                           (logits, scores, prefixes, catalog.level_indptr[2],
                            catalog.level_codes[2], 3, blocked),
-                          test_utils=("test_schema", "test_faketensor"))
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_aot_dispatch_dynamic"))
 
 
 def test_engine_with_fused_selection_returns_the_torch_selection_items():
@@ -231,3 +232,47 @@ def test_auto_selection_stays_torch_on_the_cpu():
     assert bs.resolve_selection("auto", torch.device("cpu")) == "torch"
     with pytest.raises(ConfigError, match="selection_backend"):
         EngineConfig(selection_backend="cuda")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("beams,dtype", [(256, torch.bfloat16), (1024, torch.float32)])
+def test_gpu_kernel_matches_reference(beams, dtype):
+    rng = np.random.default_rng(beams)
+    catalog = random_catalog(rng, 256, items=200_000, skew=0.8).to("cuda")
+    gen = torch.Generator().manual_seed(beams)
+    for level in (0, 1, 2):
+        logits, scores, prefixes = (t.cuda() for t in level_inputs(
+            torch.Generator().manual_seed(level), catalog.to("cpu"), level, 4, beams, dtype))
+        blocked = random_blocked(gen, catalog, level, 4).cuda() if level == 2 else None
+        indptr, codes = catalog.level_indptr[level], catalog.level_codes[level]
+        out = launch_constrained_topk(logits, scores, prefixes, indptr, codes, beams, blocked,
+                                      out=tuple(t.cuda() for t in poisoned(4, beams)))
+        ref = reference(logits, scores, prefixes, indptr, codes, beams, blocked)
+        check_equal(out, ref, f"GPU W={beams} level={level} {dtype}")
+
+
+@pytest.mark.gpu
+def test_gpu_selection_replays_in_a_cuda_graph_without_host_sync():
+    catalog = random_catalog(np.random.default_rng(1), 256, items=50_000, skew=0.8).to("cuda")
+    inputs = [tuple(t.cuda() for t in level_inputs(torch.Generator().manual_seed(s),
+                                                  catalog.to("cpu"), 1, 2, 256, torch.bfloat16))
+              for s in (0, 1)]
+    static = tuple(t.clone() for t in inputs[0])
+    args = (catalog.level_indptr[1], catalog.level_codes[1], 256)
+    constrained_topk(*static, *args)                            # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    results = []
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            out = constrained_topk(*static, *args)
+        for tensors in inputs:
+            for dst, src in zip(static, tensors):
+                dst.copy_(src)
+            graph.replay()
+            results.append(tuple(t.clone() for t in out))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for tensors, got in zip(inputs, results):
+        check_equal(got, reference(*tensors, *args), "graph replay")

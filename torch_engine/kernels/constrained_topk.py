@@ -10,7 +10,7 @@ in flat-index order, i.e. sorted by parent beam). Two launches:
    totals ``parent score + logp`` and child prefix ids into a ``[B, W*C]`` scratch row (-inf
    and -1 for codes not allowed, dropped children via a binary search in ``blocked``).
 2. ``_select_kernel``, one program per request: finds the ``width``-th largest sortable key by
-   bisection over the int32 key range (32 counting passes), then one ordered pass writes the
+   a radix select (4 histogram passes of 8 bits each), then one ordered pass writes the
    keys above it plus the first ties in flat-index order, so the outputs come out sorted by
    parent without a sort (-inf picks, when too few candidates are finite, go last).
 
@@ -104,27 +104,36 @@ def _select_kernel(total_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code
                    out_prefix_ptr, count, size, keep, BLOCK: tl.constexpr):
     b = tl.program_id(0)
     base = b.to(tl.int64) * count
-    # Largest threshold t with #(key >= t) >= keep, by bisection over [-2**31, 2**31 - 1].
-    lo = tl.full([1], -2147483648, tl.int64)
-    hi = tl.full([1], 2147483647, tl.int64)
-    for _ in range(32):
-        mid = (lo + hi + 1) // 2
-        above = tl.zeros([1], tl.int64)
+    # Radix select of the keep-th largest key, 8 bits a pass from the top: keys as unsigned
+    # u = key + 2**31; each pass histograms the next digit of the keys that share the digits
+    # chosen so far (the others go to bin 256, ignored) and keeps the digit where the count of
+    # keys >= it first reaches the number still needed.
+    bins = tl.arange(0, 512)
+    prefix = tl.zeros([1], tl.int64)
+    need = tl.zeros([1], tl.int64) + keep
+    greater = tl.zeros([1], tl.int64)
+    for level in tl.static_range(4):
+        shift = 24 - 8 * level
+        hist = tl.zeros([512], tl.int32)
         for i0 in range(0, count, BLOCK):
             idx = i0 + tl.arange(0, BLOCK)
-            x = tl.load(total_ptr + base + idx, mask=idx < count, other=float("-inf"))
-            hit = (_sortable(x).to(tl.int64)[None, :] >= mid[:, None]) & (idx < count)[None, :]
-            above += tl.sum(hit.to(tl.int64), 1)
-        lo = tl.where(above >= keep, mid, lo)
-        hi = tl.where(above >= keep, hi, mid - 1)
-    threshold = lo
-    greater = tl.zeros([1], tl.int64)
-    for i0 in range(0, count, BLOCK):
-        idx = i0 + tl.arange(0, BLOCK)
-        x = tl.load(total_ptr + base + idx, mask=idx < count, other=float("-inf"))
-        hit = (_sortable(x).to(tl.int64)[None, :] > threshold[:, None]) & (idx < count)[None, :]
-        greater += tl.sum(hit.to(tl.int64), 1)
-    ties = keep - greater                            # ties to take, first in flat order
+            inside = idx < count
+            x = tl.load(total_ptr + base + idx, mask=inside, other=float("-inf"))
+            u = _sortable(x).to(tl.int64) + 2147483648
+            match = ((u >> (shift + 8)) == prefix) & inside
+            digit = tl.where(match, (u >> shift) & 255, 256)
+            hist += tl.histogram(digit.to(tl.int32), 512)
+        hist = tl.where(bins < 256, hist, 0).to(tl.int64)
+        below = tl.cumsum(hist, 0)                     # keys with digit <= d
+        total = tl.sum(hist, 0)
+        at_least = total - below + hist                 # keys with digit >= d
+        d = tl.max(tl.where((at_least >= need) & (bins < 256), bins, -1), 0).to(tl.int64)
+        above = total - tl.sum(tl.where(bins == d, below, 0), 0)
+        greater += above
+        need -= above
+        prefix = prefix * 256 + d
+    threshold = prefix - 2147483648
+    ties = need                                      # ties to take, first in flat order
     # When the threshold is -inf (fewer finite candidates than ``keep``) the dead picks go
     # after every live one, so live beams fill the first slots.
     tail = threshold == _NEG_INF_KEY
