@@ -28,7 +28,9 @@ from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
 
 _OP = "constrained_topk"
-_NEG_INF_KEY = -2139095041            # sortable key of -inf: 0xFF800000 ^ 0x7FFFFFFF as int32
+# Sortable key of -inf (0xFF800000 ^ 0x7FFFFFFF as int32); constexpr: jit code reads globals
+# only as compile-time constants.
+_NEG_INF_KEY = tl.constexpr(-2139095041)
 
 
 @triton.jit
