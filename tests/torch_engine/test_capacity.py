@@ -84,14 +84,18 @@ def test_estimate_of_the_benchmark_shape_by_hand():
     assert est.attention_scores == 0
 
 
-def test_precheck_refuses_a_request_over_the_budget_and_names_the_numbers(model, catalog):
+def test_precheck_refuses_a_request_over_the_budget_and_names_the_numbers(model, catalog,
+                                                                          monkeypatch):
     tokens, lengths = prompts(2, 24)
     probe = Engine(model, catalog)
     batch = check_inputs(probe, tokens, lengths, None, 128, 50, None, None)
     need = check_request(probe, batch, 128, 50).total
     tight = Engine(model, catalog, EngineConfig(memory_budget=need - 1))
+    started = []
+    monkeypatch.setattr(tight, "prefill", lambda *args: started.append(args))
     with pytest.raises(CapacityError, match=r"beam_width 128.*MiB.*beam_kv"):
         tight.recommend(tokens, lengths, beam_width=128, top_k=50)
+    assert started == [], "the refused request reached prefill"
     exact = Engine(model, catalog, EngineConfig(memory_budget=need))
     items, _ = exact.recommend(tokens, lengths, beam_width=128, top_k=50)
     assert bool((items >= 0).all())
