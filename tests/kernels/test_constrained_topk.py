@@ -207,6 +207,23 @@ def test_opcheck():
                                       "test_aot_dispatch_dynamic"))
 
 
+def test_export_traces_the_op_and_runs_it():
+    catalog = random_catalog(np.random.default_rng(6), 16, items=80, skew=0.5)
+    gen = torch.Generator().manual_seed(6)
+    logits, scores, prefixes = level_inputs(gen, catalog, 1, 2, 4, torch.float32)
+    indptr, codes = catalog.level_indptr[1], catalog.level_codes[1]
+
+    class Level(torch.nn.Module):
+        def forward(self, logits, scores, prefixes, indptr, codes):
+            return constrained_topk(logits, scores, prefixes, indptr, codes, 5)
+
+    program = torch.export.export(Level(), (logits, scores, prefixes, indptr, codes))
+    targets = {node.target for node in program.graph.nodes}
+    assert torch.ops.xgr.constrained_topk.default in targets
+    got = program.module()(logits, scores, prefixes, indptr, codes)
+    check_equal(got, reference(logits, scores, prefixes, indptr, codes, 5), "exported")
+
+
 def test_engine_with_fused_selection_returns_the_torch_selection_items():
     rng = np.random.default_rng(9)
     ids = rng.choice(np.arange(10_000), size=300, replace=False)
