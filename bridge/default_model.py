@@ -14,21 +14,15 @@ refits. The held-out users (the last ``holdout_users`` of the world) never reach
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-# TF and Triton each bundle LLVM, and importing Triton after TF aborts the process ("Option
-# 'bitcode-mdindex-threshold' registered more than once"). Torch imports Triton lazily (its
-# optimisers do, through torch._dynamo), so a process that fits must take Triton before TF.
-if "tensorflow" not in sys.modules and importlib.util.find_spec("triton") is not None:
-    import triton  # noqa: F401
-
+# Fitting imports triton lazily (torch's optimisers, through torch._dynamo); `bridge` loads it
+# before TF, see torch_engine/import_order.py.
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402
@@ -39,6 +33,7 @@ from bridge.dlpack import to_torch  # noqa: E402
 from tf_frontend.feature_graph import FeatureGraph  # noqa: E402
 from torch_engine.config import ModelConfig  # noqa: E402
 from torch_engine.errors import ConfigError, OpLibraryError, require  # noqa: E402
+from torch_engine.import_order import triton_importable  # noqa: E402
 from torch_engine.layout import MaskMode  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
 from torch_engine.prompt_spec import PromptSpec  # noqa: E402
@@ -213,8 +208,8 @@ def fit_or_load(settings: DefaultModelSettings = DefaultModelSettings(),
         return DefaultModel(settings, world, load_model(directory / "model"),
                             load_file(str(directory / TOWER_FILE)), fit_result, True, directory)
 
-    require("triton" in sys.modules or importlib.util.find_spec("triton") is None,
-            OpLibraryError, "cannot fit in this process: tensorflow was imported before triton "
+    require(triton_importable(), OpLibraryError,
+            "cannot fit in this process: tensorflow was imported before triton "
             "and torch's optimiser would import triton now, which aborts the process (both "
             "bundle LLVM). Import bridge.default_model before tensorflow, or fit in a fresh "
             "process (`xgr demo` does)")

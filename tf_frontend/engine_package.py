@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tf_frontend import torch_package  # first: it takes Triton before TF can be imported
+from tf_frontend import torch_package
 
 import torch  # noqa: E402
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tf_frontend import torch_package  # noqa: F401  (first: it takes Triton before TF)
+from tf_frontend import torch_package
 
 import tensorflow as tf  # noqa: E402
 

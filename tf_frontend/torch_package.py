@@ -13,40 +13,25 @@ torch version and the device.
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import os
 import shutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from torch_engine.errors import ExportError, InvalidInputError, require
-
-
-def _triton_usable() -> bool:
-    """TF and Triton each bundle LLVM: importing Triton after TF aborts the process ("Option
-    'bitcode-mdindex-threshold' registered more than once"), and torch.export and Inductor
-    import Triton. So take Triton now when TF is not loaded yet; report whether tracing is safe.
-    """
-    if "triton" in sys.modules or importlib.util.find_spec("triton") is None:
-        return True
-    if "tensorflow" in sys.modules:
-        return False
-    import triton  # noqa: F401
-    return True
+from torch_engine.import_order import triton_importable
 
 
 def _require_traceable() -> None:
-    require(_triton_usable(), ExportError,
+    # torch.export and Inductor import triton: see torch_engine/import_order.py.
+    require(triton_importable(), ExportError,
             "cannot trace or compile torch code in this process: tensorflow was imported before "
             "triton, and importing triton now would abort the process (both bundle LLVM). "
             "Import tf_frontend.torch_package (or triton) before tensorflow, or build the "
             "package in a separate process (`xgr export` imports torch first)")
 
-
-_triton_usable()
 
 import torch  # noqa: E402
 

@@ -24,9 +24,17 @@ def preload_triton() -> None:
         import triton  # noqa: F401  (the import itself is the point)
 
 
+def triton_importable() -> bool:
+    """Whether code that imports triton (the kernels, torch.export, Inductor, torch's
+    optimisers) is safe in this process: triton is loaded, absent, or TF is not loaded yet."""
+    preload_triton()
+    return ("triton" in sys.modules or "tensorflow" not in sys.modules
+            or importlib.util.find_spec("triton") is None)
+
+
 def check_triton_importable() -> None:
     """Raise instead of letting a triton import after TensorFlow abort the process."""
-    if "tensorflow" in sys.modules and "triton" not in sys.modules:
+    if not triton_importable():
         raise XgrError(
             "triton must be imported before tensorflow in one process (both carry LLVM; the "
             "other order aborts the process). Import `triton`, `bridge`, `tf_frontend` or "

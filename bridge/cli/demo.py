@@ -17,7 +17,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from bridge import default_model as dm  # first: takes Triton before TF (see default_model)
+from bridge import default_model as dm
 
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
