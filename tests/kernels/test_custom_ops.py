@@ -1,6 +1,13 @@
-"""The kernels as torch custom ops: schema/fake checks (opcheck) and tracing by torch.export."""
+"""The kernels as torch ops (``torch.library.triton_op``): opcheck, the kernels each op names,
+and tracing by torch.export with static and dynamic sizes."""
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,6 +16,8 @@ from torch_engine import reference
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import decode_attention, prefill_attention
 from torch_engine.layout import MaskMode
+
+_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _decode_args(kt, gen):
@@ -76,3 +85,65 @@ def test_export_rejects_bad_shapes_while_tracing(kt, gen):
     args[1] = args[1][:16]  # k shorter than q
     with pytest.raises(InvalidInputError, match=r"k.shape\[0\]"):
         torch.export.export(_Prefill(), tuple(args))
+
+
+_KERNELS_OF_OPS = """
+import json
+import torch
+import torch_engine.kernels
+from torch._library.triton import get_triton_kernels_for_op
+print(json.dumps({op: sorted(k.fn.__name__ if hasattr(k, "fn") else k.__name__
+                             for k in get_triton_kernels_for_op(op))
+                  for op in ("xgr::decode_attention", "xgr::prefill_attention")}))
+"""
+
+
+def test_ops_are_triton_ops_that_name_their_kernels():
+    # What AOTInductor embeds, and what the export of a TorchCall package checks for. Kernels
+    # compiled for a device (not interpreted ones), so a process without TRITON_INTERPRET.
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run([sys.executable, "-c", _KERNELS_OF_OPS], capture_output=True,
+                          text=True, env=env, timeout=120, cwd=_ROOT)
+    assert done.returncode == 0, done.stderr[-2000:]
+    kernels = json.loads(done.stdout.strip().splitlines()[-1])
+    assert kernels == {"xgr::decode_attention": ["_decode_merge_kernel", "_decode_partial_kernel"],
+                       "xgr::prefill_attention": ["_prefill_kernel"]}
+
+
+class _PrefillThenDecode(torch.nn.Module):
+    """Offsets from lengths inside the graph, as an exported engine computes them."""
+
+    def forward(self, lengths, segment_ids, q, k, v, dq, beam_k, beam_v):
+        cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
+        return (prefill_attention(q, k, v, cu, segment_ids, MaskMode.ITEM_CAUSAL),
+                decode_attention(dq, k, v, cu, beam_k, beam_v, 2))
+
+
+def _engine_like_args(kt, gen, lengths):
+    total, batch = sum(lengths), len(lengths)
+    return (torch.tensor(lengths, dtype=torch.int32, device=gen.device),
+            kt.item_segments(lengths, 3, 2, gen.device),
+            kt.randn((total, 2, 16), torch.float32, gen),
+            kt.randn((total, 1, 16), torch.float32, gen),
+            kt.randn((total, 1, 16), torch.float32, gen),
+            kt.randn((batch, 2, 2, 16), torch.float32, gen),
+            kt.randn((batch, 2, 2, 1, 16), torch.float32, gen),
+            kt.randn((batch, 2, 2, 1, 16), torch.float32, gen))
+
+
+def test_export_with_dynamic_batch_and_tokens_runs_other_sizes(kt, gen):
+    # Symbolic sizes: the size checks become runtime assertions, not guards that fix a size.
+    batch = torch.export.Dim("batch", min=1, max=64)
+    tokens = torch.export.Dim("tokens", min=2, max=1 << 16)
+    dynamic = ({0: batch}, {0: tokens}, {0: tokens}, {0: tokens}, {0: tokens}, {0: batch},
+               {0: batch}, {0: batch})
+    program = torch.export.export(_PrefillThenDecode(), _engine_like_args(kt, gen, [5, 12]),
+                                  dynamic_shapes=dynamic, strict=False)
+    args = _engine_like_args(kt, gen, [3, 1, 9])
+    lengths, segs, q, k, v, dq, bk, bv = args
+    cu = kt.cu_seqlens_of([3, 1, 9], gen.device)
+    prefill, decode = program.module()(*args)
+    kt.check(prefill, reference.prefill_attention(q, k, v, cu, segs, MaskMode.ITEM_CAUSAL),
+             torch.float32, "exported prefill, other sizes", gen.initial_seed())
+    kt.check(decode, reference.decode_attention(dq, k, v, cu, bk, bv, 2), torch.float32,
+             "exported decode, other sizes", gen.initial_seed())

@@ -4,10 +4,15 @@ Every check raises ``InvalidInputError`` naming the argument, the rule, what was
 what came. Checks read shapes, dtypes, strides and devices only: reading tensor values (e.g.
 whether ``cu_seqlens`` is sorted) would force a host synchronisation and break CUDA-graph capture,
 so value preconditions are documented on the public functions instead.
+
+Under ``torch.export`` with dynamic shapes the sizes are symbolic: a size rule then becomes a
+runtime assertion of the exported program (``torch._check``) instead of a guard that would fix
+the size, and tile choices read the trace's example sizes (``size_hint``) without guarding.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -24,6 +29,27 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
+def require_size(condition, message: str) -> None:
+    """A rule on sizes: ``InvalidInputError`` now for concrete sizes; for symbolic sizes a
+    runtime assertion of the traced program (a guard would specialise the dynamic size)."""
+    if isinstance(condition, torch.SymBool):
+        torch._check(condition, lambda: message)
+    else:
+        require(bool(condition), InvalidInputError, message)
+
+
+def size_hint(size, fallback: int = 1) -> int:
+    """A size as a Python int for tile choices: a traced symbolic size gives its example value
+    without a guard (any tiling computes the same result, so the choice only affects speed)."""
+    if isinstance(size, torch.SymInt):
+        node = size.node
+        value = node.maybe_as_int()
+        if value is None:
+            value = getattr(node, "hint", None)
+        return int(value) if isinstance(value, int) else fallback
+    return int(size)
+
+
 def check_rank(op: str, name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
     require(isinstance(tensor, torch.Tensor), InvalidInputError,
             f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")
@@ -34,9 +60,18 @@ def check_rank(op: str, name: str, tensor: torch.Tensor, rank: int, layout: str)
 def check_dim(op: str, name: str, tensor: torch.Tensor, axis: int, expected: int,
               what: str) -> None:
     got = tensor.shape[axis]
-    require(got == expected, InvalidInputError,
-            f"{op}: {name}.shape[{axis}] ({what}) must be {expected}, got {got} "
-            f"(shape {tuple(tensor.shape)})")
+    require_size(got == expected, f"{op}: {name}.shape[{axis}] ({what}) must be {expected}, "
+                 f"got {got} (shape {tuple(tensor.shape)})")
+
+
+def check_same_shape(op: str, name: str, tensor: torch.Tensor, like_name: str,
+                     like: torch.Tensor, layout: str) -> None:
+    require(tensor.dim() == like.dim(), InvalidInputError,
+            f"{op}: {name} must have {like_name}'s shape {layout} = {tuple(like.shape)}, got "
+            f"{tuple(tensor.shape)}")
+    for got, want in zip(tensor.shape, like.shape):
+        require_size(got == want, f"{op}: {name} must have {like_name}'s shape {layout} = "
+                     f"{tuple(like.shape)}, got {tuple(tensor.shape)}")
 
 
 def check_float(op: str, names_tensors: dict[str, torch.Tensor]) -> torch.dtype:
@@ -69,12 +104,11 @@ def check_last_dim_contiguous(op: str, names_tensors: dict[str, torch.Tensor]) -
 def check_int32_offsets(op: str, names_tensors: dict[str, torch.Tensor]) -> None:
     """Kernels compute element offsets in int32: every input must span < 2**31 elements."""
     for name, tensor in names_tensors.items():
-        span = 1 + sum((size - 1) * abs(stride)
-                       for size, stride in zip(tensor.shape, tensor.stride()) if size > 0)
-        require(span < 2**31, InvalidInputError,
-                f"{op}: {name} spans {span} elements (shape {tuple(tensor.shape)}, strides "
-                f"{tensor.stride()}); the kernel indexes in int32, so at most 2**31 - 1: "
-                "split the batch")
+        span = 1 + sum(torch.sym_max(size - 1, 0) * abs(stride)
+                       for size, stride in zip(tensor.shape, tensor.stride()))
+        require_size(span < 2**31, f"{op}: {name} spans {span} elements (shape "
+                     f"{tuple(tensor.shape)}, strides {tensor.stride()}); the kernel indexes in "
+                     "int32, so at most 2**31 - 1: split the batch")
 
 
 def check_head_dim(op: str, head_dim: int) -> None:
@@ -109,6 +143,11 @@ def dot_precision(dtype: torch.dtype) -> str:
     """fp32 inputs take exact (IEEE) products so fp32 results meet the fp32 tolerance; tf32
     would give ~3e-4 relative error. fp16/bf16 operands ignore the setting."""
     return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def on_device(device: torch.device):
+    """Launches go to ``device`` (not the current CUDA device); nothing to select on the CPU."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def multiprocessors(device: torch.device) -> int:

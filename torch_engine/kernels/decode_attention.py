@@ -14,8 +14,9 @@ tile and attended with matrix products (``tl.dot``) instead of W vector products
 3. merge (only when ``splits > 1``): the per-split partial outputs and log-sum-exps combine in
    float32. With ``splits == 1`` stage 3 disappears and the whole step is one launch.
 
-Registered as the custom op ``xgr::decode_attention`` with a shape-only fake, so
-``torch.compile`` and ``torch.export`` can trace it.
+Registered as ``xgr::decode_attention`` with ``torch.library.triton_op``: ``torch.export``
+keeps the op in the graph, AOTInductor compiles its Triton kernels into the package (no
+Python at serving time), and the launch path is traceable (config and grid from shapes only).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
@@ -182,16 +184,14 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
     c.check_head_dim(_OP, dim)
     require(hkv >= 1 and hq % hkv == 0, InvalidInputError,
             f"{_OP}: q heads ({hq}) must be a multiple of shared_k heads ({hkv})")
-    require(tuple(shared_v.shape) == tuple(shared_k.shape), InvalidInputError,
-            f"{_OP}: shared_v must have shared_k's shape {tuple(shared_k.shape)}, "
-            f"got {tuple(shared_v.shape)}")
+    c.check_same_shape(_OP, "shared_v", shared_v, "shared_k", shared_k, "[T, Hkv, D]")
     c.check_dim(_OP, "shared_k", shared_k, 2, dim, "head_dim, as q")
     c.check_dim(_OP, "cu_seqlens", cu_seqlens, 0, batch + 1, "B+1, as q")
     expected_beam = (batch, width, beam_k.shape[2], hkv, dim)
     for name, tensor in (("beam_k", beam_k), ("beam_v", beam_v)):
-        require(tuple(tensor.shape) == expected_beam, InvalidInputError,
-                f"{_OP}: {name} must have shape [B, W, S, Hkv, D] = {expected_beam}, "
-                f"got {tuple(tensor.shape)}")
+        for got, want in zip(tensor.shape, expected_beam):
+            c.require_size(got == want, f"{_OP}: {name} must have shape [B, W, S, Hkv, D] = "
+                           f"{expected_beam}, got {tuple(tensor.shape)}")
     require(isinstance(num_own, int) and 1 <= num_own <= beam_k.shape[2], InvalidInputError,
             f"{_OP}: num_own must be an int in [1, S={beam_k.shape[2]}], got {num_own!r}")
     tensors = {"q": q, "shared_k": shared_k, "shared_v": shared_v, "beam_k": beam_k,
@@ -247,7 +247,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     hkv = shared_k.shape[1]
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out
-    if out.numel() == 0:
+    if isinstance(out.numel(), int) and out.numel() == 0:
         return out
     rows = width * group
     grid = (batch * hkv, triton.cdiv(rows, config.block_m), config.splits)
@@ -259,8 +259,11 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         part_lse = torch.empty((batch * hkv, config.splits, rows), device=q.device,
                                dtype=torch.float32)
     else:
-        part_o = part_lse = out  # unused by the one-launch variant
-    _decode_partial_kernel[grid](
+        # Unused by the one-launch variant, but distinct from ``out``: traced as a functional
+        # kernel call, arguments that alias one tensor would be cloned apart.
+        part_o = torch.empty(1, device=q.device, dtype=q.dtype)
+        part_lse = torch.empty(1, device=q.device, dtype=torch.float32)
+    wrap_triton(_decode_partial_kernel)[grid](
         q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, out, part_o, part_lse,
         num_own, scale * _LOG2E, width, hkv,
         q.stride(0), q.stride(1), q.stride(2), shared_k.stride(0), shared_k.stride(1),
@@ -274,33 +277,48 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits > 1:
         merge_m = min(config.block_m, 64)
-        _decode_merge_kernel[(batch * hkv, triton.cdiv(rows, merge_m))](
+        wrap_triton(_decode_merge_kernel)[(batch * hkv, triton.cdiv(rows, merge_m))](
             part_o, part_lse, out, width, hkv, out.stride(0), out.stride(1), out.stride(2),
             GROUP=group, HEAD_DIM=dim, BLOCK_M=merge_m, SPLITS=config.splits, num_warps=4)
     return out
 
 
-@torch.library.custom_op("xgr::decode_attention", mutates_args=())
+def _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale) -> torch.Tensor:
+    """Checks, the config from shapes (example sizes when traced), the launch."""
+    scale = _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
+    batch, width, hq, dim = q.shape
+    hkv = shared_k.shape[1]
+    config = decode_config_for(c.size_hint(batch), width, hq // hkv, hkv,
+                               c.size_hint(shared_k.shape[0], 1024), dim, q.device)
+    with c.on_device(q.device):
+        return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
+                             config)
+
+
+@triton_op("xgr::decode_attention", mutates_args=())
 def _decode_attention_op(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                          cu_seqlens: torch.Tensor, beam_k: torch.Tensor, beam_v: torch.Tensor,
                          num_own: int, scale: float | None = None) -> torch.Tensor:
-    scale = _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
-    hkv = shared_k.shape[1]
-    config = decode_config_for(q.shape[0], q.shape[1], q.shape[2] // hkv, hkv,
-                               shared_k.shape[0], q.shape[3], q.device)
-    if q.device.type == "cuda":
-        with torch.cuda.device(q.device):
-            return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own,
-                                 scale, config)
-    return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
-                         config)
+    # torch.library.triton_op: also the fake (under tracing the wrapped launches record the
+    # kernels instead of running), so AOTInductor compiles the kernels into its package.
+    if c.interpreting():
+        return torch.ops.xgr.decode_attention_interpreted(q, shared_k, shared_v, cu_seqlens,
+                                                          beam_k, beam_v, num_own, scale)
+    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
 
 
-@_decode_attention_op.register_fake
+@torch.library.custom_op("xgr::decode_attention_interpreted", mutates_args=())
+def _decode_interpreted(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                        cu_seqlens: torch.Tensor, beam_k: torch.Tensor, beam_v: torch.Tensor,
+                        num_own: int, scale: float | None = None) -> torch.Tensor:
+    """The op under ``TRITON_INTERPRET=1`` (CPU): interpreted kernels cannot be traced
+    (``wrap_triton`` hands them back raw), so traced graphs call this opaque op instead."""
+    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
+
+
+@_decode_interpreted.register_fake
 def _(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale=None):
-    # Tracing sees shapes only: check them so export fails early, then describe the output.
-    _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
-                  devices=False)
+    _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
     return torch.empty_like(q)
 
 

@@ -28,7 +28,8 @@ at ``cu_seqlens[b] // BLOCK_M + b`` (strictly increasing, leaving room for its
 requests that start at or below a tile; at most B programs of the ``T // BLOCK_M + B``
 launched exit at once.
 
-Registered as the custom op ``xgr::prefill_attention`` with a shape-only fake.
+Registered as ``xgr::prefill_attention`` with ``torch.library.triton_op`` (traceable launch:
+config and grid from shapes), so AOTInductor compiles the kernel into its package.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
@@ -61,44 +63,41 @@ class PrefillConfig:
 
 
 @triton.jit
-def _first_greater(ptr, lo, hi, x, n_iter, OR_EQUAL: tl.constexpr):
+def _first_greater(ptr, lo, hi, x, OR_EQUAL: tl.constexpr):
     """First index p in [lo, hi) with ptr[p] > x (>= x if OR_EQUAL); hi if none. Sorted input."""
-    for _ in range(n_iter):
-        live = lo < hi
+    while lo < hi:
         mid = (lo + hi) // 2
-        val = tl.load(ptr + mid, mask=live, other=0)
+        val = tl.load(ptr + mid)
         if OR_EQUAL:
             go_right = val < x
-            go_left = val >= x
         else:
             go_right = val <= x
-            go_left = val > x
-        new_lo = tl.where(live & go_right, mid + 1, lo)
-        hi = tl.where(live & go_left, mid, hi)
+        new_lo = tl.where(go_right, mid + 1, lo)
+        hi = tl.where(go_right, hi, mid)
         lo = new_lo
     return lo
 
 
 @triton.jit
-def _segment_end(seg_ptr, pos, end, x, n_iter, SCAN: tl.constexpr):
+def _segment_end(seg_ptr, pos, end, x, SCAN: tl.constexpr):
     """First p in [pos, end] with seg[p] > x (end if none), given seg[pos - 1] <= x. One vector
     load of SCAN ids; the serial binary search runs only when the segment is longer."""
     offs = pos + tl.arange(0, SCAN)
     vals = tl.load(seg_ptr + offs, mask=offs < end, other=x + 1)
     found = pos + tl.sum((vals <= x).to(tl.int32), 0)
     if found == pos + SCAN:
-        found = _first_greater(seg_ptr, pos + SCAN, end, x, n_iter, False)
+        found = _first_greater(seg_ptr, pos + SCAN, end, x, False)
     return found
 
 
 @triton.jit
-def _segment_start(seg_ptr, start, pos, x, n_iter, SCAN: tl.constexpr):
+def _segment_start(seg_ptr, start, pos, x, SCAN: tl.constexpr):
     """First p in [start, pos] with seg[p] >= x (pos if none), given seg[pos] >= x."""
     offs = pos - SCAN + tl.arange(0, SCAN)
     vals = tl.load(seg_ptr + offs, mask=offs >= start, other=x - 1)
     found = pos - tl.sum((vals >= x).to(tl.int32), 0)
     if found == pos - SCAN:
-        found = _first_greater(seg_ptr, start, pos - SCAN, x, n_iter, True)
+        found = _first_greater(seg_ptr, start, pos - SCAN, x, True)
     return found
 
 
@@ -140,7 +139,7 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
 @triton.jit
 def _prefill_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, seg_ptr, stats_ptr,
-        qk_scale, batch, num_tiles, tok_iter,
+        qk_scale, batch, num_tiles,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
@@ -148,10 +147,13 @@ def _prefill_kernel(
     tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
     head = tl.program_id(1)
     # Request b owns virtual tiles from cu[b] // BLOCK_M + b: count the requests starting at or
-    # below this tile (one vector load instead of a serial search).
-    reqs = tl.arange(0, BLOCK_B)
-    firsts = tl.load(cu_ptr + reqs, mask=reqs < batch, other=0).to(tl.int32) // BLOCK_M + reqs
-    b = tl.sum(((firsts <= tile) & (reqs < batch)).to(tl.int32), 0) - 1
+    # below this tile (vector loads of BLOCK_B offsets instead of a serial search).
+    starting = 0
+    for r0 in range(0, batch, BLOCK_B):
+        reqs = r0 + tl.arange(0, BLOCK_B)
+        firsts = tl.load(cu_ptr + reqs, mask=reqs < batch, other=0).to(tl.int32) // BLOCK_M + reqs
+        starting += tl.sum(((firsts <= tile) & (reqs < batch)).to(tl.int32), 0)
+    b = starting - 1
     start = tl.load(cu_ptr + b).to(tl.int32)
     end = tl.load(cu_ptr + b + 1).to(tl.int32)
     q0 = start + (tile - (start // BLOCK_M + b)) * BLOCK_M
@@ -168,16 +170,16 @@ def _prefill_kernel(
         full_end = q0 + 1
         if MODE == 1:
             if (seg_first <= 0) & (seg_last >= 0):
-                profile_end = _segment_end(seg_ptr, q0, end, 0, tok_iter, BLOCK_N)
+                profile_end = _segment_end(seg_ptr, q0, end, 0, BLOCK_N)
                 hi = tl.maximum(hi, profile_end)
                 if seg_first == seg_last:
                     full_end = tl.maximum(full_end, profile_end)
         elif MODE == 2:
-            lo = _segment_start(seg_ptr, start, q0, seg_first, tok_iter, BLOCK_N)
-            hi = _segment_end(seg_ptr, q1, end, seg_last, tok_iter, BLOCK_N)
+            lo = _segment_start(seg_ptr, start, q0, seg_first, BLOCK_N)
+            hi = _segment_end(seg_ptr, q1, end, seg_last, BLOCK_N)
             full_end = tl.where(seg_first == seg_last, hi, lo)
         elif MODE == 3:
-            hi = _segment_end(seg_ptr, q1, end, seg_last, tok_iter, BLOCK_N)
+            hi = _segment_end(seg_ptr, q1, end, seg_last, BLOCK_N)
             # Keys up to the end of the first row's segment are allowed for every row.
             first_rows = tl.sum(((seg_q == seg_first) & row_ok).to(tl.int32), 0)
             full_end = tl.where(seg_first == seg_last, hi, q0 + first_rows)
@@ -224,12 +226,11 @@ def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
     c.check_head_dim(_OP, dim)
     c.check_dim(_OP, "k", k, 0, total, "T, as q")
     c.check_dim(_OP, "k", k, 2, dim, "head_dim, as q")
-    require(tuple(v.shape) == tuple(k.shape), InvalidInputError,
-            f"{_OP}: v must have k's shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    c.check_same_shape(_OP, "v", v, "k", k, "[T, Hkv, D]")
     require(hkv >= 1 and hq % hkv == 0, InvalidInputError,
             f"{_OP}: q heads ({hq}) must be a multiple of k heads ({hkv})")
-    require(cu_seqlens.shape[0] >= 2, InvalidInputError,
-            f"{_OP}: cu_seqlens must hold B+1 >= 2 offsets, got shape {tuple(cu_seqlens.shape)}")
+    c.require_size(cu_seqlens.shape[0] >= 2, f"{_OP}: cu_seqlens must hold B+1 >= 2 offsets, "
+                   f"got shape {tuple(cu_seqlens.shape)}")
     c.check_dim(_OP, "segment_ids", segment_ids, 0, total, "T, as q")
     tensors = {"q": q, "k": k, "v": v}
     c.check_float(_OP, tensors)
@@ -269,37 +270,60 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
     total, hq, dim = q.shape
     batch = cu_seqlens.shape[0] - 1
     out = torch.empty_like(q) if out is None else out
-    if out.numel() == 0:
+    if isinstance(out.numel(), int) and out.numel() == 0:
         return out
     num_tiles = total // config.block_m + batch
-    _prefill_kernel[(num_tiles, hq)](
-        q, k, v, out, cu_seqlens, segment_ids, stats if stats is not None else out,
-        scale * _LOG2E, batch, num_tiles, (total + 1).bit_length(),
+    want_stats = stats is not None
+    if not want_stats:
+        # Unused then, but distinct from ``out``: traced as a functional kernel call,
+        # arguments that alias one tensor would be cloned apart.
+        stats = torch.empty(1, device=q.device, dtype=torch.int32)
+    wrap_triton(_prefill_kernel)[(num_tiles, hq)](
+        q, k, v, out, cu_seqlens, segment_ids, stats,
+        scale * _LOG2E, batch, num_tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        BLOCK_B=max(2, triton.next_power_of_2(batch)),
-        MODE=MODE_CODES[mode], STATS=stats is not None, DOT_PRECISION=c.dot_precision(q.dtype),
+        BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch)))),
+        MODE=MODE_CODES[mode], STATS=want_stats, DOT_PRECISION=c.dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
 
-@torch.library.custom_op("xgr::prefill_attention", mutates_args=())
+def _run(q, k, v, cu_seqlens, segment_ids, mode, scale) -> torch.Tensor:
+    """Checks, the config from shapes, the launch."""
+    mode, scale = _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale)
+    config = prefill_config_for(q.shape[2])
+    with c.on_device(q.device):
+        return launch_prefill(q, k, v, cu_seqlens, segment_ids, mode, scale, config)
+
+
+@triton_op("xgr::prefill_attention", mutates_args=())
 def _prefill_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           cu_seqlens: torch.Tensor, segment_ids: torch.Tensor,
                           mode: str = MaskMode.ITEM_CAUSAL.value,
                           scale: float | None = None) -> torch.Tensor:
-    mode, scale = _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale)
-    config = prefill_config_for(q.shape[2])
-    if q.device.type == "cuda":
-        with torch.cuda.device(q.device):
-            return launch_prefill(q, k, v, cu_seqlens, segment_ids, mode, scale, config)
-    return launch_prefill(q, k, v, cu_seqlens, segment_ids, mode, scale, config)
+    # torch.library.triton_op: also the fake (under tracing the wrapped launch records the
+    # kernel instead of running), so AOTInductor compiles the kernel into its package.
+    if c.interpreting():
+        return torch.ops.xgr.prefill_attention_interpreted(q, k, v, cu_seqlens, segment_ids,
+                                                           mode, scale)
+    return _run(q, k, v, cu_seqlens, segment_ids, mode, scale)
 
 
-@_prefill_attention_op.register_fake
+@torch.library.custom_op("xgr::prefill_attention_interpreted", mutates_args=())
+def _prefill_interpreted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         cu_seqlens: torch.Tensor, segment_ids: torch.Tensor,
+                         mode: str = MaskMode.ITEM_CAUSAL.value,
+                         scale: float | None = None) -> torch.Tensor:
+    """The op under ``TRITON_INTERPRET=1`` (CPU): interpreted kernels cannot be traced
+    (``wrap_triton`` hands them back raw), so traced graphs call this opaque op instead."""
+    return _run(q, k, v, cu_seqlens, segment_ids, mode, scale)
+
+
+@_prefill_interpreted.register_fake
 def _(q, k, v, cu_seqlens, segment_ids, mode=MaskMode.ITEM_CAUSAL.value, scale=None):
-    _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale, devices=False)
+    _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale)
     return torch.empty_like(q)
 
 
