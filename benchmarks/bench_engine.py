@@ -1,15 +1,25 @@
-"""End-to-end ``Engine.recommend`` on one GPU beside Hugging Face beam search on the same weights.
+"""End-to-end ``Engine.recommend`` on one GPU: latency, stages, beam widths, throughput, anchors.
 
-    python3 benchmarks/bench_engine.py --out=benchmarks/results
+    python3 benchmarks/bench_engine.py --out=benchmarks/results --tag=graphs
 
-qwen2-0.5b shape with random bf16 weights, prompts of 1024 tokens, beam 256, 3 levels x 256
-codes, a 1M-item catalog with random code paths, batch 1 and 8. For each attention backend
-(plain torch, Triton kernels when importable) it times whole ``recommend`` calls (input checks,
-prefill, decode, item expansion; synchronised; CUDA graphs unless the backend name ends in
-"-eager"), a ragged batch, and eager prefill alone; the anchor is
-``transformers`` ``generate(num_beams=256, max_new_tokens=3, prefix_allowed_tokens_fn=...)``
-constrained to the same catalog (reported absent when transformers is missing).
-Median and P99 per call and per request; writes ``engine_<date>.json`` and prints a table.
+Random bf16 weights of a preset (made on the device), 3 levels x 256 codes, a 1M-item catalog
+on 250K random code paths, top_k 300. Stages (``--stages``):
+
+* ``main``: qwen2-0.5b, prompt 1024, W 256, batch 1 and 8 (and a ragged batch 8), whole
+  ``recommend`` calls (input checks, one graph replay, results; synchronised wall time) for
+  each selection backend, beside the eager engine (no CUDA graphs).
+* ``breakdown``: device time of the replayed search and of prefill alone, kernel time per stage
+  (``engine_analysis.stage_breakdown``), floors at the measured ceilings, and the selection
+  kernel against the torch path on the same logits.
+* ``sweep``: W in 64..1024 at batch 1 for both selection backends; peak device memory of one
+  eager search against ``capacity.estimate_request``.
+* ``throughput``: batches of 1..32 requests, then the simulated queue of
+  ``engine_analysis.max_rate_at_p99`` (P99 <= 100 ms).
+* ``large``: qwen3-1.7b, context 1000 at batch 1 and 8, context 5000 at batch 1.
+* ``hf``: ``transformers`` ``generate(num_beams=W, prefix_allowed_tokens_fn=...)`` on the same
+  weights and catalog: qwen2-0.5b batch 1, and qwen3-1.7b batch 1 context 1000 (one call).
+
+Writes ``engine_<date>[_<tag>].json`` and prints a table per stage.
 """
 
 from __future__ import annotations
@@ -19,7 +29,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 
 import numpy as np
@@ -29,37 +38,35 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import engine_analysis as ea  # noqa: E402
+from benchmarks.engine_anchor import hf_anchor  # noqa: E402
+from torch_engine import beam_search as bs  # noqa: E402
+from torch_engine.capacity import estimate_request  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
-from torch_engine.config import EngineConfig  # noqa: E402
+from torch_engine.config import EngineConfig, preset  # noqa: E402
 from torch_engine.engine import Engine  # noqa: E402
-from torch_engine.inputs import check_inputs  # noqa: E402
+from torch_engine.inputs import check_inputs, pad_to_buckets  # noqa: E402
 from torch_engine.layout import TokenLayout  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "benchmarks/results", "folder for engine_<date>.json")
-flags.DEFINE_string("preset", "qwen2-0.5b", "model preset (random weights)")
-flags.DEFINE_list("batches", ["1", "8"], "batch sizes")
-flags.DEFINE_integer("prompt", 1024, "prompt tokens per request")
-flags.DEFINE_integer("beam", 256, "beam width")
-flags.DEFINE_integer("top_k", 300, "items returned per request")
+flags.DEFINE_string("out", "benchmarks/results", "folder for engine_<date>[_<tag>].json")
+flags.DEFINE_string("tag", "", "suffix of the result file name")
+flags.DEFINE_list("stages", ["main", "breakdown", "sweep", "throughput", "large", "hf"],
+                  "stages to run")
+flags.DEFINE_list("selections", ["torch", "triton"], "selection backends to compare")
+flags.DEFINE_integer("repeats", 20, "timed calls per configuration")
 flags.DEFINE_integer("items", 1_000_000, "catalog size")
-flags.DEFINE_integer("paths", 250_000, "distinct code paths the items share (about 4 per path)")
-flags.DEFINE_integer("repeats", 20, "timed engine calls per configuration")
-flags.DEFINE_integer("hf_repeats", 3, "timed transformers calls per batch size")
-flags.DEFINE_list("backends", ["torch", "triton", "torch-eager"],
-                  "attention backends to time; '-eager' turns the decode CUDA graphs off")
-flags.DEFINE_bool("hf", True, "time the transformers anchor")
-flags.DEFINE_string("tag", "", "suffix of the result file name (engine_<date>_<tag>.json)")
-flags.DEFINE_bool("ragged", True, "also time the largest batch with lengths drawn from "
-                  "[prompt/2, prompt] (static packing computes the padding slots)")
-flags.DEFINE_string("device", "cuda", "torch device (cpu only for a smoke run of the script)")
+flags.DEFINE_integer("paths", 250_000, "distinct code paths the items share")
+flags.DEFINE_string("small", "qwen2-0.5b", "preset of main/breakdown/sweep/throughput/hf")
+flags.DEFINE_string("large_preset", "qwen3-1.7b", "preset of the large stage")
+flags.DEFINE_integer("prompt", 1024, "prompt tokens of the small-model stages")
+flags.DEFINE_list("widths", ["64", "128", "256", "512", "1024"], "beam widths of the sweep")
+flags.DEFINE_list("throughput_batches", ["1", "2", "4", "8", "16", "32"], "batch sizes")
+flags.DEFINE_string("device", "cuda", "torch device (cpu: a smoke run of the script)")
 
 LAYOUT = TokenLayout()
-
-
-def percentile(values: list[float], q: float) -> float:
-    return float(np.percentile(np.asarray(values), q))
+BEAM, TOP_K = 256, 300
 
 
 def sync() -> None:
@@ -81,129 +88,263 @@ def timed(fn, repeats: int) -> list[float]:
     return out
 
 
-def summary(name: str, batch: int, times: list[float]) -> dict:
-    med, p99 = statistics.median(times), percentile(times, 99)
+def summary(name: str, batch: int, times: list[float], **extra) -> dict:
+    med, p99 = statistics.median(times), float(np.percentile(times, 99))
     return {"system": name, "batch": batch, "median_ms": med, "p99_ms": p99,
-            "median_ms_per_request": med / batch, "p99_ms_per_request": p99 / batch,
-            "calls": len(times)}
+            "median_ms_per_request": med / batch, "calls": len(times), **extra}
 
 
-def allowed_tokens_fn(catalog: Catalog, prompt: int):
-    """``prefix_allowed_tokens_fn`` for transformers: walks the catalog's CSR on the host."""
-    indptr = [t.cpu().numpy() for t in catalog.level_indptr]
-    codes = [t.cpu().numpy() for t in catalog.level_codes]
-
-    def allowed(_batch_id, input_ids):
-        generated = input_ids[prompt:].tolist()
-        prefix = 0
-        for level, token in enumerate(generated):
-            code = token - LAYOUT.level_range(level)[0]
-            lo, hi = indptr[level][prefix], indptr[level][prefix + 1]
-            prefix = lo + int(np.searchsorted(codes[level][lo:hi], code))
-        level = len(generated)
-        if level >= LAYOUT.levels:
-            return [LAYOUT.eos_id]
-        lo, hi = indptr[level][prefix], indptr[level][prefix + 1]
-        return (codes[level][lo:hi] + LAYOUT.level_range(level)[0]).tolist()
-
-    return allowed
+def random_model(name: str, device: torch.device) -> Model:
+    """A preset with normal(0, 0.02) bf16 weights drawn on the device (seconds, not minutes,
+    for billions of weights)."""
+    with torch.device(device):
+        model = Model(preset(name))
+    model = model.to(torch.bfloat16).eval()
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                param.fill_(1.0)
+            elif pname.endswith(".bias"):
+                param.zero_()
+            else:
+                param.normal_(0.0, 0.02, generator=gen)
+    return model
 
 
-def hf_anchor(model: Model, catalog: Catalog, prompts: dict[int, torch.Tensor],
-              device: torch.device) -> list[dict]:
-    """transformers beam search on the same weights, or a note that it is absent."""
-    try:
-        import transformers
-    except ImportError as err:
-        return [{"system": "transformers", "absent": str(err)}]
-    with tempfile.TemporaryDirectory() as path:
-        model.save_pretrained(path)
-        hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16)
-    hf = hf.to(device).eval()
+def make_catalog() -> Catalog:
+    rng = np.random.default_rng(0)
+    ids = rng.choice(np.arange(FLAGS.items * 4), size=FLAGS.items, replace=False)
+    paths = rng.integers(0, LAYOUT.codebook_size, (FLAGS.paths, LAYOUT.levels))
+    return Catalog.from_arrays(ids, paths[rng.integers(0, FLAGS.paths, FLAGS.items)], LAYOUT)
+
+
+def prompts(batch: int, length: int, device, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(LAYOUT.code_base, LAYOUT.code_end, (batch, length), generator=gen)
+    return tokens.to(device), torch.full((batch,), length, device=device)
+
+
+def engine_for(model, catalog, selection="auto", **config) -> Engine:
+    return Engine(model, catalog, EngineConfig(selection_backend=selection, **config))
+
+
+def time_recommend(engine, tokens, lengths, width, name, **extra) -> dict:
+    def call():
+        return engine.recommend(tokens, lengths, beam_width=width, top_k=TOP_K)
+    items, _ = call()
+    row = summary(name, tokens.shape[0], timed(call, FLAGS.repeats), **extra)
+    row["items_returned_min"] = int((items >= 0).sum(dim=1).min())
+    return row
+
+
+def stage_main(model, catalog, device) -> list[dict]:
     rows = []
-    fn = allowed_tokens_fn(catalog, FLAGS.prompt)
-    for batch, tokens in prompts.items():
-        def call():
+    for batch in (1, 8):
+        tokens, lengths = prompts(batch, FLAGS.prompt, device)
+        for selection in FLAGS.selections:
+            engine = engine_for(model, catalog, selection)
+            rows.append(time_recommend(engine, tokens, lengths, BEAM,
+                                       f"engine graphs, {selection} selection"))
+        if batch == 8:
+            ragged = torch.randint(FLAGS.prompt // 2, FLAGS.prompt + 1, (batch,),
+                                   generator=torch.Generator().manual_seed(1)).to(device)
+            rows.append(time_recommend(engine_for(model, catalog), tokens, ragged, BEAM,
+                                       f"engine graphs, ragged lengths {FLAGS.prompt // 2}..{FLAGS.prompt}"))
+        eager = engine_for(model, catalog, cuda_graphs=False)
+        rows.append(time_recommend(eager, tokens, lengths, BEAM, "engine eager (no graphs)"))
+    return rows
+
+
+def ceilings(device) -> dict[str, float]:
+    """bf16 matrix rate (8192^3, random data) and device copy bandwidth (read + write)."""
+    if device.type != "cuda":
+        return {"matmul_tflops": float("nan"), "copy_tbps": float("nan")}
+    a, b = (torch.randn(8192, 8192, device=device, dtype=torch.bfloat16) for _ in range(2))
+    mm = statistics.median(ea.device_ms(lambda: a @ b, 10))
+    src = torch.randn(1 << 30, device=device, dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    cp = statistics.median(ea.device_ms(lambda: dst.copy_(src), 10))
+    return {"matmul_tflops": 2 * 8192 ** 3 / mm / 1e9,
+            "copy_tbps": 2 * src.numel() * src.element_size() / cp / 1e9}
+
+
+def selection_alone(catalog, batch: int, device) -> dict[str, float]:
+    """Level-1 selection on the same random logits: fused kernel vs constrain + rank."""
+    gen = torch.Generator(device=device).manual_seed(2)
+    logits = torch.randn(batch, BEAM, LAYOUT.codebook_size, device=device, generator=gen)
+    scores = torch.randn(batch, BEAM, device=device, generator=gen)
+    prefixes = torch.randint(0, catalog.num_prefixes[1], (batch, BEAM), device=device,
+                             generator=gen)
+    fused = lambda: bs.select_fused(logits, scores, prefixes, catalog, 1, BEAM, None)  # noqa
+
+    def torch_path():
+        logp, child = bs.constrain(logits, prefixes, catalog, 1)
+        return bs.rank(scores, logp, child, BEAM)
+    return {"triton_ms": statistics.median(ea.device_ms(fused)),
+            "torch_ms": statistics.median(ea.device_ms(torch_path))}
+
+
+def capture(fn) -> torch.cuda.CUDAGraph:
+    """``fn`` captured in a CUDA graph after two warm-up calls on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph
+
+
+def stage_breakdown(model, catalog, device, ceil) -> list[dict]:
+    rows = []
+    for batch in (1, 8):
+        tokens, lengths = prompts(batch, FLAGS.prompt, device)
+        for selection in FLAGS.selections:
+            graphed = engine_for(model, catalog, selection)
+            eager = engine_for(model, catalog, selection, cuda_graphs=False, static_shapes=True)
+            checked = pad_to_buckets(check_inputs(graphed, tokens, lengths, None, BEAM, TOP_K,
+                                                  None, None), 256, True)
             with torch.no_grad():
-                hf.generate(tokens, attention_mask=torch.ones_like(tokens),
-                            num_beams=FLAGS.beam, max_new_tokens=LAYOUT.levels,
-                            min_new_tokens=LAYOUT.levels, do_sample=False,
-                            prefix_allowed_tokens_fn=fn, pad_token_id=LAYOUT.pad_id,
-                            eos_token_id=LAYOUT.eos_id)
-        try:
-            rows.append(summary(f"transformers {transformers.__version__}", batch,
-                                timed(call, FLAGS.hf_repeats)))
-        except torch.cuda.OutOfMemoryError as err:
-            rows.append({"system": "transformers", "batch": batch, "absent": f"OOM: {err}"[:200]})
+                search = ea.device_ms(lambda: graphed.search(checked, BEAM, TOP_K))
+                graph = capture(lambda: eager.prefill(checked))
+                prefill = ea.device_ms(graph.replay)
+            del graph
+            stages = ea.stage_breakdown(eager, checked, BEAM, TOP_K)
+            total = statistics.median(search)
+            other = total - sum(stages[k] for k in ("prefill", "decode attention", "selection",
+                                                    "item expansion"))
+            floor = ea.floors(model.config, batch, FLAGS.prompt, BEAM, LAYOUT.levels,
+                              ceil["matmul_tflops"], ceil["copy_tbps"])
+            rows.append({"system": f"breakdown, {selection} selection", "batch": batch,
+                         "search_graph_ms": total, "prefill_graph_ms": statistics.median(prefill),
+                         "kernel_ms": stages, "other_ms": other, "floor_ms": floor,
+                         "roofline_fraction": floor["total_ms"] / total,
+                         "prefill_roofline_fraction":
+                             floor["prefill_ms"] / statistics.median(prefill)})
+        rows.append({"system": "selection alone (level 1)", "batch": batch,
+                     **selection_alone(graphed.catalog, batch, device)})
+    return rows
+
+
+def stage_sweep(model, catalog, device) -> list[dict]:
+    rows = []
+    tokens, lengths = prompts(1, FLAGS.prompt, device)
+    for width in tqdm([int(w) for w in FLAGS.widths], desc="beam widths"):
+        for selection in FLAGS.selections:
+            engine = engine_for(model, catalog, selection)
+            eager = engine_for(model, catalog, selection, cuda_graphs=False, static_shapes=True)
+            checked = check_inputs(eager, tokens, lengths, None, width, TOP_K, None, None)
+            estimate = estimate_request(model.config, 2, 1, FLAGS.prompt, FLAGS.prompt, width,
+                                        TOP_K, LAYOUT.levels, LAYOUT.codebook_size, 1,
+                                        eager.backend, eager.selection)
+            torch.cuda.synchronize()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            with torch.no_grad():
+                eager.search(checked, width, TOP_K)
+            peak = torch.cuda.max_memory_allocated() - base
+            row = time_recommend(engine, tokens, lengths, width,
+                                 f"W {width}, {selection} selection", width=width,
+                                 measured_peak_bytes=peak, estimate_bytes=estimate.total)
+            row["estimate_covers_peak"] = estimate.total >= peak
+            rows.append(row)
+            del engine
             torch.cuda.empty_cache()
     return rows
 
 
+def stage_throughput(model, catalog, device) -> list[dict]:
+    engine = engine_for(model, catalog)
+    rows, service = [], {}
+    for batch in tqdm([int(b) for b in FLAGS.throughput_batches], desc="batch sizes"):
+        tokens, lengths = prompts(batch, FLAGS.prompt, device, seed=batch)
+        times = timed(lambda: engine.recommend(tokens, lengths, beam_width=BEAM, top_k=TOP_K),
+                      FLAGS.repeats)
+        rows.append(summary("throughput batch", batch, times,
+                            requests_per_s=batch * 1e3 / statistics.median(times)))
+        service[batch] = times
+    best = ea.max_rate_at_p99(service, 100.0)
+    rows.append({"system": "simulated queue, P99 <= 100 ms", **best})
+    return rows
+
+
+def stage_large(catalog, device) -> list[dict]:
+    model = random_model(FLAGS.large_preset, device)
+    rows = []
+    for batch, context in ((1, 1000), (8, 1000), (1, 5000)):
+        tokens, lengths = prompts(batch, context, device)
+        rows.append(time_recommend(engine_for(model, catalog), tokens, lengths, BEAM,
+                                   f"{FLAGS.large_preset} context {context}", context=context))
+    return rows, model
+
+
 def main(argv: list[str]) -> None:
     del argv
-    torch.manual_seed(0)
     device = torch.device(FLAGS.device)
-    rng = np.random.default_rng(0)
-    ids = rng.choice(np.arange(FLAGS.items * 4), size=FLAGS.items, replace=False)
-    paths = rng.integers(0, LAYOUT.codebook_size, (FLAGS.paths, LAYOUT.levels))
-    codes = paths[rng.integers(0, FLAGS.paths, FLAGS.items)]
     start = time.perf_counter()
-    catalog = Catalog.from_arrays(ids, codes, LAYOUT)
-    build_s = time.perf_counter() - start
-    model = Model.from_preset(FLAGS.preset, seed=0, dtype=torch.bfloat16, device=device)
-    prompts = {int(b): torch.randint(LAYOUT.code_base, LAYOUT.code_end, (int(b), FLAGS.prompt),
-                                     device=device) for b in FLAGS.batches}
-    rows = []
-    for backend in FLAGS.backends:
+    catalog = make_catalog()
+    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+              "torch": torch.__version__, "dtype": "bfloat16", "prompt": FLAGS.prompt,
+              "beam": BEAM, "top_k": TOP_K, "levels": LAYOUT.levels,
+              "codebook": LAYOUT.codebook_size, "items": FLAGS.items, "paths": FLAGS.paths,
+              "catalog_build_s": time.perf_counter() - start, "stages": {}}
+    small = random_model(FLAGS.small, device)
+    ceil = ceilings(device)
+    result["ceilings"] = ceil
+    stages = result["stages"]
+    runners = {"main": lambda: stage_main(small, catalog, device),
+               "breakdown": lambda: stage_breakdown(small, catalog, device, ceil),
+               "sweep": lambda: stage_sweep(small, catalog, device),
+               "throughput": lambda: stage_throughput(small, catalog, device)}
+    large_model = None
+    for name in FLAGS.stages:
+        began = time.perf_counter()
         try:
-            engine = Engine(model, catalog, EngineConfig(
-                attention_backend=backend.removesuffix("-eager"),
-                cuda_graphs=not backend.endswith("-eager")))
-        except ValueError as err:
-            rows.append({"system": f"engine ({backend})", "absent": str(err)})
-            continue
-        cases = [(b, t, torch.full((b,), FLAGS.prompt, device=device), "")
-                 for b, t in prompts.items()]
-        if FLAGS.ragged:
-            batch, tokens = max(prompts.items())
-            lengths = torch.randint(FLAGS.prompt // 2, FLAGS.prompt + 1, (batch,), device=device)
-            cases.append((batch, tokens, lengths, " ragged"))
-        for batch, tokens, lengths, label in tqdm(cases, desc=f"engine {backend}"):
-            def call():
-                return engine.recommend(tokens, lengths, beam_width=FLAGS.beam, top_k=FLAGS.top_k)
-            items, _ = call()
-            row = summary(f"engine ({backend}){label}", batch, timed(call, FLAGS.repeats))
-            row["items_returned_min"] = int((items >= 0).sum(dim=1).min())
-            rows.append(row)
-            checked = check_inputs(engine, tokens, lengths, None, FLAGS.beam, FLAGS.top_k,
-                                   None, None)
-            with torch.no_grad():
-                rows.append(summary(f"engine ({backend}){label} eager prefill only", batch,
-                                    timed(lambda: engine.prefill(checked), FLAGS.repeats)))
-    if FLAGS.hf:
-        rows += hf_anchor(model, catalog, prompts, device)
-    result = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "preset": FLAGS.preset, "dtype": "bfloat16", "prompt": FLAGS.prompt,
-        "beam": FLAGS.beam, "top_k": FLAGS.top_k, "levels": LAYOUT.levels,
-        "codebook": LAYOUT.codebook_size, "items": FLAGS.items, "paths": FLAGS.paths,
-        "catalog_build_s": build_s, "rows": rows,
-    }
+            if name == "large":
+                stages[name], large_model = stage_large(catalog, device)
+            elif name == "hf":
+                stages[name] = hf_anchor(small, catalog, FLAGS.prompt, BEAM, [1], 3, device)
+                if large_model is not None:
+                    stages[name] += hf_anchor(large_model, catalog, 1000, BEAM, [1], 1, device,
+                                              warmups=0)
+            else:
+                stages[name] = runners[name]()
+        except Exception as err:  # one failed stage must not lose the others' numbers
+            stages[name] = [{"system": name, "failed": f"{type(err).__name__}: {err}"[:500]}]
+        print(f"stage {name}: {time.perf_counter() - began:.1f} s", flush=True)
+        write(result)
+    print_tables(result)
+
+
+def write(result: dict) -> None:
     os.makedirs(FLAGS.out, exist_ok=True)
     suffix = f"_{FLAGS.tag}" if FLAGS.tag else ""
     path = os.path.join(FLAGS.out, f"engine_{datetime.date.today().isoformat()}{suffix}.json")
     with open(path, "w") as f:
-        json.dump(result, f, indent=2)
-    print(f"\n{'system':42s} {'batch':>5s} {'median ms':>10s} {'p99 ms':>9s} {'ms/request':>11s}")
-    for row in rows:
-        if "absent" in row:
-            print(f"{row['system']:42s} {row.get('batch', ''):>5} absent: {row['absent'][:60]}")
-        else:
-            print(f"{row['system']:42s} {row['batch']:5d} {row['median_ms']:10.2f} "
-                  f"{row['p99_ms']:9.2f} {row['median_ms_per_request']:11.2f}")
-    print(f"wrote {path}")
+        json.dump(result, f, indent=2, default=float)
+
+
+def print_tables(result: dict) -> None:
+    print(f"ceilings: {result['ceilings']}")
+    for name, rows in result["stages"].items():
+        print(f"\n== {name}")
+        for row in rows:
+            keys = [k for k in ("batch", "median_ms", "p99_ms", "search_graph_ms",
+                                "prefill_graph_ms", "other_ms", "roofline_fraction",
+                                "triton_ms", "torch_ms", "rate_per_s", "mean_batch",
+                                "measured_peak_bytes", "estimate_bytes", "failed", "absent")
+                    if k in row]
+            cells = ", ".join(f"{k}={row[k]:.3f}" if isinstance(row[k], float)
+                              else f"{k}={row[k]}" for k in keys)
+            print(f"{row['system']:44s} {cells}")
+            if "kernel_ms" in row:
+                print("    kernels: " + ", ".join(f"{k} {v:.3f}" for k, v in
+                                                  row["kernel_ms"].items()))
 
 
 if __name__ == "__main__":

@@ -167,7 +167,14 @@ class EngineConfig:
     cuda_graphs: on CUDA, replay captured graphs (see ``graphs``): the decode loop, or with
         ``static_shapes`` the whole search.
     static_shapes: pack prompts into a fixed ``B * Lmax``-row buffer (see
-        ``kv_cache.PackedPrompt``): no host wait anywhere, padding slots computed.
+        ``kv_cache.PackedPrompt``): no host wait anywhere, padding slots computed. None
+        (default): on when the engine replays CUDA graphs (CUDA and ``cuda_graphs``), so the
+        whole search is one graph; off elsewhere (no padding computed on the CPU).
+    length_bucket: with static shapes and CUDA graphs, prompt widths (soft prefix included)
+        are padded up to a multiple of this, so prompts of different lengths replay one
+        graph (at most ``length_bucket - 1`` padding slots computed per request).
+    batch_buckets: with static shapes and CUDA graphs, batches are padded with one-token
+        requests up to the next power of two (results of the padding rows are dropped).
     max_graphs: captured shapes kept (least recently used dropped first).
     selection_backend: beam selection per level: "torch" (plain PyTorch, the default until
         the fused kernel is measured on the GPU), "triton" (``xgr::constrained_topk``, CUDA or
@@ -182,7 +189,9 @@ class EngineConfig:
     dtype: str | None = None
     max_exclude: int = 4096
     cuda_graphs: bool = True
-    static_shapes: bool = False
+    static_shapes: bool | None = None
+    length_bucket: int = 256
+    batch_buckets: bool = True
     max_graphs: int = 8
     selection_backend: str = "torch"
     memory_budget: int | None = None
@@ -197,6 +206,11 @@ class EngineConfig:
                 f"EngineConfig.dtype must be None or one of {DTYPES}, got {self.dtype!r}")
         require(isinstance(self.max_exclude, int) and self.max_exclude >= 0, ConfigError,
                 f"EngineConfig.max_exclude must be a non-negative int, got {self.max_exclude!r}")
+        require(self.static_shapes in (None, True, False), ConfigError,
+                f"EngineConfig.static_shapes must be None, True or False, got "
+                f"{self.static_shapes!r}")
+        require(isinstance(self.length_bucket, int) and self.length_bucket >= 1, ConfigError,
+                f"EngineConfig.length_bucket must be a positive int, got {self.length_bucket!r}")
         require(isinstance(self.max_graphs, int) and self.max_graphs >= 1, ConfigError,
                 f"EngineConfig.max_graphs must be a positive int, got {self.max_graphs!r}")
         require(self.selection_backend in SELECTION_BACKENDS, ConfigError,

@@ -18,7 +18,7 @@ from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.errors import ConfigError, require
 from torch_engine.graphs import DecodeGraphs, SearchGraphs
-from torch_engine.inputs import RequestBatch, check_inputs
+from torch_engine.inputs import RequestBatch, check_inputs, pad_to_buckets
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
 from torch_engine.layout import MaskMode
 from torch_engine.model import Model
@@ -40,7 +40,12 @@ class Engine:
     """Serves one model over one catalog.
 
     model: a ``Model`` whose vocabulary holds the catalog layout's code tokens (its dtype is
-    changed to ``config.dtype`` when given); catalog: moved to the model's device.
+    changed to ``config.dtype`` when given; its layers get fused projection copies, see
+    ``Model.fuse_projections``); catalog: moved to the model's device.
+
+    On CUDA with ``cuda_graphs`` (the default) the whole search of a batch is one captured
+    graph per bucketed shape (``EngineConfig.static_shapes``, ``length_bucket``,
+    ``batch_buckets``): one replay and no host wait between the input copy and the result.
     """
 
     def __init__(self, model: Model, catalog: Catalog, config: EngineConfig = EngineConfig()):
@@ -51,14 +56,16 @@ class Engine:
         if config.dtype is not None:
             model = model.to(getattr(torch, config.dtype))
         self.model = model.eval()
+        self.model.fuse_projections()
         self.config = config
         self.device = next(model.parameters()).device
         self.catalog = catalog.to(self.device)
         self.backend = resolve_backend(config.attention_backend, self.device)
         self.selection = bs.resolve_selection(config.selection_backend, self.device)
-        self.static_shapes = config.static_shapes
+        graphed = config.cuda_graphs and self.device.type == "cuda"
+        self.static_shapes = graphed if config.static_shapes is None else config.static_shapes
         self.graphs: DecodeGraphs | SearchGraphs | None = None
-        if config.cuda_graphs and self.device.type == "cuda":
+        if graphed:
             kind = SearchGraphs if self.static_shapes else DecodeGraphs
             self.graphs = kind(self, config.max_graphs)
 
@@ -91,10 +98,17 @@ class Engine:
         """
         batch = check_inputs(self, token_ids, lengths, segment_ids, beam_width, top_k,
                              prefix_embeds, exclude_items)
+        rows = batch.token_ids.shape[0]
+        if isinstance(self.graphs, SearchGraphs):
+            # Nearby shapes share one captured graph; padding rows are dropped below.
+            batch = pad_to_buckets(batch, self.config.length_bucket, self.config.batch_buckets)
         check_request(self, batch, beam_width, top_k)
         with torch.no_grad():
-            return run_contained(lambda: self.search(batch, beam_width, top_k), self.device,
-                                 f"a batch of {batch.token_ids.shape[0]} requests")
+            items, scores = run_contained(lambda: self.search(batch, beam_width, top_k),
+                                          self.device, f"a batch of {rows} requests")
+        if items.shape[0] != rows:
+            items, scores = items[:rows], scores[:rows]
+        return items, scores
 
     def search(self, batch: RequestBatch, beam_width: int, top_k: int
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +151,7 @@ class Engine:
         rows = state.last_hidden.shape[0]
         # One live beam (the prompt) and W-1 dead ones; level 0 then works like any level.
         scores = torch.full((rows, width), bs.NEG_INF, device=self.device)
-        scores[:, 0] = 0.0
+        scores[:, 0].fill_(0.0)
         prefixes = torch.zeros((rows, width), dtype=torch.int64, device=self.device)
         hidden = state.last_hidden[:, None, :]
         beams = BeamKV(cfg.num_layers, rows, width, levels - 1, cfg.num_kv_heads,

@@ -35,6 +35,7 @@ class _Captured:
     inputs: Any                      # the fixed input buffers the graph reads
     items: torch.Tensor              # [B, top_k] int64 output buffer
     scores: torch.Tensor             # [B, top_k] float32 output buffer
+    weights: list                    # the fused weight copies the graph reads (kept alive)
 
 
 class _GraphCache:
@@ -76,7 +77,10 @@ class _GraphCache:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool), torch.no_grad():
             items, scores = work(buffers)
-        return _Captured(graph, buffers, items, scores)
+        # A graph reads addresses: keep the fused projection copies it read alive even if the
+        # model's weights change and the layers get new copies.
+        weights = [layer.fused for layer in self.engine.model.model.layers]
+        return _Captured(graph, buffers, items, scores, weights)
 
 
 def _state_buffers(state: "PrefillState") -> "PrefillState":

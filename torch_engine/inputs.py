@@ -143,3 +143,44 @@ def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, 
         prefix_embeds=prefix_embeds,
         exclude_items=_exclusions(exclude_items, batch, engine.config.max_exclude, device),
     )
+
+
+def bucket_size(value: int, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple``."""
+    return -(-value // multiple) * multiple
+
+
+def next_power_of_two(value: int) -> int:
+    return 1 << max(value - 1, 0).bit_length()
+
+
+def pad_to_buckets(batch: RequestBatch, length_multiple: int, pow2_batch: bool
+                   ) -> RequestBatch:
+    """Pad a checked batch so that batches of nearby shapes share one shape (one captured
+    graph): the prompt width ``S + L`` up to a multiple of ``length_multiple`` (right
+    padding, never attended), the rows up to the next power of two when ``pow2_batch``
+    (one-token requests whose results the caller drops; see ``Engine.recommend``) and the
+    exclusion width up to a power of two (-1 padding). Device ops only, no host wait.
+    """
+    rows, width = batch.token_ids.shape
+    soft = 0 if batch.prefix_embeds is None else batch.prefix_embeds.shape[1]
+    extra_cols = bucket_size(soft + width, length_multiple) - soft - width
+    extra_rows = (next_power_of_two(rows) if pow2_batch else rows) - rows
+    exclude = batch.exclude_items
+    extra_excl = next_power_of_two(exclude.shape[1]) - exclude.shape[1]
+    if not (extra_cols or extra_rows or extra_excl):
+        return batch
+    pad = torch.nn.functional.pad
+    prefix = batch.prefix_embeds
+    if prefix is not None:
+        prefix = pad(prefix, (0, 0, 0, 0, 0, extra_rows))
+    # Padding rows: one token (id 0) in segment 0, no exclusions.
+    lengths = pad(batch.total_lengths, (0, extra_rows), value=soft + 1)
+    return RequestBatch(
+        token_ids=pad(batch.token_ids, (0, extra_cols, 0, extra_rows)),
+        total_lengths=lengths,
+        segment_ids=pad(batch.segment_ids, (0, extra_cols, 0, extra_rows)),
+        causal=batch.causal,
+        prefix_embeds=prefix,
+        exclude_items=pad(exclude, (0, extra_excl, 0, extra_rows), value=-1),
+    )

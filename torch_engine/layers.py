@@ -7,6 +7,8 @@ its own attention in between. Parameter names follow Hugging Face's so state dic
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -29,7 +31,10 @@ class RMSNorm(nn.Module):
 
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos, sin ``[..., head_dim]`` for integer ``positions [...]`` (computed in float32).
+    """cos and signed sin ``[..., head_dim]`` for integer ``positions [...]`` (computed in
+    float32): the sin of the first half of the dimensions is negated, the form
+    ``apply_rotary`` takes (Hugging Face's ``rotate_half`` sign folded in once per pass
+    instead of once per layer and tensor).
 
     Computed from the positions on the fly (no cached table), so any position works and the
     function traces without data-dependent shapes.
@@ -37,15 +42,17 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
                                              dtype=torch.float32) / head_dim))
     freqs = positions.to(torch.float32)[..., None] * inv_freq
-    angles = torch.cat([freqs, freqs], dim=-1)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    cos, sin = freqs.cos(), freqs.sin()
+    return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate ``x [..., heads, head_dim]`` by per-token ``cos, sin [..., head_dim]``."""
+    """Rotate ``x [..., heads, head_dim]`` by per-token ``cos`` and signed ``sin``
+    ``[..., head_dim]`` (from ``rotary_cos_sin``): ``x * cos + rotate_half(x) * sin`` with
+    ``rotate_half(x) = [-x2, x1]``, as ``[x2, x1] * signed sin`` (three kernels, not five)."""
     half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[..., None, :] + rotated * sin[..., None, :]
+    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
+    return torch.addcmul(x * cos[..., None, :], swapped, sin[..., None, :])
 
 
 class Attention(nn.Module):
@@ -76,6 +83,29 @@ class MLP(nn.Module):
         return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
+@dataclass(frozen=True)
+class FusedProjections:
+    """Concatenated copies of a layer's q/k/v and gate/up weights: one matrix product each
+    instead of three and two (on a GPU each product is a launch, and small-batch decode is
+    launch-bound). ``sources`` and ``versions`` identify the parameters copied: the copies are
+    used only while those parameter objects are unchanged (same objects, same in-place version
+    counters), so training or loading weights afterwards falls back to the separate products.
+
+    qkv_weight: ``[(Hq + 2 Hkv) * D, hidden]``; qkv_bias: ``[(Hq + 2 Hkv) * D]`` or None;
+    gate_up_weight: ``[2 * intermediate, hidden]``.
+    """
+
+    sources: tuple[torch.Tensor, ...]
+    versions: tuple[int, ...]
+    qkv_weight: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    gate_up_weight: torch.Tensor
+
+    def current(self) -> bool:
+        """True while every source parameter is the one copied, unmodified."""
+        return all(p._version == v for p, v in zip(self.sources, self.versions))
+
+
 class DecoderLayer(nn.Module):
     """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
 
@@ -86,6 +116,46 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # A plain attribute, not a buffer: not in the state dict, not traced by torch.export.
+        self.fused: FusedProjections | None = None
+
+    def fuse_projections(self) -> None:
+        """Build ``self.fused`` from the current weights (see ``FusedProjections``); kept as
+        is while still current, so engines sharing a model share one copy (a captured CUDA
+        graph reads the copy it was captured with)."""
+        fused = self.fused
+        if fused is not None and fused.current() and all(
+                a is b for a, b in zip(fused.sources, self._sources())):
+            return
+        attn, mlp = self.self_attn, self.mlp
+        sources = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
+                   mlp.gate_proj.weight, mlp.up_proj.weight]
+        biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+        with torch.no_grad():
+            qkv_w = torch.cat(sources[:3])
+            qkv_b = torch.cat(biases) if biases[0] is not None else None
+            gate_up = torch.cat(sources[3:])
+        if qkv_b is not None:
+            sources += biases
+        self.fused = FusedProjections(tuple(sources), tuple(p._version for p in sources),
+                                      qkv_w, qkv_b, gate_up)
+
+    def _live_fused(self) -> FusedProjections | None:
+        """The fused copies when usable: current, and not while tracing (``torch.export`` and
+        ``torch.compile`` see the separate products and fuse on their own)."""
+        fused = self.fused
+        if fused is None or torch.compiler.is_compiling():
+            return None
+        same = all(a is b for a, b in zip(fused.sources, self._sources()))
+        return fused if same and fused.current() else None
+
+    def _sources(self) -> list[torch.Tensor]:
+        attn, mlp = self.self_attn, self.mlp
+        found = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
+                 mlp.gate_proj.weight, mlp.up_proj.weight]
+        if attn.q_proj.bias is not None:
+            found += [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+        return found
 
     def project_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -97,6 +167,19 @@ class DecoderLayer(nn.Module):
         cfg, attn = self.config, self.self_attn
         h = self.input_layernorm(x)
         lead = h.shape[:-1]
+        fused = self._live_fused()
+        if fused is not None:
+            heads = cfg.num_heads + cfg.num_kv_heads
+            qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias).view(
+                *lead, heads + cfg.num_kv_heads, cfg.head_dim)
+            v = qkv[..., heads:, :]
+            if not cfg.qk_norm:
+                # Queries and keys side by side: one rotary pass over both.
+                qk = apply_rotary(qkv[..., :heads, :], cos, sin)
+                return qk[..., :cfg.num_heads, :], qk[..., cfg.num_heads:, :], v
+            q, k = qkv[..., :cfg.num_heads, :], qkv[..., cfg.num_heads:heads, :]
+            q, k = attn.q_norm(q), attn.k_norm(k)
+            return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
         q = attn.q_proj(h).view(*lead, cfg.num_heads, cfg.head_dim)
         k = attn.k_proj(h).view(*lead, cfg.num_kv_heads, cfg.head_dim)
         v = attn.v_proj(h).view(*lead, cfg.num_kv_heads, cfg.head_dim)
@@ -108,4 +191,9 @@ class DecoderLayer(nn.Module):
         """The rest of the layer: ``x [..., hidden]`` plus output projection of
         ``attended [..., Hq, D]``, then the MLP block."""
         x = x + self.self_attn.o_proj(attended.flatten(-2))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        h = self.post_attention_layernorm(x)
+        fused = self._live_fused()
+        if fused is None:
+            return x + self.mlp(h)
+        gate, up = F.linear(h, fused.gate_up_weight).chunk(2, dim=-1)
+        return x + self.mlp.down_proj(F.silu(gate) * up)

@@ -78,6 +78,12 @@ class Model(nn.Module):
         from torch_engine.weights import save_pretrained
         save_pretrained(self, path, max_shard_bytes=max_shard_bytes)
 
+    def fuse_projections(self) -> None:
+        """Give every layer concatenated q/k/v and gate/up weight copies for serving (see
+        ``layers.FusedProjections``; used while the weights stay unchanged)."""
+        for layer in self.model.layers:
+            layer.fuse_projections()
+
     # -------------------------------------------------------------------------- pieces
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings ``[..., hidden]`` of integer ``input_ids [...]``."""
@@ -133,6 +139,8 @@ class Model(nn.Module):
         x = embeds
         for layer in self.model.layers:
             q, k, v = layer.project_qkv(x, cos, sin)
+            # Own copies: views of the fused projection would keep all its heads alive.
+            k, v = k.contiguous(), v.contiguous()
             keys.append(k)
             values.append(v)
             x = layer.finish(x, attn.prefill_attention(q, k, v, prompt, backend))

@@ -8,7 +8,7 @@ from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
 from torch_engine.errors import InvalidInputError
-from torch_engine.inputs import RequestBatch, check_inputs
+from torch_engine.inputs import RequestBatch, check_inputs, pad_to_buckets
 from torch_engine.layout import MaskMode, TokenLayout
 from torch_engine.model import Model
 from torch_engine.tolerances import tolerance_for
@@ -216,6 +216,67 @@ def test_static_packing_equals_dynamic_packing(world, segmented):
 
 
 @pytest.mark.parametrize("segmented", [False, True])
+def test_bucketed_batch_gives_each_request_its_own_result(world, segmented):
+    """Padding a batch to its buckets (rows to a power of two, width to a multiple, exclusions
+    to a power of two), as the CUDA-graph path does, changes no real row's result."""
+    _, _, engine = world
+    static = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=True))
+    tokens, lengths, segs = prompts(16, [3, 15, 8], segmented=segmented)
+    soft = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(17))
+    exclude = torch.tensor([[-1, -1, -1], [int(engine.catalog.path_items[0]), -1, -1],
+                            [-1, int(engine.catalog.path_items[1]), -1]])
+    want = engine.recommend(tokens, lengths, segs, beam_width=7, top_k=12, prefix_embeds=soft,
+                            exclude_items=exclude)
+    batch = check_inputs(static, tokens, lengths, segs, 7, 12, soft, exclude)
+    padded = pad_to_buckets(batch, 8, True)
+    assert padded.token_ids.shape == (4, 22) and padded.prefix_embeds.shape == (4, 2, 64)
+    assert padded.exclude_items.shape == (4, 4)
+    assert pad_to_buckets(padded, 8, True) is padded
+    with torch.no_grad():
+        items, scores = static.search(padded, 7, 12)
+    assert torch.equal(items[:3], want[0])
+    torch.testing.assert_close(scores[:3], want[1], rtol=FP32.rtol, atol=FP32.atol)
+    assert bool((items[3] >= 0).any())                       # the padding row ran normally
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Records ops that read device values on the host or copy host data in: on a GPU each
+    is a synchronisation or breaks CUDA-graph capture."""
+
+    SYNCING = {"aten::_local_scalar_dense", "aten::nonzero", "aten::is_nonzero",
+               "aten::lift_fresh", "aten::item", "aten::masked_select", "aten::unique_dim",
+               "aten::_unique2", "aten::repeat_interleave"}
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func._schema.name in self.SYNCING:
+            self.seen.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("selection", ["torch", "triton"])
+def test_static_search_never_reads_device_values_on_the_host(world, selection):
+    """What the CPU can check of the CUDA-graph contract: the static search (prefill, decode,
+    selection, expansion) calls no op that reads a value back or copies host data in."""
+    _, _, engine = world
+    static = Engine(engine.model, engine.catalog,
+                    EngineConfig(static_shapes=True, selection_backend=selection))
+    tokens, lengths, segs = prompts(18, [9, 4])
+    exclude = torch.tensor([[int(engine.catalog.path_items[2])], [-1]])
+    batch = check_inputs(static, tokens, lengths, segs, 6, 10, None, exclude)
+    with torch.no_grad(), _HostReads() as reads:
+        static.search(batch, 6, 10)
+    assert reads.seen == []
+    dynamic = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=False))
+    with torch.no_grad(), _HostReads() as reads:
+        dynamic.search(batch, 6, 10)
+    assert reads.seen == ["aten::nonzero"]                   # the probe does see host reads
+
+
+@pytest.mark.parametrize("segmented", [False, True])
 def test_prefix_embeds_equal_the_tokens_they_embed(world, segmented):
     _, _, engine = world
     tokens, lengths, segs = prompts(6, [12, 8], segmented=segmented)
@@ -264,17 +325,18 @@ def test_bad_inputs_raise_clear_value_errors(model, change, match):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("selection", ["torch", "triton"])
 @pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("width", [4, 64])
-def test_search_runs_on_cuda_without_host_sync(width, backend, static):
+def test_search_runs_on_cuda_without_host_sync(width, backend, static, selection):
     """Decode never waits for the host; with static packing prefill does not either."""
     ids, codes = small_world(seed=7, n=3000, used_codes=12)
     cpu_engine = Engine(Model.from_preset("tiny", seed=11), Catalog.from_arrays(ids, codes))
     gpu_engine = Engine(Model.from_preset("tiny", seed=11, device="cuda"),
                         Catalog.from_arrays(ids, codes),
                         EngineConfig(attention_backend=backend, cuda_graphs=False,
-                                     static_shapes=static))
+                                     static_shapes=static, selection_backend=selection))
     tokens, lengths, segs = prompts(8, [30, 12, 21])
     exclude = torch.tensor([[int(ids[0]), -1], [int(ids[1]), int(ids[2])], [-1, -1]])
     expected = cpu_engine.recommend(tokens, lengths, segs, beam_width=width, top_k=20,
@@ -316,6 +378,66 @@ def test_graph_replays_equal_eager_search_across_batches(backend, static):
         assert torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
     assert len(graphed.graphs) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("selection", ["torch", "triton"])
+def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(selection):
+    """The default CUDA engine (whole-search graphs, bucketed shapes): batches of 3 and 4
+    requests with different prompt lengths share one graph, the replay never waits for the
+    host (``set_sync_debug_mode("error")``), and every row equals the eager search."""
+    ids, codes = small_world(seed=9, n=3000, used_codes=12)
+    model = Model.from_preset("tiny", seed=11, device="cuda")
+    catalog = Catalog.from_arrays(ids, codes)
+    graphed = Engine(model, catalog, EngineConfig(selection_backend=selection))
+    eager = Engine(model, catalog, EngineConfig(cuda_graphs=False, selection_backend=selection))
+    assert graphed.static_shapes and not eager.static_shapes
+    for seed, lengths in ((12, [30, 12, 21]), (13, [5, 40, 9, 17])):
+        tokens, lens, segs = prompts(seed, lengths)
+        args = (tokens.cuda(), lens.cuda(), segs.cuda())
+        got = graphed.recommend(*args, beam_width=32, top_k=50)
+        want = eager.recommend(*args, beam_width=32, top_k=50)
+        assert got[0].shape == (len(lengths), 50) and torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert len(graphed.graphs) == 1
+    batch = pad_to_buckets(check_inputs(graphed, *args, 32, 50, None, None), 256, True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        items, _ = graphed.search(batch, 32, 50)
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert torch.equal(items[:4], want[0])
+
+
+@pytest.mark.gpu
+def test_real_cuda_out_of_memory_fails_one_batch_and_the_next_runs_normally(monkeypatch):
+    """A device allocation that cannot be served inside a batch (eager search) raises
+    CapacityError; memory is released and the next batch returns the same items."""
+    from torch_engine import beam_search
+    from torch_engine.errors import CapacityError
+    ids, codes = small_world(seed=9, n=3000, used_codes=12)
+    engine = Engine(Model.from_preset("tiny", seed=11, device="cuda"),
+                    Catalog.from_arrays(ids, codes), EngineConfig(cuda_graphs=False))
+    tokens, lens, segs = (t.cuda() for t in prompts(14, [30, 12]))
+    want = engine.recommend(tokens, lens, segs, beam_width=16, top_k=20)
+    expand = beam_search.expand_items
+    calls = []
+
+    def hungry(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            free, total = torch.cuda.mem_get_info()
+            torch.empty(total + free, dtype=torch.uint8, device="cuda")   # cannot fit
+        return expand(*args, **kwargs)
+
+    monkeypatch.setattr(beam_search, "expand_items", hungry)
+    before = torch.cuda.memory_allocated()
+    with pytest.raises(CapacityError, match="ran out of device memory"):
+        engine.recommend(tokens, lens, segs, beam_width=16, top_k=20)
+    assert torch.cuda.memory_allocated() <= before + (1 << 20)
+    got = engine.recommend(tokens, lens, segs, beam_width=16, top_k=20)
+    assert len(calls) == 2 and torch.equal(got[0], want[0])
 
 
 class _Search(torch.nn.Module):

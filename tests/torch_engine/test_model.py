@@ -212,3 +212,32 @@ def test_static_packing_tail_is_never_attended_by_real_tokens(mode):
     want = reference.prefill_attention(q[:total], k[:total], v[:total], dynamic.cu_seqlens,
                                        dynamic.segment_ids, mode)
     assert rel_error(got, want) <= 1e-12
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_fused_projections_equal_separate_and_yield_to_changed_weights(family):
+    """The fused q/k/v and gate/up products give the separate products' result; once a weight
+    changes in place (an optimizer step) or is replaced, the stale copies are not used."""
+    if family == "qwen2":
+        model = Model.from_preset("tiny", seed=3)
+    else:
+        model = Model(QWEN3_TINY)
+        model.init_weights(3)
+        model.eval()
+    ids = torch.randint(8, 1024, (2, 9), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        separate = model(ids)
+        model.fuse_projections()
+        layer = model.model.layers[0]
+        assert layer._live_fused() is not None
+        fused = model(ids)
+        assert rel_error(fused, separate) <= FP32.rel_norm
+        layer.self_attn.v_proj.weight.mul_(1.5)        # in place: version counter moves
+        assert layer._live_fused() is None
+        changed = model(ids)
+        assert rel_error(changed, separate) > 1e-3
+        model.fuse_projections()
+        assert rel_error(model(ids), changed) <= FP32.rel_norm
+        layer.mlp.up_proj.weight = torch.nn.Parameter(layer.mlp.up_proj.weight * 2)
+        assert layer._live_fused() is None
+    assert "fused" not in " ".join(model.state_dict())

@@ -1,0 +1,168 @@
+"""What ``bench_engine.py`` derives from its timings: floors, the per-stage breakdown of one
+search, and the queue that turns per-batch latencies into requests per second at a P99 bound.
+
+* ``floors``: the least time one search can take at the measured ceilings (bf16 matrix rate,
+  copy bandwidth): each pass (prefill, each decode step) is bounded by its matrix work or by
+  reading the weights and KV once, whichever is larger.
+* ``stage_breakdown``: device time of each stage of one eager search (profiler kernel times
+  grouped by the engine function that launched them) beside the replayed graph's total.
+* ``max_rate_at_p99``: a single server batching whatever has arrived (up to the largest
+  measured batch, rounded up to the engine's power-of-two batch bucket), service times drawn
+  from the measured latencies of that bucket, Poisson arrivals; the highest rate whose P99
+  latency (wait + service) stays under the bound.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+import numpy as np
+import torch
+
+from torch_engine import attention as attn
+from torch_engine import beam_search as bs
+from torch_engine.config import ModelConfig
+
+
+def layer_params(cfg: ModelConfig) -> int:
+    """Weights of the decoder layers (embedding and LM head excluded)."""
+    hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    attn_w = h * (hq + 2 * hkv) * d + hq * d * h
+    return cfg.num_layers * (attn_w + 3 * h * cfg.intermediate_size)
+
+
+def floors(cfg: ModelConfig, batch: int, prompt: int, width: int, levels: int,
+           matmul_tflops: float, copy_tbps: float, element: int = 2) -> dict[str, float]:
+    """Floor milliseconds of prefill, the decode steps and the whole search."""
+    params = layer_params(cfg)
+    hq, d, layers = cfg.num_heads, cfg.head_dim, cfg.num_layers
+    kv_row = 2 * layers * cfg.num_kv_heads * d * element        # K and V bytes per token
+    # Prefill: 2 flops per weight per token, causal attention QK^T + PV (half the square).
+    pre_flops = 2 * params * batch * prompt + 2 * layers * hq * d * batch * prompt * prompt
+    pre_bytes = params * element + batch * prompt * kv_row
+    # Each decode step: every beam through the weights, attending the prompt once per beam.
+    step_flops = 2 * params * batch * width + 4 * layers * hq * d * batch * width * prompt
+    step_bytes = params * element + batch * prompt * kv_row
+    ms = lambda flops, nbytes: max(flops / (matmul_tflops * 1e12),  # noqa: E731
+                                   nbytes / (copy_tbps * 1e12)) * 1e3
+    prefill = ms(pre_flops, pre_bytes)
+    decode = (levels - 1) * ms(step_flops, step_bytes)
+    return {"prefill_ms": prefill, "decode_ms": decode, "total_ms": prefill + decode}
+
+
+STAGES = {
+    "prefill": [],                       # filled with the engine's bound method below
+    "prefill attention": [(attn, "prefill_attention")],
+    "decode attention": [(attn, "decode_attention")],
+    "selection": [(bs, "select_fused"), (bs, "constrain"), (bs, "rank"), (bs, "keep_all"),
+                  (bs, "drop_exhausted_paths"), (bs, "exhausted_paths")],
+    "item expansion": [(bs, "expand_items")],
+}
+
+
+def _scoped(name: str, fn: Callable) -> Callable:
+    def wrapper(*args, **kwargs):
+        with torch.profiler.record_function(f"stage: {name}"):
+            return fn(*args, **kwargs)
+    return wrapper
+
+
+@contextlib.contextmanager
+def stage_scopes(engine):
+    """Wrap the engine's stage functions in profiler ranges (module attributes the engine looks
+    up at call time), restoring them afterwards."""
+    saved = []
+    targets = {name: list(pairs) for name, pairs in STAGES.items()}
+    targets["prefill"] = [(engine, "prefill")]
+    try:
+        for name, pairs in targets.items():
+            for owner, attr in pairs:
+                saved.append((owner, attr, owner.__dict__.get(attr)))
+                setattr(owner, attr, _scoped(name, getattr(owner, attr)))
+        yield
+    finally:
+        for owner, attr, old in reversed(saved):
+            if old is None:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, old)
+
+
+def device_ms(fn: Callable[[], object], repeats: int = 20) -> list[float]:
+    """Device milliseconds of ``fn`` per call (CUDA events, after one warm-up call)."""
+    fn()
+    out = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end))
+    return out
+
+
+def stage_breakdown(engine, batch, width: int, top_k: int) -> dict[str, float]:
+    """Kernel milliseconds per stage of one eager search (``engine`` must not replay graphs),
+    and the sum of all its kernels (on the CPU: operator times, for a smoke run)."""
+    cuda = engine.device.type == "cuda"
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if cuda:
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.no_grad():
+        for _ in range(2):
+            engine.search(batch, width, top_k)
+        sync()
+        with stage_scopes(engine), torch.profiler.profile(activities=activities) as prof:
+            engine.search(batch, width, top_k)
+            sync()
+    rows = prof.key_averages()
+    out = {name: 0.0 for name in STAGES}
+    kernels = 0.0
+    total_name = "device_time_total" if cuda else "cpu_time_total"
+    self_name = "self_device_time_total" if cuda else "self_cpu_time_total"
+    for row in rows:
+        if row.key.startswith("stage: "):
+            out[row.key[len("stage: "):]] += getattr(row, total_name) / 1e3
+        kernels += getattr(row, self_name) / 1e3
+    out["all kernels"] = kernels
+    return out
+
+
+def max_rate_at_p99(service_ms: dict[int, list[float]], bound_ms: float, requests: int = 20000,
+                    seed: int = 0) -> dict[str, float]:
+    """Highest Poisson arrival rate (requests/s) whose simulated P99 latency is <= bound_ms.
+
+    service_ms: measured latencies of whole batches by (power-of-two) batch size.
+    """
+    sizes = sorted(service_ms)
+    largest = sizes[-1]
+
+    def simulate(rate: float) -> tuple[float, float]:
+        rng = np.random.default_rng(seed)
+        arrivals = np.cumsum(rng.exponential(1e3 / rate, requests))
+        latency = np.empty(requests)
+        clock, i, batches = 0.0, 0, []
+        while i < requests:
+            clock = max(clock, arrivals[i])
+            waiting = int(np.searchsorted(arrivals, clock, side="right")) - i
+            take = min(max(waiting, 1), largest)
+            bucket = next(s for s in sizes if s >= take)
+            clock += float(rng.choice(service_ms[bucket]))
+            latency[i:i + take] = clock - arrivals[i:i + take]
+            batches.append(take)
+            i += take
+        return float(np.percentile(latency, 99)), float(np.mean(batches))
+
+    low, high = 0.0, 2.0 * largest * 1e3 / min(np.median(service_ms[largest]), bound_ms)
+    best = {"rate_per_s": 0.0, "p99_ms": float("nan"), "mean_batch": float("nan")}
+    for _ in range(30):
+        mid = (low + high) / 2
+        p99, mean_batch = simulate(mid)
+        if p99 <= bound_ms:
+            low, best = mid, {"rate_per_s": mid, "p99_ms": p99, "mean_batch": mean_batch}
+        else:
+            high = mid
+    return best

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# One GPU call for the engine (issue 5): GPU tests of the engine and the selection kernel, then
+# bench_engine.py. Each stage runs even if an earlier one failed; logs and the JSON go to $OUT.
+#   bash benchmarks/gpu_engine.sh [test timeout s] [bench timeout s] [bench flags...]
+set +e
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/engine_out}
+mkdir -p "$OUT"
+TEST_LIMIT=${1:-150}
+BENCH_LIMIT=${2:-300}
+shift 2 2>/dev/null
+# Kernel sources committed by their owner, when the tree carried a work in progress.
+if [ -d .device_snapshot ]; then
+  cp .device_snapshot/*.py torch_engine/kernels/ && echo "kernels: committed snapshot $(cat .device_snapshot/REV)"
+fi
+nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
+start=$(date +%s)
+timeout "$TEST_LIMIT" python3 -m pytest -m gpu -q -x --timeout=120 -p no:cacheprovider \
+  tests/torch_engine/test_engine.py tests/torch_engine/test_capacity.py \
+  tests/kernels/test_constrained_topk.py 2>&1 | tee "$OUT/tests.log" | tail -30
+echo "tests: rc=${PIPESTATUS[0]} $(( $(date +%s) - start )) s"
+start=$(date +%s)
+timeout "$BENCH_LIMIT" python3 benchmarks/bench_engine.py --out="$OUT" "$@" 2>&1 \
+  | grep -v "it/s]" | tee "$OUT/bench.log" | tail -80
+echo "bench: rc=${PIPESTATUS[0]} $(( $(date +%s) - start )) s"
