@@ -1,5 +1,5 @@
-"""Per-call cost of the TorchCall op on the CPU, beside the same package from Python and the
-same MLP as a native TF graph.
+"""Per-call cost of the TorchCall op, beside the same package from Python and the same MLP as a
+native TF graph.
 
 Model: ``[B, 64] -> Linear(64, 64) -> SiLU -> Linear(64, 16)``, float32, compiled once with
 AOTInductor (cached in ``--cache_dir``). Each implementation is timed (median over repeats):
@@ -15,7 +15,15 @@ TorchCall's own cost is its time minus the matching floor. Torch and TF both get
 thread, so the compute is comparable. Prints a table and writes
 ``benchmarks/results/torchcall_<date>.json``.
 
+With ``--device=cuda``, the package is compiled for the GPU while TF stays on the CPU (as in
+serving: string ops are CPU-only): every TorchCall moves its input to the GPU and the result
+back, and the Python case does the same (``.to(device)`` ... ``.cpu()``). A second table times
+the prompt hand-off alone: ``[64, 1024]`` int64 tokens TF CPU -> CUDA and ``[64, 300]`` int64
+results CUDA -> TF through ``bridge.dlpack``, against a TorchCall round trip of the same sizes.
+Writes ``torchcall_cuda_<date>.json``.
+
     python benchmarks/bench_torchcall.py [--repeats=300] [--loop=200] [--batches=8,1024]
+                                         [--device=cuda]
 """
 
 from __future__ import annotations
@@ -48,7 +56,9 @@ CACHE = flags.DEFINE_string("cache_dir", str(ROOT / "build" / "torch_call_cache"
                             "compiled AOTInductor packages by content hash")
 OUTPUT = flags.DEFINE_string("output_dir", str(ROOT / "benchmarks" / "results"),
                              "where the JSON goes")
+DEVICE = flags.DEFINE_string("device", "cpu", "where the package runs: cpu or cuda[:i]")
 WIDTH, OUT = 64, 16
+PROMPT, KEPT = (64, 1024), 300   # hand-off sizes: a batch of prompts in, top items out
 
 
 def _mlp() -> torch.nn.Module:
@@ -66,6 +76,42 @@ def _median_us(fn, repeats: int, warmup: int = 20) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times) * 1e6
+
+
+class KeepFirst(torch.nn.Module):
+    """tokens int64 [B, L] -> tokens[:, :KEPT] + 1 (a new tensor: the copy back is real)."""
+
+    def forward(self, tokens):
+        return tokens[:, :KEPT] + 1
+
+
+def bench_handoff(tf, device: str, tmp: Path) -> dict[str, float]:
+    """The prompt hand-off between TF on the CPU and torch on ``device`` (microseconds)."""
+    from bridge.dlpack import to_tf, to_torch
+    from custom_ops.torch_call import torch_call
+
+    tokens_np = np.random.default_rng(0).integers(0, 50_000, PROMPT).astype(np.int64)
+    tokens = tf.constant(tokens_np)
+    on_device = torch.from_numpy(tokens_np[:, :KEPT].copy()).to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def to_device():
+        to_torch(tokens, device)
+        sync()
+
+    package = torch_package.package_torchscript(
+        KeepFirst(), (torch.from_numpy(tokens_np),), tmp / "keep_first.pt",
+        {(0, 0): ("batch", 1, 4096), (0, 1): ("length", KEPT, 8192)}, device=device)
+    path = str(package.path)
+    got = torch_call(path, [tokens], [tf.int64])[0].numpy()
+    np.testing.assert_array_equal(got, tokens_np[:, :KEPT] + 1)
+    repeats = REPEATS.value
+    return {
+        "to_device_int64_64x1024": _median_us(to_device, repeats),
+        "to_tf_int64_64x300": _median_us(lambda: to_tf(on_device.cpu()), repeats),
+        "torchcall_roundtrip_64x1024_to_64x300": _median_us(
+            lambda: torch_call(path, [tokens], [tf.int64]), repeats),
+    }
 
 
 class Implementations:
@@ -147,29 +193,40 @@ def _table(results: dict[int, dict[str, float]]) -> str:
 def main(argv):
     del argv
     torch.set_num_threads(1)
-    module = _mlp()
+    module, device = _mlp(), DEVICE.value
     with tempfile.TemporaryDirectory(prefix="bench_torchcall_") as tmp_name:
         tmp = Path(tmp_name)
         batch = torch.export.Dim("batch", min=1, max=4096)
         program = torch_package.export_program(module, (torch.randn(8, WIDTH),),
-                                               ({0: batch},))
-        package = torch_package.package_aoti(program, tmp / "mlp.pt2", cache_dir=CACHE.value)
-        loader = torch._inductor.aoti_load_package(str(package.path))
+                                               ({0: batch},), device)
+        package = torch_package.package_aoti(program, tmp / "mlp.pt2", device,
+                                             cache_dir=CACHE.value)
+        compiled = torch._inductor.aoti_load_package(str(package.path))
+        # From Python the same way TorchCall works: host tensor in, host tensor out.
+        loader = compiled if device == "cpu" else (lambda x: compiled(x.to(device)).cpu())
+        module = module.cpu()
 
         import tensorflow as tf
 
         tf.config.threading.set_intra_op_parallelism_threads(1)
         impl = Implementations(tf, module, str(package.path))
         results = {int(b): bench_batch(tf, impl, loader, int(b), tmp) for b in BATCHES.value}
+        handoff = bench_handoff(tf, device, tmp) if device != "cpu" else {}
     print(_table(results))
+    if handoff:
+        print(f"hand-off on {device} (us): " + ", ".join(f"{k} {v:.1f}"
+                                                         for k, v in handoff.items()))
     record = {
         "benchmark": "torchcall", "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "machine": platform.platform(), "cpus": os.cpu_count(),
         "load_average": os.getloadavg(), "tensorflow": tf.__version__,
         "torch": torch.__version__, "model": f"MLP {WIDTH}-{WIDTH}-{OUT} float32",
+        "device": device, "gpu": torch.cuda.get_device_name() if device != "cpu" else None,
         "repeats": REPEATS.value, "loop": LOOP.value, "median_us": results,
+        "handoff_median_us": handoff,
     }
-    out = Path(OUTPUT.value) / f"torchcall_{datetime.date.today().isoformat()}.json"
+    kind = "" if device == "cpu" else "cuda_"
+    out = Path(OUTPUT.value) / f"torchcall_{kind}{datetime.date.today().isoformat()}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1))
     print(f"wrote {out}")

@@ -41,6 +41,13 @@ flags.DEFINE_integer("max_batch_size", 32, "Server batching: rows per model call
 flags.DEFINE_integer("batch_timeout_micros", 2000, "Server batching timeout.")
 flags.DEFINE_integer("warmup_requests", 20, "Untimed valid requests sent first, one at a time.")
 flags.DEFINE_list("rates", [], "Open-loop request rates (req/s) to sweep after the closed loop.")
+flags.DEFINE_list("rate_fractions", [], "More open-loop rates, as fractions of the closed loop's "
+                  "throughput (e.g. 0.25,0.5,0.75,1): sizes the sweep to a server of unknown speed.")
+flags.DEFINE_integer("num_items", 300, "Synthetic world of the requests: catalog size (use the "
+                     "exported model's, so histories hold its items).")
+flags.DEFINE_integer("num_users", 40, "Synthetic world: users (the pool of distinct requests).")
+flags.DEFINE_integer("history_events", 40, "Synthetic world: history events per user.")
+flags.DEFINE_integer("seed", 0, "Synthetic world seed (the exported model's).")
 flags.DEFINE_float("rate_seconds", 10.0, "Duration of each open-loop rate.")
 flags.DEFINE_float("p99_target_ms", 100.0,
                    "Report the highest swept rate whose P99 (and every lower rate's) is within this.")
@@ -55,7 +62,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def start_server(base: str) -> tuple[subprocess.Popen, int, int]:
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=ROOT, PYTHONUNBUFFERED="1")
+    path = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path, PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
         [sys.executable, "-m", "bridge.cli.main", "serve", "--model_name=recs",
          f"--model_base_path={base}", "--port=0", "--rest_api_port=0",
@@ -83,7 +91,8 @@ def build_pool(base: str, rows: int):
     newest = max(int(v) for v in os.listdir(base) if v.isdigit())
     loaded = tf.saved_model.load(os.path.join(base, str(newest)))  # alive: owns the tables
     serve = loaded.signatures["serving_default"]
-    world = make_world(WorldConfig(num_items=300, num_users=40))
+    world = make_world(WorldConfig(num_items=FLAGS.num_items, num_users=FLAGS.num_users,
+                                   history_events=FLAGS.history_events, seed=FLAGS.seed))
     pool = []
     for start in range(0, len(world.user_ids) - rows + 1, rows):
         features = features_from_world(world, slice(start, start + rows))
@@ -199,7 +208,8 @@ class LoadRun:
                 raise RuntimeError(f"warm-up request {i} answered {status}")
 
     def send(self, index: int, since: float | None = None) -> tuple:
-        """Sends plan[index]; returns (valid, protocol, status, correct, seconds since ``since``)."""
+        """Sends plan[index]; returns (valid, protocol, status, correct, seconds since ``since``,
+        crossed: answered with another request's results)."""
         pick, kind, protocol = self.plan[index]
         started = time.perf_counter() if since is None else since
         if kind is not None:
@@ -210,7 +220,10 @@ class LoadRun:
             status, outputs = self.client.grpc(self.protos[pick])
         seconds = time.perf_counter() - started
         correct = (status == 400) if kind else (status == 200 and same(outputs, self.pool[pick][1]))
-        return kind is None, protocol, status, correct, seconds
+        # A wrong answer that is exactly another request's: results crossed between requests.
+        crossed = (not kind and status == 200 and not correct and any(
+            same(outputs, answer) for i, (_, answer) in enumerate(self.pool) if i != pick))
+        return kind is None, protocol, status, correct, seconds, crossed
 
     def closed_loop(self, clients: int, max_seconds: float) -> tuple[list, float]:
         """``clients`` threads, each sending its next request when the last one is answered."""
@@ -257,6 +270,7 @@ def summarize(records: list, elapsed: float) -> dict:
     return {
         "sent": len(records), "seconds": elapsed,
         "valid": len(valid), "valid_ok": sum(r[3] for r in valid),
+        "valid_answered_with_another_requests_results": sum(r[5] for r in valid),
         "malformed": len(records) - len(valid),
         "malformed_refused_400": sum(r[3] for r in records if not r[0]),
         "statuses": {str(s): sum(1 for r in records if r[2] == s) for s in sorted({r[2] for r in records})},
@@ -297,7 +311,9 @@ def _run_all(pool, grpc_port: int, rest_port: int) -> tuple[dict, list[dict]]:
     summary["model_calls"] = calls - calls_before
     summary["mean_rows_per_model_call"] = (rows - rows_before) / max(calls - calls_before, 1.0)
     sweep = []
-    for rate in map(float, FLAGS.rates):
+    rates = [float(r) for r in FLAGS.rates] + [
+        round(float(f) * summary["throughput_rps"], 1) for f in FLAGS.rate_fractions]
+    for rate in sorted(set(r for r in rates if r > 0)):
         run = LoadRun(pool, grpc_port, rest_port, int(rate * FLAGS.rate_seconds), seed=int(rate))
         calls_before, rows_before = batch_rows(rest_port)
         summary_at_rate = summarize(*run.open_loop(rate, FLAGS.rate_seconds))

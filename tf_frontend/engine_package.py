@@ -46,7 +46,8 @@ class RecommendProgram(torch.nn.Module):
     """The traceable body of ``Engine.recommend`` with fixed ``beam_width`` and ``top_k``.
 
     Inputs (the feature graph's outputs): token_ids int32 [B, L], lengths int32 [B],
-    segment_ids int32 [B, L], profile_embeds float32 [B, S, hidden].
+    segment_ids int32 [B, L], profile_embeds float32 [B, S, hidden], exclude_items int64
+    [B, X] (items the engine must not return, -1 = padding; ``tf_frontend.rules``).
     Returns item_ids int64 [B, top_k] (-1 = no item) and scores float32 [B, top_k].
     """
 
@@ -56,7 +57,7 @@ class RecommendProgram(torch.nn.Module):
         self.model = engine.model  # registered, so its weights become package constants
         self.beam_width, self.top_k = beam_width, top_k
 
-    def forward(self, token_ids, lengths, segment_ids, profile_embeds):
+    def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items):
         device = self.engine.device
         tokens = token_ids.to(torch.int64)
         lens = lengths.to(torch.int64)
@@ -67,29 +68,46 @@ class RecommendProgram(torch.nn.Module):
             segment_ids=segment_ids.to(torch.int32),
             causal=False,
             prefix_embeds=profile_embeds.to(self.engine.dtype),
-            exclude_items=torch.full((tokens.shape[0], 1), -1, dtype=torch.int64,
-                                     device=device))
+            # Two padding columns: the engine's dedup compares shifted slices, which the
+            # tracer can only keep dynamic for widths >= 3 (it specialises 0 and 1 sizes).
+            exclude_items=torch.cat([exclude_items.to(torch.int64),
+                                     torch.full((tokens.shape[0], 2), -1, dtype=torch.int64,
+                                                device=device)], dim=1))
         item_ids, scores = self.engine.search(batch, self.beam_width, self.top_k)
         return item_ids, scores.to(torch.float32)
 
 
 def example_inputs(engine, spec, batch: int = 2) -> tuple[torch.Tensor, ...]:
-    """Prompts shaped like the feature graph's outputs for ``spec`` (a ``PromptSpec``): BOS,
-    PROFILE_START, a context token and one trailing ITEM_START, in 2 segments."""
-    layout, length = spec.layout, 4
-    row = [layout.bos_id, layout.profile_start_id, spec.context_token(0), layout.item_start_id]
-    tokens = torch.tensor([row] * batch, dtype=torch.int32)
-    lengths = torch.full((batch,), length, dtype=torch.int32)
-    segments = torch.tensor([[0, 0, 0, 1]] * batch, dtype=torch.int32)
+    """Full-length prompts shaped like the feature graph's outputs for ``spec`` (a
+    ``PromptSpec``): BOS, PROFILE_START, a context token, ``spec.keep_last`` history items
+    (code path 0, 0, 0; each in its own segment) and the trailing ITEM_START; the first catalog
+    item excluded. Full length, because the Triton kernels pick their tiles from the example
+    sizes the program is traced with."""
+    layout = spec.layout
+    first = int(engine.catalog.item_lookup_ids[0])
+    item = [layout.item_start_id] + [layout.code_token(level, 0)
+                                     for level in range(layout.levels)]
+    tokens = [layout.bos_id, layout.profile_start_id, spec.context_token(0)]
+    segments = [0, 0, 0]
+    for k in range(spec.keep_last):
+        tokens += item
+        segments += [k + 1] * len(item)
+    tokens.append(layout.item_start_id)
+    segments.append(spec.keep_last + 1)
+    token_ids = torch.tensor([tokens] * batch, dtype=torch.int32)
+    lengths = torch.full((batch,), len(tokens), dtype=torch.int32)
+    segment_ids = torch.tensor([segments] * batch, dtype=torch.int32)
     embeds = torch.zeros(batch, spec.profile_tokens, engine.model.config.hidden_size)
-    return tokens, lengths, segments, embeds
+    exclude = torch.tensor([[first, -1, -1]] * batch, dtype=torch.int64)
+    return token_ids, lengths, segment_ids, embeds, exclude
 
 
 def export_engine(engine, spec, out_path: str | os.PathLike,
                   config: EngineExportConfig = EngineExportConfig(),
                   cache_dir: str | os.PathLike | None = None) -> torch_package.Package:
     """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
-    dynamic in batch (1..max_batch) and prompt length (1..spec.max_prompt_tokens)."""
+    dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.keep_last + 1,
+    what ``tf_frontend.rules.history_exclusion`` emits)."""
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
@@ -108,7 +126,9 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)
     length = torch.export.Dim.DYNAMIC
-    dynamic = ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch})
+    exclude = torch.export.Dim("exclude", min=1, max=spec.keep_last + 1)
+    dynamic = ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
+               {0: batch, 1: exclude})
     exported = torch_package.export_program(program, example_inputs(engine, spec), dynamic,
                                             config.device)
     # token_ids and segment_ids share their length; the trace names them apart (Dim.DYNAMIC),

@@ -3,6 +3,8 @@
 ``export_pipeline(out_dir, feature_graph, package)`` saves a SavedModel whose
 ``serving_default`` takes the feature graph's six request features by name and returns
 ``item_ids`` int64 [B, top_n], ``scores`` float32 [B, top_n] and ``num_items`` int32 [B]. The
+business rules are ``tf_frontend.rules``: the engine gets the cleaned history as
+``exclude_items`` and never returns it; blocked and over-cap items are dropped after it. The
 engine package (``tf_frontend.engine_package``) travels as an asset; loading needs only
 TensorFlow and ``custom_ops`` (which links libtorch), never ``torch_engine`` or Python torch.
 
@@ -27,18 +29,19 @@ import tensorflow as tf  # noqa: E402
 
 from custom_ops.torch_call import torch_call  # noqa: E402
 from tf_frontend.feature_graph import INPUTS  # noqa: E402
+from tf_frontend.rules import BusinessRules, PostProcessor, engine_feeds  # noqa: E402
 from torch_engine.errors import ConfigError, ExportError, require  # noqa: E402
 
 SIGNATURE = "serving_default"
-ENGINE_INPUTS = ("token_ids", "lengths", "segment_ids", "profile_embeds")
+ENGINE_INPUTS = ("token_ids", "lengths", "segment_ids", "profile_embeds", "exclude_items")
 OUTPUTS = ("item_ids", "scores", "num_items")
 
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """TF-side settings: ``top_n`` items returned per request after the business rule
-    (drop padding and items the user already saw); torch threads per calling TF thread;
-    AOTInductor model instances that may run at once."""
+    """TF-side settings: ``top_n`` items returned per request after the business rules
+    (``rules``, ``tf_frontend.rules``); torch threads per calling TF thread; AOTInductor model
+    instances that may run at once."""
 
     top_n: int = 10
     intra_op_threads: int = 1
@@ -46,43 +49,32 @@ class PipelineConfig:
     # Longest raw history row a server accepts (before cleaning keeps the last N): a guard
     # against oversized requests, written to assets.extra/xgr_serving.json for `xgr serve`.
     max_history_events: int = 4096
+    rules: BusinessRules = BusinessRules()
 
     def __post_init__(self) -> None:
         for name in ("top_n", "intra_op_threads", "concurrency", "max_history_events"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, ConfigError,
                     f"PipelineConfig.{name} must be a positive int, got {value!r}")
-
-
-def post_process(item_ids: tf.Tensor, scores: tf.Tensor, history_values: tf.Tensor,
-                 history_splits: tf.Tensor, top_n: int) -> dict[str, tf.Tensor]:
-    """The business rule: drop padding (-1) and items already in the user's history, keep the
-    best ``top_n``.
-
-    item_ids int64 [B, K], scores float32 [B, K] (best first); history as values int64 [E] +
-    row splits int64 [B+1]. Returns item_ids int64 [B, top_n] (-1 padded), scores float32
-    [B, top_n] (-inf padded), num_items int32 [B].
-    """
-    seen = tf.RaggedTensor.from_row_splits(history_values, history_splits).to_tensor(-2)
-    already = tf.reduce_any(item_ids[:, :, None] == seen[:, None, :], axis=-1)   # [B, K]
-    keep = tf.logical_and(item_ids >= 0, tf.logical_not(already))
-    kept_ids = tf.ragged.boolean_mask(item_ids, keep)[:, :top_n]
-    kept_scores = tf.ragged.boolean_mask(scores, keep)[:, :top_n]
-    return {"item_ids": kept_ids.to_tensor(-1, shape=[None, top_n]),
-            "scores": kept_scores.to_tensor(float("-inf"), shape=[None, top_n]),
-            "num_items": tf.cast(kept_ids.row_lengths(), tf.int32)}
+        require(isinstance(self.rules, BusinessRules), ConfigError,
+                f"PipelineConfig.rules must be a BusinessRules, got {type(self.rules).__name__}")
 
 
 def _feature_specs() -> dict[str, tf.TensorSpec]:
     return {name: tf.TensorSpec([None], dtype, name=name) for name, dtype in INPUTS.items()}
 
 
+def _post_processor(config: PipelineConfig, catalog) -> PostProcessor:
+    item_ids, item_codes = catalog if catalog is not None else (None, None)
+    return PostProcessor(config.rules, config.top_n, item_ids, item_codes)
+
+
 class Pipeline(tf.Module):
-    """What the SavedModel holds: the feature graph, the engine asset and ``serve``."""
+    """What the SavedModel holds: the feature graph, the engine asset, the rules and ``serve``."""
 
     def __init__(self, feature_graph, package: torch_package.Package,
                  config: PipelineConfig = PipelineConfig(),
-                 engine_inputs: tuple[str, ...] = ENGINE_INPUTS):
+                 engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None):
         super().__init__(name="xgr_pipeline")
         require(len(engine_inputs) == len(package.inputs), ExportError,
                 f"the package takes {len(package.inputs)} inputs, engine_inputs names "
@@ -92,32 +84,35 @@ class Pipeline(tf.Module):
                 f"{[s.dtype for s in package.outputs]}")
         self.graph = feature_graph
         self.engine = tf.saved_model.Asset(str(package.path))
+        self.post_process = _post_processor(config, catalog)
         self._input_dtypes = [tf.as_dtype(s.dtype) for s in package.inputs]
         self._output_shapes = [s.static_shape() for s in package.outputs]
         self._engine_inputs, self._config = tuple(engine_inputs), config
         self.serve = tf.function(self._serve, input_signature=[_feature_specs()])
 
     def _serve(self, features):
-        out = self.graph(features)
-        args = [tf.cast(out[name], dtype) for name, dtype in zip(self._engine_inputs,
-                                                                  self._input_dtypes)]
+        feeds = engine_feeds(self.graph(features), self._config.rules)
+        args = [tf.cast(feeds[name], dtype) for name, dtype in zip(self._engine_inputs,
+                                                                    self._input_dtypes)]
         item_ids, scores = torch_call(self.engine, args, [tf.int64, tf.float32],
                                       output_shapes=self._output_shapes,
                                       intra_op_threads=self._config.intra_op_threads,
                                       concurrency=self._config.concurrency, name="engine")
-        return post_process(item_ids, scores, out["history_values"], out["history_splits"],
-                            self._config.top_n)
+        # An engine that did not exclude the history itself: the rule runs after it instead.
+        seen = None if "exclude_items" in self._engine_inputs else feeds["exclude_items"]
+        return self.post_process(item_ids, scores, seen)
 
 
 def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: torch_package.Package,
                     config: PipelineConfig = PipelineConfig(),
-                    engine_inputs: tuple[str, ...] = ENGINE_INPUTS) -> Path:
-    """Saves feature graph + engine package + post-processing as one SavedModel in
-    ``out_dir``; returns it. The package file is copied into the SavedModel's assets."""
+                    engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None) -> Path:
+    """Saves feature graph + engine package + business rules as one SavedModel in ``out_dir``;
+    returns it. The package file is copied into the SavedModel's assets. ``catalog``
+    (``(item_ids, item_codes)``) is needed only for ``rules.max_per_category``."""
     out_dir = Path(out_dir)
     require(not out_dir.exists() or not any(out_dir.iterdir()), ExportError,
             f"{out_dir} exists and is not empty; choose a new folder")
-    module = Pipeline(feature_graph, package, config, engine_inputs)
+    module = Pipeline(feature_graph, package, config, engine_inputs, catalog)
     concrete = module.serve.get_concrete_function()
     tf.saved_model.save(module, str(out_dir), signatures={SIGNATURE: concrete})
     _write_serving_spec(out_dir, config)
@@ -138,24 +133,29 @@ class PythonPipeline:
     """The same pipeline in this process, the engine called from Python: the development path
     and the reference for a reloaded SavedModel.
 
-    ``recommend(token_ids, lengths, segment_ids, profile_embeds)`` takes torch tensors (the
-    feature outputs handed over by ``bridge.dlpack``) and returns (item_ids, scores).
+    ``recommend(*engine inputs)`` takes torch tensors named by ``engine_inputs`` (the feature
+    outputs, and ``exclude_items``, handed over by ``bridge.dlpack``) and returns
+    (item_ids, scores). ``device`` is where those tensors go (the engine's device).
     """
 
     def __init__(self, feature_graph, recommend: Callable,
                  config: PipelineConfig = PipelineConfig(),
-                 engine_inputs: tuple[str, ...] = ENGINE_INPUTS):
+                 engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None,
+                 device: str = "cpu"):
         from bridge.dlpack import to_tf, to_torch
 
         self._to_tf, self._to_torch = to_tf, to_torch
-        self._recommend, self._config = recommend, config
+        self._recommend, self._config, self._device = recommend, config, device
         self._engine_inputs = tuple(engine_inputs)
+        self._post = _post_processor(config, catalog)
         # Traced like the SavedModel's, so both see the same (graph-mode) feature values.
-        self._features = tf.function(feature_graph, input_signature=[_feature_specs()])
+        self._features = tf.function(lambda f: engine_feeds(feature_graph(f), config.rules),
+                                     input_signature=[_feature_specs()])
 
     def __call__(self, features: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
-        out = self._features(features)
-        item_ids, scores = self._recommend(*(self._to_torch(out[n]) for n in self._engine_inputs))
-        return post_process(self._to_tf(item_ids.contiguous()),
-                            self._to_tf(scores.float().contiguous()),
-                            out["history_values"], out["history_splits"], self._config.top_n)
+        feeds = self._features(features)
+        item_ids, scores = self._recommend(*(self._to_torch(feeds[n], self._device)
+                                             for n in self._engine_inputs))
+        seen = None if "exclude_items" in self._engine_inputs else feeds["exclude_items"]
+        return self._post(self._to_tf(item_ids.cpu().contiguous()),
+                          self._to_tf(scores.float().cpu().contiguous()), seen)

@@ -10,7 +10,9 @@ post-processing as a SavedModel in ``--out``. Serve it with TF Serving (op linke
 
 from __future__ import annotations
 
+import json
 import tempfile
+import time
 from pathlib import Path
 
 from absl import flags
@@ -21,19 +23,45 @@ flags.DEFINE_string("model", None, "Hugging Face Qwen2/Qwen3 directory; default:
 flags.DEFINE_string("preset", "tiny", "Randomly initialised model preset when --model is unset.")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic world, model and feature graph.")
 flags.DEFINE_integer("num_items", 3000, "Catalog size of the synthetic world.")
+flags.DEFINE_integer("num_users", 2000, "Users of the synthetic world (requests for --verify).")
+flags.DEFINE_integer("history_events", 40, "History events per synthetic user.")
+flags.DEFINE_integer("keep_last", 50, "History items kept per prompt: the prompt holds "
+                     "4 + 4 x keep_last tokens at most (255 -> 1024).")
+flags.DEFINE_integer("window_days", 90, "History events older than this are dropped.")
 flags.DEFINE_integer("beam_width", 16, "Beams of the exported search.")
 flags.DEFINE_integer("top_k", 12, "Items the engine returns per request (<= beam_width x "
                      "items per code path).")
-flags.DEFINE_integer("top_n", 8, "Items per request after the business rule.")
+flags.DEFINE_integer("top_n", 8, "Items per request after the business rules.")
 flags.DEFINE_integer("max_batch", 1024, "Largest batch the exported engine accepts.")
 flags.DEFINE_string("device", "cpu", "Device the engine runs on when served: cpu or cuda[:i].")
-flags.DEFINE_enum("attention_backend", "torch", ["torch", "triton", "auto"],
-                  "Engine attention in the package. 'triton' embeds the Triton kernels only when "
-                  "they are registered with torch.library.triton_op (export refuses Python-only "
-                  "custom ops: a TorchCall process has no Python).")
+flags.DEFINE_enum("attention_backend", "auto", ["torch", "triton", "auto"],
+                  "Engine attention in the package. 'auto': the Triton kernels on CUDA when they "
+                  "are registered with torch.library.triton_op (AOTInductor then compiles them "
+                  "into the package), else plain torch. 'triton' insists (export refuses "
+                  "Python-only custom ops: a TorchCall process has no Python).")
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
-                    "Compiled packages by content hash (AOTInductor takes ~40 s on a CPU).")
+                    "Compiled packages by content hash (AOTInductor takes ~40 s on a CPU); "
+                    "empty: no cache.")
+flags.DEFINE_integer("verify_requests", 0, "After saving, run this many synthetic requests "
+                     "through the SavedModel in a fresh process (TF + custom_ops only) and "
+                     "through the in-process Python pipeline; fail unless the items are equal.")
+flags.DEFINE_string("report_json", None, "Write the export and verification report here.")
 flags.mark_flag_as_required("out")
+
+
+def resolve_attention(requested: str, device: str) -> str:
+    """The attention backend to export: ``auto`` takes the Triton kernels on CUDA when the
+    package can embed them (registered with ``torch.library.triton_op``)."""
+    if requested != "auto":
+        return requested
+    if not device.startswith("cuda"):
+        return "torch"
+    import torch_engine.kernels  # noqa: F401  (registers the xgr:: ops)
+    from torch._library.triton import get_triton_kernels_for_op
+
+    embeddable = all(get_triton_kernels_for_op(name) for name in
+                     ("xgr::decode_attention", "xgr::prefill_attention"))
+    return "triton" if embeddable else "torch"
 
 
 def main(argv: list[str]) -> int:
@@ -50,27 +78,50 @@ def main(argv: list[str]) -> int:
     from torch_engine.prompt_spec import PromptSpec
     from torch_engine.synthetic import WorldConfig, make_world
 
-    from tf_frontend.export import PipelineConfig, export_pipeline
-    from tf_frontend.feature_graph import FeatureGraph
-
     engine_config = EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch,
                                        FLAGS.device)
-    pipeline_config = PipelineConfig(top_n=FLAGS.top_n)
-    world = make_world(WorldConfig(num_items=FLAGS.num_items, seed=FLAGS.seed))
+    attention = resolve_attention(FLAGS.attention_backend, FLAGS.device)
+    started = time.perf_counter()
+    world = make_world(WorldConfig(num_items=FLAGS.num_items, num_users=FLAGS.num_users,
+                                   history_events=FLAGS.history_events, seed=FLAGS.seed))
     device = torch.device(FLAGS.device)
     model = (Model.from_pretrained(FLAGS.model, device=device) if FLAGS.model
              else Model.from_preset(FLAGS.preset, seed=FLAGS.seed, device=device))
     engine = Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes),
-                    EngineConfig(attention_backend=FLAGS.attention_backend))
-    spec = PromptSpec(model_hidden=model.config.hidden_size)
-    print(f"exporting Engine.recommend (beam_width {engine_config.beam_width}, top_k "
-          f"{engine_config.top_k}) for {engine_config.device}; AOTInductor takes a while ...")
+                    EngineConfig(attention_backend=attention))
+    spec = PromptSpec(model_hidden=model.config.hidden_size, keep_last=FLAGS.keep_last,
+                      window_seconds=FLAGS.window_days * 86400)
+    report = {"preset": FLAGS.model or FLAGS.preset, "device": FLAGS.device,
+              "attention_backend": attention, "dtype": str(engine.dtype).removeprefix("torch."),
+              "num_items": FLAGS.num_items, "max_prompt_tokens": spec.max_prompt_tokens,
+              "beam_width": FLAGS.beam_width, "top_k": FLAGS.top_k, "top_n": FLAGS.top_n,
+              "torch": torch.__version__, "setup_seconds": time.perf_counter() - started}
+    print(f"exporting Engine.recommend ({report['preset']}, {attention} attention, beam_width "
+          f"{engine_config.beam_width}, top_k {engine_config.top_k}) for "
+          f"{engine_config.device}; AOTInductor takes a while ...", flush=True)
     with tempfile.TemporaryDirectory(prefix="xgr_export_") as tmp:
+        started = time.perf_counter()
         package = export_engine(engine, spec, Path(tmp) / "engine.pt2", engine_config,
-                                FLAGS.cache_dir)
+                                FLAGS.cache_dir or None)
+        report["package_seconds"] = time.perf_counter() - started
+        report["package_bytes"] = package.path.stat().st_size
+        from tf_frontend import export as pipeline_export
+        from tf_frontend.feature_graph import FeatureGraph
+
+        config = pipeline_export.PipelineConfig(top_n=FLAGS.top_n)
         graph = FeatureGraph(spec, world.item_ids, world.item_codes, seed=FLAGS.seed)
-        out = export_pipeline(FLAGS.out, graph, package, pipeline_config)
+        out = pipeline_export.export_pipeline(FLAGS.out, graph, package, config)
     print(f"saved {out}\n  engine contract: {package.signature.strip().replace(chr(10), '; ')}"
           f"\n  load: import custom_ops; tf.saved_model.load({str(out)!r})"
-          f".signatures['serving_default'](**features)")
-    return 0
+          f".signatures['serving_default'](**features)", flush=True)
+    ok = True
+    if FLAGS.verify_requests:
+        from bridge.cli.export_check import verify_against_python
+
+        verdict = verify_against_python(out, graph, engine, config, world, FLAGS.verify_requests,
+                                        FLAGS.beam_width, FLAGS.top_k)
+        report["verify"] = verdict
+        ok = verdict["ok"]
+    if FLAGS.report_json:
+        Path(FLAGS.report_json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0 if ok else 1

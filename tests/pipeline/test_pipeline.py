@@ -107,8 +107,8 @@ def test_post_processor_against_a_hand_case(quick_model):
         by_category.setdefault(code, []).append(item)
     a, b = sorted(by_category)[:2]
     row = [by_category[a][0], by_category[a][1], by_category[b][0], by_category[a][2], -1]
-    post = PostProcessor(ids, world.item_codes,
-                         BusinessRules(blocked_items=(by_category[b][0],), max_per_category=2))
+    post = PostProcessor(BusinessRules(blocked_items=(by_category[b][0],), max_per_category=2),
+                         None, ids, world.item_codes)
     out = post(tf.constant([row], tf.int64), tf.constant([[-1.0, -2.0, -3.0, -4.0, -np.inf]]))
     assert out["item_ids"].numpy().tolist() == [[row[0], row[1], -1, -1, -1]]
     assert out["scores"].numpy()[0, :2].tolist() == [-1.0, -2.0]

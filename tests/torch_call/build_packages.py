@@ -1,4 +1,5 @@
-"""Builds the TorchCall test packages in a child process: ``python build_packages.py OUT CACHE``.
+"""Builds the TorchCall test packages in a child process:
+``python build_packages.py OUT CACHE [cpu|cuda]``.
 
 A child, because torch.export and Inductor import Triton, and Triton aborts a process that
 imported TensorFlow first (both bundle LLVM); the test process has TF loaded. Writes
@@ -54,6 +55,20 @@ class ToyRecommender(torch.nn.Module):
         mask = torch.arange(token_ids.shape[1]) < lengths[:, None]
         pooled = (self.tokens(token_ids.to(torch.int64)) * mask[..., None]).sum(1)
         scores, rows = torch.topk(pooled / lengths[:, None] @ self.items.T, TOP_K, dim=-1)
+        return self.item_ids[rows], scores
+
+
+class ToyExcluder(ToyRecommender):
+    """``ToyRecommender`` that never returns an item of ``exclude_items`` int64 [B, X] (-1 =
+    padding), the way the engine applies the history rule on the device."""
+
+    def forward(self, token_ids, lengths, exclude_items):
+        lengths = lengths.to(torch.int64)
+        mask = torch.arange(token_ids.shape[1]) < lengths[:, None]
+        pooled = (self.tokens(token_ids.to(torch.int64)) * mask[..., None]).sum(1)
+        logits = pooled / lengths[:, None] @ self.items.T
+        seen = (self.item_ids[None, :, None] == exclude_items[:, None, :]).any(-1)
+        scores, rows = torch.topk(logits.masked_fill(seen, float("-inf")), TOP_K, dim=-1)
         return self.item_ids[rows], scores
 
 
@@ -151,6 +166,11 @@ def main(out: Path, cache: Path) -> None:
             {(0, 0): ("batch", 1, MAX_BATCH), (0, 1): ("length", 1, MAX_LEN),
              (1, 0): ("batch", 1, MAX_BATCH)}),
     }
+    built["excluder"] = torch_package.package_torchscript(
+        ToyExcluder(), (*rec_example, torch.tensor([[-1, -1]] * 4, dtype=torch.int64)),
+        out / "excluder.pt", {(0, 0): ("batch", 1, MAX_BATCH), (0, 1): ("length", 1, MAX_LEN),
+                              (1, 0): ("batch", 1, MAX_BATCH), (2, 0): ("batch", 1, MAX_BATCH),
+                              (2, 1): ("exclude", 1, MAX_LEN)})
     for name, module in (("double_in_place", DoubleInPlace()), ("table", Table()),
                          ("unaligned", Unaligned()),
                          ("identity", Identity())):
@@ -174,5 +194,37 @@ def main(out: Path, cache: Path) -> None:
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
+def main_cuda(out: Path, cache: Path) -> None:
+    """The GPU set: TwoHeads as AOTInductor and TorchScript packages for cuda:0, and a package
+    whose contract names a GPU this host does not have."""
+    from tf_frontend import torch_package
+
+    out.mkdir(parents=True, exist_ok=True)
+    batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
+    length = torch.export.Dim("length", min=1, max=MAX_LEN)
+    example = (torch.randn(8, 4), torch.arange(24, dtype=torch.int64).reshape(8, 3))
+    program = torch_package.export_program(TwoHeads(), example, ({0: batch}, {0: batch, 1: length}),
+                                           "cuda:0")
+    built = {
+        "two_heads_aoti": torch_package.package_aoti(program, out / "two_heads_cuda.pt2",
+                                                     "cuda:0", cache),
+        "two_heads_script": torch_package.package_torchscript(
+            TwoHeads(), example, out / "two_heads_cuda.pt",
+            {(0, 0): ("batch", 1, MAX_BATCH), (1, 0): ("batch", 1, MAX_BATCH),
+             (1, 1): ("length", 1, MAX_LEN)}, device="cuda:0"),
+    }
+    missing = torch.cuda.device_count()  # the first GPU index this host does not have
+    script = built["two_heads_script"]
+    far = torch_package.Package(out / "far_gpu.pt", "torchscript", f"cuda:{missing}",
+                                script.inputs, script.outputs, script.ranges)
+    torch.jit.save(torch.jit.load(str(script.path)), str(far.path),
+                   _extra_files={torch_package.SIGNATURE_FILE: far.signature})
+    built["far_gpu"] = far
+    (out / "manifest.json").write_text(json.dumps(
+        {**{name: package.to_json() for name, package in built.items()}, "refusals": {}},
+        indent=1))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    target = sys.argv[3] if len(sys.argv) > 3 else "cpu"
+    (main_cuda if target == "cuda" else main)(Path(sys.argv[1]), Path(sys.argv[2]))

@@ -28,11 +28,14 @@ def _load_builder():
     return module
 
 
-def build_packages(out: Path) -> dict[str, Package]:
-    """Runs the builder in a child and returns its packages by name."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+def build_packages(out: Path, device: str = "cpu") -> dict[str, Package]:
+    """Runs the builder in a child and returns its packages by name (``device``: the CPU set
+    or the GPU set, see ``build_packages.py``)."""
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, str(HERE / "build_packages.py"), str(out),
-                           str(CACHE)], env=env, capture_output=True, text=True, timeout=600)
+                           str(CACHE), device], env=env, capture_output=True, text=True,
+                          timeout=600)
     if done.returncode != 0:
         raise RuntimeError(f"building test packages failed:\n{done.stderr[-4000:]}")
     manifest = json.loads((out / "manifest.json").read_text())
@@ -51,6 +54,12 @@ def builder():
 @pytest.fixture(scope="session")
 def packages(tmp_path_factory):
     return build_packages(tmp_path_factory.mktemp("packages"))
+
+
+@pytest.fixture(scope="session")
+def cuda_packages(tmp_path_factory):
+    """The GPU set (``gpu`` tests only: compiling for CUDA needs a GPU)."""
+    return build_packages(tmp_path_factory.mktemp("cuda_packages"), "cuda")
 
 
 @pytest.fixture(scope="session")

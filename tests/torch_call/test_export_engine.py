@@ -34,7 +34,8 @@ pytestmark = pytest.mark.slow
 
 
 def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
@@ -70,9 +71,9 @@ def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path)
     spec = PromptSpec(model_hidden=model.config.hidden_size)
     graph = FeatureGraph(spec, world.item_ids, world.item_codes, seed=SEED)
 
-    def recommend(token_ids, lengths, segment_ids, profile_embeds):
+    def recommend(token_ids, lengths, segment_ids, profile_embeds, exclude_items):
         return engine.recommend(token_ids, lengths, segment_ids, beam_width=BEAMS, top_k=TOP_K,
-                                prefix_embeds=profile_embeds)
+                                prefix_embeds=profile_embeds, exclude_items=exclude_items)
 
     with torch.no_grad():
         want = PythonPipeline(graph, recommend, PipelineConfig(top_n=TOP_N))(features)
@@ -86,7 +87,8 @@ def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path)
 
 
 def test_export_rejects_sizes_the_search_cannot_serve(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-m", "bridge.cli.main", "export",
                            f"--out={tmp_path / 'never'}", f"--num_items={ITEMS}",
                            "--beam_width=4", "--top_k=50"], cwd=ROOT, env=env,
@@ -106,8 +108,9 @@ def test_engine_package_refuses_mismatched_prompt_widths(saved_model):
     lengths = np.array([6, 4], np.int32)
     embeds = np.zeros((2, PromptSpec().profile_tokens, 64), np.float32)
     with pytest.raises(tf.errors.InvalidArgumentError, match="input 2 dim 1 .*must match"):
-        torch_call(engine, [tokens, lengths, np.zeros((2, 5), np.int32), embeds],
-                   [tf.int64, tf.float32])
-    item_ids, scores = torch_call(engine, [tokens, lengths, np.zeros((2, 6), np.int32), embeds],
-                                  [tf.int64, tf.float32])
+        torch_call(engine, [tokens, lengths, np.zeros((2, 5), np.int32), embeds,
+                            np.full((2, 1), -1, np.int64)], [tf.int64, tf.float32])
+    exclude = np.full((2, 1), -1, np.int64)
+    item_ids, scores = torch_call(engine, [tokens, lengths, np.zeros((2, 6), np.int32), embeds,
+                                           exclude], [tf.int64, tf.float32])
     assert item_ids.shape == (2, TOP_K) and scores.dtype == tf.float32

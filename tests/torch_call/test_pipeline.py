@@ -14,8 +14,8 @@ import pytest
 import tensorflow as tf
 import torch
 
-from tf_frontend.export import (OUTPUTS, SIGNATURE, PipelineConfig, PythonPipeline,
-                                export_pipeline, post_process)
+from tf_frontend.export import OUTPUTS, SIGNATURE, PipelineConfig, PythonPipeline, export_pipeline
+from tf_frontend.rules import PostProcessor
 from tf_frontend.feature_graph import INPUTS, FeatureGraph, features_from_world
 from torch_engine.errors import ExportError
 from torch_engine.prompt_spec import PromptSpec
@@ -54,7 +54,8 @@ def _reload_in_fresh_process(saved_model: Path, features: dict, tmp_path: Path) 
     arrays["country"] = arrays["country"].astype("S")  # loadable without pickle
     np.savez(feats, **arrays)
     out = tmp_path / "outputs.npz"
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3")
+    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, str(HERE / "reload_child.py"), str(saved_model),
                            str(feats), str(out)], env=env, capture_output=True, text=True,
                           timeout=300)
@@ -95,9 +96,8 @@ def test_moved_saved_model_still_finds_its_package(saved_model, features, tmp_pa
 def test_post_process_drops_padding_and_seen_items():
     item_ids = tf.constant([[5, 7, -1, 9], [3, 4, 6, 8]], tf.int64)
     scores = tf.constant([[-1.0, -2.0, -np.inf, -3.0], [-1.0, -1.5, -2.0, -2.5]])
-    history = tf.constant([7, 4, 8], tf.int64)
-    splits = tf.constant([0, 1, 3], tf.int64)
-    out = post_process(item_ids, scores, history, splits, top_n=3)
+    seen = tf.constant([[7, -1], [4, 8]], tf.int64)
+    out = PostProcessor(top_n=3)(item_ids, scores, seen)
     np.testing.assert_array_equal(out["item_ids"].numpy(), [[5, 9, -1], [3, 6, -1]])
     np.testing.assert_array_equal(out["num_items"].numpy(), [2, 2])
     np.testing.assert_array_equal(out["scores"].numpy(), [[-1.0, -3.0, -np.inf],
@@ -130,3 +130,34 @@ def test_export_tells_the_server_the_ragged_inputs_and_history_limit(saved_model
     assert (saved_model / SERVING_SPEC_FILE).is_file()
     assert spec.max_history_events == CONFIG.max_history_events
     assert set(spec.ragged["history_splits"]) == {"history_items", "history_times"}
+
+
+EXCLUDER_INPUTS = ("token_ids", "lengths", "exclude_items")
+
+
+def test_the_engine_gets_the_history_and_lists_stay_full(packages, feature_graph, features,
+                                                         builder, tmp_path):
+    """The history rule runs on the device (``exclude_items``): the reloaded SavedModel matches
+    the Python pipeline, never returns a history item, and fills every list to top_n."""
+    saved = export_pipeline(tmp_path / "excluding", feature_graph, packages["excluder"], CONFIG,
+                            EXCLUDER_INPUTS)
+    with torch.no_grad():
+        want = PythonPipeline(feature_graph, builder.ToyExcluder().eval(), CONFIG,
+                              EXCLUDER_INPUTS)(features)
+    got = _reload_in_fresh_process(saved, features, tmp_path)
+    np.testing.assert_array_equal(got["item_ids"], want["item_ids"].numpy())
+    np.testing.assert_allclose(got["scores"], want["scores"].numpy(), rtol=1e-5, atol=1e-5)
+    cleaned = feature_graph(features)
+    history = tf.RaggedTensor.from_row_splits(cleaned["history_values"],
+                                              cleaned["history_splits"]).to_list()
+    assert any(history)
+    for row, seen in zip(got["item_ids"], history):
+        assert not set(row.tolist()) & set(seen)
+    assert (got["num_items"] == CONFIG.top_n).all()
+    # Without the rule the toy engine does return history items: the rule is doing the work.
+    with torch.no_grad():
+        plain = builder.ToyRecommender().eval()
+        out = feature_graph(features)
+        raw, _ = plain(torch.from_numpy(out["token_ids"].numpy()),
+                       torch.from_numpy(out["lengths"].numpy()))
+    assert any(set(row.tolist()) & set(seen) for row, seen in zip(raw, history))

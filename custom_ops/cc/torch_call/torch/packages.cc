@@ -191,6 +191,14 @@ Status CheckDevice(const Signature& sig, const std::string& path) {
   if (!device.is_cpu() && !device.is_cuda()) {
     return Invalid("package " + path + " targets unsupported device " + sig.device);
   }
+  if (device.is_cuda() && device.has_index() &&
+      device.index() >= static_cast<int>(torch::cuda::device_count())) {
+    return {Code::kFailedPrecondition,
+            "package " + path + " was compiled for " + sig.device + " but this process sees " +
+                std::to_string(torch::cuda::device_count()) +
+                " CUDA device(s); export it for a GPU this host has (e.g. cuda:0) or make that "
+                "GPU visible (CUDA_VISIBLE_DEVICES)"};
+  }
   return Status::Ok();
 }
 

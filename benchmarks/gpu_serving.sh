@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# The GPU run of the embedded engine and its server, in one call on the GPU machine:
+#   1. build the op libraries there (against that machine's torch and the carried TF);
+#   2. `xgr export` qwen2-0.5b (random weights) over a 1M-item synthetic catalog, prompt 1024,
+#      beam 256, compiled for CUDA, with --verify_requests: the SavedModel reloaded in a fresh
+#      process (TF + custom_ops only) must return exactly the Python pipeline's items;
+#      meanwhile the `gpu` tests of tests/torch_call (CUDA packages, wrong-GPU errors,
+#      concurrency, a small CUDA export);
+#   3. benchmarks/bench_torchcall.py --device=cuda (TorchCall per call, prompt hand-off);
+#   4. benchmarks/load_serving.py against `xgr serve` on that SavedModel (batching, REST + gRPC,
+#      10% malformed), open-loop rates sized from the closed loop's throughput.
+# Needs TF importable (PYTHONPATH) and the tensorflow-serving-api wheel in .whl/. Every stage
+# runs whatever the previous one did (set +e); logs and JSON go to $OUT; a summary comes last.
+# The sizes can be shrunk for a rehearsal on a CPU host: DEVICE=cpu PRESET=tiny ITEMS=3000 ...
+set +e
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+OUT=${OUT:-/tmp/xgr_gpu_out}
+WORK=${WORK:-/tmp/xgr_gpu_work}
+PY=${PY:-python3}
+DEVICE=${DEVICE:-cuda:0}
+PRESET=${PRESET:-qwen2-0.5b}
+ITEMS=${ITEMS:-1000000}
+USERS=${USERS:-64}            # the world's users: verify requests and the load test's pool
+EVENTS=${EVENTS:-300}         # history events per user: enough for 255 kept items
+KEEP=${KEEP:-255}             # 4 + 4 x 255 = 1024 prompt tokens
+BEAM=${BEAM:-256}
+TOPK=${TOPK:-300}
+TOPN=${TOPN:-100}
+VERIFY=${VERIFY:-16}
+EXPORT_LIMIT=${EXPORT_LIMIT:-260}   # seconds; the stages after it still run
+PYTEST_LIMIT=${PYTEST_LIMIT:-260}
+LOAD_LIMIT=${LOAD_LIMIT:-150}
+mkdir -p "$OUT" "$WORK"
+rm -rf "$WORK/models"
+SUMMARY="$OUT/summary.txt"
+: > "$SUMMARY"
+started=$(date +%s)
+
+note() { echo "$(( $(date +%s) - started ))s $*" | tee -a "$SUMMARY"; }
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/xgr_site .whl/*.whl && export PYTHONPATH=/tmp/xgr_site:$PYTHONPATH
+fi
+export PYTHONPATH=$ROOT:$PYTHONPATH
+$PY -c "import tensorflow as tf, torch, tensorflow_serving.apis; print('tf', tf.__version__, \
+'torch', torch.__version__, 'cuda', torch.cuda.is_available(), \
+torch.cuda.get_device_name() if torch.cuda.is_available() else '')" 2>&1 | tail -1 | tee -a "$SUMMARY"
+
+# Stage 1 + the gpu tests in the background; the export starts now: it needs the op libraries
+# only after AOTInductor has compiled the engine (minutes), the build takes well under one.
+(
+  $PY setup.py build_ext --inplace -j 8 > "$OUT/build_and_tests.log" 2>&1
+  note "build rc=$?"
+  if [ "$DEVICE" != cpu ]; then
+    timeout "$PYTEST_LIMIT" $PY -m pytest tests/torch_call -m gpu -q -x \
+        >> "$OUT/build_and_tests.log" 2>&1
+    note "gpu tests rc=$? ($(grep -Eo '[0-9]+ (passed|failed|error)[^=]*' \
+        "$OUT/build_and_tests.log" | tail -1))"
+  fi
+) &
+background=$!
+
+timeout "$EXPORT_LIMIT" $PY -m bridge.cli.main export --out="$WORK/models/recs/1" \
+    --preset="$PRESET" --device="$DEVICE" --num_items="$ITEMS" --num_users="$USERS" \
+    --history_events="$EVENTS" --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" \
+    --top_k="$TOPK" --top_n="$TOPN" --max_batch=64 --verify_requests="$VERIFY" \
+    --report_json="$OUT/export.json" --cache_dir= > "$OUT/export.log" 2>&1
+note "export rc=$? ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-160))"
+wait "$background"
+
+# Timed stages run alone on the machine.
+timeout 120 $PY benchmarks/bench_torchcall.py --device="$DEVICE" --repeats=100 --loop=50 \
+    --batches=8,1024 --cache_dir="$WORK/cache" --output_dir="$OUT" > "$OUT/bench.log" 2>&1
+note "bench_torchcall rc=$?"
+
+if [ -d "$WORK/models/recs/1" ]; then
+  timeout "$LOAD_LIMIT" $PY benchmarks/load_serving.py --model_base_path="$WORK/models/recs" \
+      --num_items="$ITEMS" --num_users="$USERS" --history_events="$EVENTS" --seed=0 \
+      --users_per_request=1 --clients=8 --requests=600 --max_seconds=12 \
+      --rate_fractions=0.25,0.5,0.75,1.0 --rate_seconds=5 --warmup_requests=8 \
+      --max_batch_size=16 --batch_timeout_micros=2000 --label="${LABEL:-h200}" \
+      --model_label="$PRESET random float32, prompt $(( 4 + 4 * KEEP )), beam $BEAM, $ITEMS items, top_k $TOPK, top_n $TOPN" \
+      --out_dir="$OUT" >> "$OUT/bench.log" 2>&1
+  note "load_serving rc=$?"
+fi
+
+grep -E "^(case|eager|function|saved_model|while_loop|own|hand-off)" "$OUT/bench.log" \
+    | tee -a "$SUMMARY"
+sed -n '/^closed loop/,/^server exit/p' "$OUT/bench.log" | tee -a "$SUMMARY"
+note "done"

@@ -1,0 +1,89 @@
+"""TorchCall on a GPU host: TF tensors stay on the CPU, the package runs on CUDA, results come
+back to TF; a package naming a GPU the host lacks is refused without ending the process.
+
+``gpu`` tests (``make test-gpu``): the packages are compiled for CUDA in a child process
+(``build_packages.py OUT CACHE cuda``)."""
+
+from __future__ import annotations
+
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import torch
+
+from custom_ops.torch_call import torch_call
+from torch_engine.tolerances import tolerance_for
+
+pytestmark = pytest.mark.gpu
+OUT = [tf.float32, tf.int64]
+
+
+def _inputs(seed: int, batch: int = 5, length: int = 3):
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal((batch, 4)).astype(np.float32),
+            rng.integers(-50, 50, (batch, length)).astype(np.int64))
+
+
+def _check(got, x, ids, two_heads):
+    with torch.no_grad():
+        want_x, want_ids = two_heads(torch.from_numpy(x), torch.from_numpy(ids))
+    tol = tolerance_for(np.float32)
+    np.testing.assert_allclose(got[0].numpy(), want_x.numpy(), rtol=tol.rtol, atol=tol.atol)
+    np.testing.assert_array_equal(got[1].numpy(), want_ids.numpy())
+
+
+@pytest.mark.parametrize("name", ["two_heads_aoti", "two_heads_script"])
+def test_cuda_package_on_cpu_tensors(cuda_packages, two_heads, name):
+    package = cuda_packages[name]
+    assert package.device == "cuda:0"
+    for seed, (batch, length) in enumerate([(1, 1), (5, 3), (300, 17)]):
+        x, ids = _inputs(seed, batch, length)
+        got = torch_call(str(package.path), [x, ids], OUT)
+        assert all("CPU" in t.device for t in got)  # results are host tensors again
+        _check(got, x, ids, two_heads)
+
+
+def test_cuda_package_inside_a_tf_function(cuda_packages, two_heads):
+    path = str(cuda_packages["two_heads_aoti"].path)
+
+    @tf.function
+    def graph(x, ids):
+        return torch_call(path, [x, ids], OUT)
+
+    x, ids = _inputs(7, 9, 4)
+    _check(graph(x, ids), x, ids, two_heads)
+
+
+def test_contract_violations_still_raise_on_cuda(cuda_packages):
+    path = str(cuda_packages["two_heads_aoti"].path)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="input 0: expected float32"):
+        torch_call(path, [np.ones((3, 4), np.float64), np.ones((3, 2), np.int64)], OUT)
+
+
+def test_a_gpu_this_host_lacks_is_refused_and_the_process_goes_on(cuda_packages, two_heads):
+    far = cuda_packages["far_gpu"]
+    x, ids = _inputs(3)
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match=rf"compiled for {far.device} but this process sees "
+                             rf"{torch.cuda.device_count()} CUDA device"):
+        torch_call(str(far.path), [x, ids], OUT)
+    _check(torch_call(str(cuda_packages["two_heads_aoti"].path), [x, ids], OUT), x, ids,
+           two_heads)
+
+
+def test_concurrent_calls_on_one_cuda_package(cuda_packages, two_heads, tmp_path):
+    source = cuda_packages["two_heads_aoti"].path
+    path = str(tmp_path / "fresh.pt2")   # every thread races on the first load too
+    shutil.copyfile(source, path)
+
+    def worker(seed: int) -> int:
+        for call in range(20):
+            x, ids = _inputs(seed * 100 + call, 1 + (seed + call) % 7, 1 + call % 5)
+            _check(torch_call(path, [x, ids], OUT, concurrency=2), x, ids, two_heads)
+        return seed
+
+    with ThreadPoolExecutor(8) as pool:
+        assert sorted(pool.map(worker, range(8))) == list(range(8))

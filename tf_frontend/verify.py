@@ -1,0 +1,121 @@
+"""Check an exported SavedModel against the in-process pipeline, in a fresh process.
+
+``verify_saved_model(saved_model, features, reference)`` runs the SavedModel with TensorFlow
+and ``custom_ops`` alone (``python -m custom_ops.run_saved_model`` in a child process: no Python
+torch, no engine code) on ``features`` and compares its outputs with ``reference`` (what
+``tf_frontend.export.PythonPipeline`` returned for the same features): item ids and counts
+exactly, scores within the float32 tolerance of ``torch_engine.tolerances``.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from torch_engine.errors import ExportError, require
+from torch_engine.tolerances import tolerance_for
+
+ROOT = Path(__file__).resolve().parent.parent
+# AOTInductor fuses and reorders float work: its scores may differ from eager torch's by a few
+# float32 roundings per layer, so the table's float32 atol is scaled for a whole model.
+SCORE_ATOL_SCALE = 10.0
+# Modules whose presence in the child would mean the SavedModel needed Python engine code.
+FORBIDDEN_MODULES = ("torch", "torch_engine.engine", "torch_engine.model", "tf_frontend")
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """Outcome of one comparison. ``mismatched_rows`` lists, per differing request row, the
+    first differing position and both item ids and reference scores there."""
+
+    requests: int
+    rows_exact: int
+    num_items_exact: bool
+    max_score_error: float
+    score_atol: float
+    forbidden_modules: tuple[str, ...]
+    mismatched_rows: tuple[dict, ...]
+    load_seconds: float
+    first_call_seconds: float
+    call_seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return (self.rows_exact == self.requests and self.num_items_exact
+                and self.max_score_error <= self.score_atol and not self.forbidden_modules)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "ok": self.ok}
+
+
+def _features_npz(features: dict, path: Path) -> None:
+    arrays = {}
+    for name, value in features.items():
+        array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
+        arrays[name] = array.astype("S") if array.dtype == object else array  # no pickle
+    np.savez(path, **arrays)
+
+
+def run_fresh(saved_model: str | os.PathLike, features: dict, repeats: int = 0,
+              timeout: float = 900.0) -> dict[str, np.ndarray]:
+    """The SavedModel's outputs on ``features`` from a fresh process (TF + custom_ops only),
+    with ``modules`` and ``seconds`` (see ``custom_ops.run_saved_model``)."""
+    with tempfile.TemporaryDirectory(prefix="xgr_verify_") as tmp:
+        feats, out = Path(tmp) / "features.npz", Path(tmp) / "outputs.npz"
+        _features_npz(features, feats)
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
+                   TF_CPP_MIN_LOG_LEVEL="3")
+        done = subprocess.run([sys.executable, "-m", "custom_ops.run_saved_model",
+                               str(saved_model), str(feats), str(out), f"--repeats={repeats}"],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+        require(done.returncode == 0, ExportError,
+                f"the SavedModel {saved_model} failed in a fresh process (TF + custom_ops): "
+                f"{done.stderr[-3000:]}")
+        with np.load(out, allow_pickle=True) as data:
+            return {name: data[name] for name in data.files}
+
+
+def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
+            seconds=(np.nan, np.nan, np.nan)) -> VerifyReport:
+    """``got`` (fresh-process outputs) against ``reference`` (the in-process pipeline's)."""
+    want = {name: np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+            for name, v in reference.items() if name in ("item_ids", "scores", "num_items")}
+    require(got["item_ids"].shape == want["item_ids"].shape, ExportError,
+            f"item_ids shapes differ: SavedModel {got['item_ids'].shape}, reference "
+            f"{want['item_ids'].shape}")
+    mismatched = []
+    for row, (a, b) in enumerate(zip(got["item_ids"], want["item_ids"])):
+        if not np.array_equal(a, b):
+            pos = int(np.flatnonzero(a != b)[0])
+            mismatched.append({"row": row, "position": pos, "got": int(a[pos]),
+                               "want": int(b[pos]), "got_score": float(got["scores"][row, pos]),
+                               "want_score": float(want["scores"][row, pos])})
+    finite = np.isfinite(want["scores"]) & np.isfinite(got["scores"])
+    same_inf = np.array_equal(np.isfinite(want["scores"]), np.isfinite(got["scores"]))
+    error = float(np.abs(got["scores"][finite] - want["scores"][finite]).max(initial=0.0))
+    tol = tolerance_for(np.float32)
+    forbidden = tuple(sorted(m for m in modules if m in FORBIDDEN_MODULES
+                             or m.startswith("torch.")))
+    return VerifyReport(
+        requests=len(want["item_ids"]), rows_exact=len(want["item_ids"]) - len(mismatched),
+        num_items_exact=bool(np.array_equal(got["num_items"], want["num_items"])),
+        max_score_error=error if same_inf else float("inf"),
+        score_atol=tol.atol * SCORE_ATOL_SCALE + tol.rtol * float(
+            np.abs(want["scores"][finite]).max(initial=0.0)),
+        forbidden_modules=forbidden, mismatched_rows=tuple(mismatched),
+        load_seconds=float(seconds[0]), first_call_seconds=float(seconds[1]),
+        call_seconds=float(seconds[2]))
+
+
+def verify_saved_model(saved_model: str | os.PathLike, features: dict, reference: dict,
+                       repeats: int = 0, timeout: float = 900.0) -> VerifyReport:
+    """Runs ``saved_model`` in a fresh process on ``features`` and compares with ``reference``."""
+    got = run_fresh(saved_model, features, repeats, timeout)
+    return compare(got, reference, got.pop("modules").tolist(), got.pop("seconds"))
