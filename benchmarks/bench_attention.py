@@ -1,6 +1,6 @@
 """Attention kernels on one GPU: Triton xAttention decode and segmented-mask prefill vs anchors.
 
-    python3 benchmarks/bench_attention.py --out=benchmarks/results [--sweep]
+    python3 benchmarks/bench_attention.py --out=benchmarks/results [--parts=sweep,decode,prefill]
 
 Measures in the same run the two ceilings (device copy GB/s, bf16 GEMM TFLOP/s), then
 decode (batch 1/16, W 64/256/512, prompt 1024/4096, qwen2-0.5b and qwen3-1.7b heads) against
@@ -9,14 +9,19 @@ and prefill (L 1024/4096/8192, batch 1/4/16, item-level causal layout, 64-token 
 4-token items) against SDPA ``is_causal`` (the yardstick), SDPA with a dense boolean mask and
 FlexAttention with a BlockMask (plus its build time). Every time is the median over CUDA-graph
 replays of calls rotating over enough input sets to exceed the L2 cache, divided per call.
+The sweep part times tile variants at the target shapes, each checked against the fp64
+reference first; their kernels compile in parallel processes beforehand (Triton's disk cache is
+shared), so one device call both tunes and measures.
 Writes ``attention_<date>.json`` under --out and prints a table last.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import datetime
 import json
 import math
+import multiprocessing
 import os
 import statistics
 import sys
@@ -36,8 +41,9 @@ from torch_engine.layout import MaskMode  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for attention_<date>.json")
-flags.DEFINE_bool("sweep", False, "also time alternative tile configs at the target shapes")
-flags.DEFINE_list("parts", ["decode", "prefill"], "which parts to run")
+flags.DEFINE_list("parts", ["decode", "prefill"],
+                  "which parts to run: decode, prefill, sweep (tile variants, checked and timed)")
+flags.DEFINE_integer("compile_workers", 12, "processes that compile the sweep's variants")
 flags.DEFINE_list("flex_batches", ["1"], "prefill batches that also time FlexAttention")
 flags.DEFINE_float("anchor_gb", 40.0, "skip an anchor whose inputs exceed this many GB")
 
@@ -123,15 +129,18 @@ def decode_bytes(batch, width, hq, hkv, dim, length) -> int:
                 + 2 * batch * width * hq * dim)
 
 
-def time_triton_decode(shape, config=None):
+def time_triton_decode(shape, config=None, timed: bool = True):
+    """Median per-step time of the op (or of ``config``); untimed: one call, to compile."""
     batch, width, hq, hkv, dim, length = shape
-    sets = decode_sets(*shape, rotations(decode_bytes(*shape)))
+    sets = decode_sets(*shape, rotations(decode_bytes(*shape)) if timed else 1)
     if config is None:
         calls = [lambda s=s: decode_attention(**s, num_own=OWN) for s in sets]
     else:
         scale = 1 / math.sqrt(dim)
         calls = [lambda s=s: launch_decode(**s, num_own=OWN, scale=scale, config=config)
                  for s in sets]
+    if not timed:
+        return {"out": calls[0]()}
     got = {"us": graph_time_us(calls)}
     if width * length * hq * dim <= 2**28:  # the reference expands KV per beam: keep it small
         check = calls[0]()
@@ -204,21 +213,6 @@ def decode_part(results: list) -> None:
             else None
         results.append(row)
         torch.cuda.empty_cache()
-
-
-def decode_sweep(sweep: list) -> None:
-    """Tile configs at W 256, prompt 1024: splits matter at batch 1, tiles at batch 16."""
-    tiles = ((128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 64, 8, 4), (128, 32, 8, 3))
-    for name in HEADS:
-        hq, hkv, dim = HEADS[name]
-        for batch, shapes in ((1, tiles[:1]), (16, tiles)):
-            splits = (3, 4, 6) if batch == 1 else (1,)
-            configs = [DecodeConfig(m, n, s, w, st) for m, n, w, st in shapes for s in splits]
-            for config in tqdm(configs, desc=f"decode sweep {name} b{batch}"):
-                got = safe(time_triton_decode, (batch, 256, hq, hkv, dim, 1024), config)
-                sweep.append({"part": "decode", "heads": name, "batch": batch,
-                              "config": config.__dict__, **got})
-                torch.cuda.empty_cache()
 
 
 # ---- prefill ------------------------------------------------------------------------------
@@ -310,23 +304,138 @@ def prefill_part(results: list) -> None:
         torch.cuda.empty_cache()
 
 
-def prefill_sweep(sweep: list) -> None:
-    """Tile configs at batch 4, L 4096, item-level causal."""
-    configs = [PrefillConfig(m, n, w, st) for m, n, w, st in
-               ((64, 64, 4, 3), (64, 64, 4, 4), (64, 64, 4, 2), (64, 32, 4, 3),
-                (64, 128, 4, 3), (128, 64, 4, 3))]
-    for name in HEADS:
+# ---- sweep: several variants per target shape, each checked, compiled in parallel first ---
+
+D = DecodeConfig
+P = PrefillConfig
+# Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge).
+DECODE_VARIANTS = {
+    ("qwen2-0.5b", 1): [D(128, 64, 4, 8, 3, False), D(128, 64, 4, 8, 3, True),
+                        D(64, 64, 4, 4, 3, True), D(64, 64, 8, 4, 3, True),
+                        D(128, 128, 4, 8, 3, True)],
+    ("qwen2-0.5b", 16): [D(128, 64, 1, 8, 3), D(64, 64, 1, 4, 3), D(64, 128, 1, 4, 3),
+                         D(128, 128, 1, 8, 3), D(64, 64, 1, 4, 4), D(128, 64, 1, 4, 3)],
+    ("qwen3-1.7b", 1): [D(128, 64, 4, 8, 3, False), D(128, 64, 4, 8, 3, True),
+                        D(64, 64, 4, 4, 3, True), D(64, 64, 8, 4, 3, True), D(64, 64, 1, 4, 3),
+                        D(64, 64, 2, 4, 3, True), D(128, 64, 2, 8, 3, True)],
+    ("qwen3-1.7b", 16): [D(128, 64, 1, 8, 3), D(64, 64, 1, 4, 3), D(128, 128, 1, 8, 3),
+                         D(64, 64, 1, 8, 3), D(128, 64, 1, 8, 4)],
+}
+# Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES.
+PREFILL_VARIANTS = {
+    "qwen2-0.5b": [P(64, 64, 4, 3), P(128, 64, 4, 3), P(128, 64, 8, 3), P(128, 128, 8, 3),
+                   P(64, 128, 4, 3), P(64, 64, 4, 4)],
+    "qwen3-1.7b": [P(64, 64, 4, 3), P(128, 64, 8, 3), P(128, 128, 8, 3), P(128, 64, 8, 4),
+                   P(128, 64, 4, 3), P(64, 64, 4, 2)],
+}
+PREFILL_SWEEP_SHAPES = ((4, 4096), (16, 1024))
+
+
+def sweep_items() -> list[tuple]:
+    items = [("decode", name, batch, config)
+             for (name, batch), configs in DECODE_VARIANTS.items() for config in configs]
+    items += [("prefill", name, shape, config) for name, configs in PREFILL_VARIANTS.items()
+              for shape in PREFILL_SWEEP_SHAPES for config in configs]
+    return items
+
+
+def decode_variant_check(name, config) -> float:
+    """Relative error of ``config`` vs the fp64 reference on a ragged batch (bf16 inputs)."""
+    hq, hkv, dim = HEADS[name]
+    lengths, width = [1024, 1, 700], 64
+    cu = torch.tensor([0, 1024, 1025, 1725], device="cuda", dtype=torch.int32)
+    g = {k: torch.randn(*shape, device="cuda", dtype=DTYPE) for k, shape in (
+        ("q", (3, width, hq, dim)), ("shared_k", (sum(lengths), hkv, dim)),
+        ("shared_v", (sum(lengths), hkv, dim)), ("beam_k", (3, width, OWN, hkv, dim)),
+        ("beam_v", (3, width, OWN, hkv, dim)))}
+    out = torch.full_like(g["q"], float("nan"))
+    launch_decode(**g, cu_seqlens=cu, num_own=OWN, scale=1 / math.sqrt(dim), config=config,
+                  out=out)
+    ref = reference.decode_attention(**{k: v.double() for k, v in g.items()}, cu_seqlens=cu,
+                                     num_own=OWN)
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def prefill_variant_check(name, config) -> float:
+    hq, hkv, dim = HEADS[name]
+    lengths = [700, 1, 300, 129]
+    segs = torch.cat([item_layout(n) for n in lengths])
+    cu = torch.tensor([0, 700, 701, 1001, 1130], device="cuda", dtype=torch.int32)
+    q, k, v = prefill_sets(1, sum(lengths), hq, hkv, dim, 1)[0]
+    out = torch.full_like(q, float("nan"))
+    launch_prefill(q, k, v, cu, segs, MaskMode.ITEM_CAUSAL, 1 / math.sqrt(dim), config, out=out)
+    ref = reference.prefill_attention(q.double(), k.double(), v.double(), cu, segs,
+                                      MaskMode.ITEM_CAUSAL)
+    return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def prefill_variant_calls(name, shape, config, count):
+    hq, hkv, dim = HEADS[name]
+    batch, length = shape
+    segs = item_layout(length).repeat(batch)
+    cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * length
+    sets = prefill_sets(batch, length, hq, hkv, dim, count)
+    return [lambda s=s: launch_prefill(*s, cu, segs, MaskMode.ITEM_CAUSAL, 1 / math.sqrt(dim),
+                                       config) for s in sets]
+
+
+def run_variant(item, timed: bool) -> dict:
+    """Check one variant and (when ``timed``) time it; untimed, it only compiles its kernels."""
+    part, name, where, config = item
+    hq, hkv, dim = HEADS[name]
+    if part == "decode":
+        rel = decode_variant_check(name, config)
+        shape = (where, 256, hq, hkv, dim, 1024)
+        if not timed:
+            time_triton_decode(shape, config, timed=False)
+            return {}
+        return {"rel_err": rel, "us": time_triton_decode(shape, config)["us"]}
+    rel = prefill_variant_check(name, config)
+    if not timed:
+        for call in prefill_variant_calls(name, where, config, 1):
+            call()
+        return {}
+    return {"rel_err": rel, "us": graph_time_us(prefill_variant_calls(name, where, config, 4))}
+
+
+def _compile_in_worker(item) -> str:
+    try:
+        run_variant(item, timed=False)
+        torch.cuda.synchronize()
+        return ""
+    except Exception as error:  # noqa: BLE001 - reported in the sweep table
+        return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+
+
+def sweep_part(sweep: list) -> None:
+    """Compiles every variant in parallel processes (Triton's disk cache is shared), then checks
+    and times each here, with SDPA is_causal beside each prefill shape."""
+    items = sweep_items()
+    context = multiprocessing.get_context("spawn")
+    try:
+        with concurrent.futures.ProcessPoolExecutor(max_workers=FLAGS.compile_workers,
+                                                    mp_context=context) as pool:
+            errors = list(tqdm(pool.map(_compile_in_worker, items), total=len(items),
+                               desc="compile variants"))
+    except Exception as error:  # noqa: BLE001 - a broken pool only costs the head start
+        print(f"parallel compile failed ({error!r}); compiling while timing")
+        errors = [""] * len(items)
+    for item, error in zip(tqdm(items, desc="sweep"), errors):
+        part, name, where, config = item
+        row = {"part": part, "heads": name, "where": where, "config": config.__dict__}
+        row.update({"error": error} if error else safe(run_variant, item, True))
+        sweep.append(row)
+        torch.cuda.empty_cache()
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    for name in PREFILL_VARIANTS:
         hq, hkv, dim = HEADS[name]
-        batch, length = 4, 4096
-        segs = item_layout(length).repeat(batch)
-        cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * length
-        sets = prefill_sets(batch, length, hq, hkv, dim, 4)
-        for config in tqdm(configs, desc=f"prefill sweep {name}"):
-            calls = [lambda s=s: launch_prefill(*s, cu, segs, MaskMode.ITEM_CAUSAL,
-                                                1 / math.sqrt(dim), config) for s in sets]
-            got = safe(lambda: {"us": graph_time_us(calls)})
-            sweep.append({"part": "prefill", "heads": name, "batch": batch, "L": length,
-                          "config": config.__dict__, **got})
+        for batch, length in PREFILL_SWEEP_SHAPES:
+            views = [padded(*s, batch, length, hq // hkv)
+                     for s in prefill_sets(batch, length, hq, hkv, dim, 4)]
+            got = safe(lambda: {"us": graph_time_us(
+                [lambda s=s: sdpa(*s, is_causal=True) for s in views])})
+            sweep.append({"part": "sdpa_causal", "heads": name, "where": (batch, length),
+                          "config": {}, **got})
 
 
 # ---- report -------------------------------------------------------------------------------
@@ -363,9 +472,13 @@ def print_tables(report: dict) -> None:
                   f"{cell(r['sdpa_causal']):>12s} "
                   f"{r.get('triton_item_causal_over_sdpa_causal', '-'):>6} "
                   f"{cell(r['sdpa_dense_mask']):>11s}  {flex}")
+    if report["sweep"]:
+        print("\nsweep (us; rel err vs fp64)  config")
     for s in report["sweep"]:
-        us = f"{s['us']:.1f}" if "us" in s else s.get("error", "")
-        print("sweep", s["part"], s["heads"], s["batch"], s["config"], us)
+        us = f"{s['us']:8.1f}" if "us" in s else s.get("error", "")
+        rel = f"{s['rel_err']:.1e}" if "rel_err" in s else ""
+        config = " ".join(f"{k}={v}" for k, v in s["config"].items())
+        print(f"{s['part']:11s} {s['heads']:11s} {str(s['where']):11s} {us} {rel:8s} {config}")
 
 
 def main(argv) -> None:
@@ -381,12 +494,9 @@ def main(argv) -> None:
     report["ceilings"] = ceilings()
     os.makedirs(FLAGS.out, exist_ok=True)
     path = os.path.join(FLAGS.out, f"attention_{report['date'][:16].replace(':', '')}.json")
-    steps = [(decode_part, report["decode"]), (prefill_part, report["prefill"])]
-    # Sweeps last: the main grid (default configs) must land even if the run is cut short.
-    steps = [step for step, part in zip(steps, ("decode", "prefill")) if part in FLAGS.parts]
-    if FLAGS.sweep:
-        steps += [(decode_sweep, report["sweep"]), (prefill_sweep, report["sweep"])]
-    for run, into in steps:
+    steps = {"sweep": (sweep_part, report["sweep"]), "decode": (decode_part, report["decode"]),
+             "prefill": (prefill_part, report["prefill"])}
+    for run, into in (steps[part] for part in FLAGS.parts):
         run(into)
         with open(path, "w") as handle:  # after every part, so a cut-short run keeps its data
             json.dump(report, handle, indent=1)

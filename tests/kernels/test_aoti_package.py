@@ -22,7 +22,7 @@ from torch_engine.kernels import decode_attention, prefill_attention
 from torch_engine.layout import MaskMode
 
 HQ, HKV, DIM, WIDTH, SLOTS = 14, 2, 64, 8, 2
-KERNELS = ("_decode_partial_kernel", "_decode_merge_kernel", "_prefill_kernel")
+KERNELS = ("_decode_partial_kernel", "_prefill_kernel")
 
 
 class _PrefillThenDecode(torch.nn.Module):
@@ -70,7 +70,7 @@ _RUNNER = textwrap.dedent("""
 
 @pytest.mark.gpu
 def test_aoti_package_embeds_the_kernels_and_matches_the_reference(kt, gen, tmp_path):
-    # Prompts long enough that the traced decode config splits them (merge kernel included).
+    # Prompts long enough that the traced decode config splits them (fused merge included).
     traced = _inputs(kt, gen, [600, 1, 300])
     batch = torch.export.Dim("batch", min=1, max=64)
     tokens = torch.export.Dim("tokens", min=2, max=1 << 16)

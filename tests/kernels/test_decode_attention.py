@@ -10,7 +10,7 @@ import torch
 from torch_engine import reference
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import decode_attention
-from torch_engine.kernels.decode_attention import (DecodeConfig, _check_inputs,
+from torch_engine.kernels.decode_attention import (DECODE_TILES, DecodeConfig, _check_inputs,
                                                    decode_config_for, launch_decode)
 
 CPU_DTYPES = [torch.float32, torch.float16]
@@ -56,12 +56,14 @@ def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim):
     kt.check(out, _reference(inputs, 2), dtype, "decode", gen.initial_seed())
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
 @pytest.mark.parametrize("splits", [2, 5])
-def test_split_prompt_merges_to_reference(kt, gen, splits):
+def test_split_prompt_merges_to_reference(kt, gen, splits, fused):
     # 5 splits of a 1-token prompt leave empty splits: their -inf log-sum-exp must drop out.
-    inputs = _inputs(kt, gen, [1, 45], width=2, hq=4, hkv=2, dim=64, slots=3,
+    # Width 5 x 4 heads / 2 KV heads: 10 rows, so a 16-row tile holds padded rows too.
+    inputs = _inputs(kt, gen, [1, 45], width=5, hq=4, hkv=2, dim=64, slots=3,
                      dtype=torch.float32)
-    config = DecodeConfig(block_m=16, block_n=16, splits=splits)
+    config = DecodeConfig(block_m=16, block_n=16, splits=splits, fused_merge=fused)
     out = _poisoned_run(inputs, 3, config)
     kt.check(out, _reference(inputs, 3), torch.float32, f"decode splits={splits}",
              gen.initial_seed())
@@ -209,3 +211,40 @@ def test_gpu_decode_replays_in_a_cuda_graph(kt, gen):
     graph.replay()
     torch.cuda.synchronize()
     kt.check(out, _reference(inputs, 2), torch.bfloat16, "graph replay", gen.initial_seed())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits,fused", [(1, False), (4, True), (4, False), (7, True)])
+@pytest.mark.parametrize("dim", [64, 128])
+@pytest.mark.parametrize("regime", [0, 1], ids=["full-tile", "split-tile"])
+def test_gpu_every_table_tile_matches_reference(kt, gen, regime, dim, splits, fused):
+    # The tiles decode_config_for may pick, with and without split prompts, in bf16.
+    tile = DECODE_TILES[dim][regime]
+    hq, hkv = (14, 2) if dim == 64 else (16, 8)
+    inputs = _inputs(kt, gen, [1024, 1, 700], width=64, hq=hq, hkv=hkv, dim=dim, slots=2,
+                     dtype=torch.bfloat16)
+    config = DecodeConfig(tile.block_m, tile.block_n, splits, tile.num_warps, tile.num_stages,
+                          fused_merge=fused)
+    out = _poisoned_run(inputs, 2, config)
+    kt.check(out, _reference(inputs, 2), torch.bfloat16, f"decode {config}", gen.initial_seed())
+
+
+@pytest.mark.gpu
+def test_gpu_fused_merge_is_race_free_over_many_replays(kt, gen):
+    # The last-finishing split merges: a missing release/acquire would show as a moving error.
+    inputs = _inputs(kt, gen, [1024, 2048], width=64, hq=16, hkv=8, dim=128, slots=2,
+                     dtype=torch.bfloat16)
+    config = DecodeConfig(64, 64, 8, 4, 3, fused_merge=True)
+    scale = _check_inputs(**inputs, num_own=2, scale=None)
+    out = torch.empty_like(inputs["q"])
+    launch_decode(**inputs, num_own=2, scale=scale, config=config, out=out)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        launch_decode(**inputs, num_own=2, scale=scale, config=config, out=out)
+    for replay in range(20):
+        inputs["q"].copy_(kt.randn(inputs["q"].shape, torch.bfloat16, gen))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        kt.check(out, _reference(inputs, 2), torch.bfloat16, f"fused merge replay {replay}",
+                 gen.initial_seed())

@@ -44,18 +44,67 @@ class DecodeConfig:
     splits: int
     num_warps: int = 4
     num_stages: int = 3
+    # With splits > 1: merge in the split program that finishes last (an atomic counter per
+    # row tile) instead of a second launch.
+    fused_merge: bool = False
+
+
+@triton.jit
+def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, kpos, hi, d, qk_scale,
+                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """One key tile of FlashAttention-2's online softmax; the key mask only when MASKED.
+    Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
+    if MASKED:
+        k_ok = kpos < hi
+        k = tl.load(sk_ptr + kpos[:, None] * s_kt + d[None, :], mask=k_ok[:, None], other=0.0)
+        v = tl.load(sv_ptr + kpos[:, None] * s_vt + d[None, :], mask=k_ok[:, None], other=0.0)
+    else:
+        k = tl.load(sk_ptr + kpos[:, None] * s_kt + d[None, :])
+        v = tl.load(sv_ptr + kpos[:, None] * s_vt + d[None, :])
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    if MASKED:
+        s = tl.where((kpos < hi)[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    # Accumulate in the product's own registers (no separate [M, D] add).
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    return acc, l_i, m_new
+
+
+@triton.jit
+def _merge_rows(part_o_ptr, part_lse_ptr, base, stride_split, row_ok, d,
+                BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr, SPLITS: tl.constexpr,
+                CACHE: tl.constexpr):
+    """out = sum_s 2^(lse_s - lse) * out_s with lse = log2 sum_s 2^lse_s, in fp32."""
+    lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for s in tl.static_range(SPLITS):
+        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + base + s * stride_split,
+                                              mask=row_ok, other=0.0, cache_modifier=CACHE))
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for s in tl.static_range(SPLITS):
+        part = base + s * stride_split
+        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=row_ok, other=0.0,
+                                 cache_modifier=CACHE) - lse_max)
+        o = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :],
+                    mask=row_ok[:, None], other=0.0, cache_modifier=CACHE).to(tl.float32)
+        total += weight
+        acc += weight[:, None] * o
+    return acc / total[:, None]
 
 
 @triton.jit
 def _decode_partial_kernel(
         q_ptr, sk_ptr, sv_ptr, cu_ptr, bk_ptr, bv_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-        num_own, qk_scale, width, num_kv_heads,
+        count_ptr, num_own, qk_scale, width, num_kv_heads,
         s_qb, s_qw, s_qh, s_skt, s_skh, s_svt, s_svh,
         s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
         s_ob, s_ow, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
+        FUSED_MERGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -70,32 +119,27 @@ def _decode_partial_kernel(
     q_rows = q_ptr + b * s_qb + beam * s_qw + head * s_qh
     q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
 
-    # Stage 1: this split's block-aligned chunk of the request's prompt.
+    # Stage 1: this split's block-aligned chunk of the request's prompt; whole key tiles run
+    # unmasked, only a ragged last tile applies the key mask.
     start = tl.load(cu_ptr + b).to(tl.int32)
     end = tl.load(cu_ptr + b + 1).to(tl.int32)
     chunk = tl.cdiv(tl.cdiv(end - start, SPLITS), BLOCK_N) * BLOCK_N
     lo = start + split * chunk
     hi = tl.minimum(end, lo + chunk)
+    full_hi = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
     # A finite floor instead of -inf keeps exp2(m_old - m_new) defined when a tile is all masked.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     n = tl.arange(0, BLOCK_N)
-    for k0 in range(lo, hi, BLOCK_N):
-        kpos = k0 + n
-        k_ok = kpos < hi
-        k = tl.load(sk_ptr + kpos[:, None] * s_skt + h * s_skh + d[None, :],
-                    mask=k_ok[:, None], other=0.0)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
-        s = tl.where(k_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(sv_ptr + kpos[:, None] * s_svt + h * s_svh + d[None, :],
-                    mask=k_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
+    sk_head = sk_ptr + h * s_skh
+    sv_head = sv_ptr + h * s_svh
+    for k0 in range(lo, full_hi, BLOCK_N):
+        acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0 + n,
+                                     hi, d, qk_scale, False, DOT_PRECISION)
+    if full_hi < hi:
+        acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
+                                     full_hi + n, hi, d, qk_scale, True, DOT_PRECISION)
 
     # Stage 2 (split 0): each row's own beam tokens. The tile's rows touch OWN_BEAMS beams;
     # one small product against those beams' own keys, keeping each row's own-beam column,
@@ -118,11 +162,11 @@ def _decode_partial_kernel(
             l_i = l_i * alpha + p_own
             v_own = tl.load(v_own_base + j * s_bvs, mask=own_ok, other=0.0)
             p_sel = tl.where(mine, p_own[:, None], 0.0).to(v_own.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p_sel, v_own, input_precision=DOT_PRECISION)
+            acc = tl.dot(p_sel, v_own, acc * alpha[:, None], input_precision=DOT_PRECISION)
             m_i = m_new
 
+    o_rows = out_ptr + b * s_ob + beam * s_ow + head * s_oh
     if SPLITS == 1:
-        o_rows = out_ptr + b * s_ob + beam * s_ow + head * s_oh
         out = acc / l_i[:, None]
         tl.store(o_rows[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
@@ -134,6 +178,20 @@ def _decode_partial_kernel(
                  out.to(part_o_ptr.dtype.element_ty), mask=row_ok[:, None])
         lse = tl.where(l_i > 0, m_i + tl.log2(tl.maximum(l_i, 1.0e-30)), float("-inf"))
         tl.store(part_lse_ptr + part, lse, mask=row_ok)
+        if FUSED_MERGE:
+            # Stage 3 in the split that finishes last (no merge launch): the barrier orders
+            # every thread's partial stores before the release of the counter increment; the
+            # last program acquires them all and reads them past L1 (.cg).
+            tl.debug_barrier()
+            tile = pid_bh * tl.num_programs(1) + pid_m
+            done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
+            if done == SPLITS - 1:
+                tl.debug_barrier()
+                base = pid_bh * SPLITS * width * GROUP + rows
+                merged = _merge_rows(part_o_ptr, part_lse_ptr, base, width * GROUP, row_ok, d,
+                                     BLOCK_M, HEAD_DIM, SPLITS, ".cg")
+                tl.store(o_rows[:, None] + d[None, :], merged.to(out_ptr.dtype.element_ty),
+                         mask=row_ok[:, None])
 
 
 @triton.jit
@@ -141,7 +199,7 @@ def _decode_merge_kernel(
         part_o_ptr, part_lse_ptr, out_ptr, width, num_kv_heads, s_ob, s_ow, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         SPLITS: tl.constexpr):
-    # Stage 3: out = sum_s 2^(lse_s - lse) * out_s with lse = log2 sum_s 2^lse_s, in fp32.
+    # Stage 3 as its own launch: combine the splits' partial states.
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     b = pid_bh // num_kv_heads
@@ -150,23 +208,12 @@ def _decode_merge_kernel(
     row_ok = rows < width * GROUP
     d = tl.arange(0, HEAD_DIM)
     base = pid_bh * SPLITS * width * GROUP + rows
-    lse_max = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    for s in tl.static_range(SPLITS):
-        lse_max = tl.maximum(lse_max, tl.load(part_lse_ptr + base + s * width * GROUP,
-                                              mask=row_ok, other=0.0))
-    total = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    for s in tl.static_range(SPLITS):
-        part = base + s * width * GROUP
-        weight = tl.exp2(tl.load(part_lse_ptr + part, mask=row_ok, other=0.0) - lse_max)
-        o = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=row_ok[:, None],
-                    other=0.0).to(tl.float32)
-        total += weight
-        acc += weight[:, None] * o
+    merged = _merge_rows(part_o_ptr, part_lse_ptr, base, width * GROUP, row_ok, d, BLOCK_M,
+                         HEAD_DIM, SPLITS, "")
     beam = rows // GROUP
     head = h * GROUP + rows % GROUP
     o_rows = out_ptr + b * s_ob + beam * s_ow + head * s_oh
-    tl.store(o_rows[:, None] + d[None, :], (acc / total[:, None]).to(out_ptr.dtype.element_ty),
+    tl.store(o_rows[:, None] + d[None, :], merged.to(out_ptr.dtype.element_ty),
              mask=row_ok[:, None])
 
 
@@ -205,30 +252,53 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
     return c.resolve_scale(_OP, scale, dim)
 
 
+@dataclass(frozen=True)
+class DecodeTile:
+    """Rows, keys per step, warps and pipeline stages of one decode program."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+# Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
+# From the tile sweeps at W 256, prompt 1024 on an H200 (benchmarks/notes/attention.md).
+DECODE_TILES = {
+    64: (DecodeTile(64, 64, 4, 3), DecodeTile(128, 64, 8, 3)),
+    128: (DecodeTile(128, 64, 8, 3), DecodeTile(128, 64, 8, 3)),
+}
+_INTERPRETER_TILE = DecodeTile(16, 16, 4, 1)
+
+
 def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, total_tokens: int,
                       head_dim: int, device: torch.device) -> DecodeConfig:
     """Tile choice from shapes alone (no device read, so CUDA-graph capturable).
 
     Splits the prompt only when ``B * Hkv * row_tiles`` programs leave SMs idle, and never into
-    chunks shorter than two key tiles of the mean prompt length ``T / B``.
+    chunks shorter than two key tiles of the mean prompt length ``T / B``; split partials merge
+    in the split that finishes last (one launch).
     """
     rows = width * group
-    # 128x64 tiles, 8 warps, 3 stages: fastest of 16 tilings at W 256, prompt 1024 on an H200
-    # for both head sizes (benchmarks/notes/attention.md).
+    sms = c.multiprocessors(device)
     if c.interpreting():
-        block_m, block_n, warps = 16, 16, 4
+        full = split_tile = _INTERPRETER_TILE
     else:
-        block_m = 128 if rows > 64 else 64
-        block_n, warps = 64, 8
-    tiles = batch * num_kv_heads * triton.cdiv(rows, block_m)
-    mean_len = max(1, total_tokens // max(batch, 1))
-    most = max(1, mean_len // (2 * block_n))
-    splits = max(1, min(most, 16, triton.cdiv(c.multiprocessors(device), tiles)))
-    # Equal chunks of whole key tiles: drop splits that the rounding would leave empty.
-    chunk_tiles = triton.cdiv(triton.cdiv(mean_len, splits), block_n)
-    splits = triton.cdiv(mean_len, chunk_tiles * block_n)
-    return DecodeConfig(block_m=block_m, block_n=block_n, splits=max(1, splits),
-                        num_warps=warps, num_stages=3)
+        full, split_tile = DECODE_TILES.get(head_dim, DECODE_TILES[128])
+    if batch * num_kv_heads * triton.cdiv(rows, full.block_m) >= sms:
+        tile, splits = full, 1
+    else:
+        tile = split_tile
+        tiles = batch * num_kv_heads * triton.cdiv(rows, tile.block_m)
+        mean_len = max(1, total_tokens // max(batch, 1))
+        most = max(1, mean_len // (2 * tile.block_n))
+        splits = max(1, min(most, 16, triton.cdiv(sms, tiles)))
+        # Equal chunks of whole key tiles: drop splits that the rounding would leave empty.
+        chunk_tiles = triton.cdiv(triton.cdiv(mean_len, splits), tile.block_n)
+        splits = max(1, triton.cdiv(mean_len, chunk_tiles * tile.block_n))
+    return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
+                        num_warps=tile.num_warps, num_stages=tile.num_stages,
+                        fused_merge=splits > 1)
 
 
 def own_beams(block_m: int, group: int) -> int:
@@ -263,8 +333,12 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         # kernel call, arguments that alias one tensor would be cloned apart.
         part_o = torch.empty(1, device=q.device, dtype=q.dtype)
         part_lse = torch.empty(1, device=q.device, dtype=torch.float32)
+    fused = config.fused_merge and config.splits > 1
+    # Finished-split counters of the fused merge, one per row tile, zero at the start.
+    count = (torch.zeros(grid[0] * grid[1], device=q.device, dtype=torch.int32) if fused
+             else torch.empty(1, device=q.device, dtype=torch.int32))
     wrap_triton(_decode_partial_kernel)[grid](
-        q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, out, part_o, part_lse,
+        q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, out, part_o, part_lse, count,
         num_own, scale * _LOG2E, width, hkv,
         q.stride(0), q.stride(1), q.stride(2), shared_k.stride(0), shared_k.stride(1),
         shared_v.stride(0), shared_v.stride(1),
@@ -272,10 +346,10 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         beam_v.stride(0), beam_v.stride(1), beam_v.stride(2), beam_v.stride(3),
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
-        SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group),
+        SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         DOT_PRECISION=c.dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages)
-    if config.splits > 1:
+    if config.splits > 1 and not fused:
         merge_m = min(config.block_m, 64)
         wrap_triton(_decode_merge_kernel)[(batch * hkv, triton.cdiv(rows, merge_m))](
             part_o, part_lse, out, width, hkv, out.stride(0), out.stride(1), out.stride(2),

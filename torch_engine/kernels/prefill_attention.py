@@ -114,7 +114,7 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
     else:
         k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :])
         v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :])
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         seg_k = tl.load(seg_ptr + kpos, mask=k_ok, other=-2)
         causal = kpos[None, :] <= qpos[:, None]
@@ -128,11 +128,13 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
         else:
             allowed = causal | same
         s = tl.where(allowed & k_ok[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
+    # Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m).
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s - m_new[:, None])
+    p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    # Accumulate in the product's own registers (no separate [M, D] add).
+    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -248,14 +250,19 @@ def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
     return mode, c.resolve_scale(_OP, scale, dim)
 
 
+# Head dim -> tile: from the tile sweeps at batch 4, L 4096, item-level causal on an H200
+# (benchmarks/notes/attention.md).
+PREFILL_TILES = {
+    64: PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    128: PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=3),
+}
+
+
 def prefill_config_for(head_dim: int) -> PrefillConfig:
     """Tiles from the head size; small tiles under the interpreter to exercise many tiles."""
     if c.interpreting():
         return PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    # Fastest of eight tilings at batch 4, L 4096 on an H200 (benchmarks/notes/attention.md):
-    # 64x64 with 4 warps beat 128-row tiles with 8 warps for both head sizes.
-    del head_dim
-    return PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=3)
+    return PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
 
 
 def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: float,
