@@ -63,12 +63,25 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else '')" 2>&1 | tail 
 ) &
 background=$!
 
-timeout "$EXPORT_LIMIT" $PY -m bridge.cli.main export --out="$WORK/models/recs/1" \
-    --preset="$PRESET" --device="$DEVICE" --num_items="$ITEMS" --num_users="$USERS" \
-    --history_events="$EVENTS" --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" \
-    --top_k="$TOPK" --top_n="$TOPN" --max_batch=64 --verify_requests="$VERIFY" \
-    --report_json="$OUT/export.json" --cache_dir= > "$OUT/export.log" 2>&1
-note "export rc=$? ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-160))"
+export_with() {  # attention backend, seconds
+  rm -rf "$WORK/models"
+  timeout "$2" $PY -m bridge.cli.main export --out="$WORK/models/recs/1" \
+      --preset="$PRESET" --device="$DEVICE" --num_items="$ITEMS" --num_users="$USERS" \
+      --history_events="$EVENTS" --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" \
+      --top_k="$TOPK" --top_n="$TOPN" --max_batch=64 --verify_requests="$VERIFY" \
+      --attention_backend="$1" --report_json="$OUT/export.json" --cache_dir= \
+      >> "$OUT/export.log" 2>&1
+}
+export_started=$(date +%s)
+export_with auto "$EXPORT_LIMIT"
+rc=$?
+note "export (attention auto) rc=$rc ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
+spent=$(( $(date +%s) - export_started ))
+if [ $rc -ne 0 ] && [ ! -f "$OUT/export.json" ] && [ $spent -lt $(( EXPORT_LIMIT / 2 )) ]; then
+  # A quick failure of the Triton path leaves time for the plain-torch one.
+  export_with torch $(( EXPORT_LIMIT - spent ))
+  note "export (attention torch) rc=$? ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
+fi
 wait "$background"
 
 # Timed stages run alone on the machine.
