@@ -159,19 +159,27 @@ def export_program(module: torch.nn.Module, example_inputs: Sequence[torch.Tenso
 _BUILTIN_NAMESPACES = ("aten", "prims", "_operator", "higher_order")
 
 
+def is_triton_op(name: str) -> bool:
+    """Whether custom op ``name`` ("namespace::op") was registered with
+    ``torch.library.triton_op``: AOTInductor decomposes it into its Triton kernels and compiles
+    them into the package. (``get_triton_kernels_for_op`` is no test: its static scan finds no
+    kernel when the op launches them through helper functions.)"""
+    from torch._library.triton import triton_ops_to_kernels
+
+    return name in triton_ops_to_kernels
+
+
 def python_custom_ops(program: torch.export.ExportedProgram) -> list[str]:
     """Custom ops in ``program`` that only Python can run: registered with
     ``torch.library.custom_op`` (opaque to AOTInductor), not ``torch.library.triton_op`` (whose
     Triton kernels AOTInductor compiles into the package)."""
-    from torch._library.triton import get_triton_kernels_for_op
-
     names = set()
     for node in program.graph.nodes:
         target = node.target
         if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
             continue
         name = target._schema.name  # "namespace::op"
-        if target.namespace not in _BUILTIN_NAMESPACES and not get_triton_kernels_for_op(name):
+        if target.namespace not in _BUILTIN_NAMESPACES and not is_triton_op(name):
             names.add(name)
     return sorted(names)
 

@@ -57,9 +57,9 @@ def resolve_attention(requested: str, device: str) -> str:
     if not device.startswith("cuda"):
         return "torch"
     import torch_engine.kernels  # noqa: F401  (registers the xgr:: ops)
-    from torch._library.triton import get_triton_kernels_for_op
+    from tf_frontend.torch_package import is_triton_op
 
-    embeddable = all(get_triton_kernels_for_op(name) for name in
+    embeddable = all(is_triton_op(name) for name in
                      ("xgr::decode_attention", "xgr::prefill_attention"))
     return "triton" if embeddable else "torch"
 
