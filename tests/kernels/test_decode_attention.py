@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -46,13 +47,15 @@ def _config(inputs):
                              k.shape[0], q.shape[3], q.device)
 
 
+@pytest.mark.parametrize("acc_in_dot", [True, False], ids=["acc-in-dot", "acc-added"])
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @pytest.mark.parametrize("hq,hkv,dim", [(2, 2, 64), (7, 1, 128)], ids=["G1-D64", "G7-D128"])
-def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim):
+def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim, acc_in_dot):
     # A one-token prompt, a prompt over several key tiles, one in between; 2 own tokens.
     inputs = _inputs(kt, gen, [1, 37, 20], width=3, hq=hq, hkv=hkv, dim=dim, slots=2,
                      dtype=dtype)
-    out = _poisoned_run(inputs, 2, _config(inputs))
+    config = dataclasses.replace(_config(inputs), acc_in_dot=acc_in_dot)
+    out = _poisoned_run(inputs, 2, config)
     kt.check(out, _reference(inputs, 2), dtype, "decode", gen.initial_seed())
 
 
@@ -224,7 +227,7 @@ def test_gpu_every_table_tile_matches_reference(kt, gen, regime, dim, splits, fu
     inputs = _inputs(kt, gen, [1024, 1, 700], width=64, hq=hq, hkv=hkv, dim=dim, slots=2,
                      dtype=torch.bfloat16)
     config = DecodeConfig(tile.block_m, tile.block_n, splits, tile.num_warps, tile.num_stages,
-                          fused_merge=fused)
+                          fused_merge=fused, acc_in_dot=tile.acc_in_dot)
     out = _poisoned_run(inputs, 2, config)
     kt.check(out, _reference(inputs, 2), torch.bfloat16, f"decode {config}", gen.initial_seed())
 

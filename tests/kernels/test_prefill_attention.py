@@ -10,8 +10,9 @@ import torch
 from torch_engine import reference
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import prefill_attention
-from torch_engine.kernels.prefill_attention import (PrefillConfig, _check_inputs,
-                                                    launch_prefill, prefill_config_for)
+from torch_engine.kernels.prefill_attention import (PREFILL_TILES, PrefillConfig,
+                                                    _check_inputs, launch_prefill,
+                                                    prefill_config_for)
 from torch_engine.layout import MaskMode
 
 MODES = list(MaskMode)
@@ -35,7 +36,8 @@ def _reference(inputs, mode, scale=None):
 
 def _poisoned_run(inputs, mode, config=None, scale=None, stats=None):
     mode, scale = _check_inputs(**inputs, mode=mode, scale=scale)
-    config = config or prefill_config_for(inputs["q"].shape[2])
+    lengths = inputs["cu_seqlens"].diff()
+    config = config or prefill_config_for(inputs["q"].shape[2], int(lengths.float().mean()))
     out = torch.full_like(inputs["q"], float("nan"))
     return launch_prefill(**inputs, mode=mode, scale=scale, config=config, stats=stats, out=out)
 
@@ -50,9 +52,12 @@ def test_every_mode_matches_reference_fp32(kt, gen, mode, hq, hkv, dim):
 
 @pytest.mark.parametrize("mode", [MaskMode.ITEM_CAUSAL, MaskMode.SEGMENT_BIDIRECTIONAL],
                          ids=["item_causal", "segment"])
-def test_fp16_matches_reference(kt, gen, mode):
+@pytest.mark.parametrize("acc_in_dot", [True, False], ids=["acc-in-dot", "acc-added"])
+def test_fp16_matches_reference(kt, gen, mode, acc_in_dot):
+    # Both ways of accumulating P V (into the product, or added after it).
     inputs = _inputs(kt, gen, LENGTHS, 2, 1, 64, torch.float16)
-    kt.check(_poisoned_run(inputs, mode), _reference(inputs, mode), torch.float16,
+    config = PrefillConfig(16, 16, 4, 1, acc_in_dot=acc_in_dot)
+    kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), torch.float16,
              f"prefill fp16 {mode.value}", gen.initial_seed())
 
 
@@ -157,14 +162,17 @@ def test_inputs_beyond_int32_offsets_are_refused_while_tracing():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("regime", [0, 1], ids=["short-tile", "long-tile"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
 @pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128), (4, 4, 64)],
                          ids=["qwen2-0.5b", "qwen3-1.7b", "G1"])
-def test_gpu_grid_matches_reference(kt, gen, dtype, mode, hq, hkv, dim):
+def test_gpu_grid_matches_reference(kt, gen, dtype, mode, hq, hkv, dim, regime):
+    # Every tile of the table prefill_config_for picks from, on one ragged batch.
     inputs = _inputs(kt, gen, [700, 1, 300, 129], hq, hkv, dim, dtype, profile=64, item=4)
-    kt.check(_poisoned_run(inputs, mode), _reference(inputs, mode), dtype,
-             f"prefill {mode.value} {dtype}", gen.initial_seed())
+    config = PREFILL_TILES[dim][regime]
+    kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), dtype,
+             f"prefill {mode.value} {dtype} {config}", gen.initial_seed())
 
 
 @pytest.mark.gpu

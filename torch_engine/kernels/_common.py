@@ -135,7 +135,8 @@ def resolve_scale(op: str, scale: float | None, head_dim: int) -> float:
     if scale is None:
         return 1.0 / math.sqrt(head_dim)
     require(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0,
-            InvalidInputError, f"{op}: scale must be a finite positive float or None, got {scale!r}")
+            InvalidInputError,
+            f"{op}: scale must be a finite positive float or None, got {scale!r}")
     return float(scale)
 
 

@@ -47,11 +47,13 @@ class DecodeConfig:
     # With splits > 1: merge in the split program that finishes last (an atomic counter per
     # row tile) instead of a second launch.
     fused_merge: bool = False
+    # P V accumulated into the accumulator's registers, or added to it after the product.
+    acc_in_dot: bool = True
 
 
 @triton.jit
 def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, kpos, hi, d, qk_scale,
-                 MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 MASKED: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile of FlashAttention-2's online softmax; the key mask only when MASKED.
     Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
     if MASKED:
@@ -68,8 +70,10 @@ def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, kpos, hi, d, qk_s
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    # Accumulate in the product's own registers (no separate [M, D] add).
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    if ACC_IN_DOT:  # accumulate in the product's own registers (no separate [M, D] add)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    else:  # a fresh product, free to overlap the rescale of acc
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -104,7 +108,8 @@ def _decode_partial_kernel(
         s_ob, s_ow, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
-        FUSED_MERGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
     split = tl.program_id(2)
@@ -136,10 +141,11 @@ def _decode_partial_kernel(
     sv_head = sv_ptr + h * s_svh
     for k0 in range(lo, full_hi, BLOCK_N):
         acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0 + n,
-                                     hi, d, qk_scale, False, DOT_PRECISION)
+                                     hi, d, qk_scale, False, ACC_IN_DOT, DOT_PRECISION)
     if full_hi < hi:
         acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
-                                     full_hi + n, hi, d, qk_scale, True, DOT_PRECISION)
+                                     full_hi + n, hi, d, qk_scale, True, ACC_IN_DOT,
+                                     DOT_PRECISION)
 
     # Stage 2 (split 0): each row's own beam tokens. The tile's rows touch OWN_BEAMS beams;
     # one small product against those beams' own keys, keeping each row's own-beam column,
@@ -254,19 +260,21 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
 
 @dataclass(frozen=True)
 class DecodeTile:
-    """Rows, keys per step, warps and pipeline stages of one decode program."""
+    """Rows, keys per step, warps, pipeline stages and P V accumulation of one program."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    acc_in_dot: bool = True
 
 
 # Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
-# From the tile sweeps at W 256, prompt 1024 on an H200 (benchmarks/notes/attention.md).
+# From the tile sweeps at W 256, prompt 1024 on an H200 (benchmarks/notes/attention.md): 64-row
+# tiles x 4 warps won for d64 at batch 16 and for both head dims at batch 1 (4 splits).
 DECODE_TILES = {
-    64: (DecodeTile(64, 64, 4, 3), DecodeTile(128, 64, 8, 3)),
-    128: (DecodeTile(128, 64, 8, 3), DecodeTile(128, 64, 8, 3)),
+    64: (DecodeTile(64, 64, 4, 3, acc_in_dot=False), DecodeTile(64, 64, 4, 3, acc_in_dot=False)),
+    128: (DecodeTile(128, 64, 8, 3), DecodeTile(64, 64, 4, 3)),
 }
 _INTERPRETER_TILE = DecodeTile(16, 16, 4, 1)
 
@@ -292,13 +300,14 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
         tiles = batch * num_kv_heads * triton.cdiv(rows, tile.block_m)
         mean_len = max(1, total_tokens // max(batch, 1))
         most = max(1, mean_len // (2 * tile.block_n))
-        splits = max(1, min(most, 16, triton.cdiv(sms, tiles)))
+        # About two programs per SM: two 4-warp 64-row CTAs fit on one.
+        splits = max(1, min(most, 16, triton.cdiv(2 * sms, tiles)))
         # Equal chunks of whole key tiles: drop splits that the rounding would leave empty.
         chunk_tiles = triton.cdiv(triton.cdiv(mean_len, splits), tile.block_n)
         splits = max(1, triton.cdiv(mean_len, chunk_tiles * tile.block_n))
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
-                        fused_merge=splits > 1)
+                        fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot)
 
 
 def own_beams(block_m: int, group: int) -> int:
@@ -347,6 +356,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         out.stride(0), out.stride(1), out.stride(2),
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
+        ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits > 1 and not fused:

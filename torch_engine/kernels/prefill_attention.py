@@ -60,6 +60,8 @@ class PrefillConfig:
     block_n: int
     num_warps: int = 4
     num_stages: int = 3
+    # P V accumulated into the accumulator's registers, or added to it after the product.
+    acc_in_dot: bool = True
 
 
 @triton.jit
@@ -104,7 +106,7 @@ def _segment_start(seg_ptr, start, pos, x, SCAN: tl.constexpr):
 @triton.jit
 def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, qpos, seg_q,
                  qk_scale, d, MODE: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                 DOT_PRECISION: tl.constexpr):
+                 ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile of FlashAttention-2's online softmax; the mask only when MASKED."""
     kpos = k0 + tl.arange(0, BLOCK_N)
     if MASKED:
@@ -133,8 +135,10 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s * qk_scale - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    # Accumulate in the product's own registers (no separate [M, D] add).
-    acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    if ACC_IN_DOT:  # accumulate in the product's own registers (no separate [M, D] add)
+        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
+    else:  # a fresh product, free to overlap the rescale of acc
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
 
 
@@ -145,7 +149,8 @@ def _prefill_kernel(
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
-        STATS: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        STATS: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
     head = tl.program_id(1)
     # Request b owns virtual tiles from cu[b] // BLOCK_M + b: count the requests starting at or
@@ -200,12 +205,12 @@ def _prefill_kernel(
         for k0 in range(lo, lo + n_full * BLOCK_N, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, MODE, False,
-                                         BLOCK_N, DOT_PRECISION)
+                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION)
             visited += 1
         for k0 in range(lo + n_full * BLOCK_N, hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, MODE, True,
-                                         BLOCK_N, DOT_PRECISION)
+                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION)
             visited += 1
         # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
@@ -250,19 +255,24 @@ def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
     return mode, c.resolve_scale(_OP, scale, dim)
 
 
-# Head dim -> tile: from the tile sweeps at batch 4, L 4096, item-level causal on an H200
+# Head dim -> (tile for mean request lengths below LONG_REQUEST, tile at or above it): from the
+# tile sweeps at batch 16 x L 1024 and batch 4 x L 4096, item-level causal, on an H200
 # (benchmarks/notes/attention.md).
+LONG_REQUEST = 2048
 PREFILL_TILES = {
-    64: PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=3),
-    128: PrefillConfig(block_m=64, block_n=64, num_warps=4, num_stages=3),
+    64: (PrefillConfig(128, 64, 4, 3, acc_in_dot=False),
+         PrefillConfig(64, 128, 4, 3, acc_in_dot=False)),
+    128: (PrefillConfig(64, 64, 4, 3), PrefillConfig(128, 128, 8, 3)),
 }
 
 
-def prefill_config_for(head_dim: int) -> PrefillConfig:
-    """Tiles from the head size; small tiles under the interpreter to exercise many tiles."""
+def prefill_config_for(head_dim: int, mean_length: int = LONG_REQUEST) -> PrefillConfig:
+    """Tiles from the head size and the mean request length (``T / B``); small tiles under the
+    interpreter to exercise many tiles."""
     if c.interpreting():
         return PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    return PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
+    short, long = PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
+    return long if mean_length >= LONG_REQUEST else short
 
 
 def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: float,
@@ -292,7 +302,8 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         out.stride(0), out.stride(1),
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch)))),
-        MODE=MODE_CODES[mode], STATS=want_stats, DOT_PRECISION=c.dot_precision(q.dtype),
+        MODE=MODE_CODES[mode], STATS=want_stats, ACC_IN_DOT=config.acc_in_dot,
+        DOT_PRECISION=c.dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
@@ -300,7 +311,8 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
 def _run(q, k, v, cu_seqlens, segment_ids, mode, scale) -> torch.Tensor:
     """Checks, the config from shapes, the launch."""
     mode, scale = _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale)
-    config = prefill_config_for(q.shape[2])
+    batch = c.size_hint(cu_seqlens.shape[0], 2) - 1
+    config = prefill_config_for(q.shape[2], c.size_hint(q.shape[0], LONG_REQUEST) // batch)
     with c.on_device(q.device):
         return launch_prefill(q, k, v, cu_seqlens, segment_ids, mode, scale, config)
 
