@@ -2,12 +2,14 @@
 # One device call for the attention kernels: their GPU tests, then benchmark parts.
 #   bash benchmarks/gpu_kernels.sh sweep            # tests + tile variants at the targets
 #   bash benchmarks/gpu_kernels.sh decode,prefill   # tests + the full grid with anchors
+# Further arguments go to bench_attention.py (e.g. --flex_batches= to skip FlexAttention).
 # Logs and the result JSON go to $OUT (default /tmp/attention_out); a summary prints last.
 set +e
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/attention_out}
 mkdir -p "$OUT"
 parts=${1:-sweep}
+shift
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu --format=csv,noheader
 start=$(date +%s)
 python3 -m pytest tests/kernels/test_decode_attention.py tests/kernels/test_prefill_attention.py \
@@ -15,7 +17,7 @@ python3 -m pytest tests/kernels/test_decode_attention.py tests/kernels/test_pref
   >"$OUT/gpu_tests.log" 2>&1
 tests_rc=$?
 tests_s=$(( $(date +%s) - start ))
-python3 benchmarks/bench_attention.py --parts="$parts" --out="$OUT" >"$OUT/bench.log" 2>&1
+python3 benchmarks/bench_attention.py --parts="$parts" --out="$OUT" "$@" >"$OUT/bench.log" 2>&1
 bench_rc=$?
 echo "== gpu tests: rc=$tests_rc in ${tests_s}s"
 grep -iE "passed|failed|error" "$OUT/gpu_tests.log" | tail -30
