@@ -125,8 +125,11 @@ def prompts(batch: int, length: int, device, seed: int = 0):
     return tokens.to(device), torch.full((batch,), length, device=device)
 
 
-def engine_for(model, catalog, selection="auto", **config) -> Engine:
-    return Engine(model, catalog, EngineConfig(selection_backend=selection, **config))
+def engine_for(model, catalog, selection: str | None = None, **config) -> Engine:
+    """An engine with ``EngineConfig``'s defaults unless overridden."""
+    if selection is not None:
+        config["selection_backend"] = selection
+    return Engine(model, catalog, EngineConfig(**config))
 
 
 def time_recommend(engine, tokens, lengths, width, name, **extra) -> dict:
@@ -138,21 +141,28 @@ def time_recommend(engine, tokens, lengths, width, name, **extra) -> dict:
     return row
 
 
+MAIN_VARIANTS = {
+    "engine (defaults: whole-search graph, torch selection)": {},
+    "engine, triton selection": {"selection": "triton"},
+    "engine, layer kernels off": {"layer_kernels": False},
+    "engine eager (no graphs)": {"cuda_graphs": False},
+}
+
+
 def stage_main(model, catalog, device) -> list[dict]:
     rows = []
     for batch in (1, 8):
         tokens, lengths = prompts(batch, FLAGS.prompt, device)
-        for selection in FLAGS.selections:
-            engine = engine_for(model, catalog, selection)
-            rows.append(time_recommend(engine, tokens, lengths, BEAM,
-                                       f"engine graphs, {selection} selection"))
+        for name, config in MAIN_VARIANTS.items():
+            engine = engine_for(model, catalog, **config)
+            rows.append(time_recommend(engine, tokens, lengths, BEAM, name))
+            del engine
         if batch == 8:
             ragged = torch.randint(FLAGS.prompt // 2, FLAGS.prompt + 1, (batch,),
                                    generator=torch.Generator().manual_seed(1)).to(device)
             rows.append(time_recommend(engine_for(model, catalog), tokens, ragged, BEAM,
-                                       f"engine graphs, ragged lengths {FLAGS.prompt // 2}..{FLAGS.prompt}"))
-        eager = engine_for(model, catalog, cuda_graphs=False)
-        rows.append(time_recommend(eager, tokens, lengths, BEAM, "engine eager (no graphs)"))
+                                       f"engine, ragged lengths {FLAGS.prompt // 2}.."
+                                       f"{FLAGS.prompt}"))
     return rows
 
 
@@ -199,34 +209,50 @@ def capture(fn) -> torch.cuda.CUDAGraph:
     return graph
 
 
+def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
+                  selection: str | None = None) -> dict:
+    """One shape: device time of the replayed search and of prefill alone, host time of the
+    input checks and of the replay call, kernel time per stage, floors."""
+    tokens, lengths = prompts(batch, prompt, device)
+    graphed = engine_for(model, catalog, selection)
+    eager = engine_for(model, catalog, selection, cuda_graphs=False, static_shapes=True)
+
+    def checked_batch():
+        return pad_to_buckets(check_inputs(graphed, tokens, lengths, None, BEAM, TOP_K, None,
+                                           None), 256, True)
+    checked = checked_batch()
+    with torch.no_grad():
+        search = ea.device_ms(lambda: graphed.search(checked, BEAM, TOP_K))
+        replay_wall = timed(lambda: graphed.search(checked, BEAM, TOP_K), FLAGS.repeats)
+        check_wall = timed(checked_batch, FLAGS.repeats)
+        graph = capture(lambda: eager.prefill(checked))
+        prefill = statistics.median(ea.device_ms(graph.replay))
+    del graph
+    stages = ea.stage_breakdown(eager, checked, BEAM, TOP_K)
+    total = statistics.median(search)
+    other = total - sum(stages[k] for k in ("prefill", "decode attention", "selection",
+                                            "item expansion"))
+    floor = ea.floors(model.config, batch, prompt, BEAM, LAYOUT.levels,
+                      ceil["matmul_tflops"], ceil["copy_tbps"])
+    return {"system": f"breakdown {model.config.architecture} prompt {prompt}, "
+                      f"{graphed.selection} selection", "batch": batch,
+            "search_graph_ms": total, "prefill_graph_ms": prefill,
+            "replay_wall_ms": statistics.median(replay_wall),
+            "check_inputs_wall_ms": statistics.median(check_wall),
+            "kernel_ms": stages, "other_ms": other, "floor_ms": floor,
+            "roofline_fraction": floor["total_ms"] / total,
+            "prefill_roofline_fraction": floor["prefill_ms"] / prefill}
+
+
 def stage_breakdown(model, catalog, device, ceil) -> list[dict]:
     rows = []
     for batch in (1, 8):
-        tokens, lengths = prompts(batch, FLAGS.prompt, device)
-        for selection in FLAGS.selections:
-            graphed = engine_for(model, catalog, selection)
-            eager = engine_for(model, catalog, selection, cuda_graphs=False, static_shapes=True)
-            checked = pad_to_buckets(check_inputs(graphed, tokens, lengths, None, BEAM, TOP_K,
-                                                  None, None), 256, True)
-            with torch.no_grad():
-                search = ea.device_ms(lambda: graphed.search(checked, BEAM, TOP_K))
-                graph = capture(lambda: eager.prefill(checked))
-                prefill = ea.device_ms(graph.replay)
-            del graph
-            stages = ea.stage_breakdown(eager, checked, BEAM, TOP_K)
-            total = statistics.median(search)
-            other = total - sum(stages[k] for k in ("prefill", "decode attention", "selection",
-                                                    "item expansion"))
-            floor = ea.floors(model.config, batch, FLAGS.prompt, BEAM, LAYOUT.levels,
-                              ceil["matmul_tflops"], ceil["copy_tbps"])
-            rows.append({"system": f"breakdown, {selection} selection", "batch": batch,
-                         "search_graph_ms": total, "prefill_graph_ms": statistics.median(prefill),
-                         "kernel_ms": stages, "other_ms": other, "floor_ms": floor,
-                         "roofline_fraction": floor["total_ms"] / total,
-                         "prefill_roofline_fraction":
-                             floor["prefill_ms"] / statistics.median(prefill)})
+        for selection in (None, "triton"):
+            rows.append(breakdown_row(model, catalog, device, ceil, batch, FLAGS.prompt,
+                                      selection))
+        engine = engine_for(model, catalog)
         rows.append({"system": "selection alone (level 1)", "batch": batch,
-                     **selection_alone(graphed.catalog, batch, device)})
+                     **selection_alone(engine.catalog, batch, device)})
     return rows
 
 
@@ -248,7 +274,7 @@ def stage_sweep(model, catalog, device) -> list[dict]:
                 eager.search(checked, width, TOP_K)
             peak = torch.cuda.max_memory_allocated() - base
             row = time_recommend(engine, tokens, lengths, width,
-                                 f"W {width}, {selection} selection", width=width,
+                                 f"W {width}, {selection} selection", beam=width,
                                  measured_peak_bytes=peak, estimate_bytes=estimate.total)
             row["estimate_covers_peak"] = estimate.total >= peak
             rows.append(row)
@@ -272,13 +298,17 @@ def stage_throughput(model, catalog, device) -> list[dict]:
     return rows
 
 
-def stage_large(catalog, device) -> list[dict]:
+def stage_large(catalog, device, ceil) -> list[dict]:
     model = random_model(FLAGS.large_preset, device)
     rows = []
     for batch, context in ((1, 1000), (8, 1000), (1, 5000)):
         tokens, lengths = prompts(batch, context, device)
         rows.append(time_recommend(engine_for(model, catalog), tokens, lengths, BEAM,
                                    f"{FLAGS.large_preset} context {context}", context=context))
+    try:
+        rows.append(breakdown_row(model, catalog, device, ceil, 1, 1000))
+    except Exception as err:  # the latencies above stay
+        rows.append({"system": "breakdown large", "failed": f"{type(err).__name__}: {err}"[:300]})
     return rows, model
 
 
@@ -306,7 +336,7 @@ def main(argv: list[str]) -> None:
         began = time.perf_counter()
         try:
             if name == "large":
-                stages[name], large_model = stage_large(catalog, device)
+                stages[name], large_model = stage_large(catalog, device, ceil)
             elif name == "hf":
                 stages[name] = hf_anchor(small, catalog, FLAGS.prompt, BEAM, [1], 3, device)
                 if large_model is not None:
@@ -335,7 +365,8 @@ def print_tables(result: dict) -> None:
         print(f"\n== {name}")
         for row in rows:
             keys = [k for k in ("batch", "median_ms", "p99_ms", "search_graph_ms",
-                                "prefill_graph_ms", "other_ms", "roofline_fraction",
+                                "prefill_graph_ms", "replay_wall_ms", "check_inputs_wall_ms",
+                                "other_ms", "roofline_fraction",
                                 "triton_ms", "torch_ms", "rate_per_s", "mean_batch",
                                 "measured_peak_bytes", "estimate_bytes", "failed", "absent")
                     if k in row]

@@ -175,6 +175,8 @@ class EngineConfig:
         graph (at most ``length_bucket - 1`` padding slots computed per request).
     batch_buckets: with static shapes and CUDA graphs, batches are padded with one-token
         requests up to the next power of two (results of the padding rows are dropped).
+    layer_kernels: on CUDA, fold each layer's elementwise steps (split, norms, rotary, KV
+        writes, residual + norm, SwiGLU) into ``torch_engine.kernels.layer_ops`` launches.
     max_graphs: captured shapes kept (least recently used dropped first).
     selection_backend: beam selection per level: "torch" (plain PyTorch, the default until
         the fused kernel is measured on the GPU), "triton" (``xgr::constrained_topk``, CUDA or
@@ -192,6 +194,7 @@ class EngineConfig:
     static_shapes: bool | None = None
     length_bucket: int = 256
     batch_buckets: bool = True
+    layer_kernels: bool = True
     max_graphs: int = 8
     selection_backend: str = "torch"
     memory_budget: int | None = None

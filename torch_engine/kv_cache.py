@@ -116,10 +116,9 @@ class BeamKV:
         self.keys = torch.zeros(shape, dtype=dtype, device=device)
         self.values = torch.zeros(shape, dtype=dtype, device=device)
 
-    def write(self, layer: int, slot: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store the current token's ``k, v [B, W, Hkv, D]`` of every beam at ``slot``."""
-        self.keys[layer, :, :, slot] = k
-        self.values[layer, :, :, slot] = v
+    def slot(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[B, W, Hkv, D]`` of one layer's ``slot`` (views to write into)."""
+        return self.keys[layer, :, :, slot], self.values[layer, :, :, slot]
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, W, slots, Hkv, D]`` of one layer (views)."""

@@ -7,7 +7,7 @@ its own attention in between. Parameter names follow Hugging Face's so state dic
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -92,7 +92,8 @@ class FusedProjections:
     counters), so training or loading weights afterwards falls back to the separate products.
 
     qkv_weight: ``[(Hq + 2 Hkv) * D, hidden]``; qkv_bias: ``[(Hq + 2 Hkv) * D]`` or None;
-    gate_up_weight: ``[2 * intermediate, hidden]``.
+    gate_up_weight: ``[2 * intermediate, hidden]``; kernels: on CUDA, fold the elementwise
+    steps between the products into ``torch_engine.kernels.layer_ops`` launches.
     """
 
     sources: tuple[torch.Tensor, ...]
@@ -100,6 +101,7 @@ class FusedProjections:
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None
     gate_up_weight: torch.Tensor
+    kernels: bool = True
 
     def current(self) -> bool:
         """True while every source parameter is the one copied, unmodified."""
@@ -119,13 +121,15 @@ class DecoderLayer(nn.Module):
         # A plain attribute, not a buffer: not in the state dict, not traced by torch.export.
         self.fused: FusedProjections | None = None
 
-    def fuse_projections(self) -> None:
-        """Build ``self.fused`` from the current weights (see ``FusedProjections``); kept as
-        is while still current, so engines sharing a model share one copy (a captured CUDA
-        graph reads the copy it was captured with)."""
+    def fuse_projections(self, kernels: bool = True) -> None:
+        """Build ``self.fused`` from the current weights (see ``FusedProjections``); the
+        copies are kept while still current, so engines sharing a model share them (a
+        captured CUDA graph reads the copies it was captured with)."""
         fused = self.fused
         if fused is not None and fused.current() and all(
                 a is b for a, b in zip(fused.sources, self._sources())):
+            if fused.kernels != kernels:
+                self.fused = replace(fused, kernels=kernels)
             return
         attn, mlp = self.self_attn, self.mlp
         sources = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
@@ -138,7 +142,7 @@ class DecoderLayer(nn.Module):
         if qkv_b is not None:
             sources += biases
         self.fused = FusedProjections(tuple(sources), tuple(p._version for p in sources),
-                                      qkv_w, qkv_b, gate_up)
+                                      qkv_w, qkv_b, gate_up, kernels)
 
     def _live_fused(self) -> FusedProjections | None:
         """The fused copies when usable: current, and not while tracing (``torch.export`` and
@@ -187,12 +191,40 @@ class DecoderLayer(nn.Module):
             q, k = attn.q_norm(q), attn.k_norm(k)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
+    def project_qkv_into(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         k_out: torch.Tensor, v_out: torch.Tensor) -> torch.Tensor:
+        """``project_qkv`` writing keys and values into ``k_out, v_out [..., Hkv, D]`` (e.g.
+        a beam-KV slot) and returning the queries ``[..., Hq, D]``; on CUDA with fused
+        kernels one launch does the split, the norms, the rotary and both writes."""
+        fused = self._live_fused()
+        if fused is not None and fused.kernels and x.is_cuda:
+            return self._qkv_kernel(x, cos, sin, fused, k_out, v_out)
+        q, k, v = self.project_qkv(x, cos, sin)
+        k_out.copy_(k)
+        v_out.copy_(v)
+        return q
+
+    def _qkv_kernel(self, x, cos, sin, fused: FusedProjections, k_out, v_out) -> torch.Tensor:
+        from torch_engine.kernels import layer_ops
+        cfg, attn = self.config, self.self_attn
+        qkv = F.linear(self.input_layernorm(x), fused.qkv_weight, fused.qkv_bias)
+        norms = (attn.q_norm.weight, attn.k_norm.weight) if cfg.qk_norm else (None, None)
+        return layer_ops.qkv_rotary(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, k_out,
+                                    v_out, *norms, eps=cfg.rms_norm_eps)
+
     def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of the layer: ``x [..., hidden]`` plus output projection of
         ``attended [..., Hq, D]``, then the MLP block."""
-        x = x + self.self_attn.o_proj(attended.flatten(-2))
-        h = self.post_attention_layernorm(x)
+        delta = self.self_attn.o_proj(attended.flatten(-2))
         fused = self._live_fused()
+        if fused is not None and fused.kernels and x.is_cuda:
+            from torch_engine.kernels import layer_ops
+            x, h = layer_ops.add_rms_norm(x, delta, self.post_attention_layernorm.weight,
+                                          self.config.rms_norm_eps)
+            return x + self.mlp.down_proj(
+                layer_ops.silu_mul(F.linear(h, fused.gate_up_weight)))
+        x = x + delta
+        h = self.post_attention_layernorm(x)
         if fused is None:
             return x + self.mlp(h)
         gate, up = F.linear(h, fused.gate_up_weight).chunk(2, dim=-1)

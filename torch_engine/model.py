@@ -78,11 +78,12 @@ class Model(nn.Module):
         from torch_engine.weights import save_pretrained
         save_pretrained(self, path, max_shard_bytes=max_shard_bytes)
 
-    def fuse_projections(self) -> None:
+    def fuse_projections(self, kernels: bool = True) -> None:
         """Give every layer concatenated q/k/v and gate/up weight copies for serving (see
-        ``layers.FusedProjections``; used while the weights stay unchanged)."""
+        ``layers.FusedProjections``; used while the weights stay unchanged), and on CUDA the
+        fused elementwise kernels when ``kernels``."""
         for layer in self.model.layers:
-            layer.fuse_projections()
+            layer.fuse_projections(kernels)
 
     # -------------------------------------------------------------------------- pieces
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -137,10 +138,12 @@ class Model(nn.Module):
         cos, sin = self._rotary(prompt.positions, embeds.dtype)
         keys, values = [], []
         x = embeds
+        cfg = self.config
         for layer in self.model.layers:
-            q, k, v = layer.project_qkv(x, cos, sin)
-            # Own copies: views of the fused projection would keep all its heads alive.
-            k, v = k.contiguous(), v.contiguous()
+            # Own buffers: views of the fused projection would keep all its heads alive.
+            k = embeds.new_empty((embeds.shape[0], cfg.num_kv_heads, cfg.head_dim))
+            v = torch.empty_like(k)
+            q = layer.project_qkv_into(x, cos, sin, k, v)
             keys.append(k)
             values.append(v)
             x = layer.finish(x, attn.prefill_attention(q, k, v, prompt, backend))
@@ -157,8 +160,7 @@ class Model(nn.Module):
         x = self.embed(tokens)
         cos, sin = self._rotary(positions[:, None].expand_as(tokens), x.dtype)
         for index, layer in enumerate(self.model.layers):
-            q, k, v = layer.project_qkv(x, cos, sin)
-            beams.write(index, slot, k, v)
+            q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot))
             beam_k, beam_v = beams.layer(index)
             out = attn.decode_attention(q, shared.keys[index], shared.values[index], prompt,
                                         beam_k, beam_v, slot + 1, backend)

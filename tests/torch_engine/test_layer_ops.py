@@ -1,0 +1,94 @@
+"""The fused layer kernels (Triton; the CPU interpreter here) against the torch ops they replace."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_engine.config import PRESETS
+from torch_engine.kernels import layer_ops
+from torch_engine.layers import apply_rotary, rotary_cos_sin
+from torch_engine.model import Model
+from torch_engine.tolerances import tolerance_for
+
+FP32 = tolerance_for(torch.float32)
+QWEN3_TINY = PRESETS["tiny"].replace(qk_norm=True, attention_bias=False, head_dim=32)
+
+
+def rel_error(out, ref):
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+@pytest.mark.parametrize("qk_norm", [False, True])
+@pytest.mark.parametrize("into_beams", [False, True])
+def test_qkv_rotary_equals_split_norm_and_rotary(qk_norm, into_beams):
+    """Queries, keys and values of the fused product, keys and values written into a strided
+    beam-KV slot or a contiguous prompt buffer; every element written, nothing else touched."""
+    gen = torch.Generator().manual_seed(0)
+    hq, hkv, dim, batch, width = 6, 2, 32, 2, 3
+    rows = batch * width
+    qkv = torch.randn(batch, width, (hq + 2 * hkv) * dim, generator=gen)
+    positions = torch.randint(0, 500, (batch, width), generator=gen)
+    cos, sin = rotary_cos_sin(positions, dim, 10000.0, torch.float32)
+    q_norm = torch.rand(dim, generator=gen) + 0.5 if qk_norm else None
+    k_norm = torch.rand(dim, generator=gen) + 0.5 if qk_norm else None
+    heads = qkv.view(batch, width, hq + 2 * hkv, dim)
+    q, k, v = heads[..., :hq, :], heads[..., hq:hq + hkv, :], heads[..., hq + hkv:, :]
+    if qk_norm:
+        q, k = F.rms_norm(q, (dim,), q_norm, 1e-6), F.rms_norm(k, (dim,), k_norm, 1e-6)
+    want_q, want_k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    if into_beams:                                   # [B, W, slots, Hkv, D], slot 1
+        keys = torch.full((batch, width, 2, hkv, dim), float("nan"))
+        values = torch.full_like(keys, float("nan"))
+        k_out, v_out = keys[:, :, 1], values[:, :, 1]
+    else:
+        k_out = torch.full((rows, hkv, dim), float("nan"))
+        v_out = torch.full_like(k_out, float("nan"))
+    got_q = layer_ops.qkv_rotary(qkv, cos, sin, hq, hkv, k_out, v_out, q_norm, k_norm, 1e-6)
+    assert got_q.shape == (batch, width, hq, dim)
+    assert rel_error(got_q, want_q) <= FP32.rel_norm
+    assert rel_error(k_out.reshape(want_k.shape), want_k) <= FP32.rel_norm
+    assert torch.equal(v_out.reshape(v.shape), v)
+    if into_beams:
+        assert bool(keys[:, :, 0].isnan().all()) and bool(values[:, :, 0].isnan().all())
+
+
+def test_add_rms_norm_and_silu_mul_equal_torch():
+    gen = torch.Generator().manual_seed(1)
+    x, delta = torch.randn(5, 96, generator=gen), torch.randn(5, 96, generator=gen)
+    weight = torch.rand(96, generator=gen)
+    total, normed = layer_ops.add_rms_norm(x, delta, weight, 1e-6)
+    assert torch.equal(total, x + delta)
+    assert rel_error(normed, F.rms_norm(x + delta, (96,), weight, 1e-6)) <= FP32.rel_norm
+    gate_up = torch.randn(2, 3, 2 * 80, generator=gen)
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert rel_error(layer_ops.silu_mul(gate_up), F.silu(gate) * up) <= FP32.rel_norm
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_engine_layer_kernels_equal_torch_ops_on_cuda(family):
+    """Prefill and a decode step of the tiny model on CUDA (float32): the layer kernels give
+    the torch ops' hidden states and KV."""
+    from torch_engine.kv_cache import BeamKV, PackedPrompt
+    from torch_engine.layout import MaskMode
+    model = Model(PRESETS["tiny"] if family == "qwen2" else QWEN3_TINY)
+    model.init_weights(5)
+    model = model.cuda().eval()
+    cfg = model.config
+    gen = torch.Generator().manual_seed(6)
+    ids = torch.randint(8, 1024, (2, 12), generator=gen).cuda()
+    valid = torch.arange(12, device="cuda")[None] < torch.tensor([[12], [7]], device="cuda")
+    prompt = PackedPrompt.from_padded(valid, torch.zeros_like(ids, dtype=torch.int32),
+                                      MaskMode.CAUSAL)
+    tokens = torch.randint(256, 1024, (2, 4), generator=gen).cuda()
+    outs = []
+    for kernels in (False, True):
+        model.fuse_projections(kernels)
+        with torch.no_grad():
+            last, shared = model.prefill(prompt.pack(model.embed(ids)), prompt)
+            beams = BeamKV(cfg.num_layers, 2, 4, 2, cfg.num_kv_heads, cfg.head_dim,
+                           torch.float32, torch.device("cuda"))
+            hidden = model.decode_step(tokens, prompt.lengths, shared, prompt, beams, 0)
+        outs.append((last, shared.keys[1], hidden, beams.keys[:, :, :, 0]))
+    for got, want in zip(outs[1], outs[0]):
+        assert rel_error(got, want) <= FP32.rel_norm

@@ -1,0 +1,153 @@
+"""Fused elementwise steps of a decoder layer (Triton), for the serving path on CUDA.
+
+At batch 1 a search is bound by kernel launches (about 19 per layer and pass with plain torch
+ops inside one CUDA graph); these fold the elementwise work between the matrix products:
+
+* ``qkv_rotary``: the fused q/k/v product's output -> rotated queries and keys (Qwen3's
+  per-head RMSNorm first) and values, written where the caller wants them (the contiguous
+  prompt KV, or a beam-KV slot): 1 launch instead of 5 (Qwen2) or 10 (Qwen3) plus the KV copies.
+* ``add_rms_norm``: ``x + delta`` and its RMSNorm in one pass: 1 launch instead of 2.
+* ``silu_mul``: ``silu(gate) * up`` from the fused gate/up product: 1 launch instead of 2.
+
+Arithmetic in float32, one rounding to the output dtype; same functions as the torch ops they
+replace (``layers.apply_rotary``, ``F.rms_norm``, ``F.silu``). Plain launches (no custom op):
+the engine calls them only outside tracing (``torch.export`` sees the torch ops, which
+Inductor fuses itself), and shapes alone decide each launch, so they capture in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _rotate_heads(src, heads, cos, sin, norm_ptr, eps, d, partner, mask,
+                  D: tl.constexpr, NORM: tl.constexpr):
+    x = tl.load(src + heads * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    swapped = tl.load(src + heads * D + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+        x = x * inv * tl.load(norm_ptr + d).to(tl.float32)[None, :]
+        swapped = swapped * inv * tl.load(norm_ptr + partner).to(tl.float32)[None, :]
+    return x * cos[None, :] + swapped * sin[None, :]
+
+
+@triton.jit
+def _qkv_rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_ptr, k_ptr, v_ptr,
+                       width, eps, s_qkv, s_cos, s_q, s_kb, s_kw, s_vb, s_vw,
+                       HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
+                       HQ_P2: tl.constexpr, HKV_P2: tl.constexpr, NORM: tl.constexpr):
+    row = tl.program_id(0)
+    d = tl.arange(0, D)
+    partner = (d + D // 2) % D
+    cos = tl.load(cos_ptr + row * s_cos + d).to(tl.float32)
+    sin = tl.load(sin_ptr + row * s_cos + d).to(tl.float32)      # signed: first half negated
+    src = qkv_ptr + row.to(tl.int64) * s_qkv
+    hq = tl.arange(0, HQ_P2)[:, None]
+    q = _rotate_heads(src, hq, cos, sin, qn_ptr, eps, d, partner, hq < HQ, D, NORM)
+    tl.store(q_ptr + row.to(tl.int64) * s_q + hq * D + d[None, :], q.to(q_ptr.dtype.element_ty),
+             mask=hq < HQ)
+    hk = tl.arange(0, HKV_P2)[:, None]
+    k = _rotate_heads(src + HQ * D, hk, cos, sin, kn_ptr, eps, d, partner, hk < HKV, D, NORM)
+    b = (row // width).to(tl.int64)
+    w = (row % width).to(tl.int64)
+    tl.store(k_ptr + b * s_kb + w * s_kw + hk * D + d[None, :], k.to(k_ptr.dtype.element_ty),
+             mask=hk < HKV)
+    v = tl.load(src + (HQ + HKV) * D + hk * D + d[None, :], mask=hk < HKV)
+    tl.store(v_ptr + b * s_vb + w * s_vw + hk * D + d[None, :], v.to(v_ptr.dtype.element_ty),
+             mask=hk < HKV)
+
+
+def _rows(t: torch.Tensor, inner: int) -> tuple[int, int, int]:
+    """(width, batch stride, width stride) of ``t [B, W, ...]`` or ``[N, ...]`` whose last
+    ``inner`` elements of a row are contiguous."""
+    if t.dim() == 4:
+        return t.shape[1], t.stride(0), t.stride(1)
+    return max(t.shape[0], 1), 0, t.stride(0)
+
+
+def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               num_heads: int, num_kv_heads: int, k_out: torch.Tensor, v_out: torch.Tensor,
+               q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
+               eps: float = 1e-6) -> torch.Tensor:
+    """Split the fused projection and rotate queries and keys.
+
+    qkv: ``[..., (Hq + 2 Hkv) * D]`` with N leading rows, rows contiguous; cos, sin:
+    ``[..., D]`` per row (``layers.rotary_cos_sin``: sin signed); k_out, v_out: ``[N, Hkv, D]``
+    or ``[B, W, Hkv, D]`` (N = B * W; e.g. a beam-KV slot) with ``[Hkv, D]`` contiguous;
+    q_norm, k_norm: ``[D]`` per-head RMSNorm weights (Qwen3) or None. Writes k_out, v_out and
+    returns queries ``[..., Hq, D]`` (contiguous, qkv's dtype).
+    """
+    dim = cos.shape[-1]
+    lead = qkv.shape[:-1]
+    flat = qkv.reshape(-1, qkv.shape[-1])
+    rows = flat.shape[0]
+    cos2, sin2 = cos.reshape(-1, dim), sin.reshape(-1, dim)
+    q = torch.empty((*lead, num_heads, dim), dtype=qkv.dtype, device=qkv.device)
+    width, s_kb, s_kw = _rows(k_out, num_kv_heads * dim)
+    _, s_vb, s_vw = _rows(v_out, num_kv_heads * dim)
+    if rows == 0:
+        return q
+    norm = q_norm is not None
+    _qkv_rotary_kernel[(rows,)](
+        flat, cos2, sin2, q_norm if norm else cos2, k_norm if norm else cos2, q, k_out, v_out,
+        width, eps, flat.stride(0), cos2.stride(0), num_heads * dim, s_kb, s_kw, s_vb, s_vw,
+        HQ=num_heads, HKV=num_kv_heads, D=dim, HQ_P2=triton.next_power_of_2(num_heads),
+        HKV_P2=triton.next_power_of_2(num_kv_heads), NORM=norm, num_warps=4)
+    return q
+
+
+@triton.jit
+def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, sum_ptr, out_ptr, size, eps,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    ok = cols < size
+    total = (tl.load(x_ptr + row * size + cols, mask=ok, other=0.0)
+             + tl.load(delta_ptr + row * size + cols, mask=ok, other=0.0))
+    total = total.to(sum_ptr.dtype.element_ty)             # the sum as torch rounds it
+    tl.store(sum_ptr + row * size + cols, total, mask=ok)
+    t = total.to(tl.float32)
+    inv = tl.rsqrt(tl.sum(t * t, axis=0) / size + eps)
+    w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * size + cols, (t * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + delta`` and ``rms_norm(s) * weight``; x, delta: ``[..., H]`` contiguous, one
+    dtype; weight ``[H]``. Returns (s, normed), both like x."""
+    x, delta = x.contiguous(), delta.contiguous()
+    size = x.shape[-1]
+    total, out = torch.empty_like(x), torch.empty_like(x)
+    rows = x.numel() // size
+    if rows:
+        _add_rms_norm_kernel[(rows,)](x, delta, weight, total, out, size, eps,
+                                      BLOCK=triton.next_power_of_2(size), num_warps=4)
+    return total, out
+
+
+@triton.jit
+def _silu_mul_kernel(gu_ptr, out_ptr, size, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = cols < size
+    gate = tl.load(gu_ptr + row * 2 * size + cols, mask=ok, other=0.0).to(tl.float32)
+    up = tl.load(gu_ptr + row * 2 * size + size + cols, mask=ok, other=0.0).to(tl.float32)
+    out = gate / (1.0 + tl.exp(-gate)) * up
+    tl.store(out_ptr + row * size + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up [..., 2 I]`` (gate first, rows contiguous) -> ``[..., I]``."""
+    gate_up = gate_up.contiguous()
+    size = gate_up.shape[-1] // 2
+    out = torch.empty((*gate_up.shape[:-1], size), dtype=gate_up.dtype, device=gate_up.device)
+    rows = out.numel() // max(size, 1)
+    if rows:
+        block = min(triton.next_power_of_2(size), 2048)
+        _silu_mul_kernel[(rows, triton.cdiv(size, block))](gate_up, out, size, BLOCK=block,
+                                                           num_warps=4)
+    return out
