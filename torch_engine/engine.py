@@ -93,16 +93,19 @@ class Engine:
         when the final beams reach fewer than ``top_k`` items, the tail holds -1 and -inf.
 
         Raises ``CapacityError`` before any work when the estimated memory
-        (``capacity.estimate_request``) exceeds what is free, and when the device runs out of
-        memory during the batch (the batch is dropped; the next call runs normally).
+        (``capacity.estimate_request``) exceeds what is free (not asked again for a shape
+        whose graph is captured: its memory is already held), and when the device runs out
+        of memory during the batch (the batch is dropped; the next call runs normally).
         """
         batch = check_inputs(self, token_ids, lengths, segment_ids, beam_width, top_k,
                              prefix_embeds, exclude_items)
         rows = batch.token_ids.shape[0]
-        if isinstance(self.graphs, SearchGraphs):
+        graphs = self.graphs
+        if isinstance(graphs, SearchGraphs):
             # Nearby shapes share one captured graph; padding rows are dropped below.
             batch = pad_to_buckets(batch, self.config.length_bucket, self.config.batch_buckets)
-        check_request(self, batch, beam_width, top_k)
+        if not (isinstance(graphs, SearchGraphs) and graphs.holds(batch, beam_width, top_k)):
+            check_request(self, batch, beam_width, top_k)
         with torch.no_grad():
             items, scores = run_contained(lambda: self.search(batch, beam_width, top_k),
                                           self.device, f"a batch of {rows} requests")

@@ -134,11 +134,20 @@ def _load_batch(dst: "RequestBatch", src: "RequestBatch") -> None:
 class SearchGraphs(_GraphCache):
     """Captured prefill + decode (needs the engine's static packing)."""
 
+    @staticmethod
+    def key(batch: "RequestBatch", beam_width: int, top_k: int) -> tuple:
+        shapes = tuple((n, tuple(t.shape), t.dtype) for n, t in _batch_tensors(batch).items())
+        return (shapes, batch.causal, beam_width, top_k)
+
+    def holds(self, batch: "RequestBatch", beam_width: int, top_k: int) -> bool:
+        """True when this shape is captured: its replay allocates nothing but the results
+        (every intermediate lives in the graph's pool), so it needs no memory check."""
+        return self.key(batch, beam_width, top_k) in self._graphs
+
     def run(self, batch: "RequestBatch", beam_width: int, top_k: int
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """``engine.decode(engine.prefill(batch), ...)`` by graph replay (capturing if new)."""
-        shapes = tuple((n, tuple(t.shape), t.dtype) for n, t in _batch_tensors(batch).items())
-        key = (shapes, batch.causal, beam_width, top_k)
+        key = self.key(batch, beam_width, top_k)
         engine = self.engine
         return self._replay(
             key, batch,

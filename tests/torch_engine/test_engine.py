@@ -382,10 +382,17 @@ def test_graph_replays_equal_eager_search_across_batches(backend, static):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("selection", ["torch", "triton"])
-def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(selection):
+def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(selection,
+                                                                          monkeypatch):
     """The default CUDA engine (whole-search graphs, bucketed shapes): batches of 3 and 4
-    requests with different prompt lengths share one graph, the replay never waits for the
-    host (``set_sync_debug_mode("error")``), and every row equals the eager search."""
+    requests with different prompt lengths share one graph (the memory check runs only
+    before its capture), the replay never waits for the host
+    (``set_sync_debug_mode("error")``), and every row equals the eager search."""
+    from torch_engine import engine as engine_module
+    checks = []
+    check = engine_module.check_request
+    monkeypatch.setattr(engine_module, "check_request",
+                        lambda *args: checks.append(args[0]) or check(*args))
     ids, codes = small_world(seed=9, n=3000, used_codes=12)
     model = Model.from_preset("tiny", seed=11, device="cuda")
     catalog = Catalog.from_arrays(ids, codes)
@@ -400,6 +407,7 @@ def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(sele
         assert got[0].shape == (len(lengths), 50) and torch.equal(got[0], want[0])
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
     assert len(graphed.graphs) == 1
+    assert checks.count(graphed) == 1 and checks.count(eager) == 2
     batch = pad_to_buckets(check_inputs(graphed, *args, 32, 50, None, None), 256, True)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
