@@ -33,6 +33,7 @@ import json
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -57,6 +58,8 @@ CACHE = flags.DEFINE_string("cache_dir", str(ROOT / "build" / "torch_call_cache"
 OUTPUT = flags.DEFINE_string("output_dir", str(ROOT / "benchmarks" / "results"),
                              "where the JSON goes")
 DEVICE = flags.DEFINE_string("device", "cpu", "where the package runs: cpu or cuda[:i]")
+BUILD_ONLY = flags.DEFINE_string("build_only", None, "only compile the package to this path "
+                                 "(the GPU run compiles in a child process)")
 WIDTH, OUT = 64, 16
 PROMPT, KEPT = (64, 1024), 300   # hand-off sizes: a batch of prompts in, top items out
 
@@ -190,17 +193,34 @@ def _table(results: dict[int, dict[str, float]]) -> str:
                                enumerate(zip(row, widths))) for row in rows)
 
 
+def build_package(path: Path, device: str) -> "torch_package.Package":
+    """The MLP as an AOTInductor package for ``device`` at ``path`` (contract beside it)."""
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch_package.export_program(_mlp(), (torch.randn(8, WIDTH),), ({0: batch},),
+                                           device)
+    package = torch_package.package_aoti(program, path, device, cache_dir=CACHE.value)
+    Path(f"{path}.json").write_text(json.dumps(package.to_json()))
+    return package
+
+
 def main(argv):
     del argv
+    if BUILD_ONLY.value:
+        build_package(Path(BUILD_ONLY.value), DEVICE.value)
+        return
     torch.set_num_threads(1)
     module, device = _mlp(), DEVICE.value
     with tempfile.TemporaryDirectory(prefix="bench_torchcall_") as tmp_name:
         tmp = Path(tmp_name)
-        batch = torch.export.Dim("batch", min=1, max=4096)
-        program = torch_package.export_program(module, (torch.randn(8, WIDTH),),
-                                               ({0: batch},), device)
-        package = torch_package.package_aoti(program, tmp / "mlp.pt2", device,
-                                             cache_dir=CACHE.value)
+        if device == "cpu":
+            package = build_package(tmp / "mlp.pt2", device)
+        else:
+            # Compiled in a child: loading a CUDA package from Python in the process that had
+            # just compiled it crashed (SIGSEGV in aoti_load_package on the H200, 2026-11-29).
+            subprocess.run([sys.executable, __file__, f"--build_only={tmp / 'mlp.pt2'}",
+                            f"--device={device}", f"--cache_dir={CACHE.value}"], check=True)
+            package = torch_package.Package.from_json(
+                json.loads((tmp / "mlp.pt2.json").read_text()))
         compiled = torch._inductor.aoti_load_package(str(package.path))
         # From Python the same way TorchCall works: host tensor in, host tensor out.
         loader = compiled if device == "cpu" else (lambda x: compiled(x.to(device)).cpu())

@@ -34,10 +34,13 @@ flags.DEFINE_integer("top_k", 12, "Items the engine returns per request (<= beam
 flags.DEFINE_integer("top_n", 8, "Items per request after the business rules.")
 flags.DEFINE_integer("max_batch", 1024, "Largest batch the exported engine accepts.")
 flags.DEFINE_string("device", "cpu", "Device the engine runs on when served: cpu or cuda[:i].")
+flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"],
+                  "Engine weights and activations. float32 keeps the SavedModel's items equal to "
+                  "the Python pipeline's (--verify_requests); 16-bit is faster on a GPU.")
 flags.DEFINE_enum("attention_backend", "auto", ["torch", "triton", "auto"],
-                  "Engine attention in the package. 'auto': the Triton kernels on CUDA when they "
-                  "are registered with torch.library.triton_op (AOTInductor then compiles them "
-                  "into the package), else plain torch. 'triton' insists (export refuses "
+                  "Engine attention in the package. 'auto': the Triton kernels on CUDA for 16-bit "
+                  "models when they are registered with torch.library.triton_op (AOTInductor then "
+                  "compiles them into the package), else plain torch. 'triton' insists (export refuses "
                   "Python-only custom ops: a TorchCall process has no Python).")
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
                     "Compiled packages by content hash (AOTInductor takes ~40 s on a CPU); "
@@ -49,12 +52,14 @@ flags.DEFINE_string("report_json", None, "Write the export and verification repo
 flags.mark_flag_as_required("out")
 
 
-def resolve_attention(requested: str, device: str) -> str:
-    """The attention backend to export: ``auto`` takes the Triton kernels on CUDA when the
-    package can embed them (registered with ``torch.library.triton_op``)."""
+def resolve_attention(requested: str, device: str, dtype: str) -> str:
+    """The attention backend to export: ``auto`` takes the Triton kernels on CUDA for 16-bit
+    models when the package can embed them (registered with ``torch.library.triton_op``).
+    float32 models keep plain torch: inside AOTInductor the Triton prefill kernel failed to
+    compile for float32 operands on the H200 (``tl.dot`` accumulator assertion, 2026-11-29)."""
     if requested != "auto":
         return requested
-    if not device.startswith("cuda"):
+    if not device.startswith("cuda") or dtype == "float32":
         return "torch"
     import torch_engine.kernels  # noqa: F401  (registers the xgr:: ops)
     from tf_frontend.torch_package import is_triton_op
@@ -80,13 +85,14 @@ def main(argv: list[str]) -> int:
 
     engine_config = EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch,
                                        FLAGS.device)
-    attention = resolve_attention(FLAGS.attention_backend, FLAGS.device)
+    attention = resolve_attention(FLAGS.attention_backend, FLAGS.device, FLAGS.dtype)
     started = time.perf_counter()
     world = make_world(WorldConfig(num_items=FLAGS.num_items, num_users=FLAGS.num_users,
                                    history_events=FLAGS.history_events, seed=FLAGS.seed))
     device = torch.device(FLAGS.device)
-    model = (Model.from_pretrained(FLAGS.model, device=device) if FLAGS.model
-             else Model.from_preset(FLAGS.preset, seed=FLAGS.seed, device=device))
+    dtype = getattr(torch, FLAGS.dtype)
+    model = (Model.from_pretrained(FLAGS.model, dtype=dtype, device=device) if FLAGS.model
+             else Model.from_preset(FLAGS.preset, seed=FLAGS.seed, dtype=dtype, device=device))
     engine = Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes),
                     EngineConfig(attention_backend=attention))
     spec = PromptSpec(model_hidden=model.config.hidden_size, keep_last=FLAGS.keep_last,
