@@ -255,24 +255,38 @@ def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
     return mode, c.resolve_scale(_OP, scale, dim)
 
 
-# Head dim -> (tile for mean request lengths below LONG_REQUEST, tile at or above it): from the
-# tile sweeps at batch 16 x L 1024 and batch 4 x L 4096, item-level causal, on an H200
-# (benchmarks/notes/attention.md).
+# Head dim -> tiles by regime, from the tile sweeps (item-level causal, H200;
+# benchmarks/notes/attention.md): "long" for mean request lengths >= LONG_REQUEST (batch 4-16 x
+# L 4096-8192), "short" for shorter requests when 128-row tiles still give every SM about
+# eight programs (batch 16 x L 1024), "few" otherwise (batch 1-4 x L 1024, and fp32 inputs,
+# whose long d128 tile exceeds the 227 KB of shared memory).
 LONG_REQUEST = 2048
 PREFILL_TILES = {
-    64: (PrefillConfig(128, 64, 4, 3, acc_in_dot=False),
-         PrefillConfig(64, 128, 4, 3, acc_in_dot=False)),
-    128: (PrefillConfig(64, 64, 4, 3), PrefillConfig(128, 128, 8, 3)),
+    64: {"few": PrefillConfig(64, 64, 4, 3),
+         "short": PrefillConfig(128, 64, 4, 3, acc_in_dot=False),
+         "long": PrefillConfig(64, 128, 4, 3, acc_in_dot=False)},
+    128: {"few": PrefillConfig(64, 64, 4, 3),
+          "short": PrefillConfig(64, 64, 4, 3),
+          "long": PrefillConfig(128, 128, 8, 3)},
 }
 
 
-def prefill_config_for(head_dim: int, mean_length: int = LONG_REQUEST) -> PrefillConfig:
-    """Tiles from the head size and the mean request length (``T / B``); small tiles under the
-    interpreter to exercise many tiles."""
+def prefill_config_for(head_dim: int, total_tokens: int = 4 * LONG_REQUEST, batch: int = 1,
+                       q_heads: int = 1, element_size: int = 2,
+                       device: torch.device = torch.device("cuda")) -> PrefillConfig:
+    """Tiles from shapes alone: head size, mean request length ``T / B``, the programs that
+    128-row tiles would make (``T / 128 * Hq``) and the input's bytes per element. Small tiles
+    under the interpreter, to exercise many tiles."""
     if c.interpreting():
         return PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    short, long = PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
-    return long if mean_length >= LONG_REQUEST else short
+    tiles = PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
+    if element_size > 2:
+        return tiles["few"]
+    if total_tokens // max(batch, 1) >= LONG_REQUEST:
+        return tiles["long"]
+    if total_tokens // 128 * q_heads >= 8 * c.multiprocessors(device):
+        return tiles["short"]
+    return tiles["few"]
 
 
 def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: float,
@@ -311,8 +325,9 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
 def _run(q, k, v, cu_seqlens, segment_ids, mode, scale) -> torch.Tensor:
     """Checks, the config from shapes, the launch."""
     mode, scale = _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale)
-    batch = c.size_hint(cu_seqlens.shape[0], 2) - 1
-    config = prefill_config_for(q.shape[2], c.size_hint(q.shape[0], LONG_REQUEST) // batch)
+    config = prefill_config_for(q.shape[2], c.size_hint(q.shape[0], 4 * LONG_REQUEST),
+                                c.size_hint(cu_seqlens.shape[0], 2) - 1, q.shape[1],
+                                q.element_size(), q.device)
     with c.on_device(q.device):
         return launch_prefill(q, k, v, cu_seqlens, segment_ids, mode, scale, config)
 
