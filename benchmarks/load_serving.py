@@ -41,8 +41,9 @@ flags.DEFINE_integer("max_batch_size", 32, "Server batching: rows per model call
 flags.DEFINE_integer("batch_timeout_micros", 2000, "Server batching timeout.")
 flags.DEFINE_integer("warmup_requests", 20, "Untimed valid requests sent first, one at a time.")
 flags.DEFINE_list("rates", [], "Open-loop request rates (req/s) to sweep after the closed loop.")
-flags.DEFINE_list("rate_fractions", [], "More open-loop rates, as fractions of the closed loop's "
-                  "throughput (e.g. 0.25,0.5,0.75,1): sizes the sweep to a server of unknown speed.")
+flags.DEFINE_list("rate_fractions", [], "More open-loop rates, as fractions of the closed "
+                  "loop's throughput (e.g. 0.25,0.5,0.75,1): sizes the sweep to a server of "
+                  "unknown speed.")
 flags.DEFINE_integer("num_items", 300, "Synthetic world of the requests: catalog size (use the "
                      "exported model's, so histories hold its items).")
 flags.DEFINE_integer("num_users", 40, "Synthetic world: users (the pool of distinct requests).")

@@ -40,8 +40,8 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"],
 flags.DEFINE_enum("attention_backend", "auto", ["torch", "triton", "auto"],
                   "Engine attention in the package. 'auto': the Triton kernels on CUDA for 16-bit "
                   "models when they are registered with torch.library.triton_op (AOTInductor then "
-                  "compiles them into the package), else plain torch. 'triton' insists (export refuses "
-                  "Python-only custom ops: a TorchCall process has no Python).")
+                  "compiles them into the package), else plain torch. 'triton' insists (export "
+                  "refuses Python-only custom ops: a TorchCall process has no Python).")
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
                     "Compiled packages by content hash (AOTInductor takes ~40 s on a CPU); "
                     "empty: no cache.")

@@ -138,3 +138,36 @@ def test_bad_inputs_raise_named_errors(pipeline, quick_model, users):
     with pytest.raises(ConfigError, match="prefill_mask"):
         RecommendPipeline(pipeline.feature_graph, pipeline.engine, quick_model.world.item_ids,
                           quick_model.world.item_codes, prefill_mask=MaskMode.SEGMENT_BIDIRECTIONAL)
+
+
+def test_one_rule_set_for_both_in_process_pipelines(make_pipeline, quick_model, users):
+    """``RecommendPipeline`` and ``tf_frontend.export.PythonPipeline`` (the exported
+    SavedModel's reference) apply the same rules the same way: history excluded on the device,
+    blocked items and the category cap after the engine."""
+    import torch
+
+    from tf_frontend.export import PipelineConfig, PythonPipeline
+
+    world = quick_model.world
+    plain = make_pipeline().recommend(features_from_world(world, users), BEAM, TOP_K)
+    blocked = tuple(int(i) for i in plain["item_ids"].numpy()[:, 0] if i >= 0)
+    rules = BusinessRules(blocked_items=blocked, max_per_category=4)
+    ruled = make_pipeline(rules)
+    engine = ruled.engine
+
+    def recommend(token_ids, lengths, segment_ids, profile_embeds, exclude_items):
+        with torch.no_grad():
+            return engine.recommend(token_ids, lengths, segment_ids, BEAM, TOP_K,
+                                    prefix_embeds=profile_embeds.to(engine.dtype),
+                                    exclude_items=exclude_items)
+
+    features = features_from_world(world, users)
+    want = ruled.recommend(features, BEAM, TOP_K)
+    got = PythonPipeline(ruled.feature_graph, recommend, PipelineConfig(top_n=TOP_K, rules=rules),
+                         catalog=(world.item_ids, world.item_codes))(features)
+    np.testing.assert_array_equal(got["item_ids"].numpy(), want["item_ids"].numpy())
+    np.testing.assert_array_equal(got["num_items"].numpy(), want["num_items"].numpy())
+    items = got["item_ids"].numpy()
+    assert not set(blocked) & set(items.ravel().tolist())
+    for row, seen in zip(items, _history(want)):
+        assert not set(row.tolist()) & seen

@@ -25,15 +25,22 @@ def test_load_benchmark_small_run(tmp_path):
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "benchmarks", "load_serving.py"),
          f"--model_base_path={tmp_path / 'features'}", "--requests=80", "--clients=4",
-         "--warmup_requests=2", "--malformed_share=0.25", "--rates=20", "--rate_seconds=1",
+         "--warmup_requests=2", "--malformed_share=0.25", "--rates=20", "--rate_fractions=0.05",
+         "--rate_seconds=1",
          f"--out_dir={tmp_path / 'out'}", "--label=test", "--model_label=feature graph"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"))
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
+                 TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 0, done.stderr[-3000:]
     (result_file,) = (tmp_path / "out").iterdir()
     result = json.loads(result_file.read_text())
     assert result["sent"] == 80 and result["valid_ok"] == result["valid"] > 0
     assert result["malformed_refused_400"] == result["malformed"] > 0
     assert result["model_calls"] >= 1 and result["mean_rows_per_model_call"] >= 2
-    assert result["open_loop"][0]["sent"] == 20
+    assert result["valid_answered_with_another_requests_results"] == 0
+    # --rate_fractions sizes a rate from the closed loop's throughput; rates run in order.
+    offered = [run["offered_rps"] for run in result["open_loop"]]
+    fraction = round(0.05 * result["throughput_rps"], 1)
+    assert sorted({20.0, fraction}) == offered
+    assert result["open_loop"][offered.index(20.0)]["sent"] == 20
     assert result["server_exit_code_after_sigterm"] == 0
