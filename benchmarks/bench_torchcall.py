@@ -167,7 +167,7 @@ def bench_batch(tf, impl: Implementations, loader, batch: int, tmp: Path) -> dic
     saved = {k: _saved(tf, f, tmp / f"{k}_{batch}") for k, f in fns.items()}
     cases = {
         "eager/torchcall": lambda: impl.torchcall(x),
-        "eager/torch_python": lambda: loader(x_torch),
+        **({"eager/torch_python": lambda: loader(x_torch)} if loader else {}),
         "eager/native_tf": lambda: impl.native(x),
         **{f"function/{k}": (lambda f=f: f(x)) for k, f in traced.items()},
         **{f"saved_model/{k}": (lambda f=f: f(x=x)) for k, f in saved.items()},
@@ -193,6 +193,26 @@ def _table(results: dict[int, dict[str, float]]) -> str:
                                enumerate(zip(row, widths))) for row in rows)
 
 
+def _python_loader(path: Path, device: str):
+    """``(callable, None)`` running the package from Python the way TorchCall does (host tensor
+    in, host tensor out), or ``(None, reason)`` when Python's loader cannot load it here.
+
+    On the H200, ``aoti_load_package`` of CUDA packages ended the process with SIGSEGV
+    (2026-11-29) while TorchCall's C++ loader ran them: a child tries first, so a crash costs
+    the Python column, not the benchmark."""
+    if device != "cpu":
+        probe = subprocess.run([sys.executable, "-c", "import sys, torch; "
+                                "torch._inductor.aoti_load_package(sys.argv[1])", str(path)],
+                               capture_output=True, text=True, timeout=300)
+        if probe.returncode != 0:
+            return None, (f"torch._inductor.aoti_load_package failed in a child (rc "
+                          f"{probe.returncode}): {probe.stderr.strip()[-300:]}")
+    compiled = torch._inductor.aoti_load_package(str(path))
+    if device == "cpu":
+        return compiled, None
+    return (lambda x: compiled(x.to(device)).cpu()), None
+
+
 def build_package(path: Path, device: str) -> "torch_package.Package":
     """The MLP as an AOTInductor package for ``device`` at ``path`` (contract beside it)."""
     batch = torch.export.Dim("batch", min=1, max=4096)
@@ -215,15 +235,12 @@ def main(argv):
         if device == "cpu":
             package = build_package(tmp / "mlp.pt2", device)
         else:
-            # Compiled in a child: loading a CUDA package from Python in the process that had
-            # just compiled it crashed (SIGSEGV in aoti_load_package on the H200, 2026-11-29).
+            # Compiled in a child, so the timed process holds no Inductor compile workers.
             subprocess.run([sys.executable, __file__, f"--build_only={tmp / 'mlp.pt2'}",
                             f"--device={device}", f"--cache_dir={CACHE.value}"], check=True)
             package = torch_package.Package.from_json(
                 json.loads((tmp / "mlp.pt2.json").read_text()))
-        compiled = torch._inductor.aoti_load_package(str(package.path))
-        # From Python the same way TorchCall works: host tensor in, host tensor out.
-        loader = compiled if device == "cpu" else (lambda x: compiled(x.to(device)).cpu())
+        loader, skipped = _python_loader(package.path, device)
         module = module.cpu()
 
         import tensorflow as tf
@@ -233,6 +250,8 @@ def main(argv):
         results = {int(b): bench_batch(tf, impl, loader, int(b), tmp) for b in BATCHES.value}
         handoff = bench_handoff(tf, device, tmp) if device != "cpu" else {}
     print(_table(results))
+    if skipped:
+        print(f"eager/torch_python not measured: {skipped}")
     if handoff:
         print(f"hand-off on {device} (us): " + ", ".join(f"{k} {v:.1f}"
                                                          for k, v in handoff.items()))
@@ -243,7 +262,7 @@ def main(argv):
         "torch": torch.__version__, "model": f"MLP {WIDTH}-{WIDTH}-{OUT} float32",
         "device": device, "gpu": torch.cuda.get_device_name() if device != "cpu" else None,
         "repeats": REPEATS.value, "loop": LOOP.value, "median_us": results,
-        "handoff_median_us": handoff,
+        "handoff_median_us": handoff, "torch_python_skipped": skipped,
     }
     kind = "" if device == "cpu" else "cuda_"
     out = Path(OUTPUT.value) / f"torchcall_{kind}{datetime.date.today().isoformat()}.json"

@@ -55,8 +55,9 @@ flags.mark_flag_as_required("out")
 def resolve_attention(requested: str, device: str, dtype: str) -> str:
     """The attention backend to export: ``auto`` takes the Triton kernels on CUDA for 16-bit
     models when the package can embed them (registered with ``torch.library.triton_op``).
-    float32 models keep plain torch: inside AOTInductor the Triton prefill kernel failed to
-    compile for float32 operands on the H200 (``tl.dot`` accumulator assertion, 2026-11-29)."""
+    float32 models keep plain torch until a float32 engine package with the Triton kernels has
+    run on a GPU: the first try failed to compile the prefill kernel inside AOTInductor on the
+    H200 (``tl.dot`` accumulator assertion from a float64 scale, fixed in the kernel since)."""
     if requested != "auto":
         return requested
     if not device.startswith("cuda") or dtype == "float32":
