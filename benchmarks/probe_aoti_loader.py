@@ -1,0 +1,157 @@
+"""Why does Python's ``aoti_load_package`` crash on the GPU machine? One call, several answers.
+
+On the H200 (torch 2.11) a fresh process that loads a CUDA AOTInductor package with
+``torch._inductor.aoti_load_package`` ended in SIGSEGV, both for a plain MLP package and for the
+attention-op package, while TorchCall's C++ loader ran CUDA packages there. This probe builds two
+CUDA packages (a plain MLP, and the tiny engine with Triton attention through
+``tests/torch_call/engine_package_child.py``), then loads each in fresh processes under
+``faulthandler`` in several ways:
+
+    cold         load first, CUDA untouched (what the tests and the benchmark did)
+    cuda_first   initialise CUDA (a device tensor) before loading
+    device_0     load with ``device_index=0`` before CUDA is touched
+
+and calls the loaded package on real inputs (the engine's answer must equal eager
+``Engine.recommend``'s items). The first variant that crashes runs again under ``cuda-gdb`` for
+a native backtrace. Prints a table and writes ``probe_aoti_loader.json`` under ``--out``.
+
+    python3 benchmarks/probe_aoti_loader.py --out=$OUT
+    python3 benchmarks/probe_aoti_loader.py --device=cpu     # rehearsal of the script on a CPU
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = ROOT / "tests" / "torch_call" / "engine_package_child.py"
+
+flags.DEFINE_string("out", "/tmp/probe_aoti", "folder for probe_aoti_loader.json")
+flags.DEFINE_string("work", "/tmp/probe_aoti_work", "scratch folder for the packages")
+flags.DEFINE_string("device", "cuda", "cuda, or cpu to rehearse the script")
+flags.DEFINE_integer("compile_timeout", 200, "seconds allowed for both package builds")
+FLAGS = flags.FLAGS
+
+_COMPILE_MLP = textwrap.dedent("""
+    import sys, torch
+    dev = sys.argv[3]
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                              torch.nn.Linear(64, 16)).to(dev).eval()
+    x = torch.randn(8, 64, device=dev)
+    batch = torch.export.Dim("batch", min=1, max=4096)
+    program = torch.export.export(net, (x,), dynamic_shapes=({0: batch},))
+    torch._inductor.aoti_compile_and_package(program, package_path=sys.argv[1])
+    torch.save({"x": x.cpu(), "y": net(x).detach().cpu()}, sys.argv[2])
+""")
+
+_LOAD = textwrap.dedent("""
+    import json, sys, torch
+    kind, variant, package, data_path, dev = sys.argv[1:]
+    if variant == "cuda_first":
+        torch.empty(1, device=dev)
+    kwargs = {"device_index": 0} if variant == "device_0" else {}
+    runner = torch._inductor.aoti_load_package(package, **kwargs)
+    print("loaded", flush=True)
+    data = torch.load(data_path)
+    with torch.no_grad():
+        if kind == "mlp":
+            got = runner(data["x"].to(dev))
+            got = got[0] if isinstance(got, (list, tuple)) else got
+            ok = torch.allclose(got.cpu(), data["y"], rtol=1e-3, atol=1e-3)
+        else:
+            items, scores = runner(*[t.to(dev) for t in data["inputs"]])
+            ok = torch.equal(items.cpu(), data["items"])
+    if dev != "cpu":
+        torch.cuda.synchronize()
+    print(json.dumps({"matches": bool(ok)}), flush=True)
+""")
+
+
+def _run(args: list[str], timeout: int, env: dict | None = None) -> dict:
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=timeout,
+                              env=env or os.environ.copy())
+        rc, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as error:
+        rc, out, err = "timeout", str(error.stdout or ""), str(error.stderr or "")
+    return {"rc": rc, "seconds": round(time.perf_counter() - started, 1),
+            "stdout": out[-1500:], "stderr": err[-3000:]}
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    out, work, dev = Path(FLAGS.out), Path(FLAGS.work), FLAGS.device
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "engine").mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    py = [sys.executable, "-X", "faulthandler"]
+
+    # Both packages compile at once (the machine has 16 cores).
+    mlp = subprocess.Popen(py + ["-c", _COMPILE_MLP, str(work / "mlp.pt2"),
+                                 str(work / "mlp_data.pt"), dev],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    engine = subprocess.Popen(py + [str(CHILD), "export", str(work / "engine"), "cuda:0" if dev == "cuda" else "cpu",
+                                    "triton" if dev == "cuda" else "torch"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    report: dict = {"device": dev, "builds": {}, "loads": [], "backtrace": None}
+    for name, proc in (("mlp", mlp), ("engine_triton", engine)):
+        try:
+            stdout, stderr = proc.communicate(timeout=FLAGS.compile_timeout)
+            report["builds"][name] = {"rc": proc.returncode, "stderr": stderr[-3000:]}
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            report["builds"][name] = {"rc": "timeout", "stderr": ""}
+        print(f"build {name}: rc={report['builds'][name]['rc']}", flush=True)
+    if (work / "engine" / "export.json").exists():
+        report["engine_export"] = json.loads((work / "engine" / "export.json").read_text())
+
+    targets = [("mlp", work / "mlp.pt2", work / "mlp_data.pt"),
+               ("engine", work / "engine" / "engine.pt2", work / "engine" / "eager.pt")]
+    crashed = None
+    for kind, package, data in targets:
+        if not package.exists():
+            continue
+        for variant in ("cold", "cuda_first", "device_0"):
+            result = _run(py + ["-c", _LOAD, kind, variant, str(package), str(data), dev],
+                          90, env)
+            result.update(kind=kind, variant=variant)
+            report["loads"].append(result)
+            print(f"load {kind:6s} {variant:10s} rc={result['rc']} "
+                  f"{result['stdout'].strip().splitlines()[-1:] if result['stdout'] else ''}",
+                  flush=True)
+            if isinstance(result["rc"], int) and result["rc"] < 0 and crashed is None:
+                crashed = (kind, variant, package, data)
+
+    if crashed and shutil.which("cuda-gdb"):
+        kind, variant, package, data = crashed
+        script = work / "load.py"
+        script.write_text(_LOAD)
+        report["backtrace"] = _run(
+            ["cuda-gdb", "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable,
+             str(script), kind, variant, str(package), str(data), dev], 120, env)
+    (out / "probe_aoti_loader.json").write_text(json.dumps(report, indent=1))
+
+    print("\n| package | variant | rc | s | last line |\n| --- | --- | --- | --- | --- |")
+    for row in report["loads"]:
+        last = (row["stdout"].strip().splitlines() or row["stderr"].strip().splitlines()
+                or [""])[-1][:70]
+        print(f"| {row['kind']} | {row['variant']} | {row['rc']} | {row['seconds']} | {last} |")
+    if report["backtrace"]:
+        print("\nbacktrace (cuda-gdb):\n" + report["backtrace"]["stdout"][-2500:])
+    return 0
+
+
+if __name__ == "__main__":
+    app.run(main)
