@@ -13,7 +13,10 @@ CUDA packages (a plain MLP, and the tiny engine with Triton attention through
 
 and calls the loaded package on real inputs (the engine's answer must equal eager
 ``Engine.recommend``'s items). The first variant that crashes runs again under ``cuda-gdb`` for
-a native backtrace. Prints a table and writes ``probe_aoti_loader.json`` under ``--out``.
+a native backtrace. Prints a table and writes ``probe_aoti_loader.json`` under ``--out`` after
+every step, and stops starting new steps at ``--deadline`` seconds, so a call cut off by its time
+limit still returns what was learnt. Run it without a pipe (``| tail`` dies with the command and
+takes the output with it).
 
     python3 benchmarks/probe_aoti_loader.py --out=$OUT
     python3 benchmarks/probe_aoti_loader.py --device=cpu     # rehearsal of the script on a CPU
@@ -39,6 +42,8 @@ flags.DEFINE_string("out", "/tmp/probe_aoti", "folder for probe_aoti_loader.json
 flags.DEFINE_string("work", "/tmp/probe_aoti_work", "scratch folder for the packages")
 flags.DEFINE_string("device", "cuda", "cuda, or cpu to rehearse the script")
 flags.DEFINE_integer("compile_timeout", 200, "seconds allowed for both package builds")
+flags.DEFINE_integer("deadline", 260, "seconds after which no new step starts")
+flags.DEFINE_integer("load_timeout", 45, "seconds allowed for one load-and-call child")
 FLAGS = flags.FLAGS
 
 _COMPILE_MLP = textwrap.dedent("""
@@ -97,51 +102,65 @@ def main(argv: list[str]) -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT),
                                                        os.environ.get("PYTHONPATH", "")]))
     py = [sys.executable, "-X", "faulthandler"]
+    started = time.monotonic()
 
-    # Both packages compile at once (the machine has 16 cores).
+    def save() -> None:
+        (out / "probe_aoti_loader.json").write_text(json.dumps(report, indent=1))
+
+    def time_left() -> float:
+        return FLAGS.deadline - (time.monotonic() - started)
+
+    # Both packages compile at once (the machine has 16 cores); the MLP's loads run while the
+    # engine still compiles.
+    target = "cuda:0" if dev == "cuda" else "cpu"
     mlp = subprocess.Popen(py + ["-c", _COMPILE_MLP, str(work / "mlp.pt2"),
                                  str(work / "mlp_data.pt"), dev],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    engine = subprocess.Popen(py + [str(CHILD), "export", str(work / "engine"), "cuda:0" if dev == "cuda" else "cpu",
+    engine = subprocess.Popen(py + [str(CHILD), "export", str(work / "engine"), target,
                                     "triton" if dev == "cuda" else "torch"],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     report: dict = {"device": dev, "builds": {}, "loads": [], "backtrace": None}
-    for name, proc in (("mlp", mlp), ("engine_triton", engine)):
+    crashed = None
+    for name, proc, package, data in (
+            ("mlp", mlp, work / "mlp.pt2", work / "mlp_data.pt"),
+            ("engine", engine, work / "engine" / "engine.pt2", work / "engine" / "eager.pt")):
         try:
-            stdout, stderr = proc.communicate(timeout=FLAGS.compile_timeout)
+            budget = max(1.0, min(FLAGS.compile_timeout - (time.monotonic() - started),
+                                  time_left()))
+            _, stderr = proc.communicate(timeout=budget)
             report["builds"][name] = {"rc": proc.returncode, "stderr": stderr[-3000:]}
         except subprocess.TimeoutExpired:
             proc.kill()
             report["builds"][name] = {"rc": "timeout", "stderr": ""}
-        print(f"build {name}: rc={report['builds'][name]['rc']}", flush=True)
-    if (work / "engine" / "export.json").exists():
-        report["engine_export"] = json.loads((work / "engine" / "export.json").read_text())
-
-    targets = [("mlp", work / "mlp.pt2", work / "mlp_data.pt"),
-               ("engine", work / "engine" / "engine.pt2", work / "engine" / "eager.pt")]
-    crashed = None
-    for kind, package, data in targets:
-        if not package.exists():
-            continue
+        report["builds"][name]["seconds"] = round(time.monotonic() - started, 1)
+        print(f"build {name}: rc={report['builds'][name]['rc']} "
+              f"({report['builds'][name]['seconds']} s)", flush=True)
+        save()
         for variant in ("cold", "cuda_first", "device_0"):
-            result = _run(py + ["-c", _LOAD, kind, variant, str(package), str(data), dev],
-                          90, env)
-            result.update(kind=kind, variant=variant)
+            if not package.exists() or time_left() < 10:
+                break
+            result = _run(py + ["-c", _LOAD, name, variant, str(package), str(data), dev],
+                          int(min(FLAGS.load_timeout, time_left())), env)
+            result.update(kind=name, variant=variant)
             report["loads"].append(result)
-            print(f"load {kind:6s} {variant:10s} rc={result['rc']} "
+            print(f"load {name:6s} {variant:10s} rc={result['rc']} "
                   f"{result['stdout'].strip().splitlines()[-1:] if result['stdout'] else ''}",
                   flush=True)
             if isinstance(result["rc"], int) and result["rc"] < 0 and crashed is None:
-                crashed = (kind, variant, package, data)
+                crashed = (name, variant, package, data)
+            save()
+    if (work / "engine" / "export.json").exists():
+        report["engine_export"] = json.loads((work / "engine" / "export.json").read_text())
+        save()
 
-    if crashed and shutil.which("cuda-gdb"):
+    if crashed and shutil.which("cuda-gdb") and time_left() > 20:
         kind, variant, package, data = crashed
         script = work / "load.py"
         script.write_text(_LOAD)
         report["backtrace"] = _run(
             ["cuda-gdb", "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable,
-             str(script), kind, variant, str(package), str(data), dev], 120, env)
-    (out / "probe_aoti_loader.json").write_text(json.dumps(report, indent=1))
+             str(script), kind, variant, str(package), str(data), dev], int(time_left()), env)
+    save()
 
     print("\n| package | variant | rc | s | last line |\n| --- | --- | --- | --- | --- |")
     for row in report["loads"]:
