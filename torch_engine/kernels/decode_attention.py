@@ -30,6 +30,7 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
+from torch_engine.kernels._online_softmax import online_softmax_step
 
 _OP = "decode_attention"
 _LOG2E = 1.4426950408889634
@@ -66,15 +67,7 @@ def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, kpos, hi, d, qk_s
     s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if MASKED:
         s = tl.where((kpos < hi)[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s * qk_scale - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if ACC_IN_DOT:  # accumulate in the product's own registers (no separate [M, D] add)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-    else:  # a fresh product, free to overlap the rescale of acc
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
+    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
 
 
 @triton.jit

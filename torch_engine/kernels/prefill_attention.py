@@ -43,6 +43,7 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
+from torch_engine.kernels._online_softmax import online_softmax_step
 from torch_engine.layout import MaskMode
 
 _OP = "prefill_attention"
@@ -130,16 +131,7 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
         else:
             allowed = causal | same
         s = tl.where(allowed & k_ok[None, :], s, float("-inf"))
-    # Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m).
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(s * qk_scale - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    if ACC_IN_DOT:  # accumulate in the product's own registers (no separate [M, D] add)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
-    else:  # a fresh product, free to overlap the rescale of acc
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-    return acc, l_i, m_new
+    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
 
 
 @triton.jit
