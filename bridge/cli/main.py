@@ -24,7 +24,7 @@ def usage() -> str:
     width = max(map(len, SUBCOMMANDS))
     rows = "\n".join(f"  {name.ljust(width)}  {text}" for name, (_, text) in SUBCOMMANDS.items())
     return f"usage: xgr SUBCOMMAND [--flags]\n\nsubcommands:\n{rows}\n\n" \
-           "`xgr SUBCOMMAND --helpfull` lists a subcommand's flags."
+           "`xgr SUBCOMMAND --help` lists a subcommand's flags."
 
 
 def run(argv: list[str] | None = None) -> None:
@@ -37,8 +37,15 @@ def run(argv: list[str] | None = None) -> None:
         print(f"xgr: unknown subcommand {name!r}\n\n{usage()}", file=sys.stderr)
         sys.exit(2)
     module = importlib.import_module(SUBCOMMANDS[name][0])
-    from absl import app
+    from absl import app, flags
 
+    if any(arg in ("-h", "-?", "--help", "--helpshort") for arg in argv[2:]):
+        # absl's --help describes the main module, which is this dispatcher, not the
+        # subcommand: print the subcommand's own flags instead.
+        print(f"usage: xgr {name} [--flags]\n\n{SUBCOMMANDS[name][1]}\n\n"
+              f"{flags.FLAGS.module_help(module)}\n\n"
+              f"`xgr {name} --helpfull` adds the flags of the libraries it uses.")
+        sys.exit(0)
     app.run(module.main, argv=[f"xgr {name}", *argv[2:]])
 
 

@@ -119,3 +119,11 @@ def test_broken_torch_module_fails_parity_and_the_report_names_its_stage(plan_pa
     assert "first failing stage 'middle'" in page and '<tr style="background:#fde0e0">' in page
     pngs = sorted(p.name for p in (report_dir / "histograms").glob("*.png"))
     assert "middle__output.png" in pngs and len(pngs) == 5
+
+
+def test_subcommand_help_lists_the_subcommands_own_flags():
+    [(code, out, err)] = xgr(["migrate", "--help"])
+    assert code == 0, err
+    assert out.startswith("usage: xgr migrate [--flags]")
+    assert "--plan" in out and "bridge.cli.migrate" in out
+    assert "--only_check_args" not in out  # absl's own flags stay behind --helpfull
