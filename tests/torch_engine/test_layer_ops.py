@@ -4,7 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from torch_engine import reference
 from torch_engine.config import PRESETS
+from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import layer_ops
 from torch_engine.layers import apply_rotary, rotary_cos_sin
 from torch_engine.model import Model
@@ -62,6 +64,77 @@ def test_add_rms_norm_and_silu_mul_equal_torch():
     gate_up = torch.randn(2, 3, 2 * 80, generator=gen)
     gate, up = gate_up.chunk(2, dim=-1)
     assert rel_error(layer_ops.silu_mul(gate_up), F.silu(gate) * up) <= FP32.rel_norm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_kernels_match_the_float64_references(dtype):
+    """Fresh random inputs in each dtype; outputs poisoned first; against
+    ``torch_engine.reference.layer_ops`` on the same inputs in float64."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    tol = tolerance_for(dtype)
+    hq, hkv, dim, rows = 4, 2, 16, 7
+    qkv = torch.randn(rows, (hq + 2 * hkv) * dim, generator=gen).to(dtype)
+    cos, sin = rotary_cos_sin(torch.randint(0, 4000, (rows,), generator=gen), dim, 1e6,
+                              torch.float32)
+    norms = (torch.rand(dim, generator=gen) + 0.5).to(dtype), (torch.rand(dim, generator=gen)
+                                                               + 0.5).to(dtype)
+    k_out = torch.full((rows, hkv, dim), float("nan"), dtype=dtype)
+    v_out = torch.full_like(k_out, float("nan"))
+    q = layer_ops.qkv_rotary(qkv, cos, sin, hq, hkv, k_out, v_out, *norms, eps=1e-6)
+    want = reference.qkv_rotary(qkv.double(), cos.double(), sin.double(), hq, hkv,
+                                *(n.double() for n in norms), eps=1e-6)
+    for got, ref in zip((q, k_out, v_out), want):
+        assert not got.isnan().any()
+        assert rel_error(got, ref) <= tol.rel_norm
+
+    x, delta = (torch.randn(5, 48, generator=gen).to(dtype) for _ in range(2))
+    weight = torch.rand(48, generator=gen).to(dtype)
+    total, normed = layer_ops.add_rms_norm(x, delta, weight, 1e-6)
+    want_total, want_normed = reference.add_rms_norm(x, delta, weight.double(), 1e-6)
+    assert torch.equal(total, want_total)          # the residual stream as torch rounds it
+    assert rel_error(normed, want_normed) <= tol.rel_norm
+    gate_up = torch.randn(3, 2 * 40, generator=gen).to(dtype)
+    assert rel_error(layer_ops.silu_mul(gate_up),
+                     reference.silu_mul(gate_up.double())) <= tol.rel_norm
+
+
+def _rotary_args(**change):
+    hq, hkv, dim, rows = 4, 2, 16, 3
+    args = dict(qkv=torch.randn(rows, (hq + 2 * hkv) * dim), cos=torch.ones(rows, dim),
+                sin=torch.zeros(rows, dim), num_heads=hq, num_kv_heads=hkv,
+                k_out=torch.empty(rows, hkv, dim), v_out=torch.empty(rows, hkv, dim))
+    args.update(change)
+    return args
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(qkv=torch.randn(3, 100)), "qkv.shape[-1]"),
+    (dict(qkv=torch.randn(3, 128).to(torch.int32)), "qkv.dtype"),
+    (dict(cos=torch.ones(3, 12), sin=torch.zeros(3, 12)), "head_dim must be a power of two"),
+    (dict(cos=torch.ones(2, 16), sin=torch.zeros(2, 16)), "cos must hold one"),
+    (dict(k_out=torch.empty(3, 2, 16).to(torch.float16)), "k_out.dtype"),
+    (dict(v_out=torch.empty(3, 16, 2).transpose(1, 2)), "v_out's last two axes"),
+    (dict(k_out=torch.empty(4, 2, 16)), "k_out must hold one"),
+    (dict(q_norm=torch.ones(16)), "q_norm and k_norm come together"),
+    (dict(num_heads=1), "num_heads >= num_kv_heads"),
+])
+def test_qkv_rotary_rejects_bad_inputs_by_name(change, words):
+    with pytest.raises(InvalidInputError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        layer_ops.qkv_rotary(**_rotary_args(**change))
+
+
+def test_norm_and_swiglu_reject_bad_inputs_by_name():
+    x = torch.randn(2, 8)
+    with pytest.raises(InvalidInputError, match="delta must have x's shape"):
+        layer_ops.add_rms_norm(x, torch.randn(2, 9), torch.ones(8), 1e-6)
+    with pytest.raises(InvalidInputError, match=r"weight.shape\[0\]"):
+        layer_ops.add_rms_norm(x, x, torch.ones(9), 1e-6)
+    with pytest.raises(InvalidInputError, match="eps must be a positive float"):
+        layer_ops.add_rms_norm(x, x, torch.ones(8), 0.0)
+    with pytest.raises(InvalidInputError, match="last axis must be even"):
+        layer_ops.silu_mul(torch.randn(2, 7))
+    with pytest.raises(InvalidInputError, match="gate_up.dtype"):
+        layer_ops.silu_mul(torch.ones(2, 8, dtype=torch.int64))
 
 
 @pytest.mark.gpu

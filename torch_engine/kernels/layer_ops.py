@@ -10,7 +10,9 @@ ops inside one CUDA graph); these fold the elementwise work between the matrix p
 * ``silu_mul``: ``silu(gate) * up`` from the fused gate/up product: 1 launch instead of 2.
 
 Arithmetic in float32, one rounding to the output dtype; same functions as the torch ops they
-replace (``layers.apply_rotary``, ``F.rms_norm``, ``F.silu``). Plain launches (no custom op):
+replace, defined in ``torch_engine.reference.layer_ops``. Each launcher checks shapes, dtypes,
+strides and devices (never values, which would cost a host synchronisation) and raises
+``InvalidInputError`` naming the argument and the rule. Plain launches (no custom op):
 the engine calls them only outside tracing (``torch.export`` sees the torch ops, which
 Inductor fuses itself), and shapes alone decide each launch, so they capture in CUDA graphs.
 """
@@ -20,6 +22,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+
+from torch_engine.errors import InvalidInputError, require
+from torch_engine.kernels import _common as c
 
 
 @triton.jit
@@ -60,6 +65,54 @@ def _qkv_rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_ptr, k_ptr, 
              mask=hk < HKV)
 
 
+def _check_qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out, q_norm, k_norm
+                      ) -> None:
+    op = "qkv_rotary"
+    for name, t in (("qkv", qkv), ("cos", cos), ("sin", sin), ("k_out", k_out),
+                    ("v_out", v_out)):
+        require(isinstance(t, torch.Tensor), InvalidInputError,
+                f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    require(isinstance(num_heads, int) and isinstance(num_kv_heads, int) and num_kv_heads >= 1
+            and num_heads >= num_kv_heads, InvalidInputError,
+            f"{op}: num_heads and num_kv_heads must be ints with num_heads >= num_kv_heads >= 1, "
+            f"got {num_heads!r} and {num_kv_heads!r}")
+    dim = cos.shape[-1]
+    c.check_head_dim(op, dim)
+    tensors = {"qkv": qkv, "cos": cos, "sin": sin, "k_out": k_out, "v_out": v_out}
+    if (q_norm is None) != (k_norm is None):
+        raise InvalidInputError(f"{op}: q_norm and k_norm come together (Qwen3) or not at all, "
+                                f"got q_norm={'a tensor' if q_norm is not None else None} and "
+                                f"k_norm={'a tensor' if k_norm is not None else None}")
+    if q_norm is not None:
+        c.check_rank(op, "q_norm", q_norm, 1, "[head_dim]")
+        c.check_rank(op, "k_norm", k_norm, 1, "[head_dim]")
+        c.check_dim(op, "q_norm", q_norm, 0, dim, "head_dim")
+        c.check_dim(op, "k_norm", k_norm, 0, dim, "head_dim")
+        tensors.update(q_norm=q_norm, k_norm=k_norm)
+    c.check_devices(op, tensors)
+    c.check_float(op, {"qkv": qkv, "k_out": k_out, "v_out": v_out})
+    c.check_float(op, {"cos": cos, "sin": sin})
+    c.check_dim(op, "qkv", qkv, -1, (num_heads + 2 * num_kv_heads) * dim,
+                "(num_heads + 2 * num_kv_heads) * head_dim")
+    c.check_same_shape(op, "sin", sin, "cos", cos, "[..., head_dim]")
+    rows = qkv.numel() // max(qkv.shape[-1], 1)
+    require(cos.numel() == rows * dim, InvalidInputError,
+            f"{op}: cos must hold one [head_dim] row per row of qkv ({rows} rows), got shape "
+            f"{tuple(cos.shape)}")
+    c.check_last_dim_contiguous(op, {"qkv": qkv, "cos": cos, "sin": sin})
+    for name, t in (("k_out", k_out), ("v_out", v_out)):
+        require(t.dim() in (3, 4), InvalidInputError,
+                f"{op}: {name} must be [N, Hkv, D] or [B, W, Hkv, D], got shape "
+                f"{tuple(t.shape)}")
+        require(tuple(t.shape[-2:]) == (num_kv_heads, dim)
+                and t.stride(-1) == 1 and t.stride(-2) == dim, InvalidInputError,
+                f"{op}: {name}'s last two axes must be a contiguous [num_kv_heads, head_dim] = "
+                f"[{num_kv_heads}, {dim}], got shape {tuple(t.shape)} strides {t.stride()}")
+        require(t.numel() == rows * num_kv_heads * dim, InvalidInputError,
+                f"{op}: {name} must hold one [Hkv, D] row per row of qkv ({rows} rows), got "
+                f"shape {tuple(t.shape)}")
+
+
 def _rows(t: torch.Tensor, inner: int) -> tuple[int, int, int]:
     """(width, batch stride, width stride) of ``t [B, W, ...]`` or ``[N, ...]`` whose last
     ``inner`` elements of a row are contiguous."""
@@ -80,6 +133,7 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q_norm, k_norm: ``[D]`` per-head RMSNorm weights (Qwen3) or None. Writes k_out, v_out and
     returns queries ``[..., Hq, D]`` (contiguous, qkv's dtype).
     """
+    _check_qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out, q_norm, k_norm)
     dim = cos.shape[-1]
     lead = qkv.shape[:-1]
     flat = qkv.reshape(-1, qkv.shape[-1])
@@ -119,7 +173,15 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
                  ) -> tuple[torch.Tensor, torch.Tensor]:
     """``s = x + delta`` and ``rms_norm(s) * weight``; x, delta: ``[..., H]`` contiguous, one
     dtype; weight ``[H]``. Returns (s, normed), both like x."""
-    x, delta = x.contiguous(), delta.contiguous()
+    op = "add_rms_norm"
+    c.check_devices(op, {"x": x, "delta": delta, "weight": weight})
+    c.check_float(op, {"x": x, "delta": delta})
+    c.check_same_shape(op, "delta", delta, "x", x, "[..., H]")
+    c.check_rank(op, "weight", weight, 1, "[H]")
+    c.check_dim(op, "weight", weight, 0, x.shape[-1], "H, x's last axis")
+    require(isinstance(eps, float) and eps > 0, InvalidInputError,
+            f"{op}: eps must be a positive float, got {eps!r}")
+    x, delta, weight = x.contiguous(), delta.contiguous(), weight.contiguous()
     size = x.shape[-1]
     total, out = torch.empty_like(x), torch.empty_like(x)
     rows = x.numel() // size
@@ -142,6 +204,12 @@ def _silu_mul_kernel(gu_ptr, out_ptr, size, BLOCK: tl.constexpr):
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of ``gate_up [..., 2 I]`` (gate first, rows contiguous) -> ``[..., I]``."""
+    op = "silu_mul"
+    c.check_devices(op, {"gate_up": gate_up})
+    c.check_float(op, {"gate_up": gate_up})
+    require(gate_up.dim() >= 1 and gate_up.shape[-1] % 2 == 0, InvalidInputError,
+            f"{op}: gate_up's last axis must be even ([..., 2 I], gate then up), got shape "
+            f"{tuple(gate_up.shape)}")
     gate_up = gate_up.contiguous()
     size = gate_up.shape[-1] // 2
     out = torch.empty((*gate_up.shape[:-1], size), dtype=gate_up.dtype, device=gate_up.device)
