@@ -86,6 +86,44 @@ def test_kernel_matches_reference(beams, size, level, dtype):
         check_equal(out, ref, f"W={beams} C={size} level={level} width={width} {dtype}")
 
 
+def tied_level_inputs(gen: torch.Generator, catalog: Catalog, level: int, batch: int,
+                      beams: int, dead: float):
+    """``level_inputs`` with parent scores on a 0.5 grid too: many exact ties across beams."""
+    logits, scores, prefixes = level_inputs(gen, catalog, level, batch, beams, torch.float32,
+                                            dead)
+    live = torch.isfinite(scores)
+    scores[live] = (torch.randint(-4, 1, (int(live.sum()),), generator=gen) * 0.5).float()
+    return logits, scores, prefixes
+
+
+@pytest.mark.parametrize("width,chunk", [(1, 16), (5, 13), (7, 23), (16, 32), (40, 97),
+                                         (100, 200)])
+@pytest.mark.parametrize("dead", [0.25, 0.97])
+def test_chunked_select_matches_reference(width, chunk, dead):
+    """Small chunks force several reduction steps (short last chunks, padded segments); with
+    97% dead beams fewer candidates than ``width`` are finite (the -inf tail)."""
+    gen = torch.Generator().manual_seed(torch.seed() % 2**31)
+    rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
+    catalog = random_catalog(rng, 16, items=600, skew=1.0)
+    level = int(torch.randint(0, 3, (1,), generator=gen))
+    logits, scores, prefixes = tied_level_inputs(gen, catalog, level, 3, 16, dead)
+    blocked = random_blocked(gen, catalog, level, 3) if level == 2 else None
+    indptr, codes = catalog.level_indptr[level], catalog.level_codes[level]
+    out = launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, blocked,
+                                  out=poisoned(3, width), chunk=chunk)
+    ref = reference(logits, scores, prefixes, indptr, codes, width, blocked)
+    check_equal(out, ref, f"width={width} chunk={chunk} level={level} dead={dead}")
+
+
+def test_chunk_must_leave_room_to_shrink():
+    catalog = random_catalog(np.random.default_rng(0), 16, items=50, skew=0.0)
+    logits, scores, prefixes = level_inputs(torch.Generator().manual_seed(0), catalog, 0, 1, 4,
+                                            torch.float32)
+    with pytest.raises(InvalidInputError, match="chunk must be an int >= 2 \\* width"):
+        launch_constrained_topk(logits, scores, prefixes, catalog.level_indptr[0],
+                                catalog.level_codes[0], 8, None, chunk=15)
+
+
 def test_fewer_continuations_than_beams_fill_the_tail_with_dead_beams():
     rng = np.random.default_rng(3)
     catalog = random_catalog(rng, 16, items=30, skew=0.0)
@@ -266,6 +304,29 @@ def test_gpu_kernel_matches_reference(beams, dtype):
                                       out=tuple(t.cuda() for t in poisoned(4, beams)))
         ref = reference(logits, scores, prefixes, indptr, codes, beams, blocked)
         check_equal(out, ref, f"GPU W={beams} level={level} {dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("beams", [256, 1024])
+@pytest.mark.parametrize("dead", [0.25, 0.999])
+def test_gpu_tied_select_matches_reference(beams, dead):
+    """Default chunks (W 256: one reduction of 16 chunks; W 1024: two, 32 then 4 chunks) on
+    tied scores, and with nearly all beams dead the -inf tail."""
+    rng = np.random.default_rng(beams + 1)
+    catalog = random_catalog(rng, 256, items=200_000, skew=0.8)
+    gen = torch.Generator().manual_seed(beams + 7)
+    for level in (1, 2):
+        inputs = tied_level_inputs(gen, catalog, level, 3, beams, dead)
+        logits, scores, prefixes = (t.cuda() for t in inputs)
+        blocked = random_blocked(gen, catalog, level, 3).cuda() if level == 2 else None
+        indptr = catalog.level_indptr[level].cuda()
+        codes = catalog.level_codes[level].cuda()
+        for width in (beams, 300):
+            out = launch_constrained_topk(logits, scores, prefixes, indptr, codes, width,
+                                          blocked,
+                                          out=tuple(t.cuda() for t in poisoned(3, width)))
+            ref = reference(logits, scores, prefixes, indptr, codes, width, blocked)
+            check_equal(out, ref, f"GPU tied W={beams} width={width} level={level}")
 
 
 @pytest.mark.gpu

@@ -3,16 +3,23 @@ allowed codes plus per-request top-``width`` over W x C candidates, no dense voc
 
 Same function and selection rule as ``torch_engine.reference.constrained_topk`` (read its
 docstring: softmax normalised over the allowed codes; ties by flat index ``w * C + c``; output
-in flat-index order, i.e. sorted by parent beam). Two launches:
+in flat-index order, i.e. sorted by parent beam). Launches:
 
 1. ``_level_scores_kernel``, one program per beam: reads the beam's CSR slice (its allowed
    codes), gathers those logits, takes their log-sum-exp in fp32, and writes the candidate
    totals ``parent score + logp`` and child prefix ids into a ``[B, W*C]`` scratch row (-inf
    and -1 for codes not allowed, dropped children via a binary search in ``blocked``).
-2. ``_select_kernel``, one program per request: finds the ``width``-th largest sortable key by
-   a radix select (4 histogram passes of 8 bits each), then one ordered pass writes the
-   keys above it plus the first ties in flat-index order, so the outputs come out sorted by
-   parent without a sort (-inf picks, when too few candidates are finite, go last).
+2. ``_reduce_kernel`` (zero or more times), programs ``[B, chunks]``: each keeps the best
+   ``width`` candidates of its chunk of a request's row, in flat order with their flat ids.
+   The best ``width`` of a row are among the chunks' best ``width`` (a candidate beaten by
+   fewer than ``width`` in the row is beaten by fewer in its chunk), so each step shrinks
+   the row ``chunk / width``-fold without changing the result; it spreads one request's
+   select over many programs instead of one.
+3. ``_select_kernel``, one program per request over what is left: finds the ``width``-th
+   largest sortable key by a radix select (4 histogram passes of 8 bits each), then one
+   ordered pass writes the keys above it plus the first ties in flat-index order, so the
+   outputs come out sorted by parent without a sort (-inf picks, when too few candidates
+   are finite, go last). The reduce kernel uses the same radix select per chunk.
 
 Shapes only decide the launch (no device reads), so it captures in a CUDA graph. Registered as
 ``xgr::constrained_topk`` with a shape-only fake.
@@ -102,14 +109,12 @@ def _sortable(x):
 
 
 @triton.jit
-def _select_kernel(total_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code_ptr,
-                   out_prefix_ptr, count, size, keep, BLOCK: tl.constexpr):
-    b = tl.program_id(0)
-    base = b.to(tl.int64) * count
-    # Radix select of the keep-th largest key, 8 bits a pass from the top: keys as unsigned
-    # u = key + 2**31; each pass histograms the next digit of the keys that share the digits
-    # chosen so far (the others go to bin 256, ignored) and keeps the digit where the count of
-    # keys >= it first reaches the number still needed.
+def _radix_select(key_ptr, n, keep, BLOCK: tl.constexpr):
+    """The ``keep``-th largest sortable key of ``key_ptr[0:n]`` (fp32): returns it, how many
+    keys equal to it to take (the first ones in order) and how many keys are above it, each
+    an int64 ``[1]``. Keys as unsigned u = key + 2**31, 8 bits a pass from the top: each pass
+    histograms the next digit of the keys sharing the digits chosen so far (the others go to
+    bin 256, ignored) and keeps the digit where the count of keys >= it reaches the need."""
     bins = tl.arange(0, 512)
     prefix = tl.zeros([1], tl.int64)
     need = tl.zeros([1], tl.int64) + keep
@@ -117,10 +122,10 @@ def _select_kernel(total_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code
     for level in tl.static_range(4):
         shift = 24 - 8 * level
         hist = tl.zeros([512], tl.int32)
-        for i0 in range(0, count, BLOCK):
+        for i0 in range(0, n, BLOCK):
             idx = i0 + tl.arange(0, BLOCK)
-            inside = idx < count
-            x = tl.load(total_ptr + base + idx, mask=inside, other=float("-inf"))
+            inside = idx < n
+            x = tl.load(key_ptr + idx, mask=inside, other=float("-inf"))
             u = _sortable(x).to(tl.int64) + 2147483648
             match = ((u >> (shift + 8)) == prefix) & inside
             digit = tl.where(match, (u >> shift) & 255, 256)
@@ -134,10 +139,62 @@ def _select_kernel(total_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code
         greater += above
         need -= above
         prefix = prefix * 256 + d
-    threshold = prefix - 2147483648
-    ties = need                                      # ties to take, first in flat order
-    # When the threshold is -inf (fewer finite candidates than ``keep``) the dead picks go
-    # after every live one, so live beams fill the first slots.
+    return prefix - 2147483648, need, greater
+
+
+@triton.jit
+def _reduce_kernel(key_ptr, id_ptr, out_key_ptr, out_id_ptr, count, chunk, keep,
+                   HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (b, g) keeps the best ``keep`` of candidates ``[g * chunk, (g + 1) * chunk)``
+    of request b (same order as the final select: key, then position), written in position
+    order to output segment g; a short last chunk pads its segment with -inf (never chosen:
+    padding sits after every real candidate and at least ``keep`` real ones survive)."""
+    b = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    start = g * chunk
+    n = tl.minimum(chunk, count - start)
+    k = tl.minimum(keep, n)
+    base = b * count + start
+    threshold, ties, _ = _radix_select(key_ptr + base, n, k, BLOCK)
+    out = (b * tl.num_programs(1) + g) * keep
+    taken = tl.zeros([1], tl.int64)
+    seen = tl.zeros([1], tl.int64)
+    for i0 in range(0, n, BLOCK):
+        idx = i0 + tl.arange(0, BLOCK)
+        inside = idx < n
+        x = tl.load(key_ptr + base + idx, mask=inside, other=float("-inf"))
+        key = _sortable(x).to(tl.int64)[None, :]
+        tie = ((key == threshold[:, None]) & inside[None, :]).to(tl.int64)
+        tie_rank = seen[:, None] + tl.cumsum(tie, 1)
+        pick = ((key > threshold[:, None]) & inside[None, :]) | (
+            (tie > 0) & (tie_rank <= ties[:, None]))
+        slot = out + taken[:, None] + tl.cumsum(pick.to(tl.int64), 1) - 1
+        if HAS_IDS:
+            ident = tl.load(id_ptr + base + idx, mask=inside, other=0)
+        else:
+            ident = (start + idx).to(tl.int32)
+        tl.store(out_key_ptr + slot, x[None, :], mask=pick)
+        tl.store(out_id_ptr + slot, ident[None, :], mask=pick)
+        taken += tl.sum(pick.to(tl.int64), 1)
+        seen += tl.sum(tie, 1)
+    for j0 in range(k, keep, BLOCK):
+        j = j0 + tl.arange(0, BLOCK)
+        pad = j < keep
+        tl.store(out_key_ptr + out + j, tl.full([BLOCK], float("-inf"), tl.float32), mask=pad)
+        tl.store(out_id_ptr + out + j, tl.zeros([BLOCK], tl.int32), mask=pad)
+
+
+@triton.jit
+def _select_kernel(key_ptr, id_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code_ptr,
+                   out_prefix_ptr, count, child_count, size, keep,
+                   HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
+    """Program b writes request b's best ``keep`` of ``count`` candidates (flat ids: the
+    position, or ``id_ptr`` after a reduction) in flat order: keys above the threshold plus
+    the first ties; when the threshold is -inf (fewer finite candidates than ``keep``) the
+    dead picks go after every live one, so live beams fill the first slots."""
+    b = tl.program_id(0).to(tl.int64)
+    base = b * count
+    threshold, ties, greater = _radix_select(key_ptr + base, count, keep, BLOCK)
     tail = threshold == _NEG_INF_KEY
     taken = tl.zeros([1], tl.int64)
     taken_live = tl.zeros([1], tl.int64)
@@ -145,7 +202,7 @@ def _select_kernel(total_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code
     for i0 in range(0, count, BLOCK):
         idx = i0 + tl.arange(0, BLOCK)
         inside = idx < count
-        x = tl.load(total_ptr + base + idx, mask=inside, other=float("-inf"))
+        x = tl.load(key_ptr + base + idx, mask=inside, other=float("-inf"))
         key = _sortable(x).to(tl.int64)[None, :]
         tie = ((key == threshold[:, None]) & inside[None, :]).to(tl.int64)
         tie_rank = seen[:, None] + tl.cumsum(tie, 1)              # 1-based among ties
@@ -155,9 +212,13 @@ def _select_kernel(total_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code
         split = tl.where(live, taken_live[:, None] + tl.cumsum(live.to(tl.int64), 1) - 1,
                          greater[:, None] + tie_rank - 1)
         slot = tl.where(tail[:, None], split, merged)
-        child = tl.load(child_ptr + base + idx, mask=inside, other=-1).to(tl.int64)[None, :]
-        out = b.to(tl.int64) * keep + slot
-        flat = idx.to(tl.int64)[None, :]
+        if HAS_IDS:
+            flat = tl.load(id_ptr + base + idx, mask=inside, other=0).to(tl.int64)
+        else:
+            flat = idx.to(tl.int64)
+        flat = flat[None, :]
+        child = tl.load(child_ptr + b * child_count + flat, mask=pick, other=-1).to(tl.int64)
+        out = b * keep + slot
         tl.store(out_score_ptr + out, x[None, :], mask=pick)
         tl.store(out_parent_ptr + out, flat // size, mask=pick)
         tl.store(out_code_ptr + out, flat % size, mask=pick)
@@ -208,11 +269,23 @@ def _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked,
         c.check_devices(_OP, tensors)
 
 
+def select_chunk(width: int) -> int:
+    """Candidates per program of one reduction step: at least 4096 (a few blocks of work per
+    program) and 8 x width, so each step shrinks the candidates at least 8-fold."""
+    return max(4096, 8 * triton.next_power_of_2(width))
+
+
 def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, blocked,
-                            out: tuple[torch.Tensor, ...] | None = None
+                            out: tuple[torch.Tensor, ...] | None = None,
+                            chunk: int | None = None
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Runs both kernels on checked inputs; ``out`` (caller-owned scores, parent, code,
-    prefix ``[B, width]``) receives the result when given."""
+    """Runs the kernels on checked inputs; ``out`` (caller-owned scores, parent, code,
+    prefix ``[B, width]``) receives the result when given.
+
+    Selection: while a request has more than ``chunk`` (default ``select_chunk(width)``)
+    candidates, ``_reduce_kernel`` splits them into chunks, one program each, and keeps the
+    best ``width`` of every chunk in flat order (the best ``width`` overall are among them);
+    then ``_select_kernel`` picks the final ``width`` in one program per request."""
     batch, beams, size = logits.shape
     device = logits.device
     total = torch.empty((batch, beams * size), dtype=torch.float32, device=device)
@@ -234,11 +307,26 @@ def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, bloc
                *(torch.empty((batch, width), dtype=torch.int64, device=device)
                  for _ in range(3)))
     out_scores, parent, code, prefix = out
-    count = beams * size
+    keys, ids, count = total, None, beams * size
+    chunk = select_chunk(width) if chunk is None else chunk
+    require(isinstance(chunk, int) and chunk >= 2 * width, InvalidInputError,
+            f"{_OP}: chunk must be an int >= 2 * width = {2 * width} (each reduction keeps "
+            f"width of every chunk), got {chunk!r}")
     # The interpreter pays per block, the GPU per register: larger blocks only on the CPU.
-    block = min(triton.next_power_of_2(count), 8192 if c.interpreting() else 1024)
-    _select_kernel[(batch,)](total, child, out_scores, parent, code, prefix, count, size,
-                             width, BLOCK=block, num_warps=8)
+    limit = 8192 if c.interpreting() else 1024
+    while count > chunk:
+        groups = triton.cdiv(count, chunk)
+        out_keys = torch.empty((batch, groups * width), dtype=torch.float32, device=device)
+        out_ids = torch.empty((batch, groups * width), dtype=torch.int32, device=device)
+        _reduce_kernel[(batch, groups)](
+            keys, keys if ids is None else ids, out_keys, out_ids, count, chunk, width,
+            HAS_IDS=ids is not None, BLOCK=min(triton.next_power_of_2(chunk), limit),
+            num_warps=8)
+        keys, ids, count = out_keys, out_ids, groups * width
+    _select_kernel[(batch,)](
+        keys, keys if ids is None else ids, child, out_scores, parent, code, prefix, count,
+        beams * size, size, width, HAS_IDS=ids is not None,
+        BLOCK=min(triton.next_power_of_2(count), limit), num_warps=8)
     return out_scores, parent, code, prefix
 
 
