@@ -123,8 +123,12 @@ def excluded_rows(exclude_items: torch.Tensor, catalog: Catalog) -> torch.Tensor
     found = (ids[pos] == exclude_items) & (exclude_items >= 0)
     sentinel = catalog.num_items
     out = torch.where(found, rows[pos], sentinel).sort(dim=1).values
-    duplicate = torch.zeros_like(found)
-    duplicate[:, 1:] = out[:, 1:] == out[:, :-1]
+    # Each entry against its left neighbour through a gather, not shifted slices: slices of
+    # X - 1 columns make torch.export assume X - 1 >= 2 (it specialises sizes 0 and 1), so a
+    # dynamic X would only export for X >= 3.
+    column = torch.arange(out.shape[1], device=out.device)
+    left = out.gather(1, (column - 1).clamp(min=0).expand_as(out))
+    duplicate = (out == left) & (column > 0)
     return torch.where(duplicate, sentinel, out).sort(dim=1).values
 
 
