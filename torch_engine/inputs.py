@@ -1,4 +1,4 @@
-"""Checking and normalising ``Engine.recommend``'s arguments (host side, reads values).
+"""Checking and normalising ``Engine.recommend``'s arguments (host side, reads values once).
 
 Kept apart from the device search so the search stays free of host synchronisation: every
 rule that needs a value (lengths, id ranges, segment order) is enforced here, once, and raises
@@ -48,19 +48,20 @@ def _int_tensor(name: str, value, dims: int) -> torch.Tensor:
 
 
 def _exclusions(exclude_items, batch: int, limit: int, device: torch.device) -> torch.Tensor:
-    """``[B, X]`` int64 (X >= 1) from None, a padded tensor or a list of 1-D tensors."""
+    """``[B, X]`` int64 (X >= 1) on ``device`` from None, a padded tensor or a list of 1-D
+    tensors; shapes checked here, values (ids >= -1) in ``check_inputs``' one host read."""
     if exclude_items is None:
         return torch.full((batch, 1), -1, dtype=torch.int64, device=device)
     if isinstance(exclude_items, (list, tuple)):
         require(len(exclude_items) == batch, InvalidInputError,
                 f"exclude_items list must hold one tensor per request ({batch}), got "
                 f"{len(exclude_items)}")
-        rows = [_int_tensor(f"exclude_items[{i}]", row, 1).to(torch.int64)
+        rows = [_int_tensor(f"exclude_items[{i}]", row, 1)
                 for i, row in enumerate(exclude_items)]
         widest = max([row.shape[0] for row in rows] + [1])
-        padded = torch.full((batch, widest), -1, dtype=torch.int64)
+        padded = torch.full((batch, widest), -1, dtype=torch.int64, device=device)
         for i, row in enumerate(rows):
-            padded[i, :row.shape[0]] = row.cpu()
+            padded[i, :row.shape[0]] = row          # a device copy, no host read
         exclude_items = padded
     table = _int_tensor("exclude_items", exclude_items, 2)
     require(table.shape[0] == batch, InvalidInputError,
@@ -68,17 +69,65 @@ def _exclusions(exclude_items, batch: int, limit: int, device: torch.device) -> 
     require(table.shape[1] <= limit, InvalidInputError,
             f"exclude_items rows may hold at most EngineConfig.max_exclude={limit} ids, got "
             f"{table.shape[1]}")
-    require(bool((table >= -1).all()), InvalidInputError,
-            "exclude_items must hold item ids >= 0 or -1 as padding")
-    table = table.to(device=device, dtype=torch.int64)
     if table.shape[1] == 0:
-        table = torch.full((batch, 1), -1, dtype=torch.int64, device=device)
-    return table
+        return torch.full((batch, 1), -1, dtype=torch.int64, device=device)
+    return table.to(device=device, dtype=torch.int64)
+
+
+def _segments(segment_ids, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
+    """``[B, L]`` int32 on ``device``: zeros for a causal prompt (made there, no copy)."""
+    if segment_ids is None:
+        return torch.zeros(shape, dtype=torch.int32, device=device)
+    segments = _int_tensor("segment_ids", segment_ids, 2)
+    require(tuple(segments.shape) == shape, InvalidInputError,
+            f"segment_ids must have the shape of token_ids {shape}, got "
+            f"{tuple(segments.shape)}")
+    return segments.to(device=device, dtype=torch.int32)
+
+
+def _check_values(tokens, lens, segments, causal, exclude, vocab_size) -> int:
+    """Every value rule at once, on the inputs' device, read to the host in one transfer (one
+    device synchronisation for CUDA inputs, instead of one per rule); messages needing more
+    detail read more only when raising. Returns the longest length."""
+    width = tokens.shape[1]
+    valid = torch.arange(width, device=tokens.device)[None, :] < lens[:, None]
+    bad_token = valid & ((tokens < 0) | (tokens >= vocab_size))
+    flags = [(lens < 1).any(), (lens > width).any(), bad_token.any()]
+    if causal:
+        flags.append(torch.zeros((), dtype=torch.bool, device=tokens.device))
+    else:
+        falls = valid[:, 1:] & (segments[:, 1:] < segments[:, :-1])
+        flags.append(((segments < 0) & valid).any() | falls.any())
+    flags.append((exclude < -1).any())
+    short, long, tokens_bad, segments_bad, exclude_bad, longest = torch.stack(
+        [*(flag.to(torch.int64) for flag in flags), lens.max()]).tolist()
+    # Messages that show values are built only when raising (an f-string in ``require``
+    # would read them on every call).
+    if short:
+        raise InvalidInputError(f"lengths must be >= 1 (empty history), got {lens.tolist()}")
+    if long:
+        raise InvalidInputError(f"lengths must be <= token_ids.shape[1] = {width}, got "
+                                f"{lens.tolist()}")
+    if tokens_bad:
+        raise InvalidInputError(
+            f"token_ids must lie in [0, vocab_size={vocab_size}) within each length; "
+            f"{int(bad_token.sum())} do not, e.g. {tokens[bad_token][:3].tolist()}")
+    require(not segments_bad, InvalidInputError, "segment_ids must be >= 0 and "
+            "non-decreasing along each row within its length")
+    require(not exclude_bad, InvalidInputError,
+            "exclude_items must hold item ids >= 0 or -1 as padding")
+    return longest
 
 
 def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, top_k,
                  prefix_embeds, exclude_items) -> RequestBatch:
-    """Validate ``Engine.recommend``'s arguments and move them to the engine's device."""
+    """Validate ``Engine.recommend``'s arguments and move them to the engine's device.
+
+    Shapes, dtypes and sizes are checked first; the value rules (lengths, token ids, segment
+    order, exclusion ids, prompt length) then run on the device where ``token_ids`` lives and
+    come back to the host in one read: on CUDA one synchronisation per call, none on the CPU.
+    Inputs on the CPU are checked there and then copied to the engine's device.
+    """
     cfg, catalog = engine.model.config, engine.catalog
     tokens = _int_tensor("token_ids", token_ids, 2)
     batch, width = tokens.shape
@@ -88,17 +137,6 @@ def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, 
     require(lens.shape[0] == batch, InvalidInputError,
             f"lengths must have shape [{batch}] (one per row of token_ids), got "
             f"{tuple(lens.shape)}")
-    lens = lens.to(torch.int64).cpu()
-    require(bool((lens >= 1).all()), InvalidInputError,
-            f"lengths must be >= 1 (empty history), got {lens.tolist()}")
-    require(bool((lens <= width).all()), InvalidInputError,
-            f"lengths must be <= token_ids.shape[1] = {width}, got {lens.tolist()}")
-    valid = torch.arange(width)[None, :] < lens[:, None]
-    host_tokens = tokens.to(torch.int64).cpu()
-    bad = valid & ((host_tokens < 0) | (host_tokens >= cfg.vocab_size))
-    require(not bool(bad.any()), InvalidInputError,
-            f"token_ids must lie in [0, vocab_size={cfg.vocab_size}) within each length; "
-            f"{int(bad.sum())} do not, e.g. {host_tokens[bad][:3].tolist()}")
     require(isinstance(beam_width, int) and 1 <= beam_width <= engine.config.max_beam_width,
             InvalidInputError, f"beam_width must be an int in [1, EngineConfig.max_beam_width="
             f"{engine.config.max_beam_width}], got {beam_width!r}")
@@ -107,19 +145,12 @@ def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, 
             f"top_k must be an int in [1, {reachable}] (catalog of {catalog.num_items} items, "
             f"beam_width {beam_width} x at most {catalog.max_items_per_path} items per path), "
             f"got {top_k!r}")
+    # Checked where the tokens are (the CPU: no device wait; CUDA: one read below).
+    home = tokens.device
+    tokens = tokens.to(torch.int64)
+    lens = lens.to(device=home, dtype=torch.int64)
     causal = segment_ids is None
-    if causal:
-        segments = torch.zeros((batch, width), dtype=torch.int32)
-    else:
-        segments = _int_tensor("segment_ids", segment_ids, 2)
-        require(tuple(segments.shape) == (batch, width), InvalidInputError,
-                f"segment_ids must have the shape of token_ids {(batch, width)}, got "
-                f"{tuple(segments.shape)}")
-        segments = segments.to(torch.int32).cpu()
-        step = segments[:, 1:] - segments[:, :-1]
-        require(bool((segments[valid] >= 0).all()) and not bool((valid[:, 1:] & (step < 0)).any()),
-                InvalidInputError, "segment_ids must be >= 0 and non-decreasing along each "
-                "row within its length")
+    segments = _segments(segment_ids, (batch, width), home)
     prefix = 0
     if prefix_embeds is not None:
         require(isinstance(prefix_embeds, torch.Tensor) and prefix_embeds.is_floating_point(),
@@ -130,18 +161,21 @@ def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, 
                 f"{tuple(prefix_embeds.shape)}")
         prefix = prefix_embeds.shape[1]
         prefix_embeds = prefix_embeds.to(device=engine.device, dtype=engine.dtype)
-    longest = prefix + int(lens.max()) + catalog.levels - 1
+    exclude = _exclusions(exclude_items, batch, engine.config.max_exclude, home)
+    longest = _check_values(tokens, lens, segments, causal, exclude, cfg.vocab_size)
+    longest += prefix + catalog.levels - 1
     require(longest <= cfg.max_position, InvalidInputError,
             f"prompt plus generated codes ({longest} positions) exceed the model's "
             f"max_position {cfg.max_position}")
+    valid = torch.arange(width, device=home)[None, :] < lens[:, None]
     device = engine.device
     return RequestBatch(
-        token_ids=torch.where(valid, host_tokens, 0).to(device),
+        token_ids=torch.where(valid, tokens, 0).to(device),
         total_lengths=(lens + prefix).to(device),
         segment_ids=segments.to(device),
         causal=causal,
         prefix_embeds=prefix_embeds,
-        exclude_items=_exclusions(exclude_items, batch, engine.config.max_exclude, device),
+        exclude_items=exclude.to(device),
     )
 
 

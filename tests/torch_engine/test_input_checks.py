@@ -1,0 +1,120 @@
+"""``inputs.check_inputs`` reads the inputs' values back to the host once per call (one device
+synchronisation on CUDA), whatever rules apply, and still names the rule that failed."""
+
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from torch_engine.catalog import Catalog
+from torch_engine.config import EngineConfig
+from torch_engine.engine import Engine
+from torch_engine.errors import InvalidInputError
+from torch_engine.inputs import check_inputs
+from torch_engine.model import Model
+
+READERS = ("tolist", "item", "cpu", "numpy")
+
+
+class _ScalarReads(TorchDispatchMode):
+    """Counts ``bool(t)``, ``int(t)``, ``t.item()``: each dispatches ``_local_scalar_dense``."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def host_reads(monkeypatch):
+    """Counts every way a tensor's values reach Python: scalar reads plus ``tolist``,
+    ``item``, ``cpu`` and ``numpy`` calls (on CUDA inputs each is a device wait)."""
+    counts = {"n": 0}
+    for name in READERS:
+        original = getattr(torch.Tensor, name)
+
+        def reader(self, *args, _original=original, **kwargs):
+            counts["n"] += 1
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, reader)
+    with _ScalarReads() as mode:
+        yield lambda: counts["n"] + mode.count
+    monkeypatch.undo()
+
+
+@pytest.fixture(scope="module")
+def engine():
+    rng = np.random.default_rng(0)
+    ids = rng.choice(np.arange(10_000), size=200, replace=False)
+    return Engine(Model.from_preset("tiny", seed=0), Catalog.from_arrays(ids, rng.integers(
+        0, 8, (200, 3))), EngineConfig(max_beam_width=64, max_exclude=64))
+
+
+def request(batch: int, seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(8, 1024, (batch, 20), generator=gen)
+    lengths = torch.randint(1, 21, (batch,), generator=gen)
+    segments = torch.cumsum((torch.rand(batch, 20, generator=gen) < 0.3).int(), 1).int()
+    exclude = torch.randint(-1, 10_000, (batch, 5), generator=gen)
+    return tokens, lengths, segments, exclude
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("segmented", [False, True])
+@pytest.mark.parametrize("listed", [False, True])
+def test_valid_inputs_are_read_once(engine, monkeypatch, batch, segmented, listed):
+    tokens, lengths, segments, exclude = request(batch, batch + 2 * segmented)
+    rows = list(exclude) if listed else exclude
+    with host_reads(monkeypatch) as reads:
+        checked = check_inputs(engine, tokens.int(), lengths, segments if segmented else None,
+                               8, 10, torch.zeros(batch, 2, 64), rows)
+        assert reads() == 1
+    valid = torch.arange(20)[None, :] < lengths[:, None]
+    assert torch.equal(checked.token_ids, torch.where(valid, tokens, 0))
+    assert torch.equal(checked.total_lengths, lengths + 2)
+    assert torch.equal(checked.exclude_items, exclude)
+    assert checked.causal is not segmented
+    assert torch.equal(checked.segment_ids, segments if segmented else torch.zeros_like(
+        segments))
+
+
+def test_uneven_exclusion_rows_are_padded(engine):
+    tokens, lengths, _, _ = request(3, 0)
+    rows = [torch.tensor([5, 7], dtype=torch.int32), torch.tensor([], dtype=torch.int64),
+            torch.tensor([9])]
+    checked = check_inputs(engine, tokens, lengths, None, 8, 10, None, rows)
+    assert checked.exclude_items.tolist() == [[5, 7], [-1, -1], [9, -1]]
+
+
+@pytest.mark.parametrize("case,match", [
+    ("short_and_bad_token", "lengths must be >= 1"),
+    ("bad_token_and_segments", "token_ids must lie in"),
+    ("segments_and_exclusion", "non-decreasing"),
+    ("exclusion", "exclude_items must hold item ids"),
+    ("too_long", r"prompt plus generated codes \(\d+ positions\) exceed"),
+])
+def test_first_failing_value_rule_is_named(engine, case, match):
+    tokens, lengths, segments, exclude = request(2, 5)
+    lengths = torch.tensor([20, 20])
+    if case == "short_and_bad_token":
+        lengths[1] = 0
+        tokens[0, 0] = -3
+    if case == "bad_token_and_segments":
+        tokens[1, 3] = engine.model.config.vocab_size
+        segments[0, 5:] = 0
+    if case == "segments_and_exclusion":
+        segments[1, 0] = -1
+        exclude[0, 0] = -2
+    if case == "exclusion":
+        exclude[1, 4] = -5
+    if case == "too_long":
+        tokens = torch.full((2, engine.model.config.max_position), 9)
+        segments, lengths = None, torch.tensor([5, engine.model.config.max_position])
+    with pytest.raises(InvalidInputError, match=match):
+        check_inputs(engine, tokens, lengths, segments, 8, 10, None, exclude)
