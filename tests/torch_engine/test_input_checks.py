@@ -118,3 +118,32 @@ def test_first_failing_value_rule_is_named(engine, case, match):
         segments, lengths = None, torch.tensor([5, engine.model.config.max_position])
     with pytest.raises(InvalidInputError, match=match):
         check_inputs(engine, tokens, lengths, segments, 8, 10, None, exclude)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("segmented", [False, True])
+def test_cuda_inputs_cost_one_device_sync(segmented):
+    """On CUDA-resident inputs (as ``bench_engine.py`` passes them) the checks wait for the
+    device once: ``set_sync_debug_mode("warn")`` warns on every synchronising call."""
+    import warnings
+
+    rng = np.random.default_rng(1)
+    ids = rng.choice(np.arange(10_000), size=200, replace=False)
+    engine = Engine(Model.from_preset("tiny", seed=0).cuda(),
+                    Catalog.from_arrays(ids, rng.integers(0, 8, (200, 3))),
+                    EngineConfig(max_beam_width=64, max_exclude=64))
+    tokens, lengths, segments, exclude = (t.cuda() for t in request(8, 4))
+    check_inputs(engine, tokens, lengths, segments if segmented else None, 8, 10, None,
+                 exclude)                                       # warm-up (allocations)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            checked = check_inputs(engine, tokens, lengths, segments if segmented else None,
+                                   8, 10, None, exclude)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    assert checked.token_ids.device == engine.device
