@@ -68,11 +68,7 @@ class RecommendProgram(torch.nn.Module):
             segment_ids=segment_ids.to(torch.int32),
             causal=False,
             prefix_embeds=profile_embeds.to(self.engine.dtype),
-            # Two padding columns: the engine's dedup compares shifted slices, which the
-            # tracer can only keep dynamic for widths >= 3 (it specialises 0 and 1 sizes).
-            exclude_items=torch.cat([exclude_items.to(torch.int64),
-                                     torch.full((tokens.shape[0], 2), -1, dtype=torch.int64,
-                                                device=device)], dim=1))
+            exclude_items=exclude_items.to(torch.int64))
         item_ids, scores = self.engine.search(batch, self.beam_width, self.top_k)
         return item_ids, scores.to(torch.float32)
 
@@ -98,7 +94,9 @@ def example_inputs(engine, spec, batch: int = 2) -> tuple[torch.Tensor, ...]:
     lengths = torch.full((batch,), len(tokens), dtype=torch.int32)
     segment_ids = torch.tensor([segments] * batch, dtype=torch.int32)
     embeds = torch.zeros(batch, spec.profile_tokens, engine.model.config.hidden_size)
-    exclude = torch.tensor([[first, -1, -1]] * batch, dtype=torch.int64)
+    # Two columns: torch.export fixes a size-1 example axis, so one column would pin the
+    # exclusion width to 1 (the ``exclude`` dim still accepts 1 at run time).
+    exclude = torch.tensor([[first, -1]] * batch, dtype=torch.int64)
     return token_ids, lengths, segment_ids, embeds, exclude
 
 
