@@ -141,17 +141,21 @@ def test_torch_backends_match_reference_attention():
 QWEN3_TINY = PRESETS["tiny"].replace(qk_norm=True, attention_bias=False, head_dim=24)
 
 
+def _tiny_model(family: str, seed: int) -> Model:
+    """The tiny preset (Qwen2 layout) or its Qwen3 twin, random weights, eval mode."""
+    if family == "qwen2":
+        return Model.from_preset("tiny", seed=seed)
+    model = Model(QWEN3_TINY)
+    model.init_weights(seed)
+    return model.eval()
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 @pytest.mark.parametrize("segmented,static", [(False, False), (True, False), (True, True)])
 def test_prefill_then_decode_equals_full_forward(family, segmented, static):
     """Packed prefill + two decode steps give the logits of forward() over prompt + tokens,
     where (hybrid mask) each generated token sits in a new segment of its own."""
-    if family == "qwen2":
-        model = Model.from_preset("tiny", seed=7)
-    else:
-        model = Model(QWEN3_TINY)
-        model.init_weights(7)
-        model.eval()
+    model = _tiny_model(family, seed=7)
     cfg = model.config
     gen = torch.Generator().manual_seed(8)
     lengths = torch.tensor([10, 6])
@@ -218,12 +222,7 @@ def test_static_packing_tail_is_never_attended_by_real_tokens(mode):
 def test_fused_projections_equal_separate_and_yield_to_changed_weights(family):
     """The fused q/k/v and gate/up products give the separate products' result; once a weight
     changes in place (an optimizer step) or is replaced, the stale copies are not used."""
-    if family == "qwen2":
-        model = Model.from_preset("tiny", seed=3)
-    else:
-        model = Model(QWEN3_TINY)
-        model.init_weights(3)
-        model.eval()
+    model = _tiny_model(family, seed=3)
     ids = torch.randint(8, 1024, (2, 9), generator=torch.Generator().manual_seed(4))
     with torch.no_grad():
         separate = model(ids)
