@@ -57,7 +57,7 @@ STAGES = {
     "prefill attention": [(attn, "prefill_attention")],
     "decode attention": [(attn, "decode_attention")],
     "selection": [(bs, "select_fused"), (bs, "constrain"), (bs, "rank"), (bs, "keep_all"),
-                  (bs, "drop_exhausted_paths"), (bs, "exhausted_paths")],
+                  (bs, "drop_exhausted"), (bs, "exhausted_prefixes")],
     "item expansion": [(bs, "expand_items")],
 }
 

@@ -40,8 +40,8 @@ def resolve_selection(name: str, device: torch.device) -> str:
 def select_fused(logits: torch.Tensor, scores: torch.Tensor, prefixes: torch.Tensor,
                  catalog: Catalog, level: int, width: int, blocked: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``constrain`` + ``rank`` (+ ``drop_exhausted_paths`` via ``blocked``, see
-    ``exhausted_paths``) in one Triton op. Returns parents, codes, new prefixes and scores
+    """``constrain`` + ``rank`` (+ ``drop_exhausted`` via ``blocked``, see
+    ``exhausted_prefixes``) in one Triton op. Returns parents, codes, new prefixes and scores
     ``[B, width]`` like ``rank``, but ordered by (parent, code) instead of by score."""
     new, parents, codes, children = _kernel("constrained_topk")(
         logits, scores, prefixes, catalog.level_indptr[level], catalog.level_codes[level],
@@ -132,39 +132,40 @@ def excluded_rows(exclude_items: torch.Tensor, catalog: Catalog) -> torch.Tensor
     return torch.where(duplicate, sentinel, out).sort(dim=1).values
 
 
-def drop_exhausted_paths(logp: torch.Tensor, child: torch.Tensor, excluded: torch.Tensor,
-                         catalog: Catalog) -> torch.Tensor:
-    """Set logp to -inf for full paths all of whose items are excluded (last level only).
+def drop_exhausted(logp: torch.Tensor, child: torch.Tensor, excluded: torch.Tensor,
+                   catalog: Catalog, level: int) -> torch.Tensor:
+    """Set logp to -inf for children (prefixes of ``level + 1`` codes) all of whose items are
+    excluded: a beam spent there could never yield an item.
 
-    excluded: ``[B, X]`` from ``excluded_rows``. Returns logp ``[B, W, C]``.
+    child: ``[B, W, C]`` from ``constrain``; excluded: ``[B, X]`` sorted rows from
+    ``excluded_rows`` (deduplicated, so counting the excluded rows inside a child's row range
+    tells whether it is covered). Returns logp ``[B, W, C]``.
     """
-    paths_total = catalog.num_prefixes[-1]
-    # Path of each excluded row; the sentinel row maps past the last path.
-    path_of = torch.searchsorted(catalog.path_indptr, excluded, right=True) - 1
-    path_of = torch.where(excluded < catalog.num_items, path_of, paths_total)
+    indptr = catalog.item_indptr(level + 1)
     flat = child.flatten(1).clamp(min=0)
-    hits = (torch.searchsorted(path_of, flat, right=True)
-            - torch.searchsorted(path_of, flat, right=False))
-    sizes = catalog.path_indptr[flat + 1] - catalog.path_indptr[flat]
-    return logp.masked_fill((hits >= sizes).view_as(logp), NEG_INF)
+    lo, hi = indptr[flat], indptr[flat + 1]
+    hits = torch.searchsorted(excluded, hi) - torch.searchsorted(excluded, lo)
+    return logp.masked_fill((hits >= hi - lo).view_as(logp), NEG_INF)
 
 
-def exhausted_paths(excluded: torch.Tensor, catalog: Catalog) -> torch.Tensor:
-    """Paths all of whose items are excluded, for the fused selection's ``blocked`` input.
+def exhausted_prefixes(excluded: torch.Tensor, catalog: Catalog, level: int) -> torch.Tensor:
+    """Prefixes of ``level + 1`` codes all of whose items are excluded, for the fused
+    selection's ``blocked`` input at ``level``.
 
-    excluded: ``[B, X]`` sorted rows from ``excluded_rows``. Returns ``[B, X]`` int64 path
-    ids sorted ascending, padded with ``num_prefixes[-1]`` (no path has that id). Same paths
-    as ``drop_exhausted_paths`` drops, without a ``[B, W, C]`` pass.
+    excluded: ``[B, X]`` sorted rows from ``excluded_rows``. Returns ``[B, X]`` int64 prefix
+    ids sorted ascending, padded with ``num_prefixes[level + 1]`` (no prefix has that id).
+    Same prefixes as ``drop_exhausted`` drops, without a ``[B, W, C]`` pass.
     """
-    paths_total = catalog.num_prefixes[-1]
+    indptr = catalog.item_indptr(level + 1)
+    total = catalog.num_prefixes[level + 1]
     known = excluded < catalog.num_items
-    path_of = torch.searchsorted(catalog.path_indptr, excluded, right=True) - 1
-    path_of = torch.where(known, path_of, paths_total)                 # sorted along rows
-    hits = (torch.searchsorted(path_of, path_of, right=True)
-            - torch.searchsorted(path_of, path_of, right=False))
-    first = path_of.clamp(max=paths_total - 1)
-    sizes = catalog.path_indptr[first + 1] - catalog.path_indptr[first]
-    return torch.where(known & (hits >= sizes), path_of, paths_total).sort(dim=1).values
+    prefix_of = torch.searchsorted(indptr, excluded, right=True) - 1
+    prefix_of = torch.where(known, prefix_of, total)                  # sorted along rows
+    hits = (torch.searchsorted(prefix_of, prefix_of, right=True)
+            - torch.searchsorted(prefix_of, prefix_of, right=False))
+    first = prefix_of.clamp(max=total - 1)
+    sizes = indptr[first + 1] - indptr[first]
+    return torch.where(known & (hits >= sizes), prefix_of, total).sort(dim=1).values
 
 
 def expand_items(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,

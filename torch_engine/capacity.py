@@ -29,8 +29,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 _OOM = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
         torch.cuda.OutOfMemoryError)
-# Peak bytes per (beam, code) candidate of one level. The torch path (constrain, rank and, at
-# the last level, drop_exhausted_paths) measured 24 and 52 bytes with the CPU profiler at
+# Peak bytes per (beam, code) candidate of one level. The torch path (constrain, rank and
+# drop_exhausted) measured 24 and 52 bytes with the CPU profiler at
 # B 2, W 64, C 256: fp32 copies plus int64 child ids and search positions. The fused kernel
 # holds the fp32 logits, its fp32 totals and int32 child ids.
 _CANDIDATE_BYTES = {"torch": 64, "triton": 4 + 4 + 4}

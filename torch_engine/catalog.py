@@ -13,6 +13,8 @@ in sorted order), so beam search carries prefix ids instead of code tuples. Then
 
     path_indptr [P_L + 1], path_items [N]   the items of each path, sorted by item id
     item_lookup_ids [N], item_lookup_rows [N]  sorted item ids and their row in path_items
+    prefix_indptr[l] [P_{l+1} + 1]  for l < L - 1: the rows of path_items under each prefix of
+                                    length l + 1 (``item_indptr`` also gives path_indptr)
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Catalog:
     path_items: torch.Tensor
     item_lookup_ids: torch.Tensor
     item_lookup_rows: torch.Tensor
+    prefix_indptr: tuple[torch.Tensor, ...]   # lengths 1 .. L-1; length L is path_indptr
 
     @classmethod
     def from_arrays(cls, item_ids, codes, layout: TokenLayout | None = None) -> "Catalog":
@@ -100,11 +103,20 @@ class Catalog:
             path_items=as_tensor(ids[order]),
             item_lookup_ids=as_tensor(ids[by_id]),
             item_lookup_rows=as_tensor(row_of_item[by_id].astype(np.int64)),
+            prefix_indptr=tuple(as_tensor(np.r_[starts[length], count].astype(np.int64))
+                                for length in range(1, levels)),
         )
 
     @property
     def levels(self) -> int:
         return self.layout.levels
+
+    def item_indptr(self, length: int) -> torch.Tensor:
+        """``[P_length + 1]`` int64: prefix p of ``length`` codes (1..levels) holds the rows
+        ``indptr[p]:indptr[p + 1]`` of ``path_items`` (sorted order keeps them contiguous)."""
+        require(1 <= length <= self.levels, CatalogError,
+                f"prefix length must be in [1, {self.levels}], got {length}")
+        return self.path_indptr if length == self.levels else self.prefix_indptr[length - 1]
 
     @property
     def device(self) -> torch.device:
@@ -125,7 +137,7 @@ class Catalog:
         """Bytes held by the tables."""
         tensors = [self.path_indptr, self.path_items, self.item_lookup_ids,
                    self.item_lookup_rows, *self.level_indptr, *self.level_codes,
-                   *self.level_parents]
+                   *self.level_parents, *self.prefix_indptr]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

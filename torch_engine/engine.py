@@ -83,9 +83,8 @@ class Engine:
         mask layout (prefill mask ``ITEM_CAUSAL``), or None for a causal prompt;
         prefix_embeds: ``[B, S, hidden]`` float soft tokens placed before ``token_ids``
         (segment 0); exclude_items: ``[B, X]`` int64 padded with -1, or a list of B 1-D int
-        tensors: those items are never returned and a path whose items are all excluded is
-        never chosen (checked at the last level: a shorter prefix all of whose paths are
-        excluded can still hold a beam). Generated codes attend the whole prompt and the
+        tensors: those items are never returned, and at every level a prefix all of whose
+        items are excluded never takes a beam. Generated codes attend the whole prompt and the
         earlier codes.
 
         Returns item ids ``[B, top_k]`` int64 and scores ``[B, top_k]`` float32 (the path's
@@ -161,7 +160,6 @@ class Engine:
                        cfg.head_dim, hidden.dtype, self.device)
         tokens = prefixes
         fused = self.selection == "triton"
-        blocked = bs.exhausted_paths(state.excluded, catalog) if fused else None
         for level in range(levels):
             if level > 0:
                 hidden = model.decode_step(tokens, state.prompt.lengths + (level - 1),
@@ -172,11 +170,11 @@ class Engine:
             if fused:
                 parents, codes, prefixes, scores = bs.select_fused(
                     logits, scores, prefixes, catalog, level, width,
-                    blocked if level == levels - 1 else None)
+                    bs.exhausted_prefixes(state.excluded, catalog, level))
             else:
                 logp, child = bs.constrain(logits, prefixes, catalog, level)
-                if level == levels - 1:
-                    logp = bs.drop_exhausted_paths(logp, child, state.excluded, catalog)
+                # At every level: a prefix whose items are all excluded never takes a beam.
+                logp = bs.drop_exhausted(logp, child, state.excluded, catalog, level)
                 if catalog.num_prefixes[level + 1] <= width:
                     parents, codes, prefixes, scores = bs.keep_all(scores, logp, catalog,
                                                                    level, width)

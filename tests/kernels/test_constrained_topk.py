@@ -159,7 +159,7 @@ def test_ties_break_by_flat_index_then_come_out_sorted_by_parent():
 def torch_path(logits, scores, prefixes, catalog, level, width, excluded=None):
     logp, child = bs.constrain(logits, prefixes, catalog, level)
     if excluded is not None:
-        logp = bs.drop_exhausted_paths(logp, child, excluded, catalog)
+        logp = bs.drop_exhausted(logp, child, excluded, catalog, level)
     if catalog.num_prefixes[level + 1] <= width:
         return bs.keep_all(scores, logp, catalog, level, width)
     return bs.rank(scores, logp, child, width)
@@ -179,7 +179,7 @@ def test_reference_selects_what_the_engine_torch_path_selects(level):
     if level == 2:
         rows = torch.arange(catalog.num_items)[torch.randperm(catalog.num_items, generator=gen)]
         excluded = bs.excluded_rows(catalog.path_items[rows[:2 * 150]].view(2, 150), catalog)
-        blocked = bs.exhausted_paths(excluded, catalog)
+        blocked = bs.exhausted_prefixes(excluded, catalog, level)
         assert bool((blocked < catalog.num_prefixes[-1]).any()), "no exhausted path to test"
     parents, codes, children, new = torch_path(logits, scores, prefixes, catalog, level, width,
                                                excluded)

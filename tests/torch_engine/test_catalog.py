@@ -42,6 +42,15 @@ def test_tables_match_python_construction(seed):
         int(((codes == p).all(axis=1)).sum()) for p in prefixes[3])
     rows = cat.item_lookup_rows[torch.searchsorted(cat.item_lookup_ids, torch.from_numpy(ids))]
     assert torch.equal(cat.path_items[rows], torch.from_numpy(ids))
+    for length in range(1, 4):                     # items under each prefix: one row range
+        indptr = cat.item_indptr(length)
+        assert indptr.shape == (cat.num_prefixes[length] + 1,)
+        for pid, prefix in enumerate(prefixes[length]):
+            lo, hi = indptr[pid].item(), indptr[pid + 1].item()
+            under = (codes[:, :length] == prefix).all(axis=1)
+            assert sorted(cat.path_items[lo:hi].tolist()) == sorted(ids[under].tolist())
+    with pytest.raises(CatalogError, match="prefix length"):
+        cat.item_indptr(0)
 
 
 def test_catalog_moves_between_devices_and_accepts_tensors():

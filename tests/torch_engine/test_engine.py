@@ -109,10 +109,9 @@ def python_beam_search(model, tokens, segs, ids, codes, width, top_k, exclude=()
                 logp = level_logp(model, tokens, segs, prefix, codes)
                 for code in np.flatnonzero(np.isfinite(logp.numpy())):
                     path = prefix + (int(code),)
-                    if level == 2:
-                        items = ids[(codes == path).all(axis=1)]
-                        if all(int(i) in excluded for i in items):
-                            continue
+                    items = ids[(codes[:, :level + 1] == path).all(axis=1)]
+                    if all(int(i) in excluded for i in items):
+                        continue                    # nothing left under this prefix
                     cands.append((path, score + float(logp[code])))
             beams = sorted(cands, key=lambda c: -c[1])[:width]
     out = []
@@ -171,6 +170,25 @@ def test_excluded_items_never_returned_and_exhausted_paths_never_expanded(world,
         expected = python_beam_search(engine.model, tokens[0], segs[0], ids, codes, width,
                                       top_k, exclude=exclude)
         assert_same(items[0], scores[0], expected)
+
+
+@pytest.mark.parametrize("selection", ["torch", "triton"])
+def test_a_prefix_whose_items_are_all_excluded_takes_no_beam_at_any_level(world, selection):
+    """Excluding every item under the best first code: with one beam, a search that only
+    checked full paths would spend its beam there and return nothing; it must move on."""
+    ids, codes, engine = world
+    engine = Engine(engine.model, engine.catalog, EngineConfig(selection_backend=selection))
+    tokens, lengths, segs = prompts(21, [10])
+    best, _ = engine.recommend(tokens, lengths, segs, beam_width=1, top_k=1)
+    first_code = codes[ids == int(best[0, 0])][0][0]
+    exclude = ids[codes[:, 0] == first_code].tolist()
+    assert len(exclude) > 1 and len(exclude) < len(ids)
+    items, scores = engine.recommend(tokens, lengths, segs, beam_width=1, top_k=1,
+                                     exclude_items=[torch.tensor(exclude)])
+    assert int(items[0, 0]) >= 0 and int(items[0, 0]) not in exclude
+    expected = python_beam_search(engine.model, tokens[0], segs[0], ids, codes, 1, 1,
+                                  exclude=exclude)
+    assert_same(items[0], scores[0], expected)
 
 
 def test_results_exist_are_unique_and_sorted_when_top_k_exceeds_beam_width(model):
