@@ -1,5 +1,7 @@
-"""Shared test set-up: the Triton interpreter on machines without a GPU, and the gpu marker."""
+"""Shared test set-up: the Triton interpreter on machines without a GPU, the gpu marker, and
+test modules that need TensorFlow skipped where it is not installed (the GPU machine)."""
 
+import importlib.util
 import os
 
 # Must be decided before triton is first imported anywhere in the test process.
@@ -15,6 +17,39 @@ from torch_engine.import_order import preload_triton  # noqa: E402
 
 # Tests import TensorFlow and Triton in one process; TF first would abort on the triton import.
 preload_triton()
+
+
+_HAS_TF = importlib.util.find_spec("tensorflow") is not None
+_NO_TF = "TensorFlow is not installed here: this module runs where `make test` runs"
+
+
+# Top-level packages that exist only beside TensorFlow.
+_TF_PACKAGES = {"tensorflow", "tensorflow_serving", "tf_keras", "keras", "tf2onnx"}
+
+
+def _needs_tf(error: BaseException) -> bool:
+    cause = error.__cause__
+    return (isinstance(cause, ModuleNotFoundError)
+            and (cause.name or "").split(".")[0] in _TF_PACKAGES)
+
+
+class _ModuleSkippedWithoutTF(pytest.Module):
+    """A test module whose import fails only for want of TensorFlow is skipped, not an error,
+    so ``make test-gpu`` collects the engine and kernel tests on a machine without TF."""
+
+    def _getobj(self):
+        try:
+            return super()._getobj()
+        except self.CollectError as error:
+            if _needs_tf(error):
+                pytest.skip(_NO_TF, allow_module_level=True)
+            raise
+
+
+def pytest_pycollect_makemodule(module_path, parent):
+    if _HAS_TF or module_path.name == "conftest.py":
+        return None
+    return _ModuleSkippedWithoutTF.from_parent(parent, path=module_path)
 
 
 def _has_cuda() -> bool:

@@ -6,6 +6,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
+pytest.importorskip("tensorflow", reason="the server needs TensorFlow")  # not on the GPU machine
+
 from tf_frontend.serving.config import BatchingConfig  # noqa: E402
 from tests.serving.helpers import save_history_model, start_server  # noqa: E402
 

@@ -8,6 +8,7 @@ running the same engine on the GPU.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -19,7 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "torch_call_cache"
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None,
+                                 reason="the export and its check run TensorFlow")]
 
 
 def test_cuda_export_matches_the_python_pipeline_on_the_gpu(tmp_path):
