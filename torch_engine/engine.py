@@ -1,12 +1,15 @@
 """The generative-retrieval engine: prompt batch in, top-k catalog items out.
 
-``Engine.recommend`` = ``check_inputs`` (host: reads values, raises ``InvalidInputError``) then
-``search`` (device only: prefill once, one decode step per further code level, constrained beam
-selection, item expansion; no host synchronisation, traceable with ``torch.export``).
+``Engine.recommend`` = ``prepare_inputs`` (shapes checked on the host; value rules computed on
+the device) then ``search`` (device only: prefill once, one decode step per further code level,
+constrained beam selection, item expansion; no host synchronisation, traceable with
+``torch.export``), then one read of the value rules' verdict: one host synchronisation per
+batch, at the end (``InvalidInputError`` then, and the batch's results are dropped).
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -16,9 +19,9 @@ from torch_engine.attention import resolve_backend
 from torch_engine.capacity import check_request, run_contained
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
-from torch_engine.errors import ConfigError, require
+from torch_engine.errors import ConfigError, XgrError, require
 from torch_engine.graphs import DecodeGraphs, SearchGraphs
-from torch_engine.inputs import RequestBatch, check_inputs, pad_to_buckets
+from torch_engine.inputs import RequestBatch, Verdict, pad_to_buckets, prepare_inputs
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
 from torch_engine.layout import MaskMode
 from torch_engine.model import Model
@@ -34,6 +37,17 @@ class PrefillState:
     shared: SharedKV
     last_hidden: torch.Tensor
     excluded: torch.Tensor
+
+
+@contextmanager
+def _inputs_first(verdict: Verdict):
+    """When the work fails (capacity, out of memory), an invalid input is the error to report:
+    the verdict is read first and its ``InvalidInputError`` replaces the failure."""
+    try:
+        yield
+    except XgrError as failure:
+        verdict.raise_if_invalid()
+        raise
 
 
 class Engine:
@@ -91,23 +105,30 @@ class Engine:
         log-probability, each level normalised over the codes the catalog allows), best first;
         when the final beams reach fewer than ``top_k`` items, the tail holds -1 and -inf.
 
+        Raises ``InvalidInputError`` naming the argument and the rule: for shapes and dtypes
+        before any work, for values (lengths, ids, segment order, prompt length) after the
+        search, when their verdict is read (the search ran on a sanitised copy; its results
+        are dropped), so a valid batch costs one host synchronisation, at the end.
         Raises ``CapacityError`` before any work when the estimated memory
         (``capacity.estimate_request``) exceeds what is free (not asked again for a shape
         whose graph is captured: its memory is already held), and when the device runs out
         of memory during the batch (the batch is dropped; the next call runs normally).
         """
-        batch = check_inputs(self, token_ids, lengths, segment_ids, beam_width, top_k,
-                             prefix_embeds, exclude_items)
+        batch, verdict = prepare_inputs(self, token_ids, lengths, segment_ids, beam_width,
+                                        top_k, prefix_embeds, exclude_items)
         rows = batch.token_ids.shape[0]
         graphs = self.graphs
         if isinstance(graphs, SearchGraphs):
             # Nearby shapes share one captured graph; padding rows are dropped below.
             batch = pad_to_buckets(batch, self.config.length_bucket, self.config.batch_buckets)
-        if not (isinstance(graphs, SearchGraphs) and graphs.holds(batch, beam_width, top_k)):
-            check_request(self, batch, beam_width, top_k)
-        with torch.no_grad():
-            items, scores = run_contained(lambda: self.search(batch, beam_width, top_k),
-                                          self.device, f"a batch of {rows} requests")
+        with _inputs_first(verdict):
+            if not (isinstance(graphs, SearchGraphs)
+                    and graphs.holds(batch, beam_width, top_k)):
+                check_request(self, batch, beam_width, top_k)
+            with torch.no_grad():
+                items, scores = run_contained(lambda: self.search(batch, beam_width, top_k),
+                                              self.device, f"a batch of {rows} requests")
+        verdict.raise_if_invalid()             # the batch's one host synchronisation
         if items.shape[0] != rows:
             items, scores = items[:rows], scores[:rows]
         return items, scores

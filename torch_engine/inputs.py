@@ -1,8 +1,13 @@
-"""Checking and normalising ``Engine.recommend``'s arguments (host side, reads values once).
+"""Checking and normalising ``Engine.recommend``'s arguments.
 
-Kept apart from the device search so the search stays free of host synchronisation: every
-rule that needs a value (lengths, id ranges, segment order) is enforced here, once, and raises
-``InvalidInputError`` naming the argument and the rule.
+Shapes, dtypes and sizes are checked on the host at once. The rules on values (lengths, id
+ranges, segment order, exclusion ids, prompt length) are computed on the device as a few flags
+(``Verdict``) and read in one transfer, which on CUDA is a device synchronisation:
+``check_inputs`` reads them at once; ``Engine.recommend`` reads them after the search, so a
+batch costs one synchronisation, at the end. Until then the search runs on a sanitised copy
+(ids out of range set to 0, lengths clamped, segments made non-decreasing), so an invalid
+request can never index out of bounds; its results are dropped and ``InvalidInputError``
+names the argument and the rule.
 """
 
 from __future__ import annotations
@@ -85,12 +90,57 @@ def _segments(segment_ids, shape: tuple[int, int], device: torch.device) -> torc
     return segments.to(device=device, dtype=torch.int32)
 
 
-def _check_values(tokens, lens, segments, causal, exclude, vocab_size) -> int:
-    """Every value rule at once, on the inputs' device, read to the host in one transfer (one
-    device synchronisation for CUDA inputs, instead of one per rule); messages needing more
-    detail read more only when raising. Returns the longest length."""
+@dataclass(frozen=True)
+class Verdict:
+    """The value rules of one batch, computed on the device and not yet read.
+
+    flags: ``[6]`` int64 on the inputs' device: lengths < 1, lengths > width, token ids out
+    of range, segments bad, exclusion ids bad, longest length. The other fields only build
+    messages (read only when raising).
+    """
+
+    flags: torch.Tensor
+    tokens: torch.Tensor
+    lengths: torch.Tensor
+    bad_token: torch.Tensor
+    vocab_size: int
+    prefix: int
+    levels: int
+    max_position: int
+
+    def raise_if_invalid(self) -> None:
+        """One host read of the flags; ``InvalidInputError`` for the first rule broken, in
+        the order the rules are documented (lengths, tokens, segments, exclusions, prompt
+        length)."""
+        short, long, tokens_bad, segments_bad, exclude_bad, longest = self.flags.tolist()
+        width = self.tokens.shape[1]
+        # Messages that show values are built only when raising.
+        if short:
+            raise InvalidInputError(f"lengths must be >= 1 (empty history), got "
+                                    f"{self.lengths.tolist()}")
+        if long:
+            raise InvalidInputError(f"lengths must be <= token_ids.shape[1] = {width}, got "
+                                    f"{self.lengths.tolist()}")
+        if tokens_bad:
+            raise InvalidInputError(
+                f"token_ids must lie in [0, vocab_size={self.vocab_size}) within each length; "
+                f"{int(self.bad_token.sum())} do not, e.g. "
+                f"{self.tokens[self.bad_token][:3].tolist()}")
+        require(not segments_bad, InvalidInputError, "segment_ids must be >= 0 and "
+                "non-decreasing along each row within its length")
+        require(not exclude_bad, InvalidInputError,
+                "exclude_items must hold item ids >= 0 or -1 as padding")
+        positions = longest + self.prefix + self.levels - 1
+        require(positions <= self.max_position, InvalidInputError,
+                f"prompt plus generated codes ({positions} positions) exceed the model's "
+                f"max_position {self.max_position}")
+
+
+def _value_flags(tokens, lens, valid, segments, causal, exclude, vocab_size
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every value rule at once on the inputs' device: ``[6]`` int64 flags (see ``Verdict``)
+    and the ``[B, L]`` mask of bad token ids. No host read."""
     width = tokens.shape[1]
-    valid = torch.arange(width, device=tokens.device)[None, :] < lens[:, None]
     bad_token = valid & ((tokens < 0) | (tokens >= vocab_size))
     flags = [(lens < 1).any(), (lens > width).any(), bad_token.any()]
     if causal:
@@ -99,35 +149,25 @@ def _check_values(tokens, lens, segments, causal, exclude, vocab_size) -> int:
         falls = valid[:, 1:] & (segments[:, 1:] < segments[:, :-1])
         flags.append(((segments < 0) & valid).any() | falls.any())
     flags.append((exclude < -1).any())
-    short, long, tokens_bad, segments_bad, exclude_bad, longest = torch.stack(
-        [*(flag.to(torch.int64) for flag in flags), lens.max()]).tolist()
-    # Messages that show values are built only when raising (an f-string in ``require``
-    # would read them on every call).
-    if short:
-        raise InvalidInputError(f"lengths must be >= 1 (empty history), got {lens.tolist()}")
-    if long:
-        raise InvalidInputError(f"lengths must be <= token_ids.shape[1] = {width}, got "
-                                f"{lens.tolist()}")
-    if tokens_bad:
-        raise InvalidInputError(
-            f"token_ids must lie in [0, vocab_size={vocab_size}) within each length; "
-            f"{int(bad_token.sum())} do not, e.g. {tokens[bad_token][:3].tolist()}")
-    require(not segments_bad, InvalidInputError, "segment_ids must be >= 0 and "
-            "non-decreasing along each row within its length")
-    require(not exclude_bad, InvalidInputError,
-            "exclude_items must hold item ids >= 0 or -1 as padding")
-    return longest
+    return torch.stack([*(flag.to(torch.int64) for flag in flags), lens.max()]), bad_token
 
 
 def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, top_k,
                  prefix_embeds, exclude_items) -> RequestBatch:
-    """Validate ``Engine.recommend``'s arguments and move them to the engine's device.
+    """Validate ``Engine.recommend``'s arguments and move them to the engine's device:
+    ``prepare_inputs`` and its verdict read at once (one read; on CUDA one synchronisation)."""
+    batch, verdict = prepare_inputs(engine, token_ids, lengths, segment_ids, beam_width, top_k,
+                                    prefix_embeds, exclude_items)
+    verdict.raise_if_invalid()
+    return batch
 
-    Shapes, dtypes and sizes are checked first; the value rules (lengths, token ids, segment
-    order, exclusion ids, prompt length) then run on the device where ``token_ids`` lives and
-    come back to the host in one read: on CUDA one synchronisation per call, none on the CPU.
-    Inputs on the CPU are checked there and then copied to the engine's device.
-    """
+
+def prepare_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, top_k,
+                   prefix_embeds, exclude_items) -> tuple[RequestBatch, Verdict]:
+    """Shapes, dtypes and sizes checked now (``InvalidInputError``); the value rules computed
+    where ``token_ids`` lives into a ``Verdict`` the caller reads later, and a sanitised batch
+    on the engine's device that is safe to search whatever the verdict (see the module's
+    docstring). Inputs on the CPU are checked there, then copied to the engine's device."""
     cfg, catalog = engine.model.config, engine.catalog
     tokens = _int_tensor("token_ids", token_ids, 2)
     batch, width = tokens.shape
@@ -162,21 +202,26 @@ def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, 
         prefix = prefix_embeds.shape[1]
         prefix_embeds = prefix_embeds.to(device=engine.device, dtype=engine.dtype)
     exclude = _exclusions(exclude_items, batch, engine.config.max_exclude, home)
-    longest = _check_values(tokens, lens, segments, causal, exclude, cfg.vocab_size)
-    longest += prefix + catalog.levels - 1
-    require(longest <= cfg.max_position, InvalidInputError,
-            f"prompt plus generated codes ({longest} positions) exceed the model's "
-            f"max_position {cfg.max_position}")
-    valid = torch.arange(width, device=home)[None, :] < lens[:, None]
+    slots = torch.arange(width, device=home)[None, :]
+    flags, bad_token = _value_flags(tokens, lens, slots < lens[:, None], segments, causal,
+                                    exclude, cfg.vocab_size)
+    verdict = Verdict(flags, tokens, lens, bad_token, cfg.vocab_size, prefix, catalog.levels,
+                      cfg.max_position)
+    # The sanitised copy the search runs on until the verdict is read.
+    lens = lens.clamp(1, width)
+    valid = slots < lens[:, None]
+    if not causal:
+        segments = torch.cummax(segments.clamp(min=0), dim=1).values
     device = engine.device
     return RequestBatch(
-        token_ids=torch.where(valid, tokens, 0).to(device),
+        token_ids=torch.where(valid & (tokens >= 0) & (tokens < cfg.vocab_size), tokens,
+                              0).to(device),
         total_lengths=(lens + prefix).to(device),
         segment_ids=segments.to(device),
         causal=causal,
         prefix_embeds=prefix_embeds,
         exclude_items=exclude.to(device),
-    )
+    ), verdict
 
 
 def bucket_size(value: int, multiple: int) -> int:

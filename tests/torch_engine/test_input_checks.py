@@ -1,5 +1,6 @@
 """``inputs.check_inputs`` reads the inputs' values back to the host once per call (one device
-synchronisation on CUDA), whatever rules apply, and still names the rule that failed."""
+synchronisation on CUDA), whatever rules apply, and still names the rule that failed;
+``Engine.recommend`` makes that one read after the search, on a sanitised copy meanwhile."""
 
 import contextlib
 
@@ -118,6 +119,89 @@ def test_first_failing_value_rule_is_named(engine, case, match):
         segments, lengths = None, torch.tensor([5, engine.model.config.max_position])
     with pytest.raises(InvalidInputError, match=match):
         check_inputs(engine, tokens, lengths, segments, 8, 10, None, exclude)
+
+
+def test_recommend_reads_the_host_once_and_after_the_search(engine, monkeypatch):
+    tokens, lengths, segments, exclude = request(3, 7)
+    order = []
+    search = engine.search
+
+    def recording_search(*args, **kwargs):
+        order.append("search")
+        return search(*args, **kwargs)
+    monkeypatch.setattr(engine, "search", recording_search)
+    want = engine.recommend(tokens, lengths, segments, beam_width=8, top_k=10,
+                            exclude_items=exclude)
+    with host_reads(monkeypatch) as reads:
+        monkeypatch.setattr(engine, "search", recording_search)
+        got = engine.recommend(tokens, lengths, segments, beam_width=8, top_k=10,
+                               exclude_items=exclude)
+        assert reads() == 1
+    assert order == ["search", "search"]
+    assert torch.equal(got[0], want[0])
+
+
+@pytest.mark.parametrize("case,match", [
+    ("empty", "lengths must be >= 1"),
+    ("too_long_length", "lengths must be <="),
+    ("token_out_of_range", "token_ids must lie in"),
+    ("negative_token", "token_ids must lie in"),
+    ("segments_fall", "non-decreasing"),
+    ("exclusion", "exclude_items must hold item ids"),
+])
+def test_invalid_values_search_safely_then_raise_and_the_engine_goes_on(engine, case, match):
+    """The search runs on the sanitised copy (no out-of-range index however bad the values),
+    then the verdict names the rule; the next valid request gets its usual answer."""
+    tokens, lengths, segments, exclude = request(2, 9)
+    want = engine.recommend(tokens, lengths, segments, beam_width=8, top_k=10,
+                            exclude_items=exclude)
+    bad_tokens, bad_lengths = tokens.clone(), lengths.clone()
+    bad_segments, bad_exclude = segments.clone(), exclude.clone()
+    if case == "empty":
+        bad_lengths[0] = 0
+        bad_tokens[0, 0] = engine.model.config.vocab_size + 7   # outside the length: allowed
+    if case == "too_long_length":
+        bad_lengths[1] = 50
+    if case == "token_out_of_range":
+        bad_tokens[1, 0] = engine.model.config.vocab_size + 7
+    if case == "negative_token":
+        bad_tokens[0, 0] = -5
+    if case == "segments_fall":
+        bad_segments[0, 0] = bad_segments[0, -1] + 3
+    if case == "exclusion":
+        bad_exclude[1, 0] = -9
+    with pytest.raises(InvalidInputError, match=match):
+        engine.recommend(bad_tokens, bad_lengths, bad_segments, beam_width=8, top_k=10,
+                         exclude_items=bad_exclude)
+    again = engine.recommend(tokens, lengths, segments, beam_width=8, top_k=10,
+                             exclude_items=exclude)
+    assert torch.equal(again[0], want[0])
+
+
+@pytest.mark.gpu
+def test_cuda_recommend_synchronises_once():
+    """A whole ``recommend`` on CUDA inputs (whole-search graph replay): one synchronising
+    call, the verdict's read after the search."""
+    import warnings
+
+    rng = np.random.default_rng(2)
+    ids = rng.choice(np.arange(10_000), size=200, replace=False)
+    engine = Engine(Model.from_preset("tiny", seed=0).cuda(),
+                    Catalog.from_arrays(ids, rng.integers(0, 8, (200, 3))),
+                    EngineConfig(max_beam_width=64, max_exclude=64))
+    tokens, lengths, segments, exclude = (t.cuda() for t in request(8, 5))
+    args = dict(beam_width=8, top_k=10, exclude_items=exclude)
+    engine.recommend(tokens, lengths, segments, **args)              # capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.recommend(tokens, lengths, segments, **args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) == 1, [str(w.message) for w in syncs]
 
 
 @pytest.mark.gpu
