@@ -178,56 +178,50 @@ def test_invalid_values_search_safely_then_raise_and_the_engine_goes_on(engine, 
     assert torch.equal(again[0], want[0])
 
 
-@pytest.mark.gpu
-def test_cuda_recommend_synchronises_once():
-    """A whole ``recommend`` on CUDA inputs (whole-search graph replay): one synchronising
-    call, the verdict's read after the search."""
+def _cuda_engine(seed: int) -> Engine:
+    rng = np.random.default_rng(seed)
+    ids = rng.choice(np.arange(10_000), size=200, replace=False)
+    return Engine(Model.from_preset("tiny", seed=0).cuda(),
+                  Catalog.from_arrays(ids, rng.integers(0, 8, (200, 3))),
+                  EngineConfig(max_beam_width=64, max_exclude=64))
+
+
+def _synchronising_calls(work) -> tuple[list[str], object]:
+    """Run ``work()`` (once warmed up) under ``set_sync_debug_mode("warn")``, which warns on
+    every synchronising call; returns those warnings and ``work``'s result."""
     import warnings
 
-    rng = np.random.default_rng(2)
-    ids = rng.choice(np.arange(10_000), size=200, replace=False)
-    engine = Engine(Model.from_preset("tiny", seed=0).cuda(),
-                    Catalog.from_arrays(ids, rng.integers(0, 8, (200, 3))),
-                    EngineConfig(max_beam_width=64, max_exclude=64))
-    tokens, lengths, segments, exclude = (t.cuda() for t in request(8, 5))
-    args = dict(beam_width=8, top_k=10, exclude_items=exclude)
-    engine.recommend(tokens, lengths, segments, **args)              # capture
+    work()                                              # warm-up: allocations, capture
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            engine.recommend(tokens, lengths, segments, **args)
+            result = work()
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    return [str(w.message) for w in caught if "synchroniz" in str(w.message)], result
+
+
+@pytest.mark.gpu
+def test_cuda_recommend_synchronises_once():
+    """A whole ``recommend`` on CUDA inputs (whole-search graph replay): one synchronising
+    call, the verdict's read after the search."""
+    engine = _cuda_engine(2)
+    tokens, lengths, segments, exclude = (t.cuda() for t in request(8, 5))
+    syncs, _ = _synchronising_calls(lambda: engine.recommend(
+        tokens, lengths, segments, beam_width=8, top_k=10, exclude_items=exclude))
+    assert len(syncs) == 1, syncs
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("segmented", [False, True])
 def test_cuda_inputs_cost_one_device_sync(segmented):
     """On CUDA-resident inputs (as ``bench_engine.py`` passes them) the checks wait for the
-    device once: ``set_sync_debug_mode("warn")`` warns on every synchronising call."""
-    import warnings
-
-    rng = np.random.default_rng(1)
-    ids = rng.choice(np.arange(10_000), size=200, replace=False)
-    engine = Engine(Model.from_preset("tiny", seed=0).cuda(),
-                    Catalog.from_arrays(ids, rng.integers(0, 8, (200, 3))),
-                    EngineConfig(max_beam_width=64, max_exclude=64))
+    device once."""
+    engine = _cuda_engine(1)
     tokens, lengths, segments, exclude = (t.cuda() for t in request(8, 4))
-    check_inputs(engine, tokens, lengths, segments if segmented else None, 8, 10, None,
-                 exclude)                                       # warm-up (allocations)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            checked = check_inputs(engine, tokens, lengths, segments if segmented else None,
-                                   8, 10, None, exclude)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
-    syncs = [w for w in caught if "synchroniz" in str(w.message)]
-    assert len(syncs) == 1, [str(w.message) for w in syncs]
+    syncs, checked = _synchronising_calls(lambda: check_inputs(
+        engine, tokens, lengths, segments if segmented else None, 8, 10, None, exclude))
+    assert len(syncs) == 1, syncs
     assert checked.token_ids.device == engine.device
