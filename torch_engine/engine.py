@@ -45,7 +45,7 @@ def _inputs_first(verdict: Verdict):
     the verdict is read first and its ``InvalidInputError`` replaces the failure."""
     try:
         yield
-    except XgrError as failure:
+    except XgrError:
         verdict.raise_if_invalid()
         raise
 
