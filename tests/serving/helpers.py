@@ -10,8 +10,10 @@ import json
 import urllib.error
 import urllib.request
 
+import grpc
 import numpy as np
 import tensorflow as tf
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tf_frontend.serving.config import ServerConfig
 from tf_frontend.serving.server import ModelServer
@@ -145,3 +147,15 @@ def http(port: int, path: str, body=None, method=None, raw: bytes | None = None)
         return status, json.loads(text)
     except ValueError:
         return status, text
+
+
+def grpc_predict(port: int, inputs: dict, model: str = "recs") -> dict:
+    """``PredictionService.Predict`` of ``inputs`` (name -> array) through the real stub on
+    loopback; returns the outputs as NumPy arrays."""
+    proto = predict_pb2.PredictRequest()
+    proto.model_spec.name = model
+    for name, array in inputs.items():
+        proto.inputs[name].CopyFrom(tf.make_tensor_proto(array))
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+        response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(proto, timeout=60)
+    return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}

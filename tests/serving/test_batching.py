@@ -3,13 +3,10 @@
 import concurrent.futures
 import threading
 
-import grpc
 import numpy as np
 import pytest
-import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
-from tests.serving.helpers import columnar, http, random_request
+from tests.serving.helpers import columnar, grpc_predict, http, random_request
 
 CLIENTS = 12
 
@@ -18,16 +15,6 @@ def _batches_and_rows(server) -> tuple[float, float]:
     registry, labels = server.metrics.registry, {"model_name": "recs"}
     return (registry.get_sample_value("xgr_serving_batch_size_count", labels) or 0.0,
             registry.get_sample_value("xgr_serving_batch_size_sum", labels) or 0.0)
-
-
-def _grpc_predict(port: int, request: dict) -> dict:
-    proto = predict_pb2.PredictRequest()
-    proto.model_spec.name = "recs"
-    for name, array in request.items():
-        proto.inputs[name].CopyFrom(tf.make_tensor_proto(array))
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(proto, timeout=60)
-    return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
 
 
 def _rest_predict(port: int, request: dict) -> tuple[int, dict]:
@@ -43,7 +30,7 @@ def test_concurrent_clients_coalesce_and_get_their_own_results(server, in_proces
     def client(i: int):
         start.wait()
         if i % 2:
-            return _grpc_predict(server.grpc_port, requests[i])
+            return grpc_predict(server.grpc_port, requests[i])
         status, body = _rest_predict(server.rest_port, requests[i])
         assert status == 200, body
         return body["outputs"]

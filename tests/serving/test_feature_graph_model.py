@@ -5,14 +5,12 @@ in process, also when concurrent requests are merged into one model call."""
 import concurrent.futures
 import threading
 
-import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tf_frontend.serving.config import BatchingConfig
-from tests.serving.helpers import http, start_server
+from tests.serving.helpers import columnar, grpc_predict, http, start_server
 from torch_engine.tolerances import tolerance_for
 
 custom_ops = pytest.importorskip("custom_ops")
@@ -51,20 +49,8 @@ def _expected(loaded, features):
     return {k: v.numpy() for k, v in loaded(**{k: tf.constant(v) for k, v in features.items()}).items()}
 
 
-def _grpc(port, features):
-    proto = predict_pb2.PredictRequest()
-    proto.model_spec.name = "recs"
-    for name, value in features.items():
-        proto.inputs[name].CopyFrom(tf.make_tensor_proto(value))
-    with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-        response = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(proto, timeout=60)
-    return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
-
-
 def _rest_columnar(port, features):
-    body = {k: ([x.decode() for x in v] if v.dtype == object else v.tolist())
-            for k, v in features.items()}
-    status, answer = http(port, "/v1/models/recs:predict", {"inputs": body})
+    status, answer = http(port, "/v1/models/recs:predict", {"inputs": columnar(features)})
     assert status == 200, answer
     return answer["outputs"]
 
@@ -94,7 +80,7 @@ def test_rest_and_grpc_equal_the_saved_model(feature_model, world):
     server, loaded = feature_model
     features = _features(world, slice(0, 3))
     want = _expected(loaded, features)
-    _assert_equal(_grpc(server.grpc_port, features), want)
+    _assert_equal(grpc_predict(server.grpc_port, features), want)
     _assert_equal(_rest_columnar(server.rest_port, features), want)
 
 
@@ -107,7 +93,7 @@ def test_concurrent_requests_are_merged_and_re_split(feature_model, world):
 
     def client(i):
         start.wait()
-        return (_grpc if i % 2 else _rest_columnar)(
+        return (grpc_predict if i % 2 else _rest_columnar)(
             server.grpc_port if i % 2 else server.rest_port, requests[i])
 
     with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
