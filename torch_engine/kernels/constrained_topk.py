@@ -143,6 +143,22 @@ def _radix_select(key_ptr, n, keep, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _pick_block(key_ptr, idx, n, threshold, ties, seen):
+    """One block of the ordered write pass after ``_radix_select``: the keys at ``idx``
+    (``-inf`` past ``n``), which are ties of the threshold and their 1-based rank among all
+    ties so far (``seen`` before this block), which lie above it (``live``) and which are
+    taken (``pick``: above, or among the first ``ties`` ties)."""
+    inside = idx < n
+    x = tl.load(key_ptr + idx, mask=inside, other=float("-inf"))
+    key = _sortable(x).to(tl.int64)[None, :]
+    tie = ((key == threshold[:, None]) & inside[None, :]).to(tl.int64)
+    tie_rank = seen[:, None] + tl.cumsum(tie, 1)
+    live = (key > threshold[:, None]) & inside[None, :]
+    pick = live | ((tie > 0) & (tie_rank <= ties[:, None]))
+    return x, tie, tie_rank, live, pick
+
+
+@triton.jit
 def _reduce_kernel(key_ptr, id_ptr, out_key_ptr, out_id_ptr, count, chunk, keep,
                    HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
     """Program (b, g) keeps the best ``keep`` of candidates ``[g * chunk, (g + 1) * chunk)``
@@ -162,12 +178,8 @@ def _reduce_kernel(key_ptr, id_ptr, out_key_ptr, out_id_ptr, count, chunk, keep,
     for i0 in range(0, n, BLOCK):
         idx = i0 + tl.arange(0, BLOCK)
         inside = idx < n
-        x = tl.load(key_ptr + base + idx, mask=inside, other=float("-inf"))
-        key = _sortable(x).to(tl.int64)[None, :]
-        tie = ((key == threshold[:, None]) & inside[None, :]).to(tl.int64)
-        tie_rank = seen[:, None] + tl.cumsum(tie, 1)
-        pick = ((key > threshold[:, None]) & inside[None, :]) | (
-            (tie > 0) & (tie_rank <= ties[:, None]))
+        x, tie, _rank, _live, pick = _pick_block(key_ptr + base, idx, n, threshold, ties,
+                                                 seen)
         slot = out + taken[:, None] + tl.cumsum(pick.to(tl.int64), 1) - 1
         if HAS_IDS:
             ident = tl.load(id_ptr + base + idx, mask=inside, other=0)
@@ -202,12 +214,8 @@ def _select_kernel(key_ptr, id_ptr, child_ptr, out_score_ptr, out_parent_ptr, ou
     for i0 in range(0, count, BLOCK):
         idx = i0 + tl.arange(0, BLOCK)
         inside = idx < count
-        x = tl.load(key_ptr + base + idx, mask=inside, other=float("-inf"))
-        key = _sortable(x).to(tl.int64)[None, :]
-        tie = ((key == threshold[:, None]) & inside[None, :]).to(tl.int64)
-        tie_rank = seen[:, None] + tl.cumsum(tie, 1)              # 1-based among ties
-        live = (key > threshold[:, None]) & inside[None, :]
-        pick = live | ((tie > 0) & (tie_rank <= ties[:, None]))
+        x, tie, tie_rank, live, pick = _pick_block(key_ptr + base, idx, count, threshold,
+                                                   ties, seen)
         merged = taken[:, None] + tl.cumsum(pick.to(tl.int64), 1) - 1
         split = tl.where(live, taken_live[:, None] + tl.cumsum(live.to(tl.int64), 1) - 1,
                          greater[:, None] + tie_rank - 1)
