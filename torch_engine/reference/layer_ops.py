@@ -10,17 +10,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from torch_engine.layers import apply_rotary
+
 
 def _wide(x: torch.Tensor) -> torch.Tensor:
     return x.double() if x.dtype == torch.float64 else x.float()
-
-
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """``x [..., heads, D]`` rotated by per-row ``cos`` and signed ``sin [..., D]`` (the form of
-    ``layers.rotary_cos_sin``: the first half of sin negated)."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[..., None, :] + swapped * sin[..., None, :]
 
 
 def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
@@ -28,7 +22,8 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_head
                k_norm: torch.Tensor | None = None, eps: float = 1e-6
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Split ``qkv [..., (Hq + 2 Hkv) * D]`` into heads, RMS-normalise queries and keys per head
-    when ``q_norm``/``k_norm [D]`` are given (Qwen3), rotate them. Returns q ``[..., Hq, D]``,
+    when ``q_norm``/``k_norm [D]`` are given (Qwen3), rotate them (``layers.apply_rotary``,
+    the engine's torch path, itself checked against Hugging Face). Returns q ``[..., Hq, D]``,
     k and v ``[..., Hkv, D]``."""
     dim = cos.shape[-1]
     wide = _wide(qkv).dtype
@@ -39,7 +34,7 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_head
         q = F.rms_norm(q, (dim,), q_norm.to(wide), eps)
         k = F.rms_norm(k, (dim,), k_norm.to(wide), eps)
     cos, sin = cos.to(wide), sin.to(wide)
-    return rotate(q, cos, sin), rotate(k, cos, sin), v
+    return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
 
 def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
