@@ -12,6 +12,10 @@
 # Needs TF importable (PYTHONPATH) and the tensorflow-serving-api wheel in .whl/. Every stage
 # runs whatever the previous one did (set +e); logs and JSON go to $OUT; a summary comes last.
 # The sizes can be shrunk for a rehearsal on a CPU host: DEVICE=cpu PRESET=tiny ITEMS=3000 ...
+# STAGES picks stages (default all: "tests export bench load"), so the work can span two calls
+# on one warm machine: the SavedModel and the built op libraries stay under $WORK, and a later
+# call copies the libraries back instead of building again. The export runs alone when
+# "tests" is not in STAGES; its Inductor front end is single-threaded and takes minutes.
 set +e
 export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -32,8 +36,11 @@ VERIFY=${VERIFY:-16}
 EXPORT_LIMIT=${EXPORT_LIMIT:-260}   # seconds; the stages after it still run
 PYTEST_LIMIT=${PYTEST_LIMIT:-260}
 LOAD_LIMIT=${LOAD_LIMIT:-150}
+BENCH_LIMIT=${BENCH_LIMIT:-120}
+ATTENTION=${ATTENTION:-auto}   # the export's --attention_backend
+STAGES=" ${STAGES:-tests export bench load} "
+has() { [[ "$STAGES" == *" $1 "* ]]; }
 mkdir -p "$OUT" "$WORK"
-rm -rf "$WORK/models"
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 started=$(date +%s)
@@ -52,9 +59,14 @@ torch.cuda.get_device_name() if torch.cuda.is_available() else '')" 2>&1 | tail 
 # Stage 1 + the gpu tests in the background; the export starts now: it needs the op libraries
 # only after AOTInductor has compiled the engine (minutes), the build takes well under one.
 (
-  $PY setup.py build_ext --inplace -j 8 > "$OUT/build_and_tests.log" 2>&1
-  note "build rc=$?"
-  if [ "$DEVICE" != cpu ]; then
+  if ls "$WORK"/ops/*.so >/dev/null 2>&1; then
+    cp "$WORK"/ops/*.so custom_ops/ && note "op libraries of an earlier call reused"
+  else
+    $PY setup.py build_ext --inplace -j 8 > "$OUT/build_and_tests.log" 2>&1
+    note "build rc=$?"
+    mkdir -p "$WORK/ops" && cp custom_ops/*.so "$WORK/ops/"
+  fi
+  if [ "$DEVICE" != cpu ] && has tests; then
     # test_gpu_engine_package.py (the TF-free twin of the export below) is left to runs
     # without TensorFlow.
     timeout "$PYTEST_LIMIT" $PY -m pytest tests/torch_call/test_gpu.py \
@@ -67,6 +79,7 @@ background=$!
 
 export_with() {  # attention backend, seconds
   rm -rf "$WORK/models"
+  echo "$(date +%T) export with $1 attention" >> "$OUT/export.log"
   timeout "$2" $PY -m bridge.cli.main export --out="$WORK/models/recs/1" \
       --preset="$PRESET" --device="$DEVICE" --num_items="$ITEMS" --num_users="$USERS" \
       --history_events="$EVENTS" --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" \
@@ -74,24 +87,28 @@ export_with() {  # attention backend, seconds
       --attention_backend="$1" --report_json="$OUT/export.json" --cache_dir= \
       >> "$OUT/export.log" 2>&1
 }
-export_started=$(date +%s)
-export_with auto "$EXPORT_LIMIT"
-rc=$?
-note "export (attention auto) rc=$rc ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
-spent=$(( $(date +%s) - export_started ))
-if [ $rc -ne 0 ] && [ ! -f "$OUT/export.json" ] && [ $spent -lt $(( EXPORT_LIMIT / 2 )) ]; then
-  # A quick failure of the Triton path leaves time for the plain-torch one.
-  export_with torch $(( EXPORT_LIMIT - spent ))
-  note "export (attention torch) rc=$? ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
+if has export; then
+  export_started=$(date +%s)
+  export_with "$ATTENTION" "$EXPORT_LIMIT"
+  rc=$?
+  note "export (attention $ATTENTION) rc=$rc ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
+  spent=$(( $(date +%s) - export_started ))
+  if [ $rc -ne 0 ] && [ ! -f "$OUT/export.json" ] && [ $spent -lt $(( EXPORT_LIMIT / 2 )) ] \
+      && [ "$ATTENTION" != torch ]; then
+    # A quick failure of the Triton path leaves time for the plain-torch one.
+    export_with torch $(( EXPORT_LIMIT - spent ))
+    note "export (attention torch) rc=$? ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
+  fi
+  [ -f "$OUT/export.json" ] && cp "$OUT/export.json" "$WORK/export.json"
 fi
 wait "$background"
 
 # Timed stages run alone on the machine.
-timeout 120 $PY benchmarks/bench_torchcall.py --device="$DEVICE" --repeats=100 --loop=50 \
+has bench && timeout "$BENCH_LIMIT" $PY benchmarks/bench_torchcall.py --device="$DEVICE" --repeats=100 --loop=50 \
     --batches=8,1024 --cache_dir="$WORK/cache" --output_dir="$OUT" > "$OUT/bench.log" 2>&1
-note "bench_torchcall rc=$?"
+has bench && note "bench_torchcall rc=$?"
 
-if [ -d "$WORK/models/recs/1" ]; then
+if has load && [ -d "$WORK/models/recs/1" ]; then
   timeout "$LOAD_LIMIT" $PY benchmarks/load_serving.py --model_base_path="$WORK/models/recs" \
       --num_items="$ITEMS" --num_users="$USERS" --history_events="$EVENTS" --seed=0 \
       --users_per_request=1 --clients=8 --requests=600 --max_seconds=12 \
@@ -102,7 +119,9 @@ if [ -d "$WORK/models/recs/1" ]; then
   note "load_serving rc=$?"
 fi
 
-grep -E "^(case|eager|function|saved_model|while_loop|own|hand-off)" "$OUT/bench.log" \
-    | tee -a "$SUMMARY"
-sed -n '/^closed loop/,/^server exit/p' "$OUT/bench.log" | tee -a "$SUMMARY"
+if [ -f "$OUT/bench.log" ]; then
+  grep -E "^(case|eager|function|saved_model|while_loop|own|hand-off)" "$OUT/bench.log" \
+      | tee -a "$SUMMARY"
+  sed -n '/^closed loop/,/^server exit/p' "$OUT/bench.log" | tee -a "$SUMMARY"
+fi
 note "done"
