@@ -58,6 +58,9 @@ CACHE = flags.DEFINE_string("cache_dir", str(ROOT / "build" / "torch_call_cache"
 OUTPUT = flags.DEFINE_string("output_dir", str(ROOT / "benchmarks" / "results"),
                              "where the JSON goes")
 DEVICE = flags.DEFINE_string("device", "cpu", "where the package runs: cpu or cuda[:i]")
+LOADER_TIMEOUT = flags.DEFINE_integer(
+    "python_loader_timeout", 60, "seconds a child may take to load the CUDA package with "
+    "Python's aoti_load_package before the Python column is dropped")
 BUILD_ONLY = flags.DEFINE_string("build_only", None, "only compile the package to this path "
                                  "(the GPU run compiles in a child process)")
 WIDTH, OUT = 64, 16
@@ -197,13 +200,17 @@ def _python_loader(path: Path, device: str):
     """``(callable, None)`` running the package from Python the way TorchCall does (host tensor
     in, host tensor out), or ``(None, reason)`` when Python's loader cannot load it here.
 
-    On the H200, ``aoti_load_package`` of CUDA packages ended the process with SIGSEGV
-    (2026-11-29) while TorchCall's C++ loader ran them: a child tries first, so a crash costs
-    the Python column, not the benchmark."""
+    On the H200, ``aoti_load_package`` of CUDA packages ended the process with SIGSEGV or
+    did not return within 40 s (2026-11-29) while TorchCall's C++ loader ran them: a child
+    tries first, so a crash or a hang costs the Python column, not the benchmark."""
     if device != "cpu":
-        probe = subprocess.run([sys.executable, "-c", "import sys, torch; "
-                                "torch._inductor.aoti_load_package(sys.argv[1])", str(path)],
-                               capture_output=True, text=True, timeout=300)
+        try:
+            probe = subprocess.run([sys.executable, "-c", "import sys, torch; "
+                                    "torch._inductor.aoti_load_package(sys.argv[1])", str(path)],
+                                   capture_output=True, text=True, timeout=LOADER_TIMEOUT.value)
+        except subprocess.TimeoutExpired:
+            return None, (f"torch._inductor.aoti_load_package did not return within "
+                          f"{LOADER_TIMEOUT.value} s in a child")
         if probe.returncode != 0:
             return None, (f"torch._inductor.aoti_load_package failed in a child (rc "
                           f"{probe.returncode}): {probe.stderr.strip()[-300:]}")
