@@ -38,10 +38,10 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"],
                   "Engine weights and activations. float32 keeps the SavedModel's items equal to "
                   "the Python pipeline's (--verify_requests); 16-bit is faster on a GPU.")
 flags.DEFINE_enum("attention_backend", "auto", ["torch", "triton", "auto"],
-                  "Engine attention in the package. 'auto': the Triton kernels on CUDA for 16-bit "
-                  "models when they are registered with torch.library.triton_op (AOTInductor then "
-                  "compiles them into the package), else plain torch. 'triton' insists (export "
-                  "refuses Python-only custom ops: a TorchCall process has no Python).")
+                  "Engine attention in the package. 'auto': the Triton kernels on CUDA when they "
+                  "are registered with torch.library.triton_op (AOTInductor then compiles them "
+                  "into the package), else plain torch. 'triton' insists (export refuses "
+                  "Python-only custom ops: a TorchCall process has no Python).")
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
                     "Compiled packages by content hash (AOTInductor takes ~40 s on a CPU); "
                     "empty: no cache.")
@@ -52,15 +52,15 @@ flags.DEFINE_string("report_json", None, "Write the export and verification repo
 flags.mark_flag_as_required("out")
 
 
-def resolve_attention(requested: str, device: str, dtype: str) -> str:
-    """The attention backend to export: ``auto`` takes the Triton kernels on CUDA for 16-bit
-    models when the package can embed them (registered with ``torch.library.triton_op``).
-    float32 models keep plain torch until a float32 engine package with the Triton kernels has
-    run on a GPU: the first try failed to compile the prefill kernel inside AOTInductor on the
-    H200 (``tl.dot`` accumulator assertion from a float64 scale, fixed in the kernel since)."""
+def resolve_attention(requested: str, device: str) -> str:
+    """The attention backend to export: ``auto`` takes the Triton kernels on CUDA, in every
+    dtype, when the package can embed them (registered with ``torch.library.triton_op``).
+    On the H200 a float32 qwen2-0.5b engine package with them compiled in 226 s and returned
+    exactly the eager engine's items, while the plain-torch attention graph (~1,000 more
+    nodes for Inductor's single-threaded front end) had not finished compiling after 330 s."""
     if requested != "auto":
         return requested
-    if not device.startswith("cuda") or dtype == "float32":
+    if not device.startswith("cuda"):
         return "torch"
     import torch_engine.kernels  # noqa: F401  (registers the xgr:: ops)
     from tf_frontend.torch_package import is_triton_op
@@ -86,7 +86,7 @@ def main(argv: list[str]) -> int:
 
     engine_config = EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch,
                                        FLAGS.device)
-    attention = resolve_attention(FLAGS.attention_backend, FLAGS.device, FLAGS.dtype)
+    attention = resolve_attention(FLAGS.attention_backend, FLAGS.device)
     started = time.perf_counter()
     world = make_world(WorldConfig(num_items=FLAGS.num_items, num_users=FLAGS.num_users,
                                    history_events=FLAGS.history_events, seed=FLAGS.seed))
