@@ -8,6 +8,10 @@ batch costs one synchronisation, at the end. Until then the search runs on a san
 (ids out of range set to 0, lengths clamped, segments made non-decreasing), so an invalid
 request can never index out of bounds; its results are dropped and ``InvalidInputError``
 names the argument and the rule.
+
+The flags and the sanitised copy are one function (``torch_engine.reference.input_rules``):
+on CUDA one Triton launch (``torch_engine.kernels.input_rules``) instead of about 30 small
+torch launches, plain torch ops elsewhere or without Triton.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import TYPE_CHECKING
 import torch
 
 from torch_engine.errors import InvalidInputError, require
+from torch_engine.import_order import triton_importable
+from torch_engine.reference.input_rules import input_rules as reference_input_rules
 
 if TYPE_CHECKING:
     from torch_engine.engine import Engine
@@ -79,10 +85,12 @@ def _exclusions(exclude_items, batch: int, limit: int, device: torch.device) -> 
     return table.to(device=device, dtype=torch.int64)
 
 
-def _segments(segment_ids, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
-    """``[B, L]`` int32 on ``device``: zeros for a causal prompt (made there, no copy)."""
+def _segments(segment_ids, shape: tuple[int, int], device: torch.device
+              ) -> torch.Tensor | None:
+    """``[B, L]`` int32 on ``device``, or None for a causal prompt (the rules write its zero
+    segment ids)."""
     if segment_ids is None:
-        return torch.zeros(shape, dtype=torch.int32, device=device)
+        return None
     segments = _int_tensor("segment_ids", segment_ids, 2)
     require(tuple(segments.shape) == shape, InvalidInputError,
             f"segment_ids must have the shape of token_ids {shape}, got "
@@ -96,13 +104,13 @@ class Verdict:
 
     flags: ``[6]`` int64 on the inputs' device: lengths < 1, lengths > width, token ids out
     of range, segments bad, exclusion ids bad, longest length. The other fields only build
-    messages (read only when raising).
+    messages (read only when raising): tokens ``[B, L]`` and lengths ``[B]`` as given
+    (integer dtypes, on the flags' device).
     """
 
     flags: torch.Tensor
     tokens: torch.Tensor
     lengths: torch.Tensor
-    bad_token: torch.Tensor
     vocab_size: int
     prefix: int
     levels: int
@@ -122,10 +130,10 @@ class Verdict:
             raise InvalidInputError(f"lengths must be <= token_ids.shape[1] = {width}, got "
                                     f"{self.lengths.tolist()}")
         if tokens_bad:
+            bad = self.bad_tokens()
             raise InvalidInputError(
                 f"token_ids must lie in [0, vocab_size={self.vocab_size}) within each length; "
-                f"{int(self.bad_token.sum())} do not, e.g. "
-                f"{self.tokens[self.bad_token][:3].tolist()}")
+                f"{int(bad.sum())} do not, e.g. {self.tokens[bad][:3].tolist()}")
         require(not segments_bad, InvalidInputError, "segment_ids must be >= 0 and "
                 "non-decreasing along each row within its length")
         require(not exclude_bad, InvalidInputError,
@@ -136,20 +144,25 @@ class Verdict:
                 f"max_position {self.max_position}")
 
 
-def _value_flags(tokens, lens, valid, segments, causal, exclude, vocab_size
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Every value rule at once on the inputs' device: ``[6]`` int64 flags (see ``Verdict``)
-    and the ``[B, L]`` mask of bad token ids. No host read."""
-    width = tokens.shape[1]
-    bad_token = valid & ((tokens < 0) | (tokens >= vocab_size))
-    flags = [(lens < 1).any(), (lens > width).any(), bad_token.any()]
-    if causal:
-        flags.append(torch.zeros((), dtype=torch.bool, device=tokens.device))
-    else:
-        falls = valid[:, 1:] & (segments[:, 1:] < segments[:, :-1])
-        flags.append(((segments < 0) & valid).any() | falls.any())
-    flags.append((exclude < -1).any())
-    return torch.stack([*(flag.to(torch.int64) for flag in flags), lens.max()]), bad_token
+    def bad_tokens(self) -> torch.Tensor:
+        """``[B, L]`` bool: the token ids out of range within their request's length (built
+        only for the message, so the fast path never writes a mask)."""
+        width = self.tokens.shape[1]
+        valid = (torch.arange(width, device=self.tokens.device)[None, :]
+                 < self.lengths[:, None])
+        return valid & ((self.tokens < 0) | (self.tokens >= self.vocab_size))
+
+
+def _rules_kernel():
+    """``torch_engine.kernels.input_rules.input_rules``, or None where Triton cannot be
+    imported (not installed, or TensorFlow loaded first: see ``import_order``)."""
+    if not triton_importable():
+        return None
+    try:
+        from torch_engine.kernels.input_rules import input_rules
+    except ImportError:
+        return None
+    return input_rules
 
 
 def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, top_k,
@@ -185,10 +198,9 @@ def prepare_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width
             f"top_k must be an int in [1, {reachable}] (catalog of {catalog.num_items} items, "
             f"beam_width {beam_width} x at most {catalog.max_items_per_path} items per path), "
             f"got {top_k!r}")
-    # Checked where the tokens are (the CPU: no device wait; CUDA: one read below).
+    # Checked where the tokens are (the CPU: no device wait; CUDA: one read, later).
     home = tokens.device
-    tokens = tokens.to(torch.int64)
-    lens = lens.to(device=home, dtype=torch.int64)
+    lens = lens.to(device=home)
     causal = segment_ids is None
     segments = _segments(segment_ids, (batch, width), home)
     prefix = 0
@@ -202,22 +214,24 @@ def prepare_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width
         prefix = prefix_embeds.shape[1]
         prefix_embeds = prefix_embeds.to(device=engine.device, dtype=engine.dtype)
     exclude = _exclusions(exclude_items, batch, engine.config.max_exclude, home)
-    slots = torch.arange(width, device=home)[None, :]
-    flags, bad_token = _value_flags(tokens, lens, slots < lens[:, None], segments, causal,
-                                    exclude, cfg.vocab_size)
-    verdict = Verdict(flags, tokens, lens, bad_token, cfg.vocab_size, prefix, catalog.levels,
+    kernel = _rules_kernel() if home.type == "cuda" else None
+    if kernel is not None:
+        # Contiguous rows for the kernel (a no-op for the usual inputs).
+        flags, clean_tokens, total_lengths, clean_segments = kernel(
+            tokens.contiguous(), lens.contiguous(),
+            None if causal else segments.contiguous(), exclude.contiguous(), cfg.vocab_size,
+            prefix, causal)
+    else:
+        flags, clean_tokens, total_lengths, clean_segments = reference_input_rules(
+            tokens, lens, segments, exclude, cfg.vocab_size, prefix, causal)
+    verdict = Verdict(flags, tokens, lens, cfg.vocab_size, prefix, catalog.levels,
                       cfg.max_position)
-    # The sanitised copy the search runs on until the verdict is read.
-    lens = lens.clamp(1, width)
-    valid = slots < lens[:, None]
-    if not causal:
-        segments = torch.cummax(segments.clamp(min=0), dim=1).values
+    # The search runs on the sanitised copy until the verdict is read.
     device = engine.device
     return RequestBatch(
-        token_ids=torch.where(valid & (tokens >= 0) & (tokens < cfg.vocab_size), tokens,
-                              0).to(device),
-        total_lengths=(lens + prefix).to(device),
-        segment_ids=segments.to(device),
+        token_ids=clean_tokens.to(device),
+        total_lengths=total_lengths.to(device),
+        segment_ids=clean_segments.to(device),
         causal=causal,
         prefix_embeds=prefix_embeds,
         exclude_items=exclude.to(device),

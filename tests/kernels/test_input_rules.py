@@ -1,0 +1,342 @@
+"""The input-rules kernel (flags and sanitised copy of ``Engine.recommend``'s inputs in one
+launch) against its plain-torch reference: equal flags and bit-equal outputs on valid batches,
+on each rule broken alone, on rows of many blocks and ragged lengths; the launcher's rejections;
+the kernel compiled for sm_90.
+
+On the CPU the kernel runs under Triton's interpreter (the root conftest sets it).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from torch_engine.errors import InvalidInputError
+from torch_engine.kernels.input_rules import input_rules
+from torch_engine.reference.input_rules import input_rules as reference
+
+SHORT, LONG, TOKENS, SEGMENTS, EXCLUDE, LONGEST = range(6)
+VOCAB = 50
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def valid_batch(gen: torch.Generator, rows: int, width: int, excluded: int, device):
+    """Tokens in range, ragged lengths in [1, L] (row 0 full), non-decreasing segments,
+    exclusion ids >= -1."""
+    tokens = torch.randint(0, VOCAB, (rows, width), generator=gen)
+    lengths = torch.randint(1, width + 1, (rows,), generator=gen)
+    lengths[0] = width
+    segments = torch.cumsum((torch.rand(rows, width, generator=gen) < 0.2).int(), 1).int()
+    exclude = torch.randint(-1, 10_000, (rows, excluded), generator=gen)
+    return [t.to(device) for t in (tokens, lengths, segments, exclude)]
+
+
+def noisy_batch(gen: torch.Generator, rows: int, width: int, excluded: int, device):
+    """Every rule broken somewhere, at random: ids just outside the vocabulary, lengths
+    outside [1, L], segments with negative values and drops, exclusion ids < -1."""
+    tokens = torch.randint(-3, VOCAB + 3, (rows, width), generator=gen)
+    lengths = torch.randint(-2, width + 4, (rows,), generator=gen)
+    segments = torch.cumsum((torch.rand(rows, width, generator=gen) < 0.2).int(), 1).int()
+    drops = torch.rand(rows, width, generator=gen) < 0.05
+    segments = torch.where(drops, segments - torch.randint(1, 6, (rows, width), generator=gen)
+                           .int(), segments)
+    exclude = torch.randint(-3, 100, (rows, excluded), generator=gen)
+    return [t.to(device) for t in (tokens, lengths, segments, exclude)]
+
+
+def run_both(tokens, lengths, segments, exclude, prefix=3, causal=False, **blocks):
+    segments = None if causal else segments
+    got = input_rules(tokens, lengths, segments, exclude, VOCAB, prefix, causal, **blocks)
+    want = reference(tokens, lengths, segments, exclude, VOCAB, prefix, causal)
+    for name, g, w in zip(("flags", "tokens_out", "total_lengths", "segments_out"), got, want):
+        assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != {w.dtype}"
+        assert g.device == w.device, f"{name}: device {g.device} != {w.device}"
+        assert torch.equal(g, w), f"{name} differs\nkernel    {g.tolist()}\nreference {w.tolist()}"
+    return want
+
+
+@pytest.mark.parametrize("rows,width,excluded,token_dtype,length_dtype,causal", [
+    (1, 1, 1, torch.int64, torch.int64, False),
+    (1, 37, 5, torch.int32, torch.int64, False),
+    (4, 64, 1, torch.int64, torch.int32, True),
+    (3, 90, 33, torch.int32, torch.int32, False),
+    (5, 20, 7, torch.int16, torch.uint8, False),
+    (2, 10, 0, torch.int64, torch.int64, False),
+])
+def test_valid_batches_match_the_reference(device, gen, rows, width, excluded, token_dtype,
+                                           length_dtype, causal):
+    tokens, lengths, segments, exclude = valid_batch(gen, rows, width, excluded, device)
+    flags = run_both(tokens.to(token_dtype), lengths.to(length_dtype), segments, exclude,
+                     causal=causal)[0]
+    assert flags.tolist() == [0, 0, 0, 0, 0, width]
+
+
+# (what to break, the flags it raises). Slots are of a 50-wide row whose length is 30.
+BREAKS = {
+    "length_zero": [SHORT],
+    "length_negative": [SHORT],
+    "length_zero_over_bad_slot_0": [SHORT],
+    "length_past_width": [LONG],
+    "token_negative_inside": [TOKENS],
+    "token_vocab_inside": [TOKENS],
+    "token_negative_outside": [],
+    "token_vocab_outside": [],
+    "segment_negative_inside": [SEGMENTS],
+    "segment_falls_inside": [SEGMENTS],
+    "segment_falls_at_block_edge": [SEGMENTS],
+    "segment_falls_at_last_slot": [SEGMENTS],
+    "segment_falls_just_outside": [],
+    "segment_negative_outside": [],
+    "exclusion_below_minus_one": [EXCLUDE],
+    "causal_ignores_segments": [],
+}
+
+
+def broken_batch(case: str, device):
+    """Two valid rows of width 50 (lengths 30 and 50, segments rising by one every 4 slots),
+    one rule broken in row 1 (in row 0 for slots past the length)."""
+    tokens = (torch.arange(100).reshape(2, 50) % VOCAB).to(device)
+    lengths = torch.tensor([30, 50], device=device)
+    segments = (torch.arange(50, device=device) // 4).int().repeat(2, 1)
+    exclude = torch.tensor([[3, 9, -1], [7, -1, -1]], device=device)
+    if case == "length_zero":
+        lengths[1] = 0
+    if case == "length_zero_over_bad_slot_0":
+        lengths[1] = 0                           # slot 0 is kept (id 0) but not checked
+        tokens[1, 0] = -1
+        segments[1, 0] = -1
+    if case == "length_negative":
+        lengths[1] = -4
+    if case == "length_past_width":
+        lengths[1] = 51
+    if case == "token_negative_inside":
+        tokens[1, 17] = -1
+    if case == "token_vocab_inside":
+        tokens[1, 49] = VOCAB
+    if case == "token_negative_outside":
+        tokens[0, 30] = -8
+    if case == "token_vocab_outside":
+        tokens[0, 49] = VOCAB + 5
+    if case == "segment_negative_inside":
+        segments[1, 0] = -1
+    if case == "segment_falls_inside":
+        segments[1, 21] = 2
+    if case == "segment_falls_at_block_edge":
+        segments[1, 16] = 0                      # slot 16 starts the second block of 16
+    if case == "segment_falls_at_last_slot":
+        segments[0, 29] = 0
+    if case == "segment_falls_just_outside":
+        segments[0, 30] = 0
+    if case == "segment_negative_outside":
+        segments[0, 35:] = -3
+    if case == "exclusion_below_minus_one":
+        exclude[1, 2] = -2
+    if case == "causal_ignores_segments":
+        segments[:, :] = -7
+    return tokens, lengths, segments, exclude
+
+
+@pytest.mark.parametrize("block", [None, 16])
+@pytest.mark.parametrize("case", sorted(BREAKS))
+def test_each_rule_broken_alone(device, case, block):
+    tokens, lengths, segments, exclude = broken_batch(case, device)
+    flags = run_both(tokens, lengths, segments, exclude, causal=case.startswith("causal"),
+                     block=block)[0]
+    want = [int(i in BREAKS[case]) for i in range(5)] + [int(lengths.max())]
+    assert flags.tolist() == want
+
+
+def test_sanitised_copy_by_hand(device):
+    """The sanitised copy spelled out on one small row: what the search runs on."""
+    tokens = torch.tensor([[5, -2, VOCAB, 7, 9, -1]], dtype=torch.int32, device=device)
+    segments = torch.tensor([[1, 0, 3, -5, 2, 6]], dtype=torch.int32, device=device)
+    exclude = torch.tensor([[-1]], device=device)
+    for length, kept in ((4, [5, 0, 0, 7, 0, 0]), (0, [5, 0, 0, 0, 0, 0]),
+                         (9, [5, 0, 0, 7, 9, 0])):
+        lengths = torch.tensor([length], device=device)
+        _, out, total, segs = run_both(tokens, lengths, segments, exclude, prefix=2, block=16)
+        assert out.tolist() == [kept]
+        assert total.tolist() == [min(max(length, 1), 6) + 2]
+        assert segs.tolist() == [[1, 1, 3, 3, 3, 6]]
+
+
+def test_longest_length_is_exact_when_every_length_is_negative(device):
+    tokens, _, segments, exclude = valid_batch(torch.Generator().manual_seed(0), 3, 8, 2,
+                                               device)
+    flags = run_both(tokens, torch.tensor([-9, -4, -30], device=device), segments, exclude)[0]
+    assert flags.tolist() == [1, 0, 0, 0, 0, -4]
+
+
+@pytest.mark.parametrize("rows,width,excluded", [(3, 200, 70), (6, 129, 16), (2, 1000, 300)])
+def test_rows_of_many_blocks_match_the_reference(device, gen, rows, width, excluded):
+    """Small blocks force many loop steps per row: the carried running maximum of the segment
+    ids and the left neighbour across block edges; noisy and valid batches alike."""
+    for make in (noisy_batch, valid_batch):
+        tokens, lengths, segments, exclude = make(gen, rows, width, excluded, device)
+        for causal in (False, True):
+            run_both(tokens, lengths, segments, exclude, causal=causal, block=16,
+                     exclude_block=16)
+        run_both(tokens, lengths, segments, exclude, block=64, exclude_block=32)
+
+
+def test_random_noisy_batches_match_the_reference(device, gen):
+    for _ in range(6):
+        rows, width, excluded = (int(v) for v in torch.randint(1, 60, (3,), generator=gen))
+        tokens, lengths, segments, exclude = noisy_batch(gen, rows, width, excluded, device)
+        run_both(tokens, lengths, segments, exclude, prefix=int(rows))
+
+
+def _meta(*shape, dtype=torch.int64):
+    return torch.empty(shape, dtype=dtype, device="meta")
+
+
+def _good(device="cpu"):
+    return dict(tokens=torch.zeros(2, 8, dtype=torch.int64, device=device),
+                lengths=torch.ones(2, dtype=torch.int64, device=device),
+                segments=torch.zeros(2, 8, dtype=torch.int32, device=device),
+                exclude=torch.full((2, 3), -1, dtype=torch.int64, device=device),
+                vocab_size=VOCAB, prefix=0, causal=False)
+
+
+@pytest.mark.parametrize("change,match", [
+    (dict(tokens=torch.zeros(2, 8)), "tokens must have an integer dtype"),
+    (dict(tokens=torch.zeros(2, 8, dtype=torch.bool)), "tokens must have an integer dtype"),
+    (dict(tokens=[[1, 2]]), "tokens must be a torch.Tensor"),
+    (dict(tokens=torch.zeros(16, dtype=torch.int64)), r"tokens must have shape \[B, L\]"),
+    (dict(tokens=torch.zeros(2, 0, dtype=torch.int64)), "tokens must hold at least one row"),
+    (dict(tokens=torch.zeros(8, 2, dtype=torch.int64).t()), "tokens must be contiguous"),
+    (dict(lengths=torch.ones(2, 1, dtype=torch.int64)), r"lengths must have shape \[B\]"),
+    (dict(lengths=torch.ones(3, dtype=torch.int64)), r"lengths.shape\[0\] .* must be 2"),
+    (dict(lengths=torch.ones(2)), "lengths must have an integer dtype"),
+    (dict(segments=torch.zeros(2, 8, dtype=torch.int64)), "segments.dtype must be one of"),
+    (dict(segments=torch.zeros(2, 7, dtype=torch.int32)), "segments must have tokens's shape"),
+    (dict(segments=None), "segments .* are required unless causal"),
+    (dict(causal=True), "segments must be None when causal"),
+    (dict(causal=1), "causal must be a bool"),
+    (dict(exclude=torch.full((2, 3), -1, dtype=torch.int32)), "exclude.dtype must be one of"),
+    (dict(exclude=torch.full((3, 3), -1, dtype=torch.int64)), r"exclude.shape\[0\]"),
+    (dict(exclude=torch.full((2,), -1, dtype=torch.int64)), r"exclude must have shape \[B, X\]"),
+    (dict(vocab_size=0), "vocab_size must be an int"),
+    (dict(vocab_size=50.0), "vocab_size must be an int"),
+    (dict(prefix=-1), "prefix must be an int"),
+    (dict(lengths=_meta(2)), "lengths is on meta but tokens is on"),
+    (dict(segments=_meta(2, 8, dtype=torch.int32)), "segments is on meta but tokens is on"),
+])
+def test_launcher_rejects_bad_arguments(device, change, match):
+    args = {**_good(device), **{k: v.to(device) if isinstance(v, torch.Tensor)
+                                and v.device.type != "meta" else v for k, v in change.items()}}
+    with pytest.raises(InvalidInputError, match=f"input_rules: {match}"):
+        input_rules(**args)
+
+
+@pytest.mark.parametrize("block", [8, 24, 16.0])
+def test_launcher_rejects_bad_blocks(device, block):
+    with pytest.raises(InvalidInputError, match="block must be a power of two >= 16"):
+        input_rules(**_good(device), block=block)
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    """Without the interpreter, CPU tensors are refused (``torch_engine.reference`` serves them)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(InvalidInputError, match="needs CUDA tensors"):
+        input_rules(**_good())
+
+
+# Compiles the kernel for sm_90 without a GPU (Triton's own ptxas) in a fresh process, since
+# the interpreter replaces every jit function of this one; prints the resource usage.
+_COMPILE = """
+import pathlib, subprocess, tempfile, sys
+import triton
+try:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
+except ImportError as error:
+    print("SKIP", error); sys.exit(0)
+from torch_engine.kernels.input_rules import _input_rules_kernel
+cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
+for tokens in ("*i32", "*i64"):
+    for causal in (False, True):
+        signature = dict(tokens_ptr=tokens, lengths_ptr="*i64", segments_ptr="*i32",
+                         exclude_ptr="*i64", flags_ptr="*i64", tokens_out_ptr="*i64",
+                         total_ptr="*i64", segments_out_ptr="*i32", width="i32",
+                         excluded="i32", vocab_size="i32", prefix="i32", CAUSAL="constexpr",
+                         BLOCK="constexpr", EXCLUDE_BLOCK="constexpr")
+        source = ASTSource(fn=_input_rules_kernel, signature=signature,
+                           constexprs=dict(CAUSAL=causal, BLOCK=1024, EXCLUDE_BLOCK=1024))
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                options=dict(num_warps=4))
+        usage = "no cuobjdump"
+        if cuobjdump.exists():
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+                cubin.write(kernel.asm["cubin"])
+                cubin.flush()
+                dump = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name],
+                                      capture_output=True, text=True).stdout
+            usage = next(line.strip() for line in dump.splitlines() if "REG:" in line)
+        print("COMPILED", tokens, "causal" if causal else "segmented", usage)
+"""
+
+
+def test_kernel_compiles_for_sm90():
+    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO),
+           "TRITON_DEFAULT_FP_FUSION": "1"}
+    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-4000:]
+    if done.stdout.startswith("SKIP"):
+        pytest.skip(f"the CUDA backend of Triton cannot compile here: {done.stdout.strip()}")
+    lines = [line for line in done.stdout.splitlines() if line.startswith("COMPILED")]
+    assert len(lines) == 4, done.stdout
+    for line in lines:
+        # No register spills to local memory (resource line: "REG:n STACK:0 ... LOCAL:0").
+        assert "no cuobjdump" in line or ("STACK:0" in line and "LOCAL:0" in line), line
+    print("\n".join(lines))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", [1, 8, 64])
+@pytest.mark.parametrize("width,excluded", [(1024, 256), (4096, 4096)])
+def test_cuda_kernel_matches_the_reference_at_serving_sizes(rows, width, excluded):
+    gen = torch.Generator().manual_seed(rows * width + excluded)
+    for make in (valid_batch, noisy_batch):
+        tokens, lengths, segments, exclude = make(gen, rows, width, excluded, "cuda")
+        for causal in (False, True):
+            run_both(tokens.int(), lengths, segments, exclude, prefix=16, causal=causal)
+            run_both(tokens, lengths.int(), segments, exclude, prefix=0, causal=causal)
+
+
+@pytest.mark.gpu
+def test_cuda_prepare_inputs_equals_the_cpu_path():
+    """``prepare_inputs`` on CUDA inputs (the kernel) gives the CPU path's batch and flags."""
+    from torch_engine.catalog import Catalog
+    from torch_engine.config import EngineConfig
+    from torch_engine.engine import Engine
+    from torch_engine.inputs import prepare_inputs
+    from torch_engine.model import Model
+
+    rng = np.random.default_rng(3)
+    ids = rng.choice(np.arange(10_000), size=200, replace=False)
+    engine = Engine(Model.from_preset("tiny", seed=0).cuda(), Catalog.from_arrays(
+        ids, rng.integers(0, 8, (200, 3))), EngineConfig(max_beam_width=64, max_exclude=64))
+    gen = torch.Generator().manual_seed(5)
+    for make in (valid_batch, noisy_batch):
+        tokens, lengths, segments, exclude = make(gen, 4, 40, 6, "cpu")
+        for segs in (segments, None):
+            args = (8, 10, None, exclude)
+            cpu_batch, cpu_verdict = prepare_inputs(engine, tokens, lengths, segs, *args)
+            cuda_args = (8, 10, None, exclude.cuda())
+            cuda_batch, cuda_verdict = prepare_inputs(
+                engine, tokens.cuda(), lengths.cuda(), None if segs is None else segs.cuda(),
+                *cuda_args)
+            assert torch.equal(cuda_verdict.flags.cpu(), cpu_verdict.flags.cpu())
+            for name in ("token_ids", "total_lengths", "segment_ids", "exclude_items"):
+                got, want = getattr(cuda_batch, name), getattr(cpu_batch, name)
+                assert got.device == want.device == engine.device, name
+                assert torch.equal(got, want), name
