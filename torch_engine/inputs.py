@@ -153,16 +153,18 @@ class Verdict:
         return valid & ((self.tokens < 0) | (self.tokens >= self.vocab_size))
 
 
-def _rules_kernel():
-    """``torch_engine.kernels.input_rules.input_rules``, or None where Triton cannot be
-    imported (not installed, or TensorFlow loaded first: see ``import_order``)."""
-    if not triton_importable():
-        return None
-    try:
-        from torch_engine.kernels.input_rules import input_rules
-    except ImportError:
-        return None
-    return input_rules
+def input_rules_for(device: torch.device):
+    """The function computing the flags and the sanitised copy on ``device`` (signature of
+    ``torch_engine.reference.input_rules``): on CUDA the one-launch Triton kernel, unless
+    Triton cannot be imported (not installed, or TensorFlow loaded first: see
+    ``import_order``); plain torch ops elsewhere."""
+    if device.type == "cuda" and triton_importable():
+        try:
+            from torch_engine.kernels.input_rules import input_rules
+        except ImportError:
+            return reference_input_rules
+        return input_rules
+    return reference_input_rules
 
 
 def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, top_k,
@@ -214,16 +216,10 @@ def prepare_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width
         prefix = prefix_embeds.shape[1]
         prefix_embeds = prefix_embeds.to(device=engine.device, dtype=engine.dtype)
     exclude = _exclusions(exclude_items, batch, engine.config.max_exclude, home)
-    kernel = _rules_kernel() if home.type == "cuda" else None
-    if kernel is not None:
-        # Contiguous rows for the kernel (a no-op for the usual inputs).
-        flags, clean_tokens, total_lengths, clean_segments = kernel(
-            tokens.contiguous(), lens.contiguous(),
-            None if causal else segments.contiguous(), exclude.contiguous(), cfg.vocab_size,
-            prefix, causal)
-    else:
-        flags, clean_tokens, total_lengths, clean_segments = reference_input_rules(
-            tokens, lens, segments, exclude, cfg.vocab_size, prefix, causal)
+    # Contiguous rows for the kernel (a no-op for the usual inputs).
+    flags, clean_tokens, total_lengths, clean_segments = input_rules_for(home)(
+        tokens.contiguous(), lens.contiguous(), None if causal else segments.contiguous(),
+        exclude.contiguous(), cfg.vocab_size, prefix, causal)
     verdict = Verdict(flags, tokens, lens, cfg.vocab_size, prefix, catalog.levels,
                       cfg.max_position)
     # The search runs on the sanitised copy until the verdict is read.

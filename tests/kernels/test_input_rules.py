@@ -17,13 +17,28 @@ import numpy as np
 import pytest
 import torch
 
+from torch_engine import inputs
+from torch_engine.catalog import Catalog
+from torch_engine.config import EngineConfig
+from torch_engine.engine import Engine
 from torch_engine.errors import InvalidInputError
+from torch_engine.inputs import prepare_inputs
 from torch_engine.kernels.input_rules import input_rules
+from torch_engine.model import Model
 from torch_engine.reference.input_rules import input_rules as reference
 
 SHORT, LONG, TOKENS, SEGMENTS, EXCLUDE, LONGEST = range(6)
 VOCAB = 50
 REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def gen() -> torch.Generator:
+    """A CPU generator with a fresh seed each run (printed, so a failure can be replayed):
+    batches are drawn on the CPU, then moved to the device under test."""
+    seed = torch.seed() % 2**31
+    print(f"seed {seed}")
+    return torch.Generator().manual_seed(seed)
 
 
 def valid_batch(gen: torch.Generator, rows: int, width: int, excluded: int, device):
@@ -285,6 +300,8 @@ for tokens in ("*i32", "*i64"):
 
 
 def test_kernel_compiles_for_sm90():
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the gpu tests compile the kernel for it")
     env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO),
            "TRITON_DEFAULT_FP_FUSION": "1"}
     done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True,
@@ -312,31 +329,99 @@ def test_cuda_kernel_matches_the_reference_at_serving_sizes(rows, width, exclude
             run_both(tokens, lengths.int(), segments, exclude, prefix=0, causal=causal)
 
 
-@pytest.mark.gpu
-def test_cuda_prepare_inputs_equals_the_cpu_path():
-    """``prepare_inputs`` on CUDA inputs (the kernel) gives the CPU path's batch and flags."""
-    from torch_engine.catalog import Catalog
-    from torch_engine.config import EngineConfig
-    from torch_engine.engine import Engine
-    from torch_engine.inputs import prepare_inputs
-    from torch_engine.model import Model
-
+@pytest.fixture(scope="module")
+def engine():
+    """A tiny engine (on the GPU where there is one) over a 200-item catalog."""
     rng = np.random.default_rng(3)
     ids = rng.choice(np.arange(10_000), size=200, replace=False)
-    engine = Engine(Model.from_preset("tiny", seed=0).cuda(), Catalog.from_arrays(
-        ids, rng.integers(0, 8, (200, 3))), EngineConfig(max_beam_width=64, max_exclude=64))
-    gen = torch.Generator().manual_seed(5)
-    for make in (valid_batch, noisy_batch):
-        tokens, lengths, segments, exclude = make(gen, 4, 40, 6, "cpu")
-        for segs in (segments, None):
-            args = (8, 10, None, exclude)
-            cpu_batch, cpu_verdict = prepare_inputs(engine, tokens, lengths, segs, *args)
-            cuda_args = (8, 10, None, exclude.cuda())
-            cuda_batch, cuda_verdict = prepare_inputs(
-                engine, tokens.cuda(), lengths.cuda(), None if segs is None else segs.cuda(),
-                *cuda_args)
-            assert torch.equal(cuda_verdict.flags.cpu(), cpu_verdict.flags.cpu())
-            for name in ("token_ids", "total_lengths", "segment_ids", "exclude_items"):
-                got, want = getattr(cuda_batch, name), getattr(cpu_batch, name)
-                assert got.device == want.device == engine.device, name
-                assert torch.equal(got, want), name
+    model = Model.from_preset("tiny", seed=0)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    return Engine(model, Catalog.from_arrays(ids, rng.integers(0, 8, (200, 3))),
+                  EngineConfig(max_beam_width=64, max_exclude=64))
+
+
+def request_cases(vocab: int):
+    """Requests as a user passes them to ``recommend``: int32 and int64 ids, int16 lengths,
+    causal or segmented, exclusion tables or lists, a soft prefix; each valid or breaking one
+    rule (cycling through them) in a random row."""
+    gen = torch.Generator().manual_seed(11)
+    for trial in range(18):
+        rows = 1 + trial % 4
+        width = int(torch.randint(2, 40, (1,), generator=gen))
+        tokens = torch.randint(0, vocab, (rows, width), generator=gen)
+        lengths = torch.randint(2, width + 1, (rows,), generator=gen)
+        segments = torch.cumsum((torch.rand(rows, width, generator=gen) < 0.3).int(), 1)
+        exclude = torch.randint(-1, 100, (rows, 4), generator=gen)
+        row = int(torch.randint(0, rows, (1,), generator=gen))
+        slot = int(torch.randint(1, int(lengths[row]), (1,), generator=gen))
+        rule, variant = trial % 6, trial // 6
+        if rule == 1:
+            lengths[row] = 0 if variant == 1 else -1
+        if rule == 2:
+            lengths[row] = width + 1
+        if rule == 3:
+            tokens[row, slot] = -1 if variant == 1 else vocab
+        if rule == 4 and variant == 0:
+            segments[row, slot] = -1
+        if rule == 4 and variant > 0:
+            segments[row, slot] -= 3          # the request of variant 1 is causal: ignored
+        if rule == 5:
+            exclude[row, 1] = -2
+        tokens[:, -1] = torch.where(lengths < width, -5, tokens[:, -1])  # past the length
+        yield (tokens.int() if trial % 3 == 0 else tokens,
+               lengths.to(torch.int16) if trial % 7 == 0 else lengths,
+               None if trial % 5 == 0 else segments,
+               list(exclude) if trial % 8 == 0 else exclude,
+               torch.zeros(rows, 2, 64) if trial % 3 == 1 else None)
+
+
+def _prepared(engine, device, tokens, lengths, segments, exclude, prefix):
+    """``prepare_inputs`` on inputs placed on ``device``: the batch, the flags and the
+    message of the rule broken (None when valid)."""
+    def put(t):
+        return t if t is None else t.to(device)
+    exclude = [put(row) for row in exclude] if isinstance(exclude, list) else put(exclude)
+    batch, verdict = prepare_inputs(engine, put(tokens), put(lengths), put(segments), 8, 10,
+                                    put(prefix), exclude)
+    try:
+        verdict.raise_if_invalid()
+        message = None
+    except InvalidInputError as error:
+        message = str(error)
+    return batch, verdict.flags.cpu(), message
+
+
+def _same_batch(got, want) -> None:
+    for name in ("token_ids", "total_lengths", "segment_ids", "exclude_items"):
+        g, w = getattr(got, name), getattr(want, name)
+        assert g.dtype == w.dtype and g.device == w.device, name
+        assert torch.equal(g, w), f"{name}\n{g.tolist()}\n{w.tolist()}"
+    assert got.causal == want.causal
+
+
+def test_prepare_inputs_through_the_kernel_equals_the_torch_path(engine, device, monkeypatch):
+    """The engine's input preparation with the kernel in place of the torch ops: the same
+    sanitised batch, flags and error message for every request."""
+    assert inputs.input_rules_for(torch.device("cpu")) is reference
+    vocab = engine.model.config.vocab_size
+    cases = list(request_cases(vocab))
+    want = [_prepared(engine, "cpu", *case) for case in cases]
+    monkeypatch.setattr(inputs, "input_rules_for", lambda home: input_rules)
+    messages = 0
+    for case, (want_batch, want_flags, want_message) in zip(cases, want):
+        batch, flags, message = _prepared(engine, device, *case)
+        _same_batch(batch, want_batch)
+        assert torch.equal(flags, want_flags)
+        assert message == want_message
+        messages += message is not None
+    assert 10 <= messages < len(cases)         # both valid and invalid requests were seen
+
+
+@pytest.mark.gpu
+def test_cuda_prepare_inputs_runs_the_kernel_and_equals_the_cpu_path(engine):
+    assert inputs.input_rules_for(torch.device("cuda")) is input_rules
+    for case in request_cases(engine.model.config.vocab_size):
+        got, want = _prepared(engine, "cuda", *case), _prepared(engine, "cpu", *case)
+        _same_batch(got[0], want[0])
+        assert torch.equal(got[1], want[1]) and got[2] == want[2]
