@@ -143,7 +143,6 @@ class Verdict:
                 f"prompt plus generated codes ({positions} positions) exceed the model's "
                 f"max_position {self.max_position}")
 
-
     def bad_tokens(self) -> torch.Tensor:
         """``[B, L]`` bool: the token ids out of range within their request's length (built
         only for the message, so the fast path never writes a mask)."""

@@ -276,26 +276,29 @@ except ImportError as error:
     print("SKIP", error); sys.exit(0)
 from torch_engine.kernels.input_rules import _input_rules_kernel
 cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-for tokens in ("*i32", "*i64"):
-    for causal in (False, True):
-        signature = dict(tokens_ptr=tokens, lengths_ptr="*i64", segments_ptr="*i32",
-                         exclude_ptr="*i64", flags_ptr="*i64", tokens_out_ptr="*i64",
-                         total_ptr="*i64", segments_out_ptr="*i32", width="i32",
-                         excluded="i32", vocab_size="i32", prefix="i32", CAUSAL="constexpr",
-                         BLOCK="constexpr", EXCLUDE_BLOCK="constexpr")
-        source = ASTSource(fn=_input_rules_kernel, signature=signature,
-                           constexprs=dict(CAUSAL=causal, BLOCK=1024, EXCLUDE_BLOCK=1024))
-        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
-                                options=dict(num_warps=4))
-        usage = "no cuobjdump"
-        if cuobjdump.exists():
-            with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-                cubin.write(kernel.asm["cubin"])
-                cubin.flush()
-                dump = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name],
-                                      capture_output=True, text=True).stdout
-            usage = next(line.strip() for line in dump.splitlines() if "REG:" in line)
-        print("COMPILED", tokens, "causal" if causal else "segmented", usage)
+# (token and length pointers, causal, BLOCK, EXCLUDE_BLOCK): the dtypes the launcher passes,
+# both loops at the largest block and at unequal blocks.
+for tokens, lengths, causal, block, exclude_block in (
+        ("*i32", "*i64", False, 1024, 1024), ("*i64", "*i32", False, 128, 16),
+        ("*i32", "*i32", True, 16, 1024), ("*i64", "*i64", True, 1024, 1024)):
+    signature = dict(tokens_ptr=tokens, lengths_ptr=lengths, segments_ptr="*i32",
+                     exclude_ptr="*i64", flags_ptr="*i64", tokens_out_ptr="*i64",
+                     total_ptr="*i64", segments_out_ptr="*i32", width="i32", excluded="i32",
+                     vocab_size="i32", prefix="i32", CAUSAL="constexpr", BLOCK="constexpr",
+                     EXCLUDE_BLOCK="constexpr")
+    source = ASTSource(fn=_input_rules_kernel, signature=signature, constexprs=dict(
+        CAUSAL=causal, BLOCK=block, EXCLUDE_BLOCK=exclude_block))
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    usage = "no cuobjdump"
+    if cuobjdump.exists():
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+            cubin.write(kernel.asm["cubin"])
+            cubin.flush()
+            dump = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name],
+                                  capture_output=True, text=True).stdout
+        usage = next(line.strip() for line in dump.splitlines() if "REG:" in line)
+    print("COMPILED", tokens, lengths, "causal" if causal else "segmented", block,
+          exclude_block, usage)
 """
 
 
