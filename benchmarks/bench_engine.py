@@ -100,15 +100,7 @@ def random_model(name: str, device: torch.device) -> Model:
     with torch.device(device):
         model = Model(preset(name))
     model = model.to(torch.bfloat16).eval()
-    gen = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for pname, param in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                param.fill_(1.0)
-            elif pname.endswith(".bias"):
-                param.zero_()
-            else:
-                param.normal_(0.0, 0.02, generator=gen)
+    model.init_weights(0)
     return model
 
 

@@ -55,8 +55,11 @@ class Model(nn.Module):
         return model.to(device=device, dtype=dtype or torch.float32).eval()
 
     def init_weights(self, seed: int) -> None:
-        """Deterministic normal(0, 0.02) weights, zero biases, unit norms."""
-        gen = torch.Generator().manual_seed(seed)
+        """Deterministic normal(0, 0.02) weights, zero biases, unit norms, drawn where the
+        weights live (on a GPU: seconds, not minutes, for billions of weights; the values
+        depend on the device's generator)."""
+        device = next(self.parameters()).device
+        gen = torch.Generator(device=device).manual_seed(seed)
         with torch.no_grad():
             for name, param in self.named_parameters():
                 if name.endswith("norm.weight"):
@@ -64,7 +67,7 @@ class Model(nn.Module):
                 elif name.endswith(".bias"):
                     param.zero_()
                 else:
-                    param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+                    param.copy_(torch.randn(param.shape, generator=gen, device=device) * 0.02)
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: torch.dtype | None = None,
