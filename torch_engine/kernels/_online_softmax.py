@@ -1,7 +1,8 @@
-"""The online-softmax update shared by the attention kernels (FlashAttention-2, base 2).
+"""The key-tile steps shared by the attention kernels (FlashAttention-2, base 2).
 
-One ``@triton.jit`` function, inlined by Triton into each caller, so the decode and prefill
-kernels fold a tile of scores into their running (max, sum, acc) state the same way.
+``@triton.jit`` functions, inlined by Triton into each caller, so the decode and prefill
+kernels load a tile of keys and values, score it, and fold the scores into their running
+(max, sum, acc) state the same way; each kernel applies its own mask in between.
 """
 
 from __future__ import annotations
@@ -25,3 +26,19 @@ def online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT: tl.constexpr,
     else:  # a fresh product, free to overlap the rescale of acc
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, l_i, m_new
+
+
+@triton.jit
+def score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED: tl.constexpr,
+                   DOT_PRECISION: tl.constexpr):
+    """Unscaled scores ``q @ k.T`` ``[M, N]`` and the values ``[N, D]`` of the key rows
+    ``kpos`` ``[N]`` (row strides s_kt, s_vt; columns d). With MASKED, rows at or past ``hi``
+    read as zeros: the caller masks their scores."""
+    if MASKED:
+        k_ok = kpos < hi
+        k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :], mask=k_ok[:, None], other=0.0)
+        v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :], mask=k_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :])
+        v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :])
+    return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), v

@@ -30,7 +30,7 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import online_softmax_step
+from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
 
 _OP = "decode_attention"
 _LOG2E = 1.4426950408889634
@@ -57,14 +57,7 @@ def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, kpos, hi, d, qk_s
                  MASKED: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile of FlashAttention-2's online softmax; the key mask only when MASKED.
     Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
-    if MASKED:
-        k_ok = kpos < hi
-        k = tl.load(sk_ptr + kpos[:, None] * s_kt + d[None, :], mask=k_ok[:, None], other=0.0)
-        v = tl.load(sv_ptr + kpos[:, None] * s_vt + d[None, :], mask=k_ok[:, None], other=0.0)
-    else:
-        k = tl.load(sk_ptr + kpos[:, None] * s_kt + d[None, :])
-        v = tl.load(sv_ptr + kpos[:, None] * s_vt + d[None, :])
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    s, v = score_key_tile(q, sk_ptr, sv_ptr, kpos, s_kt, s_vt, d, hi, MASKED, DOT_PRECISION)
     if MASKED:
         s = tl.where((kpos < hi)[None, :], s, float("-inf"))
     return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)

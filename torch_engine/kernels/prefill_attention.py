@@ -43,7 +43,7 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import online_softmax_step
+from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
 from torch_engine.layout import MaskMode
 
 _OP = "prefill_attention"
@@ -110,15 +110,9 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
                  ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile of FlashAttention-2's online softmax; the mask only when MASKED."""
     kpos = k0 + tl.arange(0, BLOCK_N)
+    s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED, DOT_PRECISION)
     if MASKED:
         k_ok = kpos < hi
-        k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :], mask=k_ok[:, None], other=0.0)
-        v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :], mask=k_ok[:, None], other=0.0)
-    else:
-        k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :])
-        v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :])
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-    if MASKED:
         seg_k = tl.load(seg_ptr + kpos, mask=k_ok, other=-2)
         causal = kpos[None, :] <= qpos[:, None]
         same = seg_k[None, :] == seg_q[:, None]
