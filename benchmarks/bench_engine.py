@@ -16,6 +16,10 @@ on 250K random code paths, top_k 300. Stages (``--stages``):
 * ``throughput``: batches of 1..32 requests, then the simulated queue of
   ``engine_analysis.max_rate_at_p99`` (P99 <= 100 ms).
 * ``large``: qwen3-1.7b, context 1000 at batch 1 and 8, context 5000 at batch 1.
+* ``kernels``: where a search's device time goes: its kernels grouped by stage and name
+  (``engine_analysis.kernel_table``) for qwen2-0.5b batch 1 and the large preset at context
+  1000, batch 1; and each matrix product of a layer timed alone at the decode and prefill row
+  counts (``engine_analysis.gemm_table``) against its bound.
 * ``hf``: ``transformers`` ``generate(num_beams=W, prefix_allowed_tokens_fn=...)`` on the same
   weights and catalog: qwen2-0.5b batch 1, and qwen3-1.7b batch 1 context 1000 (one call).
 
@@ -306,6 +310,24 @@ def stage_large(catalog, device, ceil) -> list[dict]:
     return rows, model
 
 
+def stage_kernels(small, catalog, device, ceil) -> list[dict]:
+    rows = []
+    cases = [(small, FLAGS.prompt), (random_model(FLAGS.large_preset, device), 1000)]
+    for model, prompt in cases:
+        name = model.config.architecture
+        tokens, lengths = prompts(1, prompt, device)
+        eager = engine_for(model, catalog, cuda_graphs=False, static_shapes=True)
+        batch, _ = prepare_inputs(eager, tokens, lengths, None, BEAM, TOP_K, None, None)
+        for row in ea.kernel_table(eager, batch, BEAM, TOP_K):
+            rows.append({"system": f"kernel {name}", "batch": 1, **row})
+        for row in ea.gemm_table(model.config, [BEAM, 8 * BEAM, prompt], ceil["matmul_tflops"],
+                                 ceil["copy_tbps"], device):
+            rows.append({"system": f"product {name}", **row})
+        del eager, model
+        torch.cuda.empty_cache()
+    return rows
+
+
 def main(argv: list[str]) -> None:
     del argv
     device = torch.device(FLAGS.device)
@@ -324,7 +346,8 @@ def main(argv: list[str]) -> None:
     runners = {"main": lambda: stage_main(small, catalog, device),
                "breakdown": lambda: stage_breakdown(small, catalog, device, ceil),
                "sweep": lambda: stage_sweep(small, catalog, device),
-               "throughput": lambda: stage_throughput(small, catalog, device)}
+               "throughput": lambda: stage_throughput(small, catalog, device),
+               "kernels": lambda: stage_kernels(small, catalog, device, ceil)}
     large_model = None
     for name in FLAGS.stages:
         began = time.perf_counter()
@@ -358,7 +381,9 @@ def print_tables(result: dict) -> None:
     for name, rows in result["stages"].items():
         print(f"\n== {name}")
         for row in rows:
-            keys = [k for k in ("batch", "median_ms", "p99_ms", "search_graph_ms",
+            keys = [k for k in ("stage", "calls", "total_us", "mean_us", "rows", "product",
+                                "linear_us", "addmm_us", "tflops", "fraction_of_bound",
+                                "batch", "median_ms", "p99_ms", "search_graph_ms",
                                 "prefill_graph_ms", "replay_wall_ms", "prepare_inputs_wall_ms",
                                 "other_ms", "roofline_fraction",
                                 "triton_ms", "torch_ms", "rate_per_s", "mean_batch",
@@ -366,7 +391,8 @@ def print_tables(result: dict) -> None:
                     if k in row]
             cells = ", ".join(f"{k}={row[k]:.3f}" if isinstance(row[k], float)
                               else f"{k}={row[k]}" for k in keys)
-            print(f"{row['system']:44s} {cells}")
+            label = row["system"] + (f" {row['kernel']}" if "kernel" in row else "")
+            print(f"{label:44s} {cells}")
             if "kernel_ms" in row:
                 print("    kernels: " + ", ".join(f"{k} {v:.3f}" for k, v in
                                                   row["kernel_ms"].items()))

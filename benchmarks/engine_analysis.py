@@ -192,3 +192,86 @@ def max_rate_at_p99(service_ms: dict[int, list[float]], bound_ms: float, request
         else:
             high = mid
     return best
+
+
+def kernel_table(engine, batch, width: int, top_k: int, top: int = 30) -> list[dict]:
+    """The kernels of one eager search (``engine`` must not replay graphs), grouped by stage
+    (the ranges of ``stage_breakdown``; "decode other" for the rest) and kernel name: calls,
+    total and mean microseconds, largest totals first. Names are cut to 90 characters."""
+    sync = torch.cuda.synchronize
+    with torch.no_grad():
+        for _ in range(2):
+            engine.search(batch, width, top_k)
+        sync()
+        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with stage_scopes(engine), torch.profiler.profile(activities=activities) as prof:
+            engine.search(batch, width, top_k)
+            sync()
+    device = [e for e in prof.events() if e.device_type != DeviceType.CPU]
+    spans = [(e.time_range.start, e.time_range.end, e.name[len("stage: "):]) for e in device
+             if e.is_user_annotation and e.name.startswith("stage: ")]
+    # Innermost span wins (prefill attention sits inside prefill).
+    spans.sort(key=lambda s: s[1] - s[0])
+    groups: dict[tuple[str, str], list[float]] = {}
+    for event in device:
+        if event.is_user_annotation:
+            continue
+        lo, hi = event.time_range.start, event.time_range.end
+        stage = next((name for start, end, name in spans if start <= lo and hi <= end),
+                     "decode other")
+        groups.setdefault((stage, event.name[:90]), []).append(event.time_range.elapsed_us())
+    rows = [{"stage": stage, "kernel": name, "calls": len(times), "total_us": sum(times),
+             "mean_us": sum(times) / len(times)} for (stage, name), times in groups.items()]
+    rows.sort(key=lambda r: -r["total_us"])
+    return rows[:top]
+
+
+def linear_shapes(cfg: ModelConfig) -> dict[str, tuple[int, int]]:
+    """(out, in) features of each matrix product of one layer as the engine runs it (fused
+    q/k/v and gate/up), and of one level's logits (a 256-code slice of the LM head)."""
+    hq, hkv, d, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    return {"qkv": ((hq + 2 * hkv) * d, h), "o_proj": (h, hq * d),
+            "gate_up": (2 * cfg.intermediate_size, h), "down": (h, cfg.intermediate_size),
+            "level logits": (256, h)}
+
+
+def gemm_table(cfg: ModelConfig, rows_list: list[int], matmul_tflops: float,
+               copy_tbps: float, device) -> list[dict]:
+    """Each of ``linear_shapes`` at each row count: device microseconds of ``F.linear`` (bf16,
+    50 products replayed in one CUDA graph, median of 10 replays), and of the in-place
+    ``addmm_`` that folds a residual add into the product (beta = 1); the achieved TFLOP/s and
+    the fraction of the bound (matrix work at the ceiling, or reading the weights once)."""
+    out = []
+    repeat = 50
+    for rows in rows_list:
+        for name, (n, k) in linear_shapes(cfg).items():
+            x = torch.randn(rows, k, device=device, dtype=torch.bfloat16)
+            w = torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02
+            acc = torch.randn(rows, n, device=device, dtype=torch.bfloat16)
+            timings = {}
+            for variant, fn in (("linear", lambda: torch.nn.functional.linear(x, w)),
+                                ("addmm_", lambda: acc.addmm_(x, w.t()))):
+                graph = _capture_repeated(fn, repeat)
+                timings[variant] = float(np.median(device_ms(graph.replay, 10))) * 1e3 / repeat
+                del graph
+            flops = 2 * rows * n * k
+            bound_us = max(flops / (matmul_tflops * 1e12),
+                           (n * k + rows * (n + k)) * 2 / (copy_tbps * 1e12)) * 1e6
+            out.append({"rows": rows, "product": name, "out_features": n, "in_features": k,
+                        "linear_us": timings["linear"], "addmm_us": timings["addmm_"],
+                        "tflops": flops / timings["linear"] / 1e6, "bound_us": bound_us,
+                        "fraction_of_bound": bound_us / timings["linear"]})
+    return out
+
+
+def _capture_repeated(fn: Callable[[], object], repeat: int) -> torch.cuda.CUDAGraph:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeat):
+            fn()
+    return graph
