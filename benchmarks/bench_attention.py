@@ -313,38 +313,19 @@ def _both(config):
             dataclasses.replace(config, acc_in_dot=False)]
 
 
-def _fast_math(config, decode: bool):
-    """The table's config with packed 16-bit exponentials, and (decode) with the per-row own
-    stage, alone and together."""
-    out = [dataclasses.replace(config, exp16=True)]
-    if decode:
-        out += [dataclasses.replace(config, own_rowwise=True),
-                dataclasses.replace(config, exp16=True, own_rowwise=True)]
-    return out
-
-
 D = DecodeConfig
 P = PrefillConfig
 # Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge).
 DECODE_VARIANTS = {
-    ("qwen2-0.5b", 1): _both(D(64, 64, 4, 4, 3, True)) + _fast_math(
-        D(64, 64, 4, 4, 3, True, acc_in_dot=False), True),
-    ("qwen2-0.5b", 16): _both(D(64, 64, 1, 4, 3)) + _fast_math(
-        D(64, 64, 1, 4, 3, acc_in_dot=False), True) + _fast_math(
-        D(128, 64, 1, 8, 3, acc_in_dot=False), True),
-    ("qwen3-1.7b", 1): _both(D(64, 64, 4, 4, 3, True)) + _fast_math(D(64, 64, 4, 4, 3, True),
-                                                                    True),
-    ("qwen3-1.7b", 16): _both(D(128, 64, 1, 8, 3)) + _both(D(64, 64, 1, 4, 3)) + _fast_math(
-        D(128, 64, 1, 8, 3), True) + _fast_math(D(128, 128, 1, 8, 2), True),
+    ("qwen2-0.5b", 1): _both(D(64, 64, 4, 4, 3, True)),
+    ("qwen2-0.5b", 16): _both(D(64, 64, 1, 4, 3)),
+    ("qwen3-1.7b", 1): _both(D(64, 64, 4, 4, 3, True)),
+    ("qwen3-1.7b", 16): _both(D(128, 64, 1, 8, 3)) + _both(D(64, 64, 1, 4, 3)),
 }
 # Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES.
 PREFILL_VARIANTS = {
-    "qwen2-0.5b": _both(P(64, 64, 4, 3)) + _both(P(128, 64, 4, 3)) + _both(P(64, 128, 4, 3))
-    + _fast_math(P(64, 64, 4, 3), False) + _fast_math(P(128, 64, 4, 3, False), False)
-    + _fast_math(P(64, 128, 4, 3, False), False) + _fast_math(P(128, 128, 8, 3, False), False),
-    "qwen3-1.7b": _both(P(64, 64, 4, 3)) + _both(P(128, 128, 8, 3))
-    + _fast_math(P(64, 64, 4, 3), False) + _fast_math(P(128, 128, 8, 3), False)
-    + _fast_math(P(128, 64, 8, 3), False),
+    "qwen2-0.5b": _both(P(64, 64, 4, 3)) + _both(P(128, 64, 4, 3)) + _both(P(64, 128, 4, 3)),
+    "qwen3-1.7b": _both(P(64, 64, 4, 3)) + _both(P(128, 128, 8, 3)),
 }
 PREFILL_SWEEP_SHAPES = ((4, 4096), (16, 1024))
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
 
 import pytest
@@ -192,20 +190,6 @@ def test_gpu_grid_matches_reference(kt, gen, dtype, mode, hq, hkv, dim, regime):
         pytest.skip("fp32 inputs always take the 'few' tile (prefill_config_for)")
     kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), dtype,
              f"prefill {mode.value} {dtype} {config}", gen.initial_seed())
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("regime", ["few", "short", "long"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
-@pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128)],
-                         ids=["qwen2-0.5b", "qwen3-1.7b"])
-def test_gpu_packed_exp_matches_reference(kt, gen, dtype, mode, hq, hkv, dim, regime):
-    # The 16-bit packed exponentials (``exp16``) on every table tile.
-    inputs = _inputs(kt, gen, [700, 1, 300, 129], hq, hkv, dim, dtype, profile=64, item=4)
-    config = dataclasses.replace(PREFILL_TILES[dim][regime], exp16=True)
-    kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), dtype,
-             f"prefill exp16 {mode} {config}", gen.initial_seed())
 
 
 @pytest.mark.gpu

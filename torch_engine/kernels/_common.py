@@ -146,12 +146,6 @@ def dot_precision(dtype: torch.dtype) -> str:
     return "ieee" if dtype == torch.float32 else "tf32"
 
 
-def exp16(wanted: bool, dtype: torch.dtype) -> bool:
-    """Whether a kernel takes packed 16-bit exponentials: asked for, 16-bit inputs, and a
-    GPU (the interpreter cannot run the inline PTX)."""
-    return wanted and dtype in (torch.float16, torch.bfloat16) and not interpreting()
-
-
 def on_device(device: torch.device):
     """Launches go to ``device`` (not the current CUDA device); nothing to select on the CPU."""
     return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()

@@ -12,39 +12,15 @@ import triton.language as tl
 
 
 @triton.jit
-def exp2_packed16(x, like):
-    """2^x of a float32 tensor, rounded to the 16-bit type of ``like`` (bf16 or fp16) first and
-    computed two values per instruction (``ex2.approx`` on packed pairs, sm_90). The special
-    function unit does one float32 exponential per lane and cycle, which in FlashAttention's
-    serial loop costs about half the time of the matrix products at head dim 128 and as much
-    at 64; the packed form halves that. The probabilities are rounded to ``DTYPE`` for the
-    P V product anyway, and the row sums add the same rounded values, so numerator and
-    denominator stay consistent."""
-    if like.dtype == tl.bfloat16:
-        y = tl.inline_asm_elementwise("ex2.approx.ftz.bf16x2 $0, $1;", "=r,r",
-                                      [x.to(tl.bfloat16)], dtype=tl.bfloat16, is_pure=True,
-                                      pack=2)
-    else:
-        y = tl.inline_asm_elementwise("ex2.approx.f16x2 $0, $1;", "=r,r", [x.to(tl.float16)],
-                                      dtype=tl.float16, is_pure=True, pack=2)
-    return y
-
-
-@triton.jit
 def online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, EXP16: tl.constexpr = False):
+                        DOT_PRECISION: tl.constexpr):
     """Fold one tile into the state: s ``[M, N]`` unscaled scores (-inf where masked),
     v ``[N, D]``, acc ``[M, D]`` / l_i, m_i ``[M]`` float32 with m_i in base-2 scaled units.
-    Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m). With EXP16
-    (16-bit ``v`` only) the probabilities come from ``exp2_packed16`` in v's type."""
+    Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
-    if EXP16:
-        p = exp2_packed16(s * qk_scale - m_new[:, None], v)
-        l_i = l_i * alpha + tl.sum(p.to(tl.float32), 1)
-    else:
-        p = tl.exp2(s * qk_scale - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+    p = tl.exp2(s * qk_scale - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
     if ACC_IN_DOT:  # accumulate in the product's own registers (no separate [M, D] add)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None], input_precision=DOT_PRECISION)
     else:  # a fresh product, free to overlap the rescale of acc

@@ -50,73 +50,17 @@ class DecodeConfig:
     fused_merge: bool = False
     # P V accumulated into the accumulator's registers, or added to it after the product.
     acc_in_dot: bool = True
-    # Shared-stage probabilities from packed 16-bit exponentials (16-bit inputs on a GPU).
-    exp16: bool = False
-    # Own stage as per-row vector products instead of a tile product that keeps one column.
-    own_rowwise: bool = False
 
 
 @triton.jit
 def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, kpos, hi, d, qk_scale,
-                 MASKED: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 EXP16: tl.constexpr):
+                 MASKED: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile of FlashAttention-2's online softmax; the key mask only when MASKED.
     Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
     s, v = score_key_tile(q, sk_ptr, sv_ptr, kpos, s_kt, s_vt, d, hi, MASKED, DOT_PRECISION)
     if MASKED:
         s = tl.where((kpos < hi)[None, :], s, float("-inf"))
-    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION, EXP16)
-
-
-@triton.jit
-def _own_tile(acc, l_i, m_i, q, bk_ptr, bv_ptr, b, beam, h, d, pid_m, width, num_own, qk_scale,
-              s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
-              GROUP: tl.constexpr, BLOCK_M: tl.constexpr, OWN_BEAMS: tl.constexpr,
-              DOT_PRECISION: tl.constexpr):
-    """The own stage as tile products: the tile's rows touch OWN_BEAMS beams; one small
-    product against those beams' own keys, keeping each row's own-beam column, stays on the
-    tensor cores (wasteful when OWN_BEAMS is large: only one column of each row is used)."""
-    beam0 = (pid_m * BLOCK_M) // GROUP
-    nb = tl.arange(0, OWN_BEAMS)
-    own_beam = beam0 + nb
-    own_ok = (own_beam < width)[:, None]
-    mine = (beam - beam0)[:, None] == nb[None, :]                    # [BLOCK_M, OWN_BEAMS]
-    k_own_base = bk_ptr + b * s_bkb + own_beam[:, None] * s_bkw + h * s_bkh + d[None, :]
-    v_own_base = bv_ptr + b * s_bvb + own_beam[:, None] * s_bvw + h * s_bvh + d[None, :]
-    for j in range(0, num_own):
-        k_own = tl.load(k_own_base + j * s_bks, mask=own_ok, other=0.0)
-        s_all = tl.dot(q, tl.trans(k_own), input_precision=DOT_PRECISION) * qk_scale
-        s_own = tl.sum(tl.where(mine, s_all, 0.0), 1)
-        m_new = tl.maximum(m_i, s_own)
-        alpha = tl.exp2(m_i - m_new)
-        p_own = tl.exp2(s_own - m_new)
-        l_i = l_i * alpha + p_own
-        v_own = tl.load(v_own_base + j * s_bvs, mask=own_ok, other=0.0)
-        p_sel = tl.where(mine, p_own[:, None], 0.0).to(v_own.dtype)
-        acc = tl.dot(p_sel, v_own, acc * alpha[:, None], input_precision=DOT_PRECISION)
-        m_i = m_new
-    return acc, l_i, m_i
-
-
-@triton.jit
-def _own_rowwise(acc, l_i, m_i, q_rows, bk_ptr, bv_ptr, b, beam, h, d, row_ok, num_own,
-                 qk_scale, s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh):
-    """The own stage as one float32 vector product per row: each row reads its beam's key and
-    value (rows of one beam read the same addresses, served by the cache), no wasted columns."""
-    q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0).to(tl.float32)
-    k_rows = bk_ptr + b * s_bkb + beam[:, None] * s_bkw + h * s_bkh + d[None, :]
-    v_rows = bv_ptr + b * s_bvb + beam[:, None] * s_bvw + h * s_bvh + d[None, :]
-    for j in range(0, num_own):
-        k = tl.load(k_rows + j * s_bks, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        s_own = tl.sum(q * k, 1) * qk_scale
-        m_new = tl.maximum(m_i, s_own)
-        alpha = tl.exp2(m_i - m_new)
-        p_own = tl.exp2(s_own - m_new)
-        l_i = l_i * alpha + p_own
-        v = tl.load(v_rows + j * s_bvs, mask=row_ok[:, None], other=0.0).to(tl.float32)
-        acc = acc * alpha[:, None] + p_own[:, None] * v
-        m_i = m_new
-    return acc, l_i, m_i
+    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
 
 
 @triton.jit
@@ -150,8 +94,7 @@ def _decode_partial_kernel(
         s_ob, s_ow, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
-        FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        EXP16: tl.constexpr, OWN_ROWWISE: tl.constexpr):
+        FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -184,23 +127,35 @@ def _decode_partial_kernel(
     sv_head = sv_ptr + h * s_svh
     for k0 in range(lo, full_hi, BLOCK_N):
         acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0 + n,
-                                     hi, d, qk_scale, False, ACC_IN_DOT, DOT_PRECISION, EXP16)
+                                     hi, d, qk_scale, False, ACC_IN_DOT, DOT_PRECISION)
     if full_hi < hi:
         acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
                                      full_hi + n, hi, d, qk_scale, True, ACC_IN_DOT,
-                                     DOT_PRECISION, EXP16)
+                                     DOT_PRECISION)
 
-    # Stage 2 (split 0): each row's own beam tokens, folded into the same running state.
+    # Stage 2 (split 0): each row's own beam tokens. The tile's rows touch OWN_BEAMS beams;
+    # one small product against those beams' own keys, keeping each row's own-beam column,
+    # stays on the tensor cores instead of [BLOCK_M, D] fp32 vector products.
     if split == 0:
-        if OWN_ROWWISE:
-            acc, l_i, m_i = _own_rowwise(acc, l_i, m_i, q_rows, bk_ptr, bv_ptr, b, beam, h, d,
-                                         row_ok, num_own, qk_scale, s_bkb, s_bkw, s_bks, s_bkh,
-                                         s_bvb, s_bvw, s_bvs, s_bvh)
-        else:
-            acc, l_i, m_i = _own_tile(acc, l_i, m_i, q, bk_ptr, bv_ptr, b, beam, h, d, pid_m,
-                                      width, num_own, qk_scale, s_bkb, s_bkw, s_bks, s_bkh,
-                                      s_bvb, s_bvw, s_bvs, s_bvh, GROUP, BLOCK_M, OWN_BEAMS,
-                                      DOT_PRECISION)
+        beam0 = (pid_m * BLOCK_M) // GROUP
+        nb = tl.arange(0, OWN_BEAMS)
+        own_beam = beam0 + nb
+        own_ok = (own_beam < width)[:, None]
+        mine = (beam - beam0)[:, None] == nb[None, :]                    # [BLOCK_M, OWN_BEAMS]
+        k_own_base = bk_ptr + b * s_bkb + own_beam[:, None] * s_bkw + h * s_bkh + d[None, :]
+        v_own_base = bv_ptr + b * s_bvb + own_beam[:, None] * s_bvw + h * s_bvh + d[None, :]
+        for j in range(0, num_own):
+            k_own = tl.load(k_own_base + j * s_bks, mask=own_ok, other=0.0)
+            s_all = tl.dot(q, tl.trans(k_own), input_precision=DOT_PRECISION) * qk_scale
+            s_own = tl.sum(tl.where(mine, s_all, 0.0), 1)
+            m_new = tl.maximum(m_i, s_own)
+            alpha = tl.exp2(m_i - m_new)
+            p_own = tl.exp2(s_own - m_new)
+            l_i = l_i * alpha + p_own
+            v_own = tl.load(v_own_base + j * s_bvs, mask=own_ok, other=0.0)
+            p_sel = tl.where(mine, p_own[:, None], 0.0).to(v_own.dtype)
+            acc = tl.dot(p_sel, v_own, acc * alpha[:, None], input_precision=DOT_PRECISION)
+            m_i = m_new
 
     o_rows = out_ptr + b * s_ob + beam * s_ow + head * s_oh
     if SPLITS == 1:
@@ -388,8 +343,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
-        DOT_PRECISION=c.dot_precision(q.dtype), EXP16=c.exp16(config.exp16, q.dtype),
-        OWN_ROWWISE=config.own_rowwise,
+        DOT_PRECISION=c.dot_precision(q.dtype),
         num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits > 1 and not fused:
         merge_m = min(config.block_m, 64)
