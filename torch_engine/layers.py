@@ -207,7 +207,8 @@ class DecoderLayer(nn.Module):
     def _qkv_kernel(self, x, cos, sin, fused: FusedProjections, k_out, v_out) -> torch.Tensor:
         from torch_engine.kernels import layer_ops
         cfg, attn = self.config, self.self_attn
-        qkv = F.linear(self.input_layernorm(x), fused.qkv_weight, fused.qkv_bias)
+        h = layer_ops.rms_norm(x, self.input_layernorm.weight, cfg.rms_norm_eps)
+        qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias)
         norms = (attn.q_norm.weight, attn.k_norm.weight) if cfg.qk_norm else (None, None)
         return layer_ops.qkv_rotary(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, k_out,
                                     v_out, *norms, eps=cfg.rms_norm_eps)
@@ -221,8 +222,13 @@ class DecoderLayer(nn.Module):
             from torch_engine.kernels import layer_ops
             x, h = layer_ops.add_rms_norm(x, delta, self.post_attention_layernorm.weight,
                                           self.config.rms_norm_eps)
-            return x + self.mlp.down_proj(
-                layer_ops.silu_mul(F.linear(h, fused.gate_up_weight)))
+            act = layer_ops.silu_mul(F.linear(h, fused.gate_up_weight))
+            # The residual add rides on the down projection (beta = 1 in the product): one
+            # launch less. x is add_rms_norm's own new buffer, so adding into it in place is
+            # safe (this path serves inference only: the kernels have no autograd).
+            x.view(-1, x.shape[-1]).addmm_(act.view(-1, act.shape[-1]),
+                                          self.mlp.down_proj.weight.t())
+            return x
         x = x + delta
         h = self.post_attention_layernorm(x)
         if fused is None:

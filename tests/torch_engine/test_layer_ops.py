@@ -93,6 +93,11 @@ def test_kernels_match_the_float64_references(dtype):
     want_total, want_normed = reference.add_rms_norm(x, delta, weight.double(), 1e-6)
     assert torch.equal(total, want_total)          # the residual stream as torch rounds it
     assert rel_error(normed, want_normed) <= tol.rel_norm
+    lone = torch.full_like(x, float("nan"))
+    lone.copy_(x)
+    got = layer_ops.rms_norm(lone, weight, 1e-6)
+    assert not got.isnan().any() and torch.equal(lone, x)     # x itself is left as it was
+    assert rel_error(got, F.rms_norm(x.double(), (48,), weight.double(), 1e-6)) <= tol.rel_norm
     gate_up = torch.randn(3, 2 * 40, generator=gen).to(dtype)
     assert rel_error(layer_ops.silu_mul(gate_up),
                      reference.silu_mul(gate_up.double())) <= tol.rel_norm
@@ -131,6 +136,12 @@ def test_norm_and_swiglu_reject_bad_inputs_by_name():
         layer_ops.add_rms_norm(x, x, torch.ones(9), 1e-6)
     with pytest.raises(InvalidInputError, match="eps must be a positive float"):
         layer_ops.add_rms_norm(x, x, torch.ones(8), 0.0)
+    with pytest.raises(InvalidInputError, match=r"weight.shape\[0\]"):
+        layer_ops.rms_norm(x, torch.ones(9), 1e-6)
+    with pytest.raises(InvalidInputError, match="x.dtype"):
+        layer_ops.rms_norm(x.long(), torch.ones(8), 1e-6)
+    with pytest.raises(InvalidInputError, match="eps must be a positive float"):
+        layer_ops.rms_norm(x, torch.ones(8), -1.0)
     with pytest.raises(InvalidInputError, match="last axis must be even"):
         layer_ops.silu_mul(torch.randn(2, 7))
     with pytest.raises(InvalidInputError, match="gate_up.dtype"):

@@ -7,6 +7,8 @@ ops inside one CUDA graph); these fold the elementwise work between the matrix p
   per-head RMSNorm first) and values, written where the caller wants them (the contiguous
   prompt KV, or a beam-KV slot): 1 launch instead of 5 (Qwen2) or 10 (Qwen3) plus the KV copies.
 * ``add_rms_norm``: ``x + delta`` and its RMSNorm in one pass: 1 launch instead of 2.
+* ``rms_norm``: RMSNorm alone (the layer's input norm, whose residual add rides on the previous
+  layer's down projection): one row per program, about 1 us less than torch's kernel.
 * ``silu_mul``: ``silu(gate) * up`` from the fused gate/up product: 1 launch instead of 2.
 
 Arithmetic in float32, one rounding to the output dtype; same functions as the torch ops they
@@ -155,14 +157,15 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, sum_ptr, out_ptr, size, eps,
-                         BLOCK: tl.constexpr):
+                         BLOCK: tl.constexpr, HAS_DELTA: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < size
-    total = (tl.load(x_ptr + row * size + cols, mask=ok, other=0.0)
-             + tl.load(delta_ptr + row * size + cols, mask=ok, other=0.0))
-    total = total.to(sum_ptr.dtype.element_ty)             # the sum as torch rounds it
-    tl.store(sum_ptr + row * size + cols, total, mask=ok)
+    total = tl.load(x_ptr + row * size + cols, mask=ok, other=0.0)
+    if HAS_DELTA:
+        total = total + tl.load(delta_ptr + row * size + cols, mask=ok, other=0.0)
+        total = total.to(sum_ptr.dtype.element_ty)             # the sum as torch rounds it
+        tl.store(sum_ptr + row * size + cols, total, mask=ok)
     t = total.to(tl.float32)
     inv = tl.rsqrt(tl.sum(t * t, axis=0) / size + eps)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
@@ -187,8 +190,30 @@ def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps
     rows = x.numel() // size
     if rows:
         _add_rms_norm_kernel[(rows,)](x, delta, weight, total, out, size, eps,
-                                      BLOCK=triton.next_power_of_2(size), num_warps=4)
+                                      BLOCK=triton.next_power_of_2(size), HAS_DELTA=True,
+                                      num_warps=4)
     return total, out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm(x) * weight`` (float32 inside, one rounding); x ``[..., H]``, weight ``[H]``.
+    Returns a new tensor like x."""
+    op = "rms_norm"
+    c.check_devices(op, {"x": x, "weight": weight})
+    c.check_float(op, {"x": x})
+    c.check_rank(op, "weight", weight, 1, "[H]")
+    c.check_dim(op, "weight", weight, 0, x.shape[-1], "H, x's last axis")
+    require(isinstance(eps, float) and eps > 0, InvalidInputError,
+            f"{op}: eps must be a positive float, got {eps!r}")
+    x, weight = x.contiguous(), weight.contiguous()
+    size = x.shape[-1]
+    out = torch.empty_like(x)
+    rows = x.numel() // max(size, 1)
+    if rows:
+        _add_rms_norm_kernel[(rows,)](x, x, weight, x, out, size, eps,
+                                      BLOCK=triton.next_power_of_2(size), HAS_DELTA=False,
+                                      num_warps=4)
+    return out
 
 
 @triton.jit
