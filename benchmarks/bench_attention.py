@@ -316,10 +316,13 @@ def _both(config):
 D = DecodeConfig
 P = PrefillConfig
 # Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge).
+# Batch 1 is latency-bound (a few key tiles per program): more or fewer splits, smaller steps.
+_B1 = [D(64, 64, 2, 4, 3, True), D(64, 64, 8, 4, 3, True), D(64, 32, 8, 4, 3, True),
+       D(128, 64, 8, 8, 3, True), D(64, 64, 4, 4, 2, True), D(32, 64, 4, 4, 3, True)]
 DECODE_VARIANTS = {
-    ("qwen2-0.5b", 1): _both(D(64, 64, 4, 4, 3, True)),
+    ("qwen2-0.5b", 1): _both(D(64, 64, 4, 4, 3, True)) + _B1,
     ("qwen2-0.5b", 16): _both(D(64, 64, 1, 4, 3)),
-    ("qwen3-1.7b", 1): _both(D(64, 64, 4, 4, 3, True)),
+    ("qwen3-1.7b", 1): _both(D(64, 64, 4, 4, 3, True)) + _B1,
     ("qwen3-1.7b", 16): _both(D(128, 64, 1, 8, 3)) + _both(D(64, 64, 1, 4, 3)),
 }
 # Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES.

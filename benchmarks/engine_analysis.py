@@ -275,3 +275,61 @@ def _capture_repeated(fn: Callable[[], object], repeat: int) -> torch.cuda.CUDAG
         for _ in range(repeat):
             fn()
     return graph
+
+
+def fused_product_table(cfg: ModelConfig, rows_list: list[int], device, tiles) -> list[dict]:
+    """The decode products with their epilogues (``kernels.decode_products``) against the
+    library product plus the separate elementwise launch they replace, at each row count:
+    device microseconds (bf16, 50 calls replayed in one CUDA graph, median of 10 replays) for
+    the table tile and each of ``tiles``, and the best tile's speed-up."""
+    import torch.nn.functional as F
+
+    from torch_engine.kernels import decode_products as dp
+    from torch_engine.kernels import layer_ops
+    from torch_engine.layers import rotary_cos_sin
+    hq, hkv, d, hidden = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.hidden_size
+    bf16 = torch.bfloat16
+    out = []
+    for rows in rows_list:
+        h = torch.randn(rows, hidden, device=device, dtype=bf16)
+        w_gu = torch.randn(2 * cfg.intermediate_size, hidden, device=device, dtype=bf16) * 0.02
+        w_qkv = torch.randn((hq + 2 * hkv) * d, hidden, device=device, dtype=bf16) * 0.02
+        b_qkv = (torch.randn((hq + 2 * hkv) * d, device=device, dtype=bf16)
+                 if cfg.attention_bias else None)
+        norms = ((torch.ones(d, device=device, dtype=bf16),) * 2 if cfg.qk_norm
+                 else (None, None))
+        cos, sin = rotary_cos_sin(torch.arange(rows, device=device), d, cfg.rope_theta, bf16)
+        k_out = torch.empty(rows, hkv, d, device=device, dtype=bf16)
+        v_out = torch.empty_like(k_out)
+        cases = {
+            "gate_up + silu": (lambda: layer_ops.silu_mul(F.linear(h, w_gu)),
+                               lambda tile: dp.gate_up_silu(h, w_gu, tile), dp.GATE_UP_TILE),
+            "qkv + rotary": (lambda: layer_ops.qkv_rotary(F.linear(h, w_qkv, b_qkv), cos, sin, hq,
+                                                          hkv, k_out, v_out, *norms),
+                             lambda tile: dp.qkv_rotary_product(h, w_qkv, b_qkv, cos, sin, hq,
+                                                                hkv, k_out, v_out, *norms,
+                                                                tile=tile), dp.QKV_TILE)}
+        for name, (unfused, fused, table) in cases.items():
+            row = {"rows": rows, "product": name, "unfused_us": _graph_us(unfused)}
+            timings = {}
+            for tile in [table, *tiles]:
+                key = f"{tile.block_m}x{tile.block_n}x{tile.block_k} w{tile.num_warps} s{tile.num_stages}"
+                try:
+                    timings[key] = _graph_us(lambda: fused(tile))
+                except Exception as err:  # a tile that does not fit is reported, not fatal
+                    timings[key] = f"{type(err).__name__}: {str(err)[:80]}"
+            row["fused_us"] = timings
+            numbers = {k: v for k, v in timings.items() if isinstance(v, float)}
+            if numbers:
+                best = min(numbers, key=numbers.get)
+                row.update(best_tile=best, best_us=numbers[best],
+                           speedup=row["unfused_us"] / numbers[best])
+            out.append(row)
+    return out
+
+
+def _graph_us(fn: Callable[[], object], repeat: int = 50) -> float:
+    graph = _capture_repeated(fn, repeat)
+    us = float(np.median(device_ms(graph.replay, 10))) * 1e3 / repeat
+    del graph
+    return us
