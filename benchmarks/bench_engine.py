@@ -49,7 +49,6 @@ from torch_engine.capacity import estimate_request  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
 from torch_engine.config import EngineConfig, preset  # noqa: E402
 from torch_engine.engine import Engine  # noqa: E402
-from torch_engine.kernels.decode_products import ProductTile  # noqa: E402
 from torch_engine.inputs import check_inputs, pad_to_buckets, prepare_inputs  # noqa: E402
 from torch_engine.layout import TokenLayout  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
@@ -311,12 +310,6 @@ def stage_large(catalog, device, ceil) -> list[dict]:
     return rows, model
 
 
-PRODUCT_TILES = [ProductTile(64, 64, 64, 4, 3), ProductTile(64, 128, 64, 4, 3),
-                 ProductTile(128, 64, 64, 8, 3), ProductTile(128, 128, 64, 8, 3),
-                 ProductTile(32, 64, 128, 4, 4), ProductTile(64, 32, 128, 4, 4),
-                 ProductTile(128, 64, 32, 4, 4), ProductTile(64, 64, 128, 4, 3)]
-
-
 def stage_kernels(small, catalog, device, ceil) -> list[dict]:
     rows = []
     cases = [(small, FLAGS.prompt), (random_model(FLAGS.large_preset, device), 1000)]
@@ -330,9 +323,6 @@ def stage_kernels(small, catalog, device, ceil) -> list[dict]:
         for row in ea.gemm_table(model.config, [BEAM, 8 * BEAM, prompt], ceil["matmul_tflops"],
                                  ceil["copy_tbps"], device):
             rows.append({"system": f"product {name}", **row})
-        for row in ea.fused_product_table(model.config, [BEAM, 2 * BEAM, 4 * BEAM, 8 * BEAM],
-                                          device, PRODUCT_TILES):
-            rows.append({"system": f"fused product {name}", **row})
         del eager, model
         torch.cuda.empty_cache()
     return rows
@@ -393,7 +383,6 @@ def print_tables(result: dict) -> None:
         for row in rows:
             keys = [k for k in ("stage", "calls", "total_us", "mean_us", "rows", "product",
                                 "linear_us", "addmm_us", "tflops", "fraction_of_bound",
-                                "unfused_us", "best_tile", "best_us", "speedup",
                                 "batch", "median_ms", "p99_ms", "search_graph_ms",
                                 "prefill_graph_ms", "replay_wall_ms", "prepare_inputs_wall_ms",
                                 "other_ms", "roofline_fraction",

@@ -93,8 +93,7 @@ class FusedProjections:
 
     qkv_weight: ``[(Hq + 2 Hkv) * D, hidden]``; qkv_bias: ``[(Hq + 2 Hkv) * D]`` or None;
     gate_up_weight: ``[2 * intermediate, hidden]``; kernels: on CUDA, fold the elementwise
-    steps between the products into ``torch_engine.kernels.layer_ops`` launches, and at decode
-    row counts (``decode_products.fused_for``) into the q/k/v and gate/up products themselves.
+    steps between the products into ``torch_engine.kernels.layer_ops`` launches.
     """
 
     sources: tuple[torch.Tensor, ...]
@@ -206,15 +205,11 @@ class DecoderLayer(nn.Module):
         return q
 
     def _qkv_kernel(self, x, cos, sin, fused: FusedProjections, k_out, v_out) -> torch.Tensor:
-        from torch_engine.kernels import decode_products, layer_ops
+        from torch_engine.kernels import layer_ops
         cfg, attn = self.config, self.self_attn
         h = layer_ops.rms_norm(x, self.input_layernorm.weight, cfg.rms_norm_eps)
-        norms = (attn.q_norm.weight, attn.k_norm.weight) if cfg.qk_norm else (None, None)
-        if decode_products.fused_for(h.numel() // h.shape[-1]):
-            return decode_products.qkv_rotary_product(
-                h, fused.qkv_weight, fused.qkv_bias, cos, sin, cfg.num_heads, cfg.num_kv_heads,
-                k_out, v_out, *norms, eps=cfg.rms_norm_eps)
         qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias)
+        norms = (attn.q_norm.weight, attn.k_norm.weight) if cfg.qk_norm else (None, None)
         return layer_ops.qkv_rotary(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, k_out,
                                     v_out, *norms, eps=cfg.rms_norm_eps)
 
@@ -224,13 +219,10 @@ class DecoderLayer(nn.Module):
         delta = self.self_attn.o_proj(attended.flatten(-2))
         fused = self._live_fused()
         if fused is not None and fused.kernels and x.is_cuda:
-            from torch_engine.kernels import decode_products, layer_ops
+            from torch_engine.kernels import layer_ops
             x, h = layer_ops.add_rms_norm(x, delta, self.post_attention_layernorm.weight,
                                           self.config.rms_norm_eps)
-            if decode_products.fused_for(h.numel() // h.shape[-1]):
-                act = decode_products.gate_up_silu(h, fused.gate_up_weight)
-            else:
-                act = layer_ops.silu_mul(F.linear(h, fused.gate_up_weight))
+            act = layer_ops.silu_mul(F.linear(h, fused.gate_up_weight))
             # The residual add rides on the down projection (beta = 1 in the product): one
             # launch less. x is add_rms_norm's own new buffer, so adding into it in place is
             # safe (this path serves inference only: the kernels have no autograd).

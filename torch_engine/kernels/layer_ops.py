@@ -70,21 +70,8 @@ def _qkv_rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_ptr, k_ptr, 
 def _check_qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out, q_norm, k_norm
                       ) -> None:
     op = "qkv_rotary"
-    require(isinstance(qkv, torch.Tensor), InvalidInputError,
-            f"{op}: qkv must be a torch.Tensor, got {type(qkv).__name__}")
-    check_rotary_outputs(op, "qkv", qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out,
-                         q_norm, k_norm)
-    dim = cos.shape[-1]
-    c.check_dim(op, "qkv", qkv, -1, (num_heads + 2 * num_kv_heads) * dim,
-                "(num_heads + 2 * num_kv_heads) * head_dim")
-    c.check_last_dim_contiguous(op, {"qkv": qkv})
-
-
-def check_rotary_outputs(op, source_name, source, cos, sin, num_heads, num_kv_heads, k_out,
-                         v_out, q_norm, k_norm) -> None:
-    """The rules on everything but the q/k/v product: ``source [..., X]`` (the product, or
-    what it is computed from) gives the rows, dtype and device."""
-    for name, t in (("cos", cos), ("sin", sin), ("k_out", k_out), ("v_out", v_out)):
+    for name, t in (("qkv", qkv), ("cos", cos), ("sin", sin), ("k_out", k_out),
+                    ("v_out", v_out)):
         require(isinstance(t, torch.Tensor), InvalidInputError,
                 f"{op}: {name} must be a torch.Tensor, got {type(t).__name__}")
     require(isinstance(num_heads, int) and isinstance(num_kv_heads, int) and num_kv_heads >= 1
@@ -93,7 +80,7 @@ def check_rotary_outputs(op, source_name, source, cos, sin, num_heads, num_kv_he
             f"got {num_heads!r} and {num_kv_heads!r}")
     dim = cos.shape[-1]
     c.check_head_dim(op, dim)
-    tensors = {source_name: source, "cos": cos, "sin": sin, "k_out": k_out, "v_out": v_out}
+    tensors = {"qkv": qkv, "cos": cos, "sin": sin, "k_out": k_out, "v_out": v_out}
     if (q_norm is None) != (k_norm is None):
         raise InvalidInputError(f"{op}: q_norm and k_norm come together (Qwen3) or not at all, "
                                 f"got q_norm={'a tensor' if q_norm is not None else None} and "
@@ -105,14 +92,16 @@ def check_rotary_outputs(op, source_name, source, cos, sin, num_heads, num_kv_he
         c.check_dim(op, "k_norm", k_norm, 0, dim, "head_dim")
         tensors.update(q_norm=q_norm, k_norm=k_norm)
     c.check_devices(op, tensors)
-    c.check_float(op, {source_name: source, "k_out": k_out, "v_out": v_out})
+    c.check_float(op, {"qkv": qkv, "k_out": k_out, "v_out": v_out})
     c.check_float(op, {"cos": cos, "sin": sin})
+    c.check_dim(op, "qkv", qkv, -1, (num_heads + 2 * num_kv_heads) * dim,
+                "(num_heads + 2 * num_kv_heads) * head_dim")
     c.check_same_shape(op, "sin", sin, "cos", cos, "[..., head_dim]")
-    rows = source.numel() // max(source.shape[-1], 1) if source.dim() else 1
+    rows = qkv.numel() // max(qkv.shape[-1], 1)
     require(cos.numel() == rows * dim, InvalidInputError,
-            f"{op}: cos must hold one [head_dim] row per row of {source_name} ({rows} rows), "
-            f"got shape {tuple(cos.shape)}")
-    c.check_last_dim_contiguous(op, {"cos": cos, "sin": sin})
+            f"{op}: cos must hold one [head_dim] row per row of qkv ({rows} rows), got shape "
+            f"{tuple(cos.shape)}")
+    c.check_last_dim_contiguous(op, {"qkv": qkv, "cos": cos, "sin": sin})
     for name, t in (("k_out", k_out), ("v_out", v_out)):
         require(t.dim() in (3, 4), InvalidInputError,
                 f"{op}: {name} must be [N, Hkv, D] or [B, W, Hkv, D], got shape "
@@ -122,8 +111,8 @@ def check_rotary_outputs(op, source_name, source, cos, sin, num_heads, num_kv_he
                 f"{op}: {name}'s last two axes must be a contiguous [num_kv_heads, head_dim] = "
                 f"[{num_kv_heads}, {dim}], got shape {tuple(t.shape)} strides {t.stride()}")
         require(t.numel() == rows * num_kv_heads * dim, InvalidInputError,
-                f"{op}: {name} must hold one [Hkv, D] row per row of {source_name} ({rows} "
-                f"rows), got shape {tuple(t.shape)}")
+                f"{op}: {name} must hold one [Hkv, D] row per row of qkv ({rows} rows), got "
+                f"shape {tuple(t.shape)}")
 
 
 def _rows(t: torch.Tensor, inner: int) -> tuple[int, int, int]:
