@@ -321,7 +321,11 @@ _B1 = [D(64, 64, 2, 4, 3, True), D(64, 64, 8, 4, 3, True), D(64, 32, 8, 4, 3, Tr
        D(128, 64, 8, 8, 3, True), D(64, 64, 4, 4, 2, True), D(32, 64, 4, 4, 3, True)]
 DECODE_VARIANTS = {
     ("qwen2-0.5b", 1): _both(D(64, 64, 4, 4, 3, True)) + _B1,
-    ("qwen2-0.5b", 16): _both(D(64, 64, 1, 4, 3)),
+    # 28 row tiles of 64 per (request, KV head) each stream the same prompt KV from L2; taller
+    # tiles read it fewer times.
+    ("qwen2-0.5b", 16): _both(D(64, 64, 1, 4, 3)) + [
+        D(128, 64, 1, 4, 3), D(128, 64, 1, 4, 2, acc_in_dot=False), D(128, 128, 1, 8, 2),
+        D(256, 64, 1, 8, 2)],
     ("qwen3-1.7b", 1): _both(D(64, 64, 4, 4, 3, True)) + _B1,
     ("qwen3-1.7b", 16): _both(D(128, 64, 1, 8, 3)) + _both(D(64, 64, 1, 4, 3)),
 }
