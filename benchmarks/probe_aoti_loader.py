@@ -44,6 +44,8 @@ flags.DEFINE_string("device", "cuda", "cuda, or cpu to rehearse the script")
 flags.DEFINE_integer("compile_timeout", 200, "seconds allowed for both package builds")
 flags.DEFINE_integer("deadline", 260, "seconds after which no new step starts")
 flags.DEFINE_integer("load_timeout", 45, "seconds allowed for one load-and-call child")
+flags.DEFINE_list("kinds", ["mlp", "engine"], "packages to build and load")
+flags.DEFINE_list("variants", ["cold", "cuda_first", "device_0"], "ways to load each package")
 FLAGS = flags.FLAGS
 
 _COMPILE_MLP = textwrap.dedent("""
@@ -59,11 +61,17 @@ _COMPILE_MLP = textwrap.dedent("""
 """)
 
 _LOAD = textwrap.dedent("""
-    import json, sys, torch
+    import faulthandler, json, sys
+    # A hang shows where it waits: every Python thread's stack every 10 s, on stderr.
+    faulthandler.dump_traceback_later(10, repeat=True)
+    print("importing torch", flush=True)
+    import torch
+    print("torch imported", flush=True)
     kind, variant, package, data_path, dev = sys.argv[1:]
     if variant == "cuda_first":
         torch.empty(1, device=dev)
     kwargs = {"device_index": 0} if variant == "device_0" else {}
+    print("calling aoti_load_package", flush=True)
     runner = torch._inductor.aoti_load_package(package, **kwargs)
     print("loaded", flush=True)
     data = torch.load(data_path)
@@ -93,6 +101,27 @@ def _run(args: list[str], timeout: int, env: dict | None = None) -> dict:
             "stdout": out[-1500:], "stderr": err[-3000:]}
 
 
+def _run_watched(args: list[str], timeout: int, env: dict) -> dict:
+    """``_run`` for a child that may hang: on timeout, before killing it, a native backtrace
+    of all its threads from ``gdb -p`` (when gdb is installed), so the wait is located."""
+    started = time.perf_counter()
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+    native = ""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        rc = "timeout"
+        if shutil.which("gdb"):
+            native = _run(["gdb", "-p", str(proc.pid), "-batch", "-ex",
+                           "thread apply all bt 30"], 60)["stdout"]
+        proc.kill()
+        out, err = proc.communicate()
+    return {"rc": rc, "seconds": round(time.perf_counter() - started, 1),
+            "stdout": out[-1500:], "stderr": err[-6000:], "native_backtrace": native[-8000:]}
+
+
 def main(argv: list[str]) -> int:
     del argv
     out, work, dev = Path(FLAGS.out), Path(FLAGS.work), FLAGS.device
@@ -113,17 +142,21 @@ def main(argv: list[str]) -> int:
     # Both packages compile at once (the machine has 16 cores); the MLP's loads run while the
     # engine still compiles.
     target = "cuda:0" if dev == "cuda" else "cpu"
-    mlp = subprocess.Popen(py + ["-c", _COMPILE_MLP, str(work / "mlp.pt2"),
-                                 str(work / "mlp_data.pt"), dev],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    engine = subprocess.Popen(py + [str(CHILD), "export", str(work / "engine"), target,
-                                    "triton" if dev == "cuda" else "torch"],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    builders = {
+        "mlp": lambda: subprocess.Popen(
+            py + ["-c", _COMPILE_MLP, str(work / "mlp.pt2"), str(work / "mlp_data.pt"), dev],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env),
+        "engine": lambda: subprocess.Popen(
+            py + [str(CHILD), "export", str(work / "engine"), target,
+                  "triton" if dev == "cuda" else "torch"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)}
+    procs = {name: builders[name]() for name in FLAGS.kinds}
     report: dict = {"device": dev, "builds": {}, "loads": [], "backtrace": None}
     crashed = None
-    for name, proc, package, data in (
-            ("mlp", mlp, work / "mlp.pt2", work / "mlp_data.pt"),
-            ("engine", engine, work / "engine" / "engine.pt2", work / "engine" / "eager.pt")):
+    files = {"mlp": (work / "mlp.pt2", work / "mlp_data.pt"),
+             "engine": (work / "engine" / "engine.pt2", work / "engine" / "eager.pt")}
+    for name, proc in procs.items():
+        package, data = files[name]
         try:
             budget = max(1.0, min(FLAGS.compile_timeout - (time.monotonic() - started),
                                   time_left()))
@@ -136,11 +169,11 @@ def main(argv: list[str]) -> int:
         print(f"build {name}: rc={report['builds'][name]['rc']} "
               f"({report['builds'][name]['seconds']} s)", flush=True)
         save()
-        for variant in ("cold", "cuda_first", "device_0"):
+        for variant in FLAGS.variants:
             if not package.exists() or time_left() < 10:
                 break
-            result = _run(py + ["-c", _LOAD, name, variant, str(package), str(data), dev],
-                          int(min(FLAGS.load_timeout, time_left())), env)
+            result = _run_watched(py + ["-c", _LOAD, name, variant, str(package), str(data),
+                                        dev], int(min(FLAGS.load_timeout, time_left())), env)
             result.update(kind=name, variant=variant)
             report["loads"].append(result)
             print(f"load {name:6s} {variant:10s} rc={result['rc']} "
@@ -167,6 +200,12 @@ def main(argv: list[str]) -> int:
         last = (row["stdout"].strip().splitlines() or row["stderr"].strip().splitlines()
                 or [""])[-1][:70]
         print(f"| {row['kind']} | {row['variant']} | {row['rc']} | {row['seconds']} | {last} |")
+    for row in report["loads"]:
+        if row.get("native_backtrace") or row["rc"] != 0:
+            print(f"\n== {row['kind']} {row['variant']} rc={row['rc']}: stderr tail\n"
+                  + row["stderr"][-2500:])
+            if row.get("native_backtrace"):
+                print("-- native threads (gdb):\n" + row["native_backtrace"][-4000:])
     if report["backtrace"]:
         print("\nbacktrace (cuda-gdb):\n" + report["backtrace"]["stdout"][-2500:])
     return 0
