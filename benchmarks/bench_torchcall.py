@@ -48,6 +48,8 @@ from tf_frontend import torch_package  # noqa: E402  (first: Triton before TF)
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
+
+from torch_engine.aoti_loading import load_package  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 REPEATS = flags.DEFINE_integer("repeats", 300, "timed calls per case (median reported)")
@@ -196,25 +198,33 @@ def _table(results: dict[int, dict[str, float]]) -> str:
                                enumerate(zip(row, widths))) for row in rows)
 
 
+def _child_env() -> dict:
+    """This environment with the checkout importable (the child imports torch_engine)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+
+
 def _python_loader(path: Path, device: str):
     """``(callable, None)`` running the package from Python the way TorchCall does (host tensor
     in, host tensor out), or ``(None, reason)`` when Python's loader cannot load it here.
 
-    On the H200, ``aoti_load_package`` of CUDA packages ended the process with SIGSEGV or
-    did not return within 40 s (2026-11-29) while TorchCall's C++ loader ran them: a child
-    tries first, so a crash or a hang costs the Python column, not the benchmark."""
+    On the H200, plain ``aoti_load_package`` of CUDA packages ended the process with SIGSEGV
+    or did not return within 40 s (2026-11-29): Inductor's CPU-ISA probe builds, which
+    ``torch_engine.aoti_loading.load_package`` skips. A child still tries first, so a crash
+    or a hang costs the Python column, not the benchmark."""
     if device != "cpu":
         try:
-            probe = subprocess.run([sys.executable, "-c", "import sys, torch; "
-                                    "torch._inductor.aoti_load_package(sys.argv[1])", str(path)],
-                                   capture_output=True, text=True, timeout=LOADER_TIMEOUT.value)
+            probe = subprocess.run([sys.executable, "-c", "import sys; from torch_engine."
+                                    "aoti_loading import load_package; load_package(sys.argv[1])",
+                                    str(path)], capture_output=True, text=True,
+                                   timeout=LOADER_TIMEOUT.value, env=_child_env())
         except subprocess.TimeoutExpired:
             return None, (f"torch._inductor.aoti_load_package did not return within "
                           f"{LOADER_TIMEOUT.value} s in a child")
         if probe.returncode != 0:
             return None, (f"torch._inductor.aoti_load_package failed in a child (rc "
                           f"{probe.returncode}): {probe.stderr.strip()[-300:]}")
-    compiled = torch._inductor.aoti_load_package(str(path))
+    compiled = load_package(path)
     if device == "cpu":
         return compiled, None
     return (lambda x: compiled(x.to(device)).cpu()), None

@@ -10,6 +10,7 @@ CUDA packages (a plain MLP, and the tiny engine with Triton attention through
     cold         load first, CUDA untouched (what the tests and the benchmark did)
     cuda_first   initialise CUDA (a device tensor) before loading
     device_0     load with ``device_index=0`` before CUDA is touched
+    no_isa_probe ``torch_engine.aoti_loading.load_package`` (no CPU-ISA probe builds)
 
 and calls the loaded package on real inputs (the engine's answer must equal eager
 ``Engine.recommend``'s items). The first variant that crashes runs again under ``cuda-gdb`` for
@@ -45,7 +46,8 @@ flags.DEFINE_integer("compile_timeout", 200, "seconds allowed for both package b
 flags.DEFINE_integer("deadline", 260, "seconds after which no new step starts")
 flags.DEFINE_integer("load_timeout", 45, "seconds allowed for one load-and-call child")
 flags.DEFINE_list("kinds", ["mlp", "engine"], "packages to build and load")
-flags.DEFINE_list("variants", ["cold", "cuda_first", "device_0"], "ways to load each package")
+flags.DEFINE_list("variants", ["cold", "cuda_first", "device_0", "no_isa_probe"],
+                  "ways to load each package")
 FLAGS = flags.FLAGS
 
 _COMPILE_MLP = textwrap.dedent("""
@@ -72,7 +74,11 @@ _LOAD = textwrap.dedent("""
         torch.empty(1, device=dev)
     kwargs = {"device_index": 0} if variant == "device_0" else {}
     print("calling aoti_load_package", flush=True)
-    runner = torch._inductor.aoti_load_package(package, **kwargs)
+    if variant == "no_isa_probe":
+        from torch_engine.aoti_loading import load_package
+        runner = load_package(package)
+    else:
+        runner = torch._inductor.aoti_load_package(package, **kwargs)
     print("loaded", flush=True)
     data = torch.load(data_path)
     with torch.no_grad():

@@ -60,7 +60,10 @@ _RUNNER = textwrap.dedent("""
     import torch
     package, inputs_path, outputs_path = sys.argv[1:]
     assert not hasattr(torch.ops.xgr, "decode_attention_interpreted"), "xgr ops registered"
-    model = torch._inductor.aoti_load_package(package)
+    # As torch_engine.aoti_loading.load_package does (not imported here: this process must
+    # stay free of torch_engine): no CPU-ISA probe builds, which took > 40 s on the H200 host.
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
+        model = torch._inductor.aoti_load_package(package)
     runs = torch.load(inputs_path)
     with torch.no_grad():
         outputs = [model(*[t.cuda() for t in inputs]) for inputs in runs]

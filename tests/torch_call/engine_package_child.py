@@ -87,7 +87,8 @@ def export(out: Path, device: str, attention: str) -> None:
 def run(out: Path) -> None:
     data = torch.load(out / "eager.pt")
     device = json.loads((out / "export.json").read_text())["device"]
-    runner = torch._inductor.aoti_load_package(str(out / "engine.pt2"))
+    from torch_engine.aoti_loading import load_package  # torch only: no kernels, no TF
+    runner = load_package(out / "engine.pt2")
     inputs = [t.to(device) for t in data["inputs"]]  # compiled code trusts its inputs' device
     items, scores = runner(*inputs)
     started = time.perf_counter()
