@@ -104,7 +104,7 @@ def _run(args: list[str], timeout: int, env: dict | None = None) -> dict:
     except subprocess.TimeoutExpired as error:
         rc, out, err = "timeout", str(error.stdout or ""), str(error.stderr or "")
     return {"rc": rc, "seconds": round(time.perf_counter() - started, 1),
-            "stdout": out[-1500:], "stderr": err[-3000:]}
+            "stdout": out[-1500:], "stderr": err[-3000:], "stdout_full": out[:200000]}
 
 
 def _run_watched(args: list[str], timeout: int, env: dict) -> dict:
@@ -199,6 +199,9 @@ def main(argv: list[str]) -> int:
         report["backtrace"] = _run(
             ["cuda-gdb", "-batch", "-ex", "run", "-ex", "bt 40", "--args", sys.executable,
              str(script), kind, variant, str(package), str(data), dev], int(time_left()), env)
+        # The innermost frames say where it crashed: keep the backtrace's head, not its tail.
+        frames = report["backtrace"].pop("stdout_full", "")
+        report["backtrace"]["stdout"] = frames[frames.find("#0 "):][:6000] or frames[-6000:]
     save()
 
     print("\n| package | variant | rc | s | last line |\n| --- | --- | --- | --- | --- |")
