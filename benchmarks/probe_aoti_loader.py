@@ -11,6 +11,11 @@ CUDA packages (a plain MLP, and the tiny engine with Triton attention through
     cuda_first   initialise CUDA (a device tensor) before loading
     device_0     load with ``device_index=0`` before CUDA is touched
     no_isa_probe ``torch_engine.aoti_loading.load_package`` (no CPU-ISA probe builds)
+    preload_libstdcxx  the same with ``LD_PRELOAD`` of the compiler's ``libstdc++.so`` (the
+                 C++ library the package's wrapper was built against), to test whether the
+                 crash in the wrapper's ``std::regex`` is a library mismatch
+
+Each built package's wrapper library is listed with ``ldd`` (which ``libstdc++`` it binds to).
 
 and calls the loaded package on real inputs (the engine's answer must equal eager
 ``Engine.recommend``'s items). The first variant that crashes runs again under ``cuda-gdb`` for
@@ -46,8 +51,8 @@ flags.DEFINE_integer("compile_timeout", 200, "seconds allowed for both package b
 flags.DEFINE_integer("deadline", 260, "seconds after which no new step starts")
 flags.DEFINE_integer("load_timeout", 45, "seconds allowed for one load-and-call child")
 flags.DEFINE_list("kinds", ["mlp", "engine"], "packages to build and load")
-flags.DEFINE_list("variants", ["cold", "cuda_first", "device_0", "no_isa_probe"],
-                  "ways to load each package")
+flags.DEFINE_list("variants", ["cold", "cuda_first", "device_0", "no_isa_probe",
+                                "preload_libstdcxx"], "ways to load each package")
 FLAGS = flags.FLAGS
 
 _COMPILE_MLP = textwrap.dedent("""
@@ -74,7 +79,7 @@ _LOAD = textwrap.dedent("""
         torch.empty(1, device=dev)
     kwargs = {"device_index": 0} if variant == "device_0" else {}
     print("calling aoti_load_package", flush=True)
-    if variant == "no_isa_probe":
+    if variant in ("no_isa_probe", "preload_libstdcxx"):
         from torch_engine.aoti_loading import load_package
         runner = load_package(package)
     else:
@@ -105,6 +110,27 @@ def _run(args: list[str], timeout: int, env: dict | None = None) -> dict:
         rc, out, err = "timeout", str(error.stdout or ""), str(error.stderr or "")
     return {"rc": rc, "seconds": round(time.perf_counter() - started, 1),
             "stdout": out[-1500:], "stderr": err[-3000:], "stdout_full": out[:200000]}
+
+
+def _compiler_libstdcxx() -> str | None:
+    """The ``libstdc++.so`` of the C++ compiler Inductor builds wrappers with, if found."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        return None
+    found = _run([compiler, "-print-file-name=libstdc++.so"], 30)["stdout"].strip()
+    return str(Path(found).resolve()) if found and Path(found).exists() else None
+
+
+def _wrapper_ldd(package: Path, into: Path) -> dict:
+    """``ldd`` of the package's shared libraries (extracted under ``into``)."""
+    import zipfile
+    out = {}
+    with zipfile.ZipFile(package) as archive:
+        for name in archive.namelist():
+            if name.endswith(".so"):
+                path = Path(archive.extract(name, into))
+                out[name] = _run(["ldd", str(path)], 30)["stdout"][-1500:]
+    return out
 
 
 def _run_watched(args: list[str], timeout: int, env: dict) -> dict:
@@ -174,12 +200,23 @@ def main(argv: list[str]) -> int:
         report["builds"][name]["seconds"] = round(time.monotonic() - started, 1)
         print(f"build {name}: rc={report['builds'][name]['rc']} "
               f"({report['builds'][name]['seconds']} s)", flush=True)
+        if package.exists() and shutil.which("ldd"):
+            report.setdefault("ldd", {})[name] = _wrapper_ldd(package, work / f"{name}_so")
         save()
         for variant in FLAGS.variants:
             if not package.exists() or time_left() < 10:
                 break
+            child_env = env
+            if variant == "preload_libstdcxx":
+                library = _compiler_libstdcxx()
+                if library is None:
+                    report["loads"].append({"kind": name, "variant": variant, "rc": "skipped",
+                                            "seconds": 0, "stdout": "", "stderr": "no g++"})
+                    continue
+                child_env = dict(env, LD_PRELOAD=library)
             result = _run_watched(py + ["-c", _LOAD, name, variant, str(package), str(data),
-                                        dev], int(min(FLAGS.load_timeout, time_left())), env)
+                                        dev], int(min(FLAGS.load_timeout, time_left())),
+                                  child_env)
             result.update(kind=name, variant=variant)
             report["loads"].append(result)
             print(f"load {name:6s} {variant:10s} rc={result['rc']} "
