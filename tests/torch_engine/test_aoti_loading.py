@@ -27,7 +27,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def test_package_loads_without_isa_probe_builds_and_runs(tmp_path, monkeypatch):
+def test_package_loads_without_isa_probe_builds_and_runs(tmp_path):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
     x = torch.randn(5, 8)
