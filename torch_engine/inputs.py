@@ -60,7 +60,7 @@ def _int_tensor(name: str, value, dims: int) -> torch.Tensor:
 
 def _exclusions(exclude_items, batch: int, limit: int, device: torch.device) -> torch.Tensor:
     """``[B, X]`` int64 (X >= 1) on ``device`` from None, a padded tensor or a list of 1-D
-    tensors; shapes checked here, values (ids >= -1) in ``check_inputs``' one host read."""
+    tensors; shapes checked here, values (ids >= -1) by the input rules (``Verdict``)."""
     if exclude_items is None:
         return torch.full((batch, 1), -1, dtype=torch.int64, device=device)
     if isinstance(exclude_items, (list, tuple)):

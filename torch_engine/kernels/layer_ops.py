@@ -172,35 +172,15 @@ def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, sum_ptr, out_ptr, size, eps,
     tl.store(out_ptr + row * size + cols, (t * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``s = x + delta`` and ``rms_norm(s) * weight``; x, delta: ``[..., H]`` contiguous, one
-    dtype; weight ``[H]``. Returns (s, normed), both like x."""
-    op = "add_rms_norm"
-    c.check_devices(op, {"x": x, "delta": delta, "weight": weight})
-    c.check_float(op, {"x": x, "delta": delta})
-    c.check_same_shape(op, "delta", delta, "x", x, "[..., H]")
-    c.check_rank(op, "weight", weight, 1, "[H]")
-    c.check_dim(op, "weight", weight, 0, x.shape[-1], "H, x's last axis")
-    require(isinstance(eps, float) and eps > 0, InvalidInputError,
-            f"{op}: eps must be a positive float, got {eps!r}")
-    x, delta, weight = x.contiguous(), delta.contiguous(), weight.contiguous()
-    size = x.shape[-1]
-    total, out = torch.empty_like(x), torch.empty_like(x)
-    rows = x.numel() // size
-    if rows:
-        _add_rms_norm_kernel[(rows,)](x, delta, weight, total, out, size, eps,
-                                      BLOCK=triton.next_power_of_2(size), HAS_DELTA=True,
-                                      num_warps=4)
-    return total, out
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``rms_norm(x) * weight`` (float32 inside, one rounding); x ``[..., H]``, weight ``[H]``.
-    Returns a new tensor like x."""
-    op = "rms_norm"
-    c.check_devices(op, {"x": x, "weight": weight})
-    c.check_float(op, {"x": x})
+def _rms_norm(op: str, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
+              eps: float) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The checks and launch of ``add_rms_norm`` (with ``delta``) and ``rms_norm`` (without):
+    returns (x + delta or None, normed)."""
+    tensors = {"x": x} if delta is None else {"x": x, "delta": delta}
+    c.check_devices(op, {**tensors, "weight": weight})
+    c.check_float(op, tensors)
+    if delta is not None:
+        c.check_same_shape(op, "delta", delta, "x", x, "[..., H]")
     c.check_rank(op, "weight", weight, 1, "[H]")
     c.check_dim(op, "weight", weight, 0, x.shape[-1], "H, x's last axis")
     require(isinstance(eps, float) and eps > 0, InvalidInputError,
@@ -208,13 +188,28 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     x, weight = x.contiguous(), weight.contiguous()
     size = x.shape[-1]
     out = torch.empty_like(x)
+    # Without the add the kernel reads no delta and writes no sum: x stands in for both.
+    total = None if delta is None else torch.empty_like(x)
     rows = x.numel() // max(size, 1)
     if rows:
-        # Without the add the kernel reads neither delta nor writes the sum: x stands in.
-        _add_rms_norm_kernel[(rows,)](x, x, weight, x, out, size, eps,
-                                      BLOCK=triton.next_power_of_2(size), HAS_DELTA=False,
-                                      num_warps=4)
-    return out
+        _add_rms_norm_kernel[(rows,)](
+            x, x if delta is None else delta.contiguous(), weight, x if total is None else total,
+            out, size, eps, BLOCK=triton.next_power_of_2(size), HAS_DELTA=delta is not None,
+            num_warps=4)
+    return total, out
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``s = x + delta`` and ``rms_norm(s) * weight``; x, delta: ``[..., H]`` contiguous, one
+    dtype; weight ``[H]``. Returns (s, normed), both like x."""
+    return _rms_norm("add_rms_norm", x, delta, weight, eps)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm(x) * weight`` (float32 inside, one rounding); x ``[..., H]``, weight ``[H]``.
+    Returns a new tensor like x."""
+    return _rms_norm("rms_norm", x, None, weight, eps)[1]
 
 
 @triton.jit
