@@ -191,20 +191,6 @@ def selection_alone(catalog, batch: int, device) -> dict[str, float]:
             "torch_ms": statistics.median(ea.device_ms(torch_path))}
 
 
-def capture(fn) -> torch.cuda.CUDAGraph:
-    """``fn`` captured in a CUDA graph after two warm-up calls on a side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph
-
-
 def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
                   selection: str | None = None) -> dict:
     """One shape: device time of the replayed search and of prefill alone, host time of the
@@ -223,7 +209,7 @@ def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
         search = ea.device_ms(lambda: graphed.search(checked, BEAM, TOP_K))
         replay_wall = timed(lambda: graphed.search(checked, BEAM, TOP_K), FLAGS.repeats)
         check_wall = timed(checked_batch, FLAGS.repeats)
-        graph = capture(lambda: eager.prefill(checked))
+        graph = ea.capture(lambda: eager.prefill(checked))
         prefill = statistics.median(ea.device_ms(graph.replay))
     del graph
     stages = ea.stage_breakdown(eager, checked, BEAM, TOP_K)

@@ -104,9 +104,10 @@ def device_ms(fn: Callable[[], object], repeats: int = 20) -> list[float]:
     return out
 
 
-def stage_breakdown(engine, batch, width: int, top_k: int) -> dict[str, float]:
-    """Kernel milliseconds per stage of one eager search (``engine`` must not replay graphs),
-    and the sum of all its kernels (on the CPU: operator times, for a smoke run)."""
+def profiled_search(engine, batch, width: int, top_k: int) -> list:
+    """Profiler events of one eager search (``engine`` must not replay graphs) after two
+    warm-up searches, the stage functions wrapped in ``stage: <name>`` ranges; CUDA kernels
+    too when the engine is on CUDA."""
     cuda = engine.device.type == "cuda"
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     activities = [torch.profiler.ProfilerActivity.CPU]
@@ -119,7 +120,14 @@ def stage_breakdown(engine, batch, width: int, top_k: int) -> dict[str, float]:
         with stage_scopes(engine), torch.profiler.profile(activities=activities) as prof:
             engine.search(batch, width, top_k)
             sync()
-    return _group_by_stage(prof.events(), cuda)
+    return prof.events()
+
+
+def stage_breakdown(engine, batch, width: int, top_k: int) -> dict[str, float]:
+    """Kernel milliseconds per stage of one eager search (``engine`` must not replay graphs),
+    and the sum of all its kernels (on the CPU: operator times, for a smoke run)."""
+    return _group_by_stage(profiled_search(engine, batch, width, top_k),
+                           engine.device.type == "cuda")
 
 
 def _group_by_stage(events, cuda: bool) -> dict[str, float]:
@@ -198,16 +206,8 @@ def kernel_table(engine, batch, width: int, top_k: int, top: int = 30) -> list[d
     """The kernels of one eager search (``engine`` must not replay graphs), grouped by stage
     (the ranges of ``stage_breakdown``; "decode other" for the rest) and kernel name: calls,
     total and mean microseconds, largest totals first. Names are cut to 90 characters."""
-    sync = torch.cuda.synchronize
-    with torch.no_grad():
-        for _ in range(2):
-            engine.search(batch, width, top_k)
-        sync()
-        activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-        with stage_scopes(engine), torch.profiler.profile(activities=activities) as prof:
-            engine.search(batch, width, top_k)
-            sync()
-    device = [e for e in prof.events() if e.device_type != DeviceType.CPU]
+    device = [e for e in profiled_search(engine, batch, width, top_k)
+              if e.device_type != DeviceType.CPU]
     spans = [(e.time_range.start, e.time_range.end, e.name[len("stage: "):]) for e in device
              if e.is_user_annotation and e.name.startswith("stage: ")]
     # Innermost span wins (prefill attention sits inside prefill).
@@ -251,7 +251,7 @@ def gemm_table(cfg: ModelConfig, rows_list: list[int], matmul_tflops: float,
             timings = {}
             for variant, fn in (("linear", lambda: torch.nn.functional.linear(x, w)),
                                 ("addmm_", lambda: acc.addmm_(x, w.t()))):
-                graph = _capture_repeated(fn, repeat)
+                graph = capture(fn, repeat)
                 timings[variant] = float(np.median(device_ms(graph.replay, 10))) * 1e3 / repeat
                 del graph
             flops = 2 * rows * n * k
@@ -264,11 +264,14 @@ def gemm_table(cfg: ModelConfig, rows_list: list[int], matmul_tflops: float,
     return out
 
 
-def _capture_repeated(fn: Callable[[], object], repeat: int) -> torch.cuda.CUDAGraph:
+def capture(fn: Callable[[], object], repeat: int = 1) -> torch.cuda.CUDAGraph:
+    """``repeat`` calls of ``fn`` captured in one CUDA graph, after two warm-up calls on a side
+    stream (kernel compilation and allocator state stay out of the graph)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        fn()
+        for _ in range(2):
+            fn()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
