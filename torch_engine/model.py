@@ -81,12 +81,13 @@ class Model(nn.Module):
         from torch_engine.weights import save_pretrained
         save_pretrained(self, path, max_shard_bytes=max_shard_bytes)
 
-    def fuse_projections(self, kernels: bool = True) -> None:
+    def fuse_projections(self, kernels: bool = True, splitk_rows: int = 0) -> None:
         """Give every layer concatenated q/k/v and gate/up weight copies for serving (see
         ``layers.FusedProjections``; used while the weights stay unchanged), and on CUDA the
-        fused elementwise kernels when ``kernels``."""
+        fused elementwise kernels when ``kernels`` (with split-depth output and down
+        projections up to ``splitk_rows`` rows)."""
         for layer in self.model.layers:
-            layer.fuse_projections(kernels)
+            layer.fuse_projections(kernels, splitk_rows)
 
     # -------------------------------------------------------------------------- pieces
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -162,12 +163,16 @@ class Model(nn.Module):
         """
         x = self.embed(tokens)
         cos, sin = self._rotary(positions[:, None].expand_as(tokens), x.dtype)
-        for index, layer in enumerate(self.model.layers):
-            q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot))
+        layers = self.model.layers
+        normed = None       # the next layer's input norm, when the previous layer made it
+        for index, layer in enumerate(layers):
+            q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot), normed=normed)
             beam_k, beam_v = beams.layer(index)
             out = attn.decode_attention(q, shared.keys[index], shared.values[index], prompt,
                                         beam_k, beam_v, slot + 1, backend)
-            x = layer.finish(x, out)
-        return self.model.norm(x)
+            following = (layers[index + 1].input_layernorm if index + 1 < len(layers)
+                         else self.model.norm)
+            x, normed = layer.finish_decode(x, out, following)
+        return self.model.norm(x) if normed is None else normed
 
 

@@ -63,6 +63,9 @@ class PrefillConfig:
     num_stages: int = 3
     # P V accumulated into the accumulator's registers, or added to it after the product.
     acc_in_dot: bool = True
+    # Rescale the running state only when a row's maximum grows by more than 2^8
+    # (``_online_softmax.online_softmax_step``).
+    lazy_rescale: bool = False
 
 
 @triton.jit
@@ -107,7 +110,8 @@ def _segment_start(seg_ptr, start, pos, x, SCAN: tl.constexpr):
 @triton.jit
 def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, qpos, seg_q,
                  qk_scale, d, MODE: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                 ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                 ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 LAZY_RESCALE: tl.constexpr):
     """One key tile of FlashAttention-2's online softmax; the mask only when MASKED."""
     kpos = k0 + tl.arange(0, BLOCK_N)
     s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED, DOT_PRECISION)
@@ -125,7 +129,8 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
         else:
             allowed = causal | same
         s = tl.where(allowed & k_ok[None, :], s, float("-inf"))
-    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
+    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION,
+                               LAZY_RESCALE)
 
 
 @triton.jit
@@ -135,7 +140,8 @@ def _prefill_kernel(
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
-        STATS: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        STATS: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        LAZY_RESCALE: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
     head = tl.program_id(1)
@@ -191,12 +197,14 @@ def _prefill_kernel(
         for k0 in range(lo, lo + n_full * BLOCK_N, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, MODE, False,
-                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION)
+                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION,
+                                         LAZY_RESCALE)
             visited += 1
         for k0 in range(lo + n_full * BLOCK_N, hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, MODE, True,
-                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION)
+                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION,
+                                         LAZY_RESCALE)
             visited += 1
         # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
@@ -303,7 +311,7 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch)))),
         MODE=MODE_CODES[mode], STATS=want_stats, ACC_IN_DOT=config.acc_in_dot,
-        DOT_PRECISION=c.dot_precision(q.dtype),
+        DOT_PRECISION=c.dot_precision(q.dtype), LAZY_RESCALE=config.lazy_rescale,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
