@@ -308,17 +308,16 @@ def prefill_part(results: list) -> None:
 # ---- sweep: several variants per target shape, each checked, compiled in parallel first ---
 
 def _both(config):
-    """The state rescaled at every key tile, and only when a row's maximum grows by more than
-    2^8 (``lazy_rescale``)."""
-    return [dataclasses.replace(config, lazy_rescale=False),
-            dataclasses.replace(config, lazy_rescale=True)]
+    """The unmasked key loop as written, and warp-specialised by the compiler."""
+    return [dataclasses.replace(config, warp_specialize=False),
+            dataclasses.replace(config, warp_specialize=True)]
 
 
 D = DecodeConfig
 P = PrefillConfig
 # Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge); the
-# table's tiles (earlier sweeps: results/attention_2026-11-29T14*.json) with and without
-# lazy rescaling, and longer key steps, which the lazy form makes cheaper per key.
+# table's tiles (earlier sweeps: results/attention_2026-11-29T1*.json) and neighbours, each
+# with and without warp specialisation.
 DECODE_VARIANTS = {
     ("qwen2-0.5b", 1): _both(D(64, 64, 4, 4, 3, True, acc_in_dot=False)),
     ("qwen2-0.5b", 16): _both(D(64, 64, 1, 4, 3, acc_in_dot=False)) + _both(

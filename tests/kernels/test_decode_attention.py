@@ -47,15 +47,14 @@ def _config(inputs):
                              k.shape[0], q.shape[3], q.device)
 
 
-@pytest.mark.parametrize("acc_in_dot, lazy", [(True, False), (False, False), (True, True)],
-                         ids=["acc-in-dot", "acc-added", "lazy-rescale"])
+@pytest.mark.parametrize("acc_in_dot", [True, False], ids=["acc-in-dot", "acc-added"])
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @pytest.mark.parametrize("hq,hkv,dim", [(2, 2, 64), (7, 1, 128)], ids=["G1-D64", "G7-D128"])
-def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim, acc_in_dot, lazy):
+def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim, acc_in_dot):
     # A one-token prompt, a prompt over several key tiles, one in between; 2 own tokens.
     inputs = _inputs(kt, gen, [1, 37, 20], width=3, hq=hq, hkv=hkv, dim=dim, slots=2,
                      dtype=dtype)
-    config = dataclasses.replace(_config(inputs), acc_in_dot=acc_in_dot, lazy_rescale=lazy)
+    config = dataclasses.replace(_config(inputs), acc_in_dot=acc_in_dot)
     out = _poisoned_run(inputs, 2, config)
     kt.check(out, _reference(inputs, 2), dtype, "decode", gen.initial_seed())
 
@@ -100,14 +99,14 @@ def _large_logits(inputs, kind: str, dim: int, keys=("shared_k", "beam_k")):
             inputs[name][..., 0] = 100.0
 
 
-@pytest.mark.parametrize("splits, lazy", [(1, False), (3, False), (1, True), (3, True)])
+@pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("kind", ["spread", "offset"])
-def test_logits_of_1e4_stay_finite_and_accurate(kt, gen, splits, kind, lazy):
+def test_logits_of_1e4_stay_finite_and_accurate(kt, gen, splits, kind):
     dim = 64
     inputs = _inputs(kt, gen, [30, 18], width=2, hq=2, hkv=1, dim=dim, slots=2,
                      dtype=torch.float32)
     _large_logits(inputs, kind, dim)
-    config = DecodeConfig(block_m=16, block_n=16, splits=splits, lazy_rescale=lazy)
+    config = DecodeConfig(block_m=16, block_n=16, splits=splits)
     out = _poisoned_run(inputs, 2, config, scale=1.0)
     ref = _reference(inputs, 2, scale=1.0)
     assert bool(torch.isfinite(out).all()), "NaN/Inf at logits of 1e4"

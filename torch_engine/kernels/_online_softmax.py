@@ -13,28 +13,10 @@ import triton.language as tl
 
 @triton.jit
 def online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr, LAZY_RESCALE: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr):
     """Fold one tile into the state: s ``[M, N]`` unscaled scores (-inf where masked),
     v ``[N, D]``, acc ``[M, D]`` / l_i, m_i ``[M]`` float32 with m_i in base-2 scaled units.
-    Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m).
-
-    The state only needs ``acc = sum_j 2^(s_j - m) v_j`` and ``l = sum_j 2^(s_j - m)`` for
-    one reference m per row, not the running maximum. With LAZY_RESCALE the reference moves
-    (and acc, l are rescaled) only when some row's maximum passes it by more than 8: then
-    every probability stays below 2^8, exact enough in float32 and in the 16-bit P of the
-    P V product, and most tiles skip the ``[M, D]`` rescale and the ``[M]`` exponentials."""
-    if LAZY_RESCALE:
-        m_tile = tl.max(s, 1) * qk_scale
-        if tl.max(m_tile - m_i, 0) > 8.0:        # one branch for the whole tile
-            m_new = tl.maximum(m_i, m_tile)
-            alpha = tl.exp2(m_i - m_new)
-            acc = acc * alpha[:, None]
-            l_i = l_i * alpha
-            m_i = m_new
-        p = tl.exp2(s * qk_scale - m_i[:, None])
-        l_i += tl.sum(p, 1)
-        acc = tl.dot(p.to(v.dtype), v, acc, input_precision=DOT_PRECISION)
-        return acc, l_i, m_i
+    Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s * qk_scale - m_new[:, None])

@@ -50,22 +50,19 @@ class DecodeConfig:
     fused_merge: bool = False
     # P V accumulated into the accumulator's registers, or added to it after the product.
     acc_in_dot: bool = True
-    # Rescale the running state only when a row's maximum grows by more than 2^8
-    # (``_online_softmax.online_softmax_step``).
-    lazy_rescale: bool = False
+    # The unmasked key loop warp-specialised by the compiler (loads in their own warps).
+    warp_specialize: bool = False
 
 
 @triton.jit
 def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, kpos, hi, d, qk_scale,
-                 MASKED: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 LAZY_RESCALE: tl.constexpr):
+                 MASKED: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile of FlashAttention-2's online softmax; the key mask only when MASKED.
     Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
     s, v = score_key_tile(q, sk_ptr, sv_ptr, kpos, s_kt, s_vt, d, hi, MASKED, DOT_PRECISION)
     if MASKED:
         s = tl.where((kpos < hi)[None, :], s, float("-inf"))
-    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION,
-                               LAZY_RESCALE)
+    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
 
 
 @triton.jit
@@ -100,7 +97,7 @@ def _decode_partial_kernel(
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
         FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        LAZY_RESCALE: tl.constexpr):
+        WARP_SPECIALIZE: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -131,14 +128,13 @@ def _decode_partial_kernel(
     n = tl.arange(0, BLOCK_N)
     sk_head = sk_ptr + h * s_skh
     sv_head = sv_ptr + h * s_svh
-    for k0 in range(lo, full_hi, BLOCK_N):
+    for k0 in tl.range(lo, full_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
         acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0 + n,
-                                     hi, d, qk_scale, False, ACC_IN_DOT, DOT_PRECISION,
-                                     LAZY_RESCALE)
+                                     hi, d, qk_scale, False, ACC_IN_DOT, DOT_PRECISION)
     if full_hi < hi:
         acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
                                      full_hi + n, hi, d, qk_scale, True, ACC_IN_DOT,
-                                     DOT_PRECISION, LAZY_RESCALE)
+                                     DOT_PRECISION)
 
     # Stage 2 (split 0): each row's own beam tokens. The tile's rows touch OWN_BEAMS beams;
     # one small product against those beams' own keys, keeping each row's own-beam column,
@@ -260,7 +256,7 @@ class DecodeTile:
     num_warps: int
     num_stages: int
     acc_in_dot: bool = True
-    lazy_rescale: bool = False
+    warp_specialize: bool = False
 
 
 # Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
@@ -302,7 +298,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
                         fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot,
-                        lazy_rescale=tile.lazy_rescale)
+                        warp_specialize=tile.warp_specialize)
 
 
 def own_beams(block_m: int, group: int) -> int:
@@ -352,7 +348,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
-        DOT_PRECISION=c.dot_precision(q.dtype), LAZY_RESCALE=config.lazy_rescale,
+        DOT_PRECISION=c.dot_precision(q.dtype), WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits > 1 and not fused:
         merge_m = min(config.block_m, 64)

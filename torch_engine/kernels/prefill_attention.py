@@ -63,9 +63,8 @@ class PrefillConfig:
     num_stages: int = 3
     # P V accumulated into the accumulator's registers, or added to it after the product.
     acc_in_dot: bool = True
-    # Rescale the running state only when a row's maximum grows by more than 2^8
-    # (``_online_softmax.online_softmax_step``).
-    lazy_rescale: bool = False
+    # The unmasked key loop warp-specialised by the compiler (loads in their own warps).
+    warp_specialize: bool = False
 
 
 @triton.jit
@@ -110,8 +109,7 @@ def _segment_start(seg_ptr, start, pos, x, SCAN: tl.constexpr):
 @triton.jit
 def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, qpos, seg_q,
                  qk_scale, d, MODE: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                 ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 LAZY_RESCALE: tl.constexpr):
+                 ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """One key tile of FlashAttention-2's online softmax; the mask only when MASKED."""
     kpos = k0 + tl.arange(0, BLOCK_N)
     s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED, DOT_PRECISION)
@@ -129,8 +127,7 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
         else:
             allowed = causal | same
         s = tl.where(allowed & k_ok[None, :], s, float("-inf"))
-    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION,
-                               LAZY_RESCALE)
+    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
 
 
 @triton.jit
@@ -141,7 +138,7 @@ def _prefill_kernel(
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
         STATS: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        LAZY_RESCALE: tl.constexpr):
+        WARP_SPECIALIZE: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
     head = tl.program_id(1)
@@ -194,17 +191,17 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         visited = 0
-        for k0 in range(lo, lo + n_full * BLOCK_N, BLOCK_N):
+        for k0 in tl.range(lo, lo + n_full * BLOCK_N, BLOCK_N,
+                           warp_specialize=WARP_SPECIALIZE):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, MODE, False,
-                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION,
-                                         LAZY_RESCALE)
-            visited += 1
+                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION)
+            if STATS:
+                visited += 1
         for k0 in range(lo + n_full * BLOCK_N, hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, MODE, True,
-                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION,
-                                         LAZY_RESCALE)
+                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION)
             visited += 1
         # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
@@ -311,7 +308,7 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch)))),
         MODE=MODE_CODES[mode], STATS=want_stats, ACC_IN_DOT=config.acc_in_dot,
-        DOT_PRECISION=c.dot_precision(q.dtype), LAZY_RESCALE=config.lazy_rescale,
+        DOT_PRECISION=c.dot_precision(q.dtype), WARP_SPECIALIZE=config.warp_specialize,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
