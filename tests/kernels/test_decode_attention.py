@@ -47,14 +47,16 @@ def _config(inputs):
                              k.shape[0], q.shape[3], q.device)
 
 
-@pytest.mark.parametrize("acc_in_dot", [True, False], ids=["acc-in-dot", "acc-added"])
+@pytest.mark.parametrize("acc_in_dot, tma", [(True, False), (False, False), (True, True)],
+                         ids=["acc-in-dot", "acc-added", "tma"])
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @pytest.mark.parametrize("hq,hkv,dim", [(2, 2, 64), (7, 1, 128)], ids=["G1-D64", "G7-D128"])
-def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim, acc_in_dot):
-    # A one-token prompt, a prompt over several key tiles, one in between; 2 own tokens.
+def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim, acc_in_dot, tma):
+    # A one-token prompt, a prompt over several key tiles, one in between; 2 own tokens;
+    # whole prompt key tiles also read through tensor-memory-access descriptors.
     inputs = _inputs(kt, gen, [1, 37, 20], width=3, hq=hq, hkv=hkv, dim=dim, slots=2,
                      dtype=dtype)
-    config = dataclasses.replace(_config(inputs), acc_in_dot=acc_in_dot)
+    config = dataclasses.replace(_config(inputs), acc_in_dot=acc_in_dot, tma=tma)
     out = _poisoned_run(inputs, 2, config)
     kt.check(out, _reference(inputs, 2), dtype, "decode", gen.initial_seed())
 

@@ -54,11 +54,13 @@ def test_every_mode_matches_reference_fp32(kt, gen, mode, hq, hkv, dim):
 
 @pytest.mark.parametrize("mode", [MaskMode.ITEM_CAUSAL, MaskMode.SEGMENT_BIDIRECTIONAL],
                          ids=["item_causal", "segment"])
-@pytest.mark.parametrize("acc_in_dot", [True, False], ids=["acc-in-dot", "acc-added"])
-def test_fp16_matches_reference(kt, gen, mode, acc_in_dot):
-    # Both ways of accumulating P V (into the product, or added after it).
+@pytest.mark.parametrize("acc_in_dot, tma", [(True, False), (False, False), (True, True)],
+                         ids=["acc-in-dot", "acc-added", "tma"])
+def test_fp16_matches_reference(kt, gen, mode, acc_in_dot, tma):
+    # Both ways of accumulating P V (into the product, or added after it), and whole key
+    # tiles read through tensor-memory-access descriptors.
     inputs = _inputs(kt, gen, LENGTHS, 2, 1, 64, torch.float16)
-    config = PrefillConfig(16, 16, 4, 1, acc_in_dot=acc_in_dot)
+    config = PrefillConfig(16, 16, 4, 1, acc_in_dot=acc_in_dot, tma=tma)
     kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), torch.float16,
              f"prefill fp16 {mode.value}", gen.initial_seed())
 

@@ -157,3 +157,29 @@ def multiprocessors(device: torch.device) -> int:
     if device.type != "cuda":
         return 4
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def tma_ready(k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether keys and values ``[T, Hkv, D]`` can be read through tensor-memory-access
+    descriptors over ``[T, Hkv * D]``: a Hopper-or-newer GPU (or the interpreter), heads packed
+    in each row, 16-byte aligned base and row stride; otherwise the pointer loads serve."""
+    if k.device.type == "cuda":
+        if torch.cuda.get_device_capability(k.device)[0] < 9:
+            return False
+    elif not interpreting():
+        return False
+    for t in (k, v):
+        dim = t.shape[2]
+        if t.stride(2) != 1 or t.stride(1) != dim or t.shape[0] == 0:
+            return False
+        if t.data_ptr() % 16 or (t.stride(0) * t.element_size()) % 16:
+            return False
+    return True
+
+
+def kv_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
+    """Host-side descriptors of keys and values ``[T, Hkv, D]`` as ``[T, Hkv * D]``, loading
+    ``[block_n, D]`` blocks (check ``tma_ready`` first)."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+    return tuple(TensorDescriptor(t, [t.shape[0], t.shape[1] * t.shape[2]], [t.stride(0), 1],
+                                  [block_n, t.shape[2]]) for t in (k, v))

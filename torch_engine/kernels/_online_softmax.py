@@ -42,3 +42,13 @@ def score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED: tl.conste
         k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :])
         v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :])
     return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), v
+
+
+@triton.jit
+def score_key_tile_tma(q, k_desc, v_desc, k0, col, DOT_PRECISION: tl.constexpr):
+    """``score_key_tile`` for a whole tile of valid keys, loaded through tensor-memory-access
+    descriptors over the ``[T, Hkv * D]`` keys and values: rows ``k0..k0+N``, columns
+    ``col..col+D`` (one KV head)."""
+    k = k_desc.load([k0, col])
+    v = v_desc.load([k0, col])
+    return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), v

@@ -30,7 +30,8 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
+from torch_engine.kernels._online_softmax import (online_softmax_step, score_key_tile,
+                                                  score_key_tile_tma)
 
 _OP = "decode_attention"
 _LOG2E = 1.4426950408889634
@@ -52,6 +53,8 @@ class DecodeConfig:
     acc_in_dot: bool = True
     # The unmasked key loop warp-specialised by the compiler (loads in their own warps).
     warp_specialize: bool = False
+    # Whole prompt key tiles loaded through tensor-memory-access descriptors (Hopper's TMA).
+    tma: bool = False
 
 
 @triton.jit
@@ -90,14 +93,14 @@ def _merge_rows(part_o_ptr, part_lse_ptr, base, stride_split, row_ok, d,
 @triton.jit
 def _decode_partial_kernel(
         q_ptr, sk_ptr, sv_ptr, cu_ptr, bk_ptr, bv_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-        count_ptr, num_own, qk_scale, width, num_kv_heads,
+        count_ptr, kd, vd, num_own, qk_scale, width, num_kv_heads,
         s_qb, s_qw, s_qh, s_skt, s_skh, s_svt, s_svh,
         s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
         s_ob, s_ow, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
         FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr):
+        WARP_SPECIALIZE: tl.constexpr, TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -129,8 +132,14 @@ def _decode_partial_kernel(
     sk_head = sk_ptr + h * s_skh
     sv_head = sv_ptr + h * s_svh
     for k0 in tl.range(lo, full_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
-        acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0 + n,
-                                     hi, d, qk_scale, False, ACC_IN_DOT, DOT_PRECISION)
+        if TMA:
+            s_tile, v_tile = score_key_tile_tma(q, kd, vd, k0, h * HEAD_DIM, DOT_PRECISION)
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s_tile, v_tile, qk_scale,
+                                                ACC_IN_DOT, DOT_PRECISION)
+        else:
+            acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
+                                         k0 + n, hi, d, qk_scale, False, ACC_IN_DOT,
+                                         DOT_PRECISION)
     if full_hi < hi:
         acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
                                      full_hi + n, hi, d, qk_scale, True, ACC_IN_DOT,
@@ -257,6 +266,7 @@ class DecodeTile:
     num_stages: int
     acc_in_dot: bool = True
     warp_specialize: bool = False
+    tma: bool = False
 
 
 # Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
@@ -298,7 +308,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
                         fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot,
-                        warp_specialize=tile.warp_specialize)
+                        warp_specialize=tile.warp_specialize, tma=tile.tma)
 
 
 def own_beams(block_m: int, group: int) -> int:
@@ -337,8 +347,11 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     # Finished-split counters of the fused merge, one per row tile, zero at the start.
     count = (torch.zeros(grid[0] * grid[1], device=q.device, dtype=torch.int32) if fused
              else torch.empty(1, device=q.device, dtype=torch.int32))
+    tma = config.tma and c.tma_ready(shared_k, shared_v)
+    kd, vd = (c.kv_descriptors(shared_k, shared_v, config.block_n) if tma
+              else (shared_k, shared_v))
     wrap_triton(_decode_partial_kernel)[grid](
-        q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, out, part_o, part_lse, count,
+        q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, out, part_o, part_lse, count, kd, vd,
         num_own, scale * _LOG2E, width, hkv,
         q.stride(0), q.stride(1), q.stride(2), shared_k.stride(0), shared_k.stride(1),
         shared_v.stride(0), shared_v.stride(1),
@@ -349,7 +362,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype), WARP_SPECIALIZE=config.warp_specialize,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        TMA=tma, num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits > 1 and not fused:
         merge_m = min(config.block_m, 64)
         wrap_triton(_decode_merge_kernel)[(batch * hkv, triton.cdiv(rows, merge_m))](

@@ -43,7 +43,8 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
+from torch_engine.kernels._online_softmax import (online_softmax_step, score_key_tile,
+                                                  score_key_tile_tma)
 from torch_engine.layout import MaskMode
 
 _OP = "prefill_attention"
@@ -65,6 +66,8 @@ class PrefillConfig:
     acc_in_dot: bool = True
     # The unmasked key loop warp-specialised by the compiler (loads in their own warps).
     warp_specialize: bool = False
+    # Whole key tiles loaded through tensor-memory-access descriptors (Hopper's TMA).
+    tma: bool = False
 
 
 @triton.jit
@@ -108,11 +111,17 @@ def _segment_start(seg_ptr, start, pos, x, SCAN: tl.constexpr):
 
 @triton.jit
 def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, qpos, seg_q,
-                 qk_scale, d, MODE: tl.constexpr, MASKED: tl.constexpr, BLOCK_N: tl.constexpr,
-                 ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One key tile of FlashAttention-2's online softmax; the mask only when MASKED."""
+                 qk_scale, d, kd, vd, col, MODE: tl.constexpr, MASKED: tl.constexpr,
+                 BLOCK_N: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 TMA: tl.constexpr):
+    """One key tile of FlashAttention-2's online softmax; the mask only when MASKED. Whole
+    tiles (not MASKED) load through the descriptors kd, vd when TMA."""
     kpos = k0 + tl.arange(0, BLOCK_N)
-    s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED, DOT_PRECISION)
+    if TMA and not MASKED:
+        s, v = score_key_tile_tma(q, kd, vd, k0, col, DOT_PRECISION)
+    else:
+        s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED,
+                              DOT_PRECISION)
     if MASKED:
         k_ok = kpos < hi
         seg_k = tl.load(seg_ptr + kpos, mask=k_ok, other=-2)
@@ -132,13 +141,13 @@ def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, 
 
 @triton.jit
 def _prefill_kernel(
-        q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, seg_ptr, stats_ptr,
+        q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, seg_ptr, stats_ptr, kd, vd,
         qk_scale, batch, num_tiles,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
         STATS: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr):
+        WARP_SPECIALIZE: tl.constexpr, TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
     head = tl.program_id(1)
@@ -194,14 +203,16 @@ def _prefill_kernel(
         for k0 in tl.range(lo, lo + n_full * BLOCK_N, BLOCK_N,
                            warp_specialize=WARP_SPECIALIZE):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
-                                         k0, hi, rows, seg_q, qk_scale, d, MODE, False,
-                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION)
+                                         k0, hi, rows, seg_q, qk_scale, d, kd, vd,
+                                         (head // GROUP) * HEAD_DIM, MODE, False, BLOCK_N,
+                                         ACC_IN_DOT, DOT_PRECISION, TMA)
             if STATS:
                 visited += 1
         for k0 in range(lo + n_full * BLOCK_N, hi, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
-                                         k0, hi, rows, seg_q, qk_scale, d, MODE, True,
-                                         BLOCK_N, ACC_IN_DOT, DOT_PRECISION)
+                                         k0, hi, rows, seg_q, qk_scale, d, kd, vd,
+                                         (head // GROUP) * HEAD_DIM, MODE, True, BLOCK_N,
+                                         ACC_IN_DOT, DOT_PRECISION, TMA)
             visited += 1
         # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
@@ -300,8 +311,10 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         # Unused then, but distinct from ``out``: traced as a functional kernel call,
         # arguments that alias one tensor would be cloned apart.
         stats = torch.empty(1, device=q.device, dtype=torch.int32)
+    tma = config.tma and c.tma_ready(k, v)
+    kd, vd = (c.kv_descriptors(k, v, config.block_n) if tma else (k, v))
     wrap_triton(_prefill_kernel)[(num_tiles, hq)](
-        q, k, v, out, cu_seqlens, segment_ids, stats,
+        q, k, v, out, cu_seqlens, segment_ids, stats, kd, vd,
         scale * _LOG2E, batch, num_tiles,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
@@ -309,6 +322,7 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch)))),
         MODE=MODE_CODES[mode], STATS=want_stats, ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype), WARP_SPECIALIZE=config.warp_specialize,
+        TMA=tma,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
