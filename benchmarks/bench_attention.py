@@ -334,12 +334,6 @@ PREFILL_VARIANTS = {
     "qwen3-1.7b": _both(P(64, 64, 4, 3)) + _both(P(128, 128, 8, 3)) + _both(P(128, 64, 8, 3))
     + _both(P(128, 128, 8, 2)),
 }
-PREFILL_SWEEP_SHAPES.
-PREFILL_VARIANTS = {
-    "qwen2-0.5b": _both(P(64, 64, 4, 3)) + _both(P(128, 64, 4, 3, acc_in_dot=False))
-    + _both(P(64, 128, 4, 3, acc_in_dot=False)) + _both(P(128, 128, 8, 3)),
-    "qwen3-1.7b": _both(P(64, 64, 4, 3)) + _both(P(128, 128, 8, 3)) + _both(P(128, 64, 8, 3)),
-}
 PREFILL_SWEEP_SHAPES = ((4, 4096), (16, 1024))
 
 
