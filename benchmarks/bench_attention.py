@@ -307,34 +307,35 @@ def prefill_part(results: list) -> None:
 
 # ---- sweep: several variants per target shape, each checked, compiled in parallel first ---
 
-def _both(config):
-    """Pointer loads; whole key tiles through TMA descriptors; TMA with the unmasked key loop
-    warp-specialised by the compiler (loads in their own warps)."""
-    return [config, dataclasses.replace(config, tma=True),
-            dataclasses.replace(config, tma=True, warp_specialize=True)]
+def _tma(*configs):
+    """Each tile with whole key tiles loaded through TMA descriptors."""
+    return [dataclasses.replace(config, tma=True) for config in configs]
 
 
 D = DecodeConfig
 P = PrefillConfig
 # Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge); the
-# table's tiles (earlier sweeps: results/attention_2026-11-29T1*.json) and neighbours, each
-# with pointer loads, TMA loads, and TMA with warp specialisation.
+# table's tiles (earlier sweeps: results/attention_2026-11-29T1*.json), pointer and TMA loads.
 DECODE_VARIANTS = {
-    ("qwen2-0.5b", 1): _both(D(64, 64, 4, 4, 3, True, acc_in_dot=False)),
-    ("qwen2-0.5b", 16): _both(D(64, 64, 1, 4, 3, acc_in_dot=False)) + _both(
-        D(64, 64, 1, 4, 4, acc_in_dot=False)),
-    ("qwen3-1.7b", 1): _both(D(64, 64, 4, 4, 3, True)),
-    ("qwen3-1.7b", 16): _both(D(128, 64, 1, 8, 3)) + _both(D(64, 64, 1, 4, 3)) + _both(
-        D(128, 128, 1, 8, 2)),
+    ("qwen2-0.5b", 1): [D(64, 64, 4, 4, 3, True, acc_in_dot=False)],
+    ("qwen2-0.5b", 16): [D(64, 64, 1, 4, 3, acc_in_dot=False)],
+    ("qwen3-1.7b", 1): [D(64, 64, 4, 4, 3, True)] + _tma(D(64, 64, 4, 4, 3, True)),
+    ("qwen3-1.7b", 16): [D(128, 64, 1, 8, 3)] + _tma(D(128, 64, 1, 8, 3), D(64, 64, 1, 4, 3),
+                                                      D(64, 64, 1, 4, 4), D(64, 128, 1, 4, 3)),
 }
-# Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES.
+# Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES: the table's pointer-load
+# tiles, then TMA tiles around the best of the first TMA sweep (64 x 64, 4 warps).
 PREFILL_VARIANTS = {
-    "qwen2-0.5b": _both(P(64, 64, 4, 3)) + _both(P(128, 64, 4, 3, acc_in_dot=False))
-    + _both(P(128, 128, 8, 3)) + _both(P(128, 64, 8, 3)),
-    "qwen3-1.7b": _both(P(64, 64, 4, 3)) + _both(P(128, 128, 8, 3)) + _both(P(128, 64, 8, 3))
-    + _both(P(128, 128, 8, 2)),
+    "qwen2-0.5b": [P(64, 64, 4, 3), P(128, 64, 4, 3, acc_in_dot=False), P(64, 128, 4, 3,
+                                                                             acc_in_dot=False)]
+    + _tma(P(64, 64, 4, 3), P(64, 64, 4, 4), P(128, 64, 4, 3, acc_in_dot=False),
+           P(128, 64, 4, 4, acc_in_dot=False), P(64, 128, 4, 3, acc_in_dot=False),
+           P(64, 128, 4, 3), P(128, 64, 8, 3)),
+    "qwen3-1.7b": [P(64, 64, 4, 3), P(128, 128, 8, 3)]
+    + _tma(P(64, 64, 4, 3), P(64, 64, 4, 4), P(64, 64, 4, 2), P(64, 64, 4, 3, acc_in_dot=False),
+           P(64, 128, 4, 3), P(64, 128, 4, 2), P(128, 64, 8, 3), P(128, 64, 8, 4)),
 }
-PREFILL_SWEEP_SHAPES = ((4, 4096), (16, 1024))
+PREFILL_SWEEP_SHAPES = ((4, 4096), (16, 1024), (1, 8192))
 
 
 def sweep_items() -> list[tuple]:
