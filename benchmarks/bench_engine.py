@@ -141,7 +141,6 @@ MAIN_VARIANTS = {
     "engine (defaults: whole-search graph, torch selection)": {},
     "engine, triton selection": {"selection": "triton"},
     "engine, layer kernels off": {"layer_kernels": False},
-    "engine, split-depth decode projections": {"splitk_rows": 4096},
     "engine eager (no graphs)": {"cuda_graphs": False},
 }
 

@@ -177,10 +177,6 @@ class EngineConfig:
         requests up to the next power of two (results of the padding rows are dropped).
     layer_kernels: on CUDA, fold each layer's elementwise steps (split, norms, rotary, KV
         writes, residual + norm, SwiGLU) into ``torch_engine.kernels.layer_ops`` launches.
-    splitk_rows: with ``layer_kernels``, decode steps of at most this many rows (batch x
-        beams) run each layer's output and down projections as split-depth Triton products
-        whose reduce is the residual add and RMSNorm that follow
-        (``torch_engine.kernels.splitk_products``); 0 keeps the library's products.
     max_graphs: captured shapes kept (least recently used dropped first).
     selection_backend: beam selection per level: "torch" (plain PyTorch, the default until
         the fused kernel is measured on the GPU), "triton" (``xgr::constrained_topk``, CUDA or
@@ -199,7 +195,6 @@ class EngineConfig:
     length_bucket: int = 256
     batch_buckets: bool = True
     layer_kernels: bool = True
-    splitk_rows: int = 0
     max_graphs: int = 8
     selection_backend: str = "torch"
     memory_budget: int | None = None
@@ -219,8 +214,6 @@ class EngineConfig:
                 f"{self.static_shapes!r}")
         require(isinstance(self.length_bucket, int) and self.length_bucket >= 1, ConfigError,
                 f"EngineConfig.length_bucket must be a positive int, got {self.length_bucket!r}")
-        require(isinstance(self.splitk_rows, int) and self.splitk_rows >= 0, ConfigError,
-                f"EngineConfig.splitk_rows must be a non-negative int, got {self.splitk_rows!r}")
         require(isinstance(self.max_graphs, int) and self.max_graphs >= 1, ConfigError,
                 f"EngineConfig.max_graphs must be a positive int, got {self.max_graphs!r}")
         require(self.selection_backend in SELECTION_BACKENDS, ConfigError,

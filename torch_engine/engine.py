@@ -70,7 +70,7 @@ class Engine:
         if config.dtype is not None:
             model = model.to(getattr(torch, config.dtype))
         self.model = model.eval()
-        self.model.fuse_projections(config.layer_kernels, config.splitk_rows)
+        self.model.fuse_projections(config.layer_kernels)
         self.config = config
         self.device = next(model.parameters()).device
         self.catalog = catalog.to(self.device)

@@ -93,10 +93,7 @@ class FusedProjections:
 
     qkv_weight: ``[(Hq + 2 Hkv) * D, hidden]``; qkv_bias: ``[(Hq + 2 Hkv) * D]`` or None;
     gate_up_weight: ``[2 * intermediate, hidden]``; kernels: on CUDA, fold the elementwise
-    steps between the products into ``torch_engine.kernels.layer_ops`` launches; splitk_rows:
-    with kernels, the output and down projections of at most this many rows (decode) run as
-    split-depth products reduced inside the residual add
-    (``torch_engine.kernels.splitk_products``); 0 keeps the library products.
+    steps between the products into ``torch_engine.kernels.layer_ops`` launches.
     """
 
     sources: tuple[torch.Tensor, ...]
@@ -105,7 +102,6 @@ class FusedProjections:
     qkv_bias: torch.Tensor | None
     gate_up_weight: torch.Tensor
     kernels: bool = True
-    splitk_rows: int = 0
 
     def current(self) -> bool:
         """True while every source parameter is the one copied, unmodified."""
@@ -125,15 +121,15 @@ class DecoderLayer(nn.Module):
         # A plain attribute, not a buffer: not in the state dict, not traced by torch.export.
         self.fused: FusedProjections | None = None
 
-    def fuse_projections(self, kernels: bool = True, splitk_rows: int = 0) -> None:
+    def fuse_projections(self, kernels: bool = True) -> None:
         """Build ``self.fused`` from the current weights (see ``FusedProjections``); the
         copies are kept while still current, so engines sharing a model share them (a
         captured CUDA graph reads the copies it was captured with)."""
         fused = self.fused
         if fused is not None and fused.current() and all(
                 a is b for a, b in zip(fused.sources, self._sources())):
-            if (fused.kernels, fused.splitk_rows) != (kernels, splitk_rows):
-                self.fused = replace(fused, kernels=kernels, splitk_rows=splitk_rows)
+            if fused.kernels != kernels:
+                self.fused = replace(fused, kernels=kernels)
             return
         attn, mlp = self.self_attn, self.mlp
         sources = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
@@ -146,7 +142,7 @@ class DecoderLayer(nn.Module):
         if qkv_b is not None:
             sources += biases
         self.fused = FusedProjections(tuple(sources), tuple(p._version for p in sources),
-                                      qkv_w, qkv_b, gate_up, kernels, splitk_rows)
+                                      qkv_w, qkv_b, gate_up, kernels)
 
     def _live_fused(self) -> FusedProjections | None:
         """The fused copies when usable: current, and not while tracing (``torch.export`` and
@@ -196,51 +192,26 @@ class DecoderLayer(nn.Module):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def project_qkv_into(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         k_out: torch.Tensor, v_out: torch.Tensor,
-                         normed: torch.Tensor | None = None) -> torch.Tensor:
+                         k_out: torch.Tensor, v_out: torch.Tensor) -> torch.Tensor:
         """``project_qkv`` writing keys and values into ``k_out, v_out [..., Hkv, D]`` (e.g.
         a beam-KV slot) and returning the queries ``[..., Hq, D]``; on CUDA with fused
-        kernels one launch does the split, the norms, the rotary and both writes.
-        ``normed``: ``input_layernorm(x)`` when the previous layer already computed it
-        (``finish_decode``)."""
+        kernels one launch does the split, the norms, the rotary and both writes."""
         fused = self._live_fused()
         if fused is not None and fused.kernels and x.is_cuda:
-            return self._qkv_kernel(x, cos, sin, fused, k_out, v_out, normed)
+            return self._qkv_kernel(x, cos, sin, fused, k_out, v_out)
         q, k, v = self.project_qkv(x, cos, sin)
         k_out.copy_(k)
         v_out.copy_(v)
         return q
 
-    def _qkv_kernel(self, x, cos, sin, fused: FusedProjections, k_out, v_out,
-                    normed: torch.Tensor | None) -> torch.Tensor:
+    def _qkv_kernel(self, x, cos, sin, fused: FusedProjections, k_out, v_out) -> torch.Tensor:
         from torch_engine.kernels import layer_ops
         cfg, attn = self.config, self.self_attn
-        h = (layer_ops.rms_norm(x, self.input_layernorm.weight, cfg.rms_norm_eps)
-             if normed is None else normed)
+        h = layer_ops.rms_norm(x, self.input_layernorm.weight, cfg.rms_norm_eps)
         qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias)
         norms = (attn.q_norm.weight, attn.k_norm.weight) if cfg.qk_norm else (None, None)
         return layer_ops.qkv_rotary(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, k_out,
                                     v_out, *norms, eps=cfg.rms_norm_eps)
-
-    def finish_decode(self, x: torch.Tensor, attended: torch.Tensor, next_norm: RMSNorm
-                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """``finish``, and ``next_norm`` (the next layer's input norm, or the final norm) of
-        its result when the split-depth path computes it in the same launch as the residual
-        add; None otherwise (the caller norms)."""
-        fused = self._live_fused()
-        rows = attended.numel() // max(attended.shape[-1] * attended.shape[-2], 1)
-        if (fused is None or not fused.kernels or not x.is_cuda
-                or not 0 < rows <= fused.splitk_rows):
-            return self.finish(x, attended), None
-        from torch_engine.kernels import layer_ops
-        from torch_engine.kernels import splitk_products as sk
-        eps = self.config.rms_norm_eps
-        # The reduce of each split product is the residual add that follows it anyway.
-        parts = sk.product_partials(attended.reshape(rows, -1), self.self_attn.o_proj.weight)
-        x, h = sk.add_partials(x, parts, self.post_attention_layernorm.weight, eps)
-        act = layer_ops.silu_mul(F.linear(h, fused.gate_up_weight))
-        parts = sk.product_partials(act.view(rows, -1), self.mlp.down_proj.weight)
-        return sk.add_partials(x, parts, next_norm.weight, next_norm.eps)
 
     def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """The rest of the layer: ``x [..., hidden]`` plus output projection of

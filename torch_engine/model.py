@@ -81,13 +81,12 @@ class Model(nn.Module):
         from torch_engine.weights import save_pretrained
         save_pretrained(self, path, max_shard_bytes=max_shard_bytes)
 
-    def fuse_projections(self, kernels: bool = True, splitk_rows: int = 0) -> None:
+    def fuse_projections(self, kernels: bool = True) -> None:
         """Give every layer concatenated q/k/v and gate/up weight copies for serving (see
         ``layers.FusedProjections``; used while the weights stay unchanged), and on CUDA the
-        fused elementwise kernels when ``kernels`` (with split-depth output and down
-        projections up to ``splitk_rows`` rows)."""
+        fused elementwise kernels when ``kernels``."""
         for layer in self.model.layers:
-            layer.fuse_projections(kernels, splitk_rows)
+            layer.fuse_projections(kernels)
 
     # -------------------------------------------------------------------------- pieces
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -163,16 +162,12 @@ class Model(nn.Module):
         """
         x = self.embed(tokens)
         cos, sin = self._rotary(positions[:, None].expand_as(tokens), x.dtype)
-        layers = self.model.layers
-        normed = None       # the next layer's input norm, when the previous layer made it
-        for index, layer in enumerate(layers):
-            q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot), normed=normed)
+        for index, layer in enumerate(self.model.layers):
+            q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot))
             beam_k, beam_v = beams.layer(index)
             out = attn.decode_attention(q, shared.keys[index], shared.values[index], prompt,
                                         beam_k, beam_v, slot + 1, backend)
-            following = (layers[index + 1].input_layernorm if index + 1 < len(layers)
-                         else self.model.norm)
-            x, normed = layer.finish_decode(x, out, following)
-        return self.model.norm(x) if normed is None else normed
+            x = layer.finish(x, out)
+        return self.model.norm(x)
 
 

@@ -150,8 +150,8 @@ def test_norm_and_swiglu_reject_bad_inputs_by_name():
 @pytest.mark.gpu
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_engine_layer_kernels_equal_torch_ops_on_cuda(family):
-    """Prefill and a decode step of the tiny model on CUDA (float32): the layer kernels, with
-    and without split-depth decode projections, give the torch ops' hidden states and KV."""
+    """Prefill and a decode step of the tiny model on CUDA (float32): the layer kernels give
+    the torch ops' hidden states and KV."""
     from torch_engine.kv_cache import BeamKV, PackedPrompt
     from torch_engine.layout import MaskMode
     model = Model(PRESETS["tiny"] if family == "qwen2" else QWEN3_TINY)
@@ -165,15 +165,13 @@ def test_engine_layer_kernels_equal_torch_ops_on_cuda(family):
                                       MaskMode.CAUSAL)
     tokens = torch.randint(256, 1024, (2, 4), generator=gen).cuda()
     outs = []
-    # torch ops; the layer kernels; the layer kernels with split-depth decode projections.
-    for kernels, splitk_rows in ((False, 0), (True, 0), (True, 64)):
-        model.fuse_projections(kernels, splitk_rows)
+    for kernels in (False, True):
+        model.fuse_projections(kernels)
         with torch.no_grad():
             last, shared = model.prefill(prompt.pack(model.embed(ids)), prompt)
             beams = BeamKV(cfg.num_layers, 2, 4, 2, cfg.num_kv_heads, cfg.head_dim,
                            torch.float32, torch.device("cuda"))
             hidden = model.decode_step(tokens, prompt.lengths, shared, prompt, beams, 0)
         outs.append((last, shared.keys[1], hidden, beams.keys[:, :, :, 0]))
-    for variant in outs[1:]:
-        for got, want in zip(variant, outs[0]):
-            assert rel_error(got, want) <= FP32.rel_norm
+    for got, want in zip(outs[1], outs[0]):
+        assert rel_error(got, want) <= FP32.rel_norm

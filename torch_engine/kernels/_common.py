@@ -162,7 +162,11 @@ def multiprocessors(device: torch.device) -> int:
 def tma_ready(k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether keys and values ``[T, Hkv, D]`` can be read through tensor-memory-access
     descriptors over ``[T, Hkv * D]``: a Hopper-or-newer GPU (or the interpreter), heads packed
-    in each row, 16-byte aligned base and row stride; otherwise the pointer loads serve."""
+    in each row, 16-byte aligned base and row stride; otherwise the pointer loads serve.
+    Never while tracing (``torch.export``): a traced launch has no addresses to describe."""
+    if torch.compiler.is_compiling() or any(
+            isinstance(t, torch._subclasses.FakeTensor) for t in (k, v)):
+        return False
     if k.device.type == "cuda":
         if torch.cuda.get_device_capability(k.device)[0] < 9:
             return False

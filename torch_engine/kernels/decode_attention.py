@@ -51,8 +51,6 @@ class DecodeConfig:
     fused_merge: bool = False
     # P V accumulated into the accumulator's registers, or added to it after the product.
     acc_in_dot: bool = True
-    # The unmasked key loop warp-specialised by the compiler (loads in their own warps).
-    warp_specialize: bool = False
     # Whole prompt key tiles loaded through tensor-memory-access descriptors (Hopper's TMA).
     tma: bool = False
 
@@ -100,7 +98,7 @@ def _decode_partial_kernel(
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
         FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr, TMA: tl.constexpr):
+        TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     pid_bh = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -131,7 +129,7 @@ def _decode_partial_kernel(
     n = tl.arange(0, BLOCK_N)
     sk_head = sk_ptr + h * s_skh
     sv_head = sv_ptr + h * s_svh
-    for k0 in tl.range(lo, full_hi, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for k0 in range(lo, full_hi, BLOCK_N):
         if TMA:
             s_tile, v_tile = score_key_tile_tma(q, kd, vd, k0, h * HEAD_DIM, DOT_PRECISION)
             acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s_tile, v_tile, qk_scale,
@@ -265,7 +263,6 @@ class DecodeTile:
     num_warps: int
     num_stages: int
     acc_in_dot: bool = True
-    warp_specialize: bool = False
     tma: bool = False
 
 
@@ -308,7 +305,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
                         fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot,
-                        warp_specialize=tile.warp_specialize, tma=tile.tma)
+                        tma=tile.tma)
 
 
 def own_beams(block_m: int, group: int) -> int:
@@ -361,8 +358,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
-        DOT_PRECISION=c.dot_precision(q.dtype), WARP_SPECIALIZE=config.warp_specialize,
-        TMA=tma, num_warps=config.num_warps, num_stages=config.num_stages)
+        DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma, num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits > 1 and not fused:
         merge_m = min(config.block_m, 64)
         wrap_triton(_decode_merge_kernel)[(batch * hkv, triton.cdiv(rows, merge_m))](

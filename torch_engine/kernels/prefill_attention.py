@@ -34,7 +34,7 @@ config and grid from shapes), so AOTInductor compiles the kernel into its packag
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -64,8 +64,6 @@ class PrefillConfig:
     num_stages: int = 3
     # P V accumulated into the accumulator's registers, or added to it after the product.
     acc_in_dot: bool = True
-    # The unmasked key loop warp-specialised by the compiler (loads in their own warps).
-    warp_specialize: bool = False
     # Whole key tiles loaded through tensor-memory-access descriptors (Hopper's TMA).
     tma: bool = False
 
@@ -147,7 +145,7 @@ def _prefill_kernel(
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
         STATS: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        WARP_SPECIALIZE: tl.constexpr, TMA: tl.constexpr):
+        TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
     head = tl.program_id(1)
@@ -200,8 +198,7 @@ def _prefill_kernel(
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         visited = 0
-        for k0 in tl.range(lo, lo + n_full * BLOCK_N, BLOCK_N,
-                           warp_specialize=WARP_SPECIALIZE):
+        for k0 in range(lo, lo + n_full * BLOCK_N, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, kd, vd,
                                          (head // GROUP) * HEAD_DIM, MODE, False, BLOCK_N,
@@ -258,18 +255,19 @@ def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
 
 
 # Head dim -> tiles by regime, from the tile sweeps (item-level causal, H200;
-# benchmarks/notes/attention.md): "long" for mean request lengths >= LONG_REQUEST (batch 4-16 x
+# benchmarks/notes/attention.md): "long" for mean request lengths >= LONG_REQUEST (batch 1-16 x
 # L 4096-8192), "short" for shorter requests when 128-row tiles still give every SM about
-# eight programs (batch 16 x L 1024), "few" otherwise (batch 1-4 x L 1024, and fp32 inputs,
-# whose long d128 tile exceeds the 227 KB of shared memory).
+# eight programs (batch 16 x L 1024), "few" otherwise (batch 1-4 x L 1024). Whole key tiles
+# load through TMA descriptors where the sweeps found it faster (v7: 3-16%); fp32 inputs take
+# the pointer-load "few" tile (the long d128 tiles exceed the 227 KB of shared memory).
 LONG_REQUEST = 2048
 PREFILL_TILES = {
     64: {"few": PrefillConfig(64, 64, 4, 3),
-         "short": PrefillConfig(128, 64, 4, 3, acc_in_dot=False),
-         "long": PrefillConfig(64, 128, 4, 3, acc_in_dot=False)},
-    128: {"few": PrefillConfig(64, 64, 4, 3),
-          "short": PrefillConfig(64, 64, 4, 3),
-          "long": PrefillConfig(128, 128, 8, 3)},
+         "short": PrefillConfig(128, 64, 4, 3, acc_in_dot=False, tma=True),
+         "long": PrefillConfig(64, 128, 4, 3, tma=True)},
+    128: {"few": PrefillConfig(64, 64, 4, 3, tma=True),
+          "short": PrefillConfig(64, 64, 4, 3, tma=True),
+          "long": PrefillConfig(64, 64, 4, 3, tma=True)},
 }
 
 
@@ -283,7 +281,7 @@ def prefill_config_for(head_dim: int, total_tokens: int = 4 * LONG_REQUEST, batc
         return PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
     tiles = PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
     if element_size > 2:
-        return tiles["few"]
+        return replace(tiles["few"], tma=False)
     if total_tokens // max(batch, 1) >= LONG_REQUEST:
         return tiles["long"]
     if total_tokens // 128 * q_heads >= 8 * c.multiprocessors(device):
@@ -321,8 +319,7 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch)))),
         MODE=MODE_CODES[mode], STATS=want_stats, ACC_IN_DOT=config.acc_in_dot,
-        DOT_PRECISION=c.dot_precision(q.dtype), WARP_SPECIALIZE=config.warp_specialize,
-        TMA=tma,
+        DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 

@@ -6,10 +6,9 @@ Slow and simple on purpose; computed in float32 (float64 when given float64).
 from torch_engine.reference.constrained_topk import constrained_topk
 from torch_engine.reference.decode_attention import attend_with_lse, decode_attention, merge_states
 from torch_engine.reference.input_rules import input_rules
-from torch_engine.reference.layer_ops import (add_partials, add_rms_norm, depth_chunks,
-                                              product_partials, qkv_rotary, silu_mul)
+from torch_engine.reference.layer_ops import add_rms_norm, qkv_rotary, silu_mul
 from torch_engine.reference.prefill_attention import prefill_attention, request_mask
 
-__all__ = ["add_partials", "add_rms_norm", "attend_with_lse", "constrained_topk",
-           "decode_attention", "depth_chunks", "input_rules", "merge_states",
-           "prefill_attention", "product_partials", "qkv_rotary", "request_mask", "silu_mul"]
+__all__ = ["add_rms_norm", "attend_with_lse", "constrained_topk", "decode_attention",
+           "input_rules", "merge_states", "prefill_attention", "qkv_rotary", "request_mask",
+           "silu_mul"]

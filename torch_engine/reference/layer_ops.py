@@ -50,32 +50,3 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """``silu(gate) * up`` of ``gate_up [..., 2 I]`` (gate first) in float32/64."""
     gate, up = _wide(gate_up).chunk(2, dim=-1)
     return F.silu(gate) * up
-
-
-def depth_chunks(depth: int, splits: int, block_k: int) -> list[tuple[int, int]]:
-    """The ``[start, end)`` depth chunks of a split product: ``splits`` chunks of whole
-    ``block_k`` steps, trailing empty ones dropped (``kernels.splitk_products``' rule)."""
-    chunk = -(-(-(-max(depth, 1) // splits)) // block_k) * block_k
-    return [(lo, min(lo + chunk, depth)) for lo in range(0, max(depth, 1), chunk)]
-
-
-def product_partials(x: torch.Tensor, weight: torch.Tensor, splits: int, block_k: int
-                     ) -> torch.Tensor:
-    """``[S, R, N]`` partial products of ``x [R, K] @ weight [N, K].T`` over the depth chunks
-    of ``depth_chunks``, in float32/64."""
-    wide = _wide(x).dtype
-    x, weight = x.to(wide), weight.to(wide)
-    return torch.stack([x[:, lo:hi] @ weight[:, lo:hi].T
-                        for lo, hi in depth_chunks(x.shape[1], splits, block_k)])
-
-
-def add_partials(x: torch.Tensor, partials: torch.Tensor, weight: torch.Tensor | None,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``s = x + partials.sum(0)`` rounded to x's dtype (the residual stream) and, with
-    ``weight``, ``rms_norm(s) * weight`` in float32/64."""
-    wide = torch.float64 if torch.float64 in (x.dtype, partials.dtype) else torch.float32
-    flat = x.reshape(-1, x.shape[-1]).to(wide) + partials.to(wide).sum(0)
-    total = flat.to(x.dtype).reshape(x.shape)
-    if weight is None:
-        return total, None
-    return total, F.rms_norm(total.to(wide), (x.shape[-1],), weight.to(wide), eps)
