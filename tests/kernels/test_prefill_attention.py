@@ -104,17 +104,20 @@ def _needed_tiles(cu, seg, mode, block_m, block_n, num_tiles):
 
 @pytest.mark.parametrize("profile", [20, 40], ids=["short-profile", "long-profile"])
 @pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
-def test_visits_only_key_tiles_with_allowed_keys(kt, gen, mode, profile):
+@pytest.mark.parametrize("block", [16, 32])
+def test_visits_only_key_tiles_with_allowed_keys(kt, gen, mode, profile, block):
     # 6-token items in 16-token tiles: many tiles, many skipped. A 40-token profile outruns
-    # the one-tile scan for segment bounds, so the binary-search fallback runs too.
+    # the one-tile scan for segment bounds, so the binary-search fallback runs too. With
+    # 32-token tiles an item running past a tile's last row takes one 16-key step, counted as
+    # the one key tile it replaces.
     lengths = [70, 1, 37]
     inputs = _inputs(kt, gen, lengths, 1, 1, 16, torch.float32, profile=profile, item=6)
-    config = PrefillConfig(block_m=16, block_n=16, num_stages=1)
-    num_tiles = sum(lengths) // 16 + len(lengths)
+    config = PrefillConfig(block_m=block, block_n=block, num_stages=1)
+    num_tiles = sum(lengths) // block + len(lengths)
     stats = torch.full((num_tiles, 1), -1, dtype=torch.int32, device=gen.device)
     out = _poisoned_run(inputs, mode, config, stats=stats)
     kt.check(out, _reference(inputs, mode), torch.float32, "prefill", gen.initial_seed())
-    expected = _needed_tiles(inputs["cu_seqlens"], inputs["segment_ids"], mode, 16, 16,
+    expected = _needed_tiles(inputs["cu_seqlens"], inputs["segment_ids"], mode, block, block,
                              num_tiles)
     assert stats[:, 0].cpu().tolist() == expected.tolist()
 

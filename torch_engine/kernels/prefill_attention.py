@@ -19,7 +19,9 @@ item_causal   request start          one past last key of seg[q1-1]  one past la
 
 (* when the tile holds profile queries; ** when all its queries are profile tokens.)
 Key tiles below ``full_end`` run without any mask; the rest apply the mask; key tiles outside
-``[lo, hi)`` are never loaded (wholly masked tiles are skipped). FlashAttention-2 online
+``[lo, hi)`` are never loaded (wholly masked tiles are skipped). The keys of the last row's
+segment that lie past the tile's last query (at most a few for item-level layouts) take one
+16-key step instead of a whole key tile. FlashAttention-2 online
 softmax in float32; query tiles run longest-first.
 
 Programs map to query tiles without a host-side table: request b owns virtual tiles starting
@@ -143,7 +145,7 @@ def _prefill_kernel(
         qk_scale, batch, num_tiles,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
+        BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
         STATS: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
@@ -205,10 +207,23 @@ def _prefill_kernel(
                                          ACC_IN_DOT, DOT_PRECISION, TMA)
             if STATS:
                 visited += 1
-        for k0 in range(lo + n_full * BLOCK_N, hi, BLOCK_N):
+        # Masked keys: whole steps up to the tile's last row, then, when the last row's
+        # segment runs on past it by at most TAIL_N keys (bidirectional segments: items of a
+        # few tokens), those keys in one TAIL_N-key step instead of one more BLOCK_N-key step.
+        m0 = lo + n_full * BLOCK_N
+        short_tail = hi - q1 <= TAIL_N
+        main_hi = tl.where(short_tail, tl.maximum(q1, m0), hi)
+        main_end = m0 + tl.cdiv(main_hi - m0, BLOCK_N) * BLOCK_N
+        for k0 in range(m0, main_end, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, kd, vd,
                                          (head // GROUP) * HEAD_DIM, MODE, True, BLOCK_N,
+                                         ACC_IN_DOT, DOT_PRECISION, TMA)
+            visited += 1
+        for k0 in range(main_end, hi, TAIL_N):
+            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
+                                         k0, hi, rows, seg_q, qk_scale, d, kd, vd,
+                                         (head // GROUP) * HEAD_DIM, MODE, True, TAIL_N,
                                          ACC_IN_DOT, DOT_PRECISION, TMA)
             visited += 1
         # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
@@ -317,6 +332,7 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
+        TAIL_N=min(16, config.block_n),
         BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch)))),
         MODE=MODE_CODES[mode], STATS=want_stats, ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma,
