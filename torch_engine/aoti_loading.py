@@ -11,10 +11,22 @@ skipped (``cpp.vec_isa_ok = False``: no vector ISA is claimed for this machine, 
 one "Device information mismatch for AOTI_CPU_ISA" warning). Claiming the ISAs from the CPU
 flags instead (``True``) still builds probes for their sub-features (AVX512-BF16, VNNI, AMX).
 TorchCall's C++ loader never runs the probe.
+
+A second trap on the same host: a package's wrapper library carries its own static copy of the
+C++ runtime of the compiler that built it (``ldd`` lists no ``libstdc++``), and its
+``std::regex`` (parsing the device string while the model is built) ended in SIGSEGV inside
+``std::codecvt`` when the process had already mapped an older shared ``libstdc++``: the two
+copies disagree on the locale facets. A process started with the compiler's own
+``libstdc++.so`` preloaded loads and runs the same package (``benchmarks/notes/gpu_serving.md``,
+probe of 2026-11-29). ``loader_environment`` gives that environment for a process that will
+load packages: it cannot be changed in a running process.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -28,3 +40,42 @@ def load_package(path: str | Path, device_index: int | None = None):
     kwargs = {} if device_index is None else {"device_index": device_index}
     with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
         return torch._inductor.aoti_load_package(str(path), **kwargs)
+
+
+def compiler_libstdcxx() -> Path | None:
+    """The shared ``libstdc++`` of the C++ compiler Inductor builds packages with (``g++``, else
+    ``c++``), resolved; None when there is no compiler or it names no such file."""
+    compiler = shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        return None
+    try:
+        found = subprocess.run([compiler, "-print-file-name=libstdc++.so"], capture_output=True,
+                               text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    path = Path(found)
+    return path.resolve() if path.is_absolute() and path.exists() else None
+
+
+def mapped_libstdcxx() -> set[Path]:
+    """The ``libstdc++`` files this process has mapped (empty where ``/proc`` is missing)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return {Path(line.split()[-1]).resolve() for line in maps
+                    if "libstdc++" in line and line.split()[-1].startswith("/")}
+    except OSError:
+        return set()
+
+
+def loader_environment(base: dict[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) for a child process that loads
+    AOTInductor packages with ``load_package``: ``LD_PRELOAD`` starts with the compiler's
+    ``libstdc++`` when this process maps a different one (see the module docstring); unchanged
+    otherwise."""
+    env = dict(os.environ if base is None else base)
+    library = compiler_libstdcxx()
+    if library is None or mapped_libstdcxx() <= {library}:
+        return env
+    preload = [str(library), *filter(None, env.get("LD_PRELOAD", "").split(":"))]
+    env["LD_PRELOAD"] = ":".join(dict.fromkeys(preload))
+    return env

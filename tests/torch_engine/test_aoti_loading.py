@@ -8,6 +8,8 @@ import textwrap
 
 import torch
 
+from torch_engine.aoti_loading import loader_environment
+
 # A fresh process: Inductor remembers each ISA's probe result per process.
 _CHILD = textwrap.dedent("""
     import sys, torch
@@ -27,6 +29,23 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+def test_loader_environment_preloads_the_compilers_libstdcxx_only_when_another_is_mapped(
+        monkeypatch, tmp_path):
+    from torch_engine import aoti_loading
+    library = tmp_path / "libstdc++.so.6.0.33"
+    library.write_bytes(b"")
+    monkeypatch.setattr(aoti_loading, "compiler_libstdcxx", lambda: library)
+    older = {tmp_path / "libstdc++.so.6.0.30"}
+    monkeypatch.setattr(aoti_loading, "mapped_libstdcxx", lambda: older)
+    env = aoti_loading.loader_environment({"LD_PRELOAD": "/x/libfoo.so", "A": "1"})
+    assert env == {"LD_PRELOAD": f"{library}:/x/libfoo.so", "A": "1"}
+    # The same library already mapped, or no compiler: the environment is left as it was.
+    monkeypatch.setattr(aoti_loading, "mapped_libstdcxx", lambda: {library})
+    assert aoti_loading.loader_environment({"A": "1"}) == {"A": "1"}
+    monkeypatch.setattr(aoti_loading, "compiler_libstdcxx", lambda: None)
+    assert aoti_loading.loader_environment({"A": "1"}) == {"A": "1"}
+
+
 def test_package_loads_without_isa_probe_builds_and_runs(tmp_path):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
@@ -37,6 +56,8 @@ def test_package_loads_without_isa_probe_builds_and_runs(tmp_path):
                                                        package_path=str(tmp_path / "mlp.pt2"))
     other = torch.randn(11, 8)
     torch.save({"x": other, "y": net(other).detach()}, tmp_path / "data.pt")
+    # In the environment a serving process gets (libstdc++ preloaded where this one differs).
     done = subprocess.run([sys.executable, "-c", _CHILD, package, str(tmp_path / "data.pt")],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=300,
+                          env=loader_environment())
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), done.stderr[-3000:]
