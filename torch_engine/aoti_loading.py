@@ -15,11 +15,14 @@ TorchCall's C++ loader never runs the probe.
 A second trap on the same host: a package's wrapper library carries its own static copy of the
 C++ runtime of the compiler that built it (``ldd`` lists no ``libstdc++``), and its
 ``std::regex`` (parsing the device string while the model is built) ended in SIGSEGV inside
-``std::codecvt`` when the process had already mapped an older shared ``libstdc++``: the two
-copies disagree on the locale facets. A process started with the compiler's own
+``std::codecvt`` while the process's own C++ objects came from the shared ``libstdc++`` that
+torch's libraries map: the two copies disagree on the locale facets. A process started with the compiler's own
 ``libstdc++.so`` preloaded loads and runs the same package (``benchmarks/notes/gpu_serving.md``,
-probe of 2026-11-29). ``loader_environment`` gives that environment for a process that will
-load packages: it cannot be changed in a running process.
+probe of 2026-11-29): preloaded, the shared library comes first in the global symbol scope and
+interposes the wrapper's exported C++ runtime symbols, so one copy serves both. Mapping the
+same file later (as torch's libraries do, outside the global scope) does not, so the preload
+is needed even when that file is the compiler's. ``loader_environment`` gives that environment
+for a process that will load packages: it cannot be changed in a running process.
 """
 
 from __future__ import annotations
@@ -57,24 +60,13 @@ def compiler_libstdcxx() -> Path | None:
     return path.resolve() if path.is_absolute() and path.exists() else None
 
 
-def mapped_libstdcxx() -> set[Path]:
-    """The ``libstdc++`` files this process has mapped (empty where ``/proc`` is missing)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            return {Path(line.split()[-1]).resolve() for line in maps
-                    if "libstdc++" in line and line.split()[-1].startswith("/")}
-    except OSError:
-        return set()
-
-
 def loader_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     """``base`` (default: this process's environment) for a child process that loads
     AOTInductor packages with ``load_package``: ``LD_PRELOAD`` starts with the compiler's
-    ``libstdc++`` when this process maps a different one (see the module docstring); unchanged
-    otherwise."""
+    ``libstdc++`` (see the module docstring); unchanged where no compiler is found."""
     env = dict(os.environ if base is None else base)
     library = compiler_libstdcxx()
-    if library is None or mapped_libstdcxx() <= {library}:
+    if library is None:
         return env
     preload = [str(library), *filter(None, env.get("LD_PRELOAD", "").split(":"))]
     env["LD_PRELOAD"] = ":".join(dict.fromkeys(preload))

@@ -98,8 +98,8 @@ def test_aoti_package_embeds_the_kernels_and_matches_the_reference(kt, gen, tmp_
     # Other batch sizes and lengths than the trace's: the package is dynamic in both.
     runs = [_inputs(kt, gen, [700, 3]), _inputs(kt, gen, [1, 90, 17, 256, 5])]
     torch.save([[t.cpu() for t in run] for run in runs], tmp_path / "inputs.pt")
-    # The loader process starts with the compiler's libstdc++ preloaded where this one maps
-    # another (a wrapper's static C++ runtime crashed against it: torch_engine.aoti_loading).
+    # The loader process starts with the compiler's libstdc++ preloaded (without it a
+    # wrapper's static C++ runtime crashed on the H200: torch_engine.aoti_loading).
     done = subprocess.run([sys.executable, "-c", _RUNNER, path, str(tmp_path / "inputs.pt"),
                            str(tmp_path / "outputs.pt")], capture_output=True, text=True,
                           timeout=300, env=loader_environment())

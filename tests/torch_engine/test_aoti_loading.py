@@ -29,19 +29,15 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def test_loader_environment_preloads_the_compilers_libstdcxx_only_when_another_is_mapped(
-        monkeypatch, tmp_path):
+def test_loader_environment_preloads_the_compilers_libstdcxx(monkeypatch, tmp_path):
     from torch_engine import aoti_loading
     library = tmp_path / "libstdc++.so.6.0.33"
     library.write_bytes(b"")
     monkeypatch.setattr(aoti_loading, "compiler_libstdcxx", lambda: library)
-    older = {tmp_path / "libstdc++.so.6.0.30"}
-    monkeypatch.setattr(aoti_loading, "mapped_libstdcxx", lambda: older)
     env = aoti_loading.loader_environment({"LD_PRELOAD": "/x/libfoo.so", "A": "1"})
     assert env == {"LD_PRELOAD": f"{library}:/x/libfoo.so", "A": "1"}
-    # The same library already mapped, or no compiler: the environment is left as it was.
-    monkeypatch.setattr(aoti_loading, "mapped_libstdcxx", lambda: {library})
-    assert aoti_loading.loader_environment({"A": "1"}) == {"A": "1"}
+    # Already first: not repeated. No compiler: the environment is left as it was.
+    assert aoti_loading.loader_environment(env) == env
     monkeypatch.setattr(aoti_loading, "compiler_libstdcxx", lambda: None)
     assert aoti_loading.loader_environment({"A": "1"}) == {"A": "1"}
 
