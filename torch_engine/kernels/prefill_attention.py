@@ -169,30 +169,8 @@ def _prefill_kernel(
         seg_q = tl.load(seg_ptr + rows, mask=row_ok, other=-3)
         seg_first = tl.load(seg_ptr + q0)
         seg_last = tl.load(seg_ptr + q1 - 1)
-        d = tl.arange(0, HEAD_DIM)
-        q = tl.load(q_ptr + rows[:, None] * s_qt + head * s_qh + d[None, :],
-                    mask=row_ok[:, None], other=0.0)
-        k_base = k_ptr + (head // GROUP) * s_kh
-        v_base = v_ptr + (head // GROUP) * s_vh
-        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-        visited = 0
-        # Keys [start, q0] are allowed for every row in every mode but segment-bidirectional
-        # (each row's causal past): their whole tiles start at once, while the segment ids
-        # loaded above (and the bounds they give) arrive, instead of after that chain of loads.
-        lo = start
-        n_early = 0
-        if MODE != 2:
-            n_early = (q0 + 1 - start) // BLOCK_N
-        for k0 in range(lo, lo + n_early * BLOCK_N, BLOCK_N):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
-                                         k0, q1, rows, seg_q, qk_scale, d, kd, vd,
-                                         (head // GROUP) * HEAD_DIM, MODE, False, BLOCK_N,
-                                         ACC_IN_DOT, DOT_PRECISION, TMA)
-            if STATS:
-                visited += 1
         # Key range [lo, hi) of the tile and its all-allowed prefix [lo, full_end).
+        lo = start
         hi = q1
         full_end = q0 + 1
         if MODE == 1:
@@ -211,8 +189,18 @@ def _prefill_kernel(
             first_rows = tl.sum(((seg_q == seg_first) & row_ok).to(tl.int32), 0)
             full_end = tl.where(seg_first == seg_last, hi, q0 + first_rows)
         full_end = tl.minimum(full_end, hi)
-        n_full = tl.maximum((full_end - lo) // BLOCK_N, n_early)
-        for k0 in range(lo + n_early * BLOCK_N, lo + n_full * BLOCK_N, BLOCK_N):
+        n_full = (full_end - lo) // BLOCK_N
+
+        d = tl.arange(0, HEAD_DIM)
+        q = tl.load(q_ptr + rows[:, None] * s_qt + head * s_qh + d[None, :],
+                    mask=row_ok[:, None], other=0.0)
+        k_base = k_ptr + (head // GROUP) * s_kh
+        v_base = v_ptr + (head // GROUP) * s_vh
+        m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+        visited = 0
+        for k0 in range(lo, lo + n_full * BLOCK_N, BLOCK_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, kd, vd,
                                          (head // GROUP) * HEAD_DIM, MODE, False, BLOCK_N,
