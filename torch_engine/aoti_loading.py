@@ -16,12 +16,12 @@ A second trap on the same host: a package's wrapper library carries its own stat
 C++ runtime of the compiler that built it (``ldd`` lists no ``libstdc++``), and its
 ``std::regex`` (parsing the device string while the model is built) ended in SIGSEGV inside
 ``std::codecvt`` while the process's own C++ objects came from the shared ``libstdc++`` that
-torch's libraries map: the two copies disagree on the locale facets. A process started with the compiler's own
-``libstdc++.so`` preloaded loads and runs the same package (``benchmarks/notes/gpu_serving.md``,
-probe of 2026-11-29): preloaded, the shared library comes first in the global symbol scope and
-interposes the wrapper's exported C++ runtime symbols, so one copy serves both. Mapping the
-same file later (as torch's libraries do, outside the global scope) does not, so the preload
-is needed even when that file is the compiler's. ``loader_environment`` gives that environment
+torch's libraries map: the two copies disagree on the locale facets. A process started with
+the compiler's own ``libstdc++.so`` preloaded loads and runs the same package
+(``benchmarks/notes/gpu_serving.md``, probe of 2026-11-29): preloaded, the shared library comes
+first in the global symbol scope and interposes the wrapper's exported C++ runtime symbols, so
+one copy serves both. Mapping the same file later (as torch's libraries do, outside the global
+scope) does not, so the preload is needed even when that file is the compiler's. ``loader_environment`` gives that environment
 for a process that will load packages: it cannot be changed in a running process.
 """
 

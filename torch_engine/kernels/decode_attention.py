@@ -358,7 +358,8 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
-        DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma, num_warps=config.num_warps, num_stages=config.num_stages)
+        DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma,
+        num_warps=config.num_warps, num_stages=config.num_stages)
     if config.splits > 1 and not fused:
         merge_m = min(config.block_m, 64)
         wrap_triton(_decode_merge_kernel)[(batch * hkv, triton.cdiv(rows, merge_m))](

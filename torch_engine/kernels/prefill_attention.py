@@ -21,8 +21,9 @@ item_causal   request start          one past last key of seg[q1-1]  one past la
 Key tiles below ``full_end`` run without any mask; the rest apply the mask; key tiles outside
 ``[lo, hi)`` are never loaded (wholly masked tiles are skipped). The keys of the last row's
 segment that lie past the tile's last query (at most a few for item-level layouts) take one
-16-key step instead of a whole key tile. FlashAttention-2 online
-softmax in float32; query tiles run longest-first.
+16-key step instead of a whole key tile. FlashAttention-2 online softmax in float32; query
+tiles run longest-first; whole key tiles load through TMA descriptors when the tile asks for
+it (``PrefillConfig.tma``) and the layout allows (``_common.tma_ready``).
 
 Programs map to query tiles without a host-side table: request b owns virtual tiles starting
 at ``cu_seqlens[b] // BLOCK_M + b`` (strictly increasing, leaving room for its
@@ -219,13 +220,15 @@ def _prefill_kernel(
                                          k0, hi, rows, seg_q, qk_scale, d, kd, vd,
                                          (head // GROUP) * HEAD_DIM, MODE, True, BLOCK_N,
                                          ACC_IN_DOT, DOT_PRECISION, TMA)
-            visited += 1
+            if STATS:
+                visited += 1
         for k0 in range(main_end, hi, TAIL_N):
             acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
                                          k0, hi, rows, seg_q, qk_scale, d, kd, vd,
                                          (head // GROUP) * HEAD_DIM, MODE, True, TAIL_N,
                                          ACC_IN_DOT, DOT_PRECISION, TMA)
-            visited += 1
+            if STATS:
+                visited += 1
         # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
         tl.store(o_ptr + rows[:, None] * s_ot + head * s_oh + d[None, :],
