@@ -212,3 +212,28 @@ def test_gpu_visits_only_needed_tiles(kt, gen, mode):
                              config.block_n, num_tiles)
     assert stats[:, 0].cpu().tolist() == expected.tolist()
     assert stats[:, 1].cpu().tolist() == expected.tolist()
+
+
+def test_tma_path_only_for_layouts_descriptors_can_address(monkeypatch):
+    """``tma_ready``: heads packed in each row, unit last stride, 16-byte aligned base and row
+    stride, not empty, and not while tracing; otherwise the pointer loads serve (the same
+    results)."""
+    from torch_engine.kernels import _common
+    monkeypatch.setenv("TRITON_INTERPRET", "1")        # CPU tensors, as under the interpreter
+    k = torch.zeros(10, 2, 64, dtype=torch.float16)
+    assert _common.tma_ready(k, k)
+    wide = torch.zeros(10, 2, 128, dtype=torch.float16)
+    assert not _common.tma_ready(wide[..., :64], k)                    # heads not packed
+    strided = k.transpose(1, 2).contiguous().transpose(1, 2)           # last stride 2
+    assert not _common.tma_ready(strided, k)
+    offset = torch.zeros(1 + 10 * 128, dtype=torch.float16)[1:].view(10, 2, 64)
+    assert not _common.tma_ready(offset, k)                            # base off by 2 bytes
+    assert not _common.tma_ready(torch.zeros(0, 2, 64, dtype=torch.float16), k)
+    descriptors = _common.kv_descriptors(k, k, 32)
+    assert [d.shape for d in descriptors] == [[10, 128], [10, 128]]
+    assert [d.block_shape for d in descriptors] == [[32, 64], [32, 64]]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert not _common.tma_ready(k, k)                                 # tracing: pointers
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not _common.tma_ready(k, k)                                 # CPU, no interpreter
