@@ -56,11 +56,18 @@ class DecodeConfig:
 
 
 @triton.jit
-def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, kpos, hi, d, qk_scale,
-                 MASKED: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One key tile of FlashAttention-2's online softmax; the key mask only when MASKED.
+def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, k0, hi, d, qk_scale, kd, vd, col,
+                 BLOCK_N: tl.constexpr, MASKED: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr):
+    """The key tile from ``k0`` as one step of FlashAttention-2's online softmax; the key mask
+    only when MASKED. A whole tile (not MASKED) loads through the descriptors kd, vd when TMA.
     Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
-    s, v = score_key_tile(q, sk_ptr, sv_ptr, kpos, s_kt, s_vt, d, hi, MASKED, DOT_PRECISION)
+    kpos = k0 + tl.arange(0, BLOCK_N)
+    if TMA and not MASKED:
+        s, v = score_key_tile_tma(q, kd, vd, k0, col, DOT_PRECISION)
+    else:
+        s, v = score_key_tile(q, sk_ptr, sv_ptr, kpos, s_kt, s_vt, d, hi, MASKED,
+                              DOT_PRECISION)
     if MASKED:
         s = tl.where((kpos < hi)[None, :], s, float("-inf"))
     return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
@@ -126,22 +133,16 @@ def _decode_partial_kernel(
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    n = tl.arange(0, BLOCK_N)
     sk_head = sk_ptr + h * s_skh
     sv_head = sv_ptr + h * s_svh
     for k0 in range(lo, full_hi, BLOCK_N):
-        if TMA:
-            s_tile, v_tile = score_key_tile_tma(q, kd, vd, k0, h * HEAD_DIM, DOT_PRECISION)
-            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s_tile, v_tile, qk_scale,
-                                                ACC_IN_DOT, DOT_PRECISION)
-        else:
-            acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
-                                         k0 + n, hi, d, qk_scale, False, ACC_IN_DOT,
-                                         DOT_PRECISION)
+        acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0, hi,
+                                     d, qk_scale, kd, vd, h * HEAD_DIM, BLOCK_N, False,
+                                     ACC_IN_DOT, DOT_PRECISION, TMA)
     if full_hi < hi:
-        acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
-                                     full_hi + n, hi, d, qk_scale, True, ACC_IN_DOT,
-                                     DOT_PRECISION)
+        acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, full_hi,
+                                     hi, d, qk_scale, kd, vd, h * HEAD_DIM, BLOCK_N, True,
+                                     ACC_IN_DOT, DOT_PRECISION, TMA)
 
     # Stage 2 (split 0): each row's own beam tokens. The tile's rows touch OWN_BEAMS beams;
     # one small product against those beams' own keys, keeping each row's own-beam column,

@@ -111,33 +111,40 @@ def _segment_start(seg_ptr, start, pos, x, SCAN: tl.constexpr):
 
 
 @triton.jit
-def _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr, k0, hi, qpos, seg_q,
-                 qk_scale, d, kd, vd, col, MODE: tl.constexpr, MASKED: tl.constexpr,
-                 BLOCK_N: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 TMA: tl.constexpr):
-    """One key tile of FlashAttention-2's online softmax; the mask only when MASKED. Whole
-    tiles (not MASKED) load through the descriptors kd, vd when TMA."""
-    kpos = k0 + tl.arange(0, BLOCK_N)
-    if TMA and not MASKED:
-        s, v = score_key_tile_tma(q, kd, vd, k0, col, DOT_PRECISION)
-    else:
-        s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED,
-                              DOT_PRECISION)
-    if MASKED:
-        k_ok = kpos < hi
-        seg_k = tl.load(seg_ptr + kpos, mask=k_ok, other=-2)
-        causal = kpos[None, :] <= qpos[:, None]
-        same = seg_k[None, :] == seg_q[:, None]
-        if MODE == 0:
-            allowed = causal
-        elif MODE == 1:
-            allowed = causal | ((seg_k[None, :] == 0) & (seg_q[:, None] == 0))
-        elif MODE == 2:
-            allowed = same
+def _attend_keys(acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr, start, stop,
+                 hi, qpos, seg_q, qk_scale, d, kd, vd, col, MODE: tl.constexpr,
+                 MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+                 DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, STATS: tl.constexpr):
+    """Key tiles of BLOCK_N keys from ``start`` while below ``stop``, each one step of
+    FlashAttention-2's online softmax; the mask only when MASKED (keys at or past ``hi`` are
+    masked too). Whole tiles (not MASKED) load through the descriptors kd, vd when TMA.
+    ``visited`` counts the tiles when STATS."""
+    for k0 in range(start, stop, BLOCK_N):
+        kpos = k0 + tl.arange(0, BLOCK_N)
+        if TMA and not MASKED:
+            s, v = score_key_tile_tma(q, kd, vd, k0, col, DOT_PRECISION)
         else:
-            allowed = causal | same
-        s = tl.where(allowed & k_ok[None, :], s, float("-inf"))
-    return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
+            s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED,
+                                  DOT_PRECISION)
+        if MASKED:
+            k_ok = kpos < hi
+            seg_k = tl.load(seg_ptr + kpos, mask=k_ok, other=-2)
+            causal = kpos[None, :] <= qpos[:, None]
+            same = seg_k[None, :] == seg_q[:, None]
+            if MODE == 0:
+                allowed = causal
+            elif MODE == 1:
+                allowed = causal | ((seg_k[None, :] == 0) & (seg_q[:, None] == 0))
+            elif MODE == 2:
+                allowed = same
+            else:
+                allowed = causal | same
+            s = tl.where(allowed & k_ok[None, :], s, float("-inf"))
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
+                                            DOT_PRECISION)
+        if STATS:
+            visited += 1
+    return acc, l_i, m_i, visited
 
 
 @triton.jit
@@ -195,40 +202,32 @@ def _prefill_kernel(
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + rows[:, None] * s_qt + head * s_qh + d[None, :],
                     mask=row_ok[:, None], other=0.0)
-        k_base = k_ptr + (head // GROUP) * s_kh
-        v_base = v_ptr + (head // GROUP) * s_vh
+        kv_head = head // GROUP
+        k_base = k_ptr + kv_head * s_kh
+        v_base = v_ptr + kv_head * s_vh
         m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
         acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
         visited = 0
-        for k0 in range(lo, lo + n_full * BLOCK_N, BLOCK_N):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
-                                         k0, hi, rows, seg_q, qk_scale, d, kd, vd,
-                                         (head // GROUP) * HEAD_DIM, MODE, False, BLOCK_N,
-                                         ACC_IN_DOT, DOT_PRECISION, TMA)
-            if STATS:
-                visited += 1
+        m0 = lo + n_full * BLOCK_N
+        acc, l_i, m_i, visited = _attend_keys(
+            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr, lo, m0, hi, rows,
+            seg_q, qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, False, BLOCK_N, ACC_IN_DOT,
+            DOT_PRECISION, TMA, STATS)
         # Masked keys: whole steps up to the tile's last row, then, when the last row's
         # segment runs on past it by at most TAIL_N keys (bidirectional segments: items of a
         # few tokens), those keys in one TAIL_N-key step instead of one more BLOCK_N-key step.
-        m0 = lo + n_full * BLOCK_N
         short_tail = hi - q1 <= TAIL_N
         main_hi = tl.where(short_tail, tl.maximum(q1, m0), hi)
         main_end = m0 + tl.cdiv(main_hi - m0, BLOCK_N) * BLOCK_N
-        for k0 in range(m0, main_end, BLOCK_N):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
-                                         k0, hi, rows, seg_q, qk_scale, d, kd, vd,
-                                         (head // GROUP) * HEAD_DIM, MODE, True, BLOCK_N,
-                                         ACC_IN_DOT, DOT_PRECISION, TMA)
-            if STATS:
-                visited += 1
-        for k0 in range(main_end, hi, TAIL_N):
-            acc, l_i, m_i = _attend_tile(acc, l_i, m_i, q, k_base, v_base, s_kt, s_vt, seg_ptr,
-                                         k0, hi, rows, seg_q, qk_scale, d, kd, vd,
-                                         (head // GROUP) * HEAD_DIM, MODE, True, TAIL_N,
-                                         ACC_IN_DOT, DOT_PRECISION, TMA)
-            if STATS:
-                visited += 1
+        acc, l_i, m_i, visited = _attend_keys(
+            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr, m0, main_end, hi,
+            rows, seg_q, qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, True, BLOCK_N,
+            ACC_IN_DOT, DOT_PRECISION, TMA, STATS)
+        acc, l_i, m_i, visited = _attend_keys(
+            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr, main_end, hi, hi,
+            rows, seg_q, qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, True, TAIL_N,
+            ACC_IN_DOT, DOT_PRECISION, TMA, STATS)
         # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
         tl.store(o_ptr + rows[:, None] * s_ot + head * s_oh + d[None, :],
