@@ -11,9 +11,9 @@ CUDA packages (a plain MLP, and the tiny engine with Triton attention through
     cuda_first   initialise CUDA (a device tensor) before loading
     device_0     load with ``device_index=0`` before CUDA is touched
     no_isa_probe ``torch_engine.aoti_loading.load_package`` (no CPU-ISA probe builds)
-    preload_libstdcxx  the same with ``LD_PRELOAD`` of the compiler's ``libstdc++.so`` (the
-                 C++ library the package's wrapper was built against), to test whether the
-                 crash in the wrapper's ``std::regex`` is a library mismatch
+    preload_libstdcxx  the same in ``torch_engine.aoti_loading.loader_environment()`` (the
+                 compiler's ``libstdc++.so`` in ``LD_PRELOAD``), the fix for the crash in the
+                 wrapper's ``std::regex``
 
 Each built package's wrapper library is listed with ``ldd`` (which ``libstdc++`` it binds to).
 
@@ -42,6 +42,10 @@ from pathlib import Path
 from absl import app, flags
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from torch_engine.aoti_loading import loader_environment  # noqa: E402
+
 CHILD = ROOT / "tests" / "torch_call" / "engine_package_child.py"
 
 flags.DEFINE_string("out", "/tmp/probe_aoti", "folder for probe_aoti_loader.json")
@@ -110,15 +114,6 @@ def _run(args: list[str], timeout: int, env: dict | None = None) -> dict:
         rc, out, err = "timeout", str(error.stdout or ""), str(error.stderr or "")
     return {"rc": rc, "seconds": round(time.perf_counter() - started, 1),
             "stdout": out[-1500:], "stderr": err[-3000:], "stdout_full": out[:200000]}
-
-
-def _compiler_libstdcxx() -> str | None:
-    """The ``libstdc++.so`` of the C++ compiler Inductor builds wrappers with, if found."""
-    compiler = shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        return None
-    found = _run([compiler, "-print-file-name=libstdc++.so"], 30)["stdout"].strip()
-    return str(Path(found).resolve()) if found and Path(found).exists() else None
 
 
 def _wrapper_ldd(package: Path, into: Path) -> dict:
@@ -208,12 +203,11 @@ def main(argv: list[str]) -> int:
                 break
             child_env = env
             if variant == "preload_libstdcxx":
-                library = _compiler_libstdcxx()
-                if library is None:
+                child_env = loader_environment(env)   # what the project's loaders use
+                if child_env == env:
                     report["loads"].append({"kind": name, "variant": variant, "rc": "skipped",
                                             "seconds": 0, "stdout": "", "stderr": "no g++"})
                     continue
-                child_env = dict(env, LD_PRELOAD=library)
             result = _run_watched(py + ["-c", _LOAD, name, variant, str(package), str(data),
                                         dev], int(min(FLAGS.load_timeout, time_left())),
                                   child_env)
