@@ -315,27 +315,27 @@ def _tma(*configs):
 D = DecodeConfig
 P = PrefillConfig
 # Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge); the
-# table's tiles (earlier sweeps: results/attention_2026-11-29T1*.json), pointer and TMA loads.
+# table's tiles (earlier sweeps: results/attention_2026-11-29T1*.json), then the same or smaller
+# tiles with registers capped (maxnreg) so that one more program fits on a multiprocessor.
 DECODE_VARIANTS = {
-    ("qwen2-0.5b", 1): [D(64, 64, 4, 4, 3, True, acc_in_dot=False)],
-    ("qwen2-0.5b", 16): [D(64, 64, 1, 4, 3, acc_in_dot=False)],
-    ("qwen3-1.7b", 1): [D(64, 64, 4, 4, 3, True)] + _tma(D(64, 64, 4, 4, 3, True)),
-    ("qwen3-1.7b", 16): [D(128, 64, 1, 8, 3)] + _tma(D(128, 64, 1, 8, 3), D(64, 64, 1, 4, 3),
-                                                      D(64, 64, 1, 4, 4), D(64, 128, 1, 4, 3)),
+    ("qwen2-0.5b", 1): [D(64, 64, 4, 4, 3, True, acc_in_dot=False),
+                        D(64, 64, 4, 4, 3, True, acc_in_dot=False, maxnreg=128)],
+    ("qwen2-0.5b", 16): [D(64, 64, 1, 4, 3, acc_in_dot=False),
+                         D(64, 64, 1, 4, 3, acc_in_dot=False, maxnreg=128),
+                         D(64, 64, 1, 4, 2, acc_in_dot=False, maxnreg=128)],
+    ("qwen3-1.7b", 1): [D(64, 64, 4, 4, 3, True), D(64, 32, 4, 4, 3, True, maxnreg=168)],
+    ("qwen3-1.7b", 16): [D(128, 64, 1, 8, 3), D(64, 64, 1, 4, 3), D(64, 32, 1, 4, 3),
+                         D(64, 32, 1, 4, 3, maxnreg=168)],
 }
-# Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES: the table's pointer-load
-# tiles, then TMA tiles around the best of the first TMA sweep (64 x 64, 4 warps).
+# Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES: the table's tiles, then
+# the same tiles (or 32-key steps for d128) with registers capped for one more program per SM.
 PREFILL_VARIANTS = {
-    "qwen2-0.5b": [P(64, 64, 4, 3), P(128, 64, 4, 3, acc_in_dot=False), P(64, 128, 4, 3,
-                                                                             acc_in_dot=False)]
-    + _tma(P(64, 64, 4, 3), P(64, 64, 4, 4), P(128, 64, 4, 3, acc_in_dot=False),
-           P(128, 64, 4, 4, acc_in_dot=False), P(64, 128, 4, 3, acc_in_dot=False),
-           P(64, 128, 4, 3), P(128, 64, 8, 3)),
-    "qwen3-1.7b": [P(64, 64, 4, 3), P(128, 128, 8, 3)]
-    + _tma(P(64, 64, 4, 3), P(64, 64, 4, 4), P(64, 64, 4, 2), P(64, 64, 4, 3, acc_in_dot=False),
-           P(64, 128, 4, 3), P(64, 128, 4, 2), P(128, 64, 8, 3), P(128, 64, 8, 4)),
+    "qwen2-0.5b": [P(64, 64, 4, 3), P(64, 64, 4, 3, maxnreg=128)]
+    + _tma(P(128, 64, 4, 3, acc_in_dot=False), P(128, 64, 4, 3, acc_in_dot=False, maxnreg=168),
+           P(64, 128, 4, 3), P(64, 128, 4, 3, maxnreg=168)),
+    "qwen3-1.7b": _tma(P(64, 64, 4, 3), P(64, 32, 4, 3), P(64, 32, 4, 3, maxnreg=168)),
 }
-PREFILL_SWEEP_SHAPES = ((4, 4096), (16, 1024), (1, 8192))
+PREFILL_SWEEP_SHAPES = ((4, 1024), (16, 1024), (4, 4096), (1, 8192))
 
 
 def sweep_items() -> list[tuple]:

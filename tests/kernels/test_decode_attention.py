@@ -47,16 +47,21 @@ def _config(inputs):
                              k.shape[0], q.shape[3], q.device)
 
 
-@pytest.mark.parametrize("acc_in_dot, tma", [(True, False), (False, False), (True, True)],
-                         ids=["acc-in-dot", "acc-added", "tma"])
+@pytest.mark.parametrize("acc_in_dot, tma, maxnreg",
+                         [(True, False, None), (False, False, None), (True, True, None),
+                          (True, False, 128)],
+                         ids=["acc-in-dot", "acc-added", "tma", "register-cap"])
 @pytest.mark.parametrize("dtype", CPU_DTYPES)
 @pytest.mark.parametrize("hq,hkv,dim", [(2, 2, 64), (7, 1, 128)], ids=["G1-D64", "G7-D128"])
-def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim, acc_in_dot, tma):
+def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim, acc_in_dot, tma,
+                                        maxnreg):
     # A one-token prompt, a prompt over several key tiles, one in between; 2 own tokens;
-    # whole prompt key tiles also read through tensor-memory-access descriptors.
+    # whole prompt key tiles also read through tensor-memory-access descriptors, and a launch
+    # with registers capped.
     inputs = _inputs(kt, gen, [1, 37, 20], width=3, hq=hq, hkv=hkv, dim=dim, slots=2,
                      dtype=dtype)
-    config = dataclasses.replace(_config(inputs), acc_in_dot=acc_in_dot, tma=tma)
+    config = dataclasses.replace(_config(inputs), acc_in_dot=acc_in_dot, tma=tma,
+                                 maxnreg=maxnreg)
     out = _poisoned_run(inputs, 2, config)
     kt.check(out, _reference(inputs, 2), dtype, "decode", gen.initial_seed())
 

@@ -11,7 +11,7 @@ import torch
 from torch_engine import reference
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import prefill_attention
-from torch_engine.kernels.prefill_attention import (PREFILL_TILES, PrefillConfig,
+from torch_engine.kernels.prefill_attention import (FP32_TILE, PREFILL_TILES, PrefillConfig,
                                                     _check_inputs, launch_prefill,
                                                     prefill_config_for)
 from torch_engine.layout import MaskMode
@@ -38,9 +38,7 @@ def _reference(inputs, mode, scale=None):
 def _poisoned_run(inputs, mode, config=None, scale=None, stats=None):
     mode, scale = _check_inputs(**inputs, mode=mode, scale=scale)
     q = inputs["q"]
-    config = config or prefill_config_for(q.shape[2], q.shape[0],
-                                          inputs["cu_seqlens"].shape[0] - 1, q.shape[1],
-                                          q.element_size(), q.device)
+    config = config or prefill_config_for(q.shape[2], q.element_size())
     out = torch.full_like(inputs["q"], float("nan"))
     return launch_prefill(**inputs, mode=mode, scale=scale, config=config, stats=stats, out=out)
 
@@ -55,13 +53,15 @@ def test_every_mode_matches_reference_fp32(kt, gen, mode, hq, hkv, dim):
 
 @pytest.mark.parametrize("mode", [MaskMode.ITEM_CAUSAL, MaskMode.SEGMENT_BIDIRECTIONAL],
                          ids=["item_causal", "segment"])
-@pytest.mark.parametrize("acc_in_dot, tma", [(True, False), (False, False), (True, True)],
-                         ids=["acc-in-dot", "acc-added", "tma"])
-def test_fp16_matches_reference(kt, gen, mode, acc_in_dot, tma):
-    # Both ways of accumulating P V (into the product, or added after it), and whole key
-    # tiles read through tensor-memory-access descriptors.
+@pytest.mark.parametrize("acc_in_dot, tma, maxnreg",
+                         [(True, False, None), (False, False, None), (True, True, None),
+                          (True, False, 128)],
+                         ids=["acc-in-dot", "acc-added", "tma", "register-cap"])
+def test_fp16_matches_reference(kt, gen, mode, acc_in_dot, tma, maxnreg):
+    # Both ways of accumulating P V (into the product, or added after it), whole key tiles
+    # read through tensor-memory-access descriptors, and a launch with registers capped.
     inputs = _inputs(kt, gen, LENGTHS, 2, 1, 64, torch.float16)
-    config = PrefillConfig(16, 16, 4, 1, acc_in_dot=acc_in_dot, tma=tma)
+    config = PrefillConfig(16, 16, 4, 1, acc_in_dot=acc_in_dot, tma=tma, maxnreg=maxnreg)
     kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), torch.float16,
              f"prefill fp16 {mode.value}", gen.initial_seed())
 
@@ -73,18 +73,26 @@ def test_public_op_single_token_requests_and_custom_scale(kt, gen):
              gen.initial_seed())
 
 
-def test_config_table_picks_tiles_by_length_programs_and_dtype(monkeypatch):
-    # The rule the GPU runs by (outside the interpreter), on a 132-SM device.
-    from torch_engine.kernels import _common
+def test_batch_over_one_offset_load_with_empty_requests(kt, gen):
+    # 70 requests (offsets read in two vector loads of 64), some empty, some of one token: each
+    # tile finds its request and bounds from those loads alone.
+    lengths = [(0, 1, 3, 7, 12)[i % 5] for i in range(70)]
+    inputs = _inputs(kt, gen, lengths, 2, 1, 16, torch.float32, profile=2, item=3)
+    mode = MaskMode.ITEM_CAUSAL
+    kt.check(_poisoned_run(inputs, mode), _reference(inputs, mode), torch.float32,
+             "prefill 70 requests", gen.initial_seed())
+
+
+def test_config_table_picks_tiles_by_head_dim_and_dtype(monkeypatch):
+    # The rule the GPU runs by (outside the interpreter): one tile per head size, whatever the
+    # batch and lengths; fp32 inputs take pointer loads without a register cap.
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(_common, "multiprocessors", lambda device: 132)
-    d64, d128 = PREFILL_TILES[64], PREFILL_TILES[128]
-    assert prefill_config_for(64, 4 * 4096, 4, 14) == d64["long"]
-    assert prefill_config_for(64, 16 * 1024, 16, 14) == d64["short"]
-    assert prefill_config_for(64, 4 * 1024, 4, 14) == d64["few"]
-    assert prefill_config_for(128, 4 * 4096, 4, 16) == d128["long"]
-    fp32 = prefill_config_for(128, 4 * 4096, 4, 16, element_size=4)
-    assert fp32 == dataclasses.replace(d128["few"], tma=False) and not fp32.tma
+    assert prefill_config_for(64) == PREFILL_TILES[64] and PREFILL_TILES[64].maxnreg == 128
+    assert prefill_config_for(128) == PREFILL_TILES[128] and PREFILL_TILES[128].tma
+    assert prefill_config_for(256) == PREFILL_TILES[128]
+    for dim in (64, 128):
+        fp32 = prefill_config_for(dim, element_size=4)
+        assert fp32 == FP32_TILE and not fp32.tma and fp32.maxnreg is None
 
 
 def _needed_tiles(cu, seg, mode, block_m, block_n, num_tiles):
@@ -184,17 +192,14 @@ def test_inputs_beyond_int32_offsets_are_refused_while_tracing():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("regime", ["few", "short", "long"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
 @pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128), (4, 4, 64)],
                          ids=["qwen2-0.5b", "qwen3-1.7b", "G1"])
-def test_gpu_grid_matches_reference(kt, gen, dtype, mode, hq, hkv, dim, regime):
-    # Every tile of the table prefill_config_for picks from, on one ragged batch.
+def test_gpu_grid_matches_reference(kt, gen, dtype, mode, hq, hkv, dim):
+    # The tile prefill_config_for picks for each head size and dtype, on one ragged batch.
     inputs = _inputs(kt, gen, [700, 1, 300, 129], hq, hkv, dim, dtype, profile=64, item=4)
-    config = PREFILL_TILES[dim][regime]
-    if dtype == torch.float32 and regime != "few":
-        pytest.skip("fp32 inputs always take the 'few' tile (prefill_config_for)")
+    config = prefill_config_for(dim, inputs["q"].element_size())
     kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), dtype,
              f"prefill {mode.value} {dtype} {config}", gen.initial_seed())
 
@@ -204,7 +209,7 @@ def test_gpu_grid_matches_reference(kt, gen, dtype, mode, hq, hkv, dim, regime):
 def test_gpu_visits_only_needed_tiles(kt, gen, mode):
     lengths = [1000, 3, 517]
     inputs = _inputs(kt, gen, lengths, 2, 1, 64, torch.bfloat16, profile=64, item=4)
-    config = PREFILL_TILES[64]["long"]
+    config = PREFILL_TILES[64]
     num_tiles = sum(lengths) // config.block_m + len(lengths)
     stats = torch.full((num_tiles, 2), -1, dtype=torch.int32, device=gen.device)
     _poisoned_run(inputs, mode, config, stats=stats)
@@ -237,3 +242,20 @@ def test_tma_path_only_for_layouts_descriptors_can_address(monkeypatch):
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: False)
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert not _common.tma_ready(k, k)                                 # CPU, no interpreter
+
+
+def test_register_cap_only_on_launches_with_addresses(monkeypatch):
+    """``register_cap``: a tile's ``maxnreg`` becomes a launch option for eager and CUDA-graph
+    launches; none without a cap, and none while tracing (the exported package keeps the
+    compiler's register choice)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from torch_engine.kernels import _common
+    k = torch.zeros(4, 2, 64, dtype=torch.float16)
+    assert _common.register_cap(128, k) == {"maxnreg": 128}
+    assert _common.register_cap(None, k) == {}
+    with FakeTensorMode() as fake_mode:
+        fake = fake_mode.from_tensor(k)
+        assert _common.register_cap(128, fake) == {}
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _common.register_cap(128, k) == {}

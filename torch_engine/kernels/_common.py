@@ -159,13 +159,25 @@ def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def tracing(*tensors: torch.Tensor) -> bool:
+    """True under ``torch.export`` / ``torch.compile`` tracing (fake tensors, no addresses)."""
+    return torch.compiler.is_compiling() or any(
+        isinstance(t, torch._subclasses.FakeTensor) for t in tensors)
+
+
+def register_cap(maxnreg: int | None, *tensors: torch.Tensor) -> dict:
+    """Launch options that cap registers per thread (``maxnreg``) when a tile asks for it:
+    fewer registers let one more program share a multiprocessor. Eager and CUDA-graph launches
+    only: a traced launch (AOTInductor) keeps the compiler's own choice."""
+    return {} if maxnreg is None or tracing(*tensors) else {"maxnreg": maxnreg}
+
+
 def tma_ready(k: torch.Tensor, v: torch.Tensor) -> bool:
     """Whether keys and values ``[T, Hkv, D]`` can be read through tensor-memory-access
     descriptors over ``[T, Hkv * D]``: a Hopper-or-newer GPU (or the interpreter), heads packed
     in each row, 16-byte aligned base and row stride; otherwise the pointer loads serve.
     Never while tracing (``torch.export``): a traced launch has no addresses to describe."""
-    if torch.compiler.is_compiling() or any(
-            isinstance(t, torch._subclasses.FakeTensor) for t in (k, v)):
+    if tracing(k, v):
         return False
     if k.device.type == "cuda":
         if torch.cuda.get_device_capability(k.device)[0] < 9:

@@ -53,6 +53,8 @@ class DecodeConfig:
     acc_in_dot: bool = True
     # Whole prompt key tiles loaded through tensor-memory-access descriptors (Hopper's TMA).
     tma: bool = False
+    # Registers per thread at most (``_common.register_cap``); None: the compiler's choice.
+    maxnreg: int | None = None
 
 
 @triton.jit
@@ -265,6 +267,7 @@ class DecodeTile:
     num_stages: int
     acc_in_dot: bool = True
     tma: bool = False
+    maxnreg: int | None = None
 
 
 # Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
@@ -306,7 +309,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
                         fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot,
-                        tma=tile.tma)
+                        tma=tile.tma, maxnreg=tile.maxnreg)
 
 
 def own_beams(block_m: int, group: int) -> int:
@@ -360,7 +363,8 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **c.register_cap(config.maxnreg, q))
     if config.splits > 1 and not fused:
         merge_m = min(config.block_m, 64)
         wrap_triton(_decode_merge_kernel)[(batch * hkv, triton.cdiv(rows, merge_m))](

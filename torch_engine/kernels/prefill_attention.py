@@ -19,11 +19,14 @@ item_causal   request start          one past last key of seg[q1-1]  one past la
 
 (* when the tile holds profile queries; ** when all its queries are profile tokens.)
 Key tiles below ``full_end`` run without any mask; the rest apply the mask; key tiles outside
-``[lo, hi)`` are never loaded (wholly masked tiles are skipped). The keys of the last row's
-segment that lie past the tile's last query (at most a few for item-level layouts) take one
-16-key step instead of a whole key tile. FlashAttention-2 online softmax in float32; query
-tiles run longest-first; whole key tiles load through TMA descriptors when the tile asks for
-it (``PrefillConfig.tma``) and the layout allows (``_common.tma_ready``).
+``[lo, hi)`` are never loaded (wholly masked tiles are skipped). The mask itself compares key
+positions with one window ``[row_lo, row_hi)`` per query row, found once per tile from the
+tile's segment ids (running minimum/maximum scans), so masked key tiles load no segment ids.
+The keys of the last row's segment that lie past the tile's last query (at most a few for
+item-level layouts) take one 16-key step instead of a whole key tile. FlashAttention-2 online
+softmax in float32; query tiles run longest-first; whole key tiles load through TMA
+descriptors when the tile asks for it (``PrefillConfig.tma``) and the layout allows
+(``_common.tma_ready``).
 
 Programs map to query tiles without a host-side table: request b owns virtual tiles starting
 at ``cu_seqlens[b] // BLOCK_M + b`` (strictly increasing, leaving room for its
@@ -69,6 +72,8 @@ class PrefillConfig:
     acc_in_dot: bool = True
     # Whole key tiles loaded through tensor-memory-access descriptors (Hopper's TMA).
     tma: bool = False
+    # Registers per thread at most (``_common.register_cap``); None: the compiler's choice.
+    maxnreg: int | None = None
 
 
 @triton.jit
@@ -85,6 +90,16 @@ def _first_greater(ptr, lo, hi, x, OR_EQUAL: tl.constexpr):
         hi = tl.where(go_right, hi, mid)
         lo = new_lo
     return lo
+
+
+@triton.jit
+def _minimum(a, b):
+    return tl.minimum(a, b)
+
+
+@triton.jit
+def _maximum(a, b):
+    return tl.maximum(a, b)
 
 
 @triton.jit
@@ -111,14 +126,15 @@ def _segment_start(seg_ptr, start, pos, x, SCAN: tl.constexpr):
 
 
 @triton.jit
-def _attend_keys(acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr, start, stop,
-                 hi, qpos, seg_q, qk_scale, d, kd, vd, col, MODE: tl.constexpr,
+def _attend_keys(acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, start, stop, hi,
+                 row_lo, row_hi, qk_scale, d, kd, vd, col, MODE: tl.constexpr,
                  MASKED: tl.constexpr, BLOCK_N: tl.constexpr, ACC_IN_DOT: tl.constexpr,
                  DOT_PRECISION: tl.constexpr, TMA: tl.constexpr, STATS: tl.constexpr):
     """Key tiles of BLOCK_N keys from ``start`` while below ``stop``, each one step of
-    FlashAttention-2's online softmax; the mask only when MASKED (keys at or past ``hi`` are
-    masked too). Whole tiles (not MASKED) load through the descriptors kd, vd when TMA.
-    ``visited`` counts the tiles when STATS."""
+    FlashAttention-2's online softmax. MASKED tiles keep, for each row, the keys of its window
+    ``[row_lo, row_hi)`` below ``hi`` (``row_lo`` only in segment mode); whole tiles (not
+    MASKED) load through the descriptors kd, vd when TMA. ``visited`` counts the tiles when
+    STATS."""
     for k0 in range(start, stop, BLOCK_N):
         kpos = k0 + tl.arange(0, BLOCK_N)
         if TMA and not MASKED:
@@ -127,19 +143,10 @@ def _attend_keys(acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr,
             s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED,
                                   DOT_PRECISION)
         if MASKED:
-            k_ok = kpos < hi
-            seg_k = tl.load(seg_ptr + kpos, mask=k_ok, other=-2)
-            causal = kpos[None, :] <= qpos[:, None]
-            same = seg_k[None, :] == seg_q[:, None]
-            if MODE == 0:
-                allowed = causal
-            elif MODE == 1:
-                allowed = causal | ((seg_k[None, :] == 0) & (seg_q[:, None] == 0))
-            elif MODE == 2:
-                allowed = same
-            else:
-                allowed = causal | same
-            s = tl.where(allowed & k_ok[None, :], s, float("-inf"))
+            allowed = (kpos[None, :] < row_hi[:, None]) & (kpos < hi)[None, :]
+            if MODE == 2:
+                allowed = allowed & (kpos[None, :] >= row_lo[:, None])
+            s = tl.where(allowed, s, float("-inf"))
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
                                             DOT_PRECISION)
         if STATS:
@@ -160,15 +167,21 @@ def _prefill_kernel(
     tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
     head = tl.program_id(1)
     # Request b owns virtual tiles from cu[b] // BLOCK_M + b: count the requests starting at or
-    # below this tile (vector loads of BLOCK_B offsets instead of a serial search).
+    # below this tile (vector loads of BLOCK_B offsets instead of a serial search). The same
+    # loads give the request's bounds, so no dependent load of cu[b], cu[b + 1] follows: cu
+    # does not decrease, so cu[b] is the largest offset of the requests counted and cu[b + 1]
+    # the smallest of the others (offset B included; its virtual tile lies past every tile).
     starting = 0
-    for r0 in range(0, batch, BLOCK_B):
+    start = 0
+    end = 2147483647
+    for r0 in range(0, batch + 1, BLOCK_B):
         reqs = r0 + tl.arange(0, BLOCK_B)
-        firsts = tl.load(cu_ptr + reqs, mask=reqs < batch, other=0).to(tl.int32) // BLOCK_M + reqs
-        starting += tl.sum(((firsts <= tile) & (reqs < batch)).to(tl.int32), 0)
+        offsets = tl.load(cu_ptr + reqs, mask=reqs <= batch, other=0).to(tl.int32)
+        counted = (offsets // BLOCK_M + reqs <= tile) & (reqs < batch)
+        starting += tl.sum(counted.to(tl.int32), 0)
+        start = tl.maximum(start, tl.max(tl.where(counted, offsets, 0), 0))
+        end = tl.minimum(end, tl.min(tl.where(~counted & (reqs <= batch), offsets, end), 0))
     b = starting - 1
-    start = tl.load(cu_ptr + b).to(tl.int32)
-    end = tl.load(cu_ptr + b + 1).to(tl.int32)
     q0 = start + (tile - (start // BLOCK_M + b)) * BLOCK_M
     if q0 < end:
         q1 = tl.minimum(q0 + BLOCK_M, end)
@@ -181,6 +194,7 @@ def _prefill_kernel(
         lo = start
         hi = q1
         full_end = q0 + 1
+        profile_end = q0
         if MODE == 1:
             if (seg_first <= 0) & (seg_last >= 0):
                 profile_end = _segment_end(seg_ptr, q0, end, 0, BLOCK_N)
@@ -198,6 +212,27 @@ def _prefill_kernel(
             full_end = tl.where(seg_first == seg_last, hi, q0 + first_rows)
         full_end = tl.minimum(full_end, hi)
         n_full = (full_end - lo) // BLOCK_N
+        # Each row's allowed keys form one window [row_lo, row_hi) (segments are contiguous and
+        # non-decreasing): masked tiles compare key positions with it, as causal mode does,
+        # instead of loading and comparing the keys' segment ids. A row's segment ends at the
+        # next row of the tile that starts a segment (a reverse running minimum), or at hi for
+        # the tile's last segment; it starts at the last such row at or before it, or at lo.
+        row_lo = tl.full([BLOCK_M], 0, tl.int32) + lo
+        row_hi = rows + 1
+        if MODE == 1:
+            row_hi = tl.where(seg_q == 0, tl.maximum(row_hi, profile_end), row_hi)
+        elif MODE >= 2:
+            nxt = rows + 1
+            seg_nxt = tl.load(seg_ptr + nxt, mask=nxt < q1, other=0)
+            starts = tl.where((nxt < q1) & (seg_nxt != seg_q), nxt, hi)
+            seg_end = tl.associative_scan(starts, 0, _minimum, reverse=True)
+            if MODE == 2:
+                row_hi = seg_end
+                seg_prv = tl.load(seg_ptr + rows - 1, mask=(rows > q0) & row_ok, other=0)
+                begins = tl.where((rows > q0) & row_ok & (seg_prv != seg_q), rows, lo)
+                row_lo = tl.associative_scan(begins, 0, _maximum)
+            else:
+                row_hi = tl.maximum(row_hi, seg_end)
 
         d = tl.arange(0, HEAD_DIM)
         q = tl.load(q_ptr + rows[:, None] * s_qt + head * s_qh + d[None, :],
@@ -211,8 +246,8 @@ def _prefill_kernel(
         visited = 0
         m0 = lo + n_full * BLOCK_N
         acc, l_i, m_i, visited = _attend_keys(
-            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr, lo, m0, hi, rows,
-            seg_q, qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, False, BLOCK_N, ACC_IN_DOT,
+            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, lo, m0, hi, row_lo, row_hi,
+            qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, False, BLOCK_N, ACC_IN_DOT,
             DOT_PRECISION, TMA, STATS)
         # Masked keys: whole steps up to the tile's last row, then, when the last row's
         # segment runs on past it by at most TAIL_N keys (bidirectional segments: items of a
@@ -221,13 +256,13 @@ def _prefill_kernel(
         main_hi = tl.where(short_tail, tl.maximum(q1, m0), hi)
         main_end = m0 + tl.cdiv(main_hi - m0, BLOCK_N) * BLOCK_N
         acc, l_i, m_i, visited = _attend_keys(
-            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr, m0, main_end, hi,
-            rows, seg_q, qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, True, BLOCK_N,
-            ACC_IN_DOT, DOT_PRECISION, TMA, STATS)
+            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, m0, main_end, hi, row_lo,
+            row_hi, qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, True, BLOCK_N, ACC_IN_DOT,
+            DOT_PRECISION, TMA, STATS)
         acc, l_i, m_i, visited = _attend_keys(
-            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, seg_ptr, main_end, hi, hi,
-            rows, seg_q, qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, True, TAIL_N,
-            ACC_IN_DOT, DOT_PRECISION, TMA, STATS)
+            acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, main_end, hi, hi, row_lo,
+            row_hi, qk_scale, d, kd, vd, kv_head * HEAD_DIM, MODE, True, TAIL_N, ACC_IN_DOT,
+            DOT_PRECISION, TMA, STATS)
         # Real rows hold at least their own key (l_i >= 1); the floor only quiets padded rows.
         out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
         tl.store(o_ptr + rows[:, None] * s_ot + head * s_oh + d[None, :],
@@ -271,39 +306,28 @@ def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
     return mode, c.resolve_scale(_OP, scale, dim)
 
 
-# Head dim -> tiles by regime, from the tile sweeps (item-level causal, H200;
-# benchmarks/notes/attention.md): "long" for mean request lengths >= LONG_REQUEST (batch 1-16 x
-# L 4096-8192), "short" for shorter requests when 128-row tiles still give every SM about
-# eight programs (batch 16 x L 1024), "few" otherwise (batch 1-4 x L 1024). Whole key tiles
-# load through TMA descriptors where the sweeps found it faster (v7: 3-16%); fp32 inputs take
-# the pointer-load "few" tile (the long d128 tiles exceed the 227 KB of shared memory).
-LONG_REQUEST = 2048
+# Head dim -> tile, from the tile sweeps (item-level causal, batch 1-16 x L 1024-8192, H200;
+# benchmarks/notes/attention.md). Since the masks come from per-row windows (v8), one tile
+# serves every batch and length: d64 64 x 64 with registers capped at 128, so that four
+# programs share a multiprocessor (v8 sweep: up to 6% faster than uncapped, and ahead of the
+# earlier 128-row and 128-key tiles); d128 64 x 64 loading whole key tiles through TMA
+# descriptors (v7: 12-17%). fp32 inputs take FP32_TILE: pointer loads, no cap (the TMA tile's
+# stages exceed the 227 KB of shared memory in fp32).
 PREFILL_TILES = {
-    64: {"few": PrefillConfig(64, 64, 4, 3),
-         "short": PrefillConfig(128, 64, 4, 3, acc_in_dot=False, tma=True),
-         "long": PrefillConfig(64, 128, 4, 3, tma=True)},
-    128: {"few": PrefillConfig(64, 64, 4, 3, tma=True),
-          "short": PrefillConfig(64, 64, 4, 3, tma=True),
-          "long": PrefillConfig(64, 64, 4, 3, tma=True)},
+    64: PrefillConfig(64, 64, 4, 3, maxnreg=128),
+    128: PrefillConfig(64, 64, 4, 3, tma=True),
 }
+FP32_TILE = PrefillConfig(64, 64, 4, 3)
 
 
-def prefill_config_for(head_dim: int, total_tokens: int = 4 * LONG_REQUEST, batch: int = 1,
-                       q_heads: int = 1, element_size: int = 2,
-                       device: torch.device = torch.device("cuda")) -> PrefillConfig:
-    """Tiles from shapes alone: head size, mean request length ``T / B``, the programs that
-    128-row tiles would make (``T / 128 * Hq``) and the input's bytes per element. Small tiles
-    under the interpreter, to exercise many tiles."""
+def prefill_config_for(head_dim: int, element_size: int = 2) -> PrefillConfig:
+    """The tile for a head size and the input's bytes per element (shapes alone, so the choice
+    traces and captures); small tiles under the interpreter, to exercise many tiles."""
     if c.interpreting():
         return PrefillConfig(block_m=16, block_n=16, num_warps=4, num_stages=1)
-    tiles = PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
     if element_size > 2:
-        return replace(tiles["few"], tma=False)
-    if total_tokens // max(batch, 1) >= LONG_REQUEST:
-        return tiles["long"]
-    if total_tokens // 128 * q_heads >= 8 * c.multiprocessors(device):
-        return tiles["short"]
-    return tiles["few"]
+        return FP32_TILE
+    return PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
 
 
 def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: float,
@@ -335,19 +359,18 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         out.stride(0), out.stride(1),
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         TAIL_N=min(16, config.block_n),
-        BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch)))),
+        BLOCK_B=min(64, max(2, triton.next_power_of_2(c.size_hint(batch) + 1))),
         MODE=MODE_CODES[mode], STATS=want_stats, ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma,
-        num_warps=config.num_warps, num_stages=config.num_stages)
+        num_warps=config.num_warps, num_stages=config.num_stages,
+        **c.register_cap(config.maxnreg, q))
     return out
 
 
 def _run(q, k, v, cu_seqlens, segment_ids, mode, scale) -> torch.Tensor:
     """Checks, the config from shapes, the launch."""
     mode, scale = _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale)
-    config = prefill_config_for(q.shape[2], c.size_hint(q.shape[0], 4 * LONG_REQUEST),
-                                c.size_hint(cu_seqlens.shape[0], 2) - 1, q.shape[1],
-                                q.element_size(), q.device)
+    config = prefill_config_for(q.shape[2], q.element_size())
     with c.on_device(q.device):
         return launch_prefill(q, k, v, cu_seqlens, segment_ids, mode, scale, config)
 
