@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
 
+from torch_engine import aoti_loading  # noqa: E402
 from torch_engine.aoti_loading import load_package  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -208,10 +209,11 @@ def _python_loader(path: Path, device: str):
     """``(callable, None)`` running the package from Python the way TorchCall does (host tensor
     in, host tensor out), or ``(None, reason)`` when Python's loader cannot load it here.
 
-    On the H200, plain ``aoti_load_package`` of CUDA packages ended the process with SIGSEGV
-    or did not return within 40 s (2026-11-29): Inductor's CPU-ISA probe builds, which
-    ``torch_engine.aoti_loading.load_package`` skips. A child still tries first, so a crash
-    or a hang costs the Python column, not the benchmark."""
+    On the H200, plain ``aoti_load_package`` of CUDA packages did not return within 40 s
+    (Inductor's CPU-ISA probe builds, which ``torch_engine.aoti_loading.load_package`` skips)
+    or ended the process with SIGSEGV (without the preloaded ``libstdc++`` that ``main``
+    restarts this process with). A child still tries first, so a crash or a hang costs the
+    Python column, not the benchmark."""
     if device != "cpu":
         try:
             probe = subprocess.run([sys.executable, "-c", "import sys; from torch_engine."
@@ -245,8 +247,13 @@ def main(argv):
     if BUILD_ONLY.value:
         build_package(Path(BUILD_ONLY.value), DEVICE.value)
         return
+    device = DEVICE.value
+    if device != "cpu" and not aoti_loading.preloaded():
+        # The Python column loads the CUDA package in this process, which must start with the
+        # compiler's libstdc++ preloaded (torch_engine.aoti_loading): start again with it.
+        os.execve(sys.executable, [sys.executable, *sys.argv], aoti_loading.loader_environment())
     torch.set_num_threads(1)
-    module, device = _mlp(), DEVICE.value
+    module = _mlp()
     with tempfile.TemporaryDirectory(prefix="bench_torchcall_") as tmp_name:
         tmp = Path(tmp_name)
         if device == "cpu":

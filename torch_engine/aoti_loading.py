@@ -21,8 +21,9 @@ the compiler's own ``libstdc++.so`` preloaded loads and runs the same package
 (``benchmarks/notes/gpu_serving.md``, probe of 2026-11-29): preloaded, the shared library comes
 first in the global symbol scope and interposes the wrapper's exported C++ runtime symbols, so
 one copy serves both. Mapping the same file later (as torch's libraries do, outside the global
-scope) does not, so the preload is needed even when that file is the compiler's. ``loader_environment`` gives that environment
-for a process that will load packages: it cannot be changed in a running process.
+scope) does not, so the preload is needed even when that file is the compiler's.
+``loader_environment`` gives that environment for a process that will load packages (it cannot
+be changed in a running process); ``preloaded`` tells whether this process started with it.
 """
 
 from __future__ import annotations
@@ -71,3 +72,10 @@ def loader_environment(base: dict[str, str] | None = None) -> dict[str, str]:
     preload = [str(library), *filter(None, env.get("LD_PRELOAD", "").split(":"))]
     env["LD_PRELOAD"] = ":".join(dict.fromkeys(preload))
     return env
+
+
+def preloaded(env: dict[str, str] | None = None) -> bool:
+    """Whether ``env`` (default: this process's environment) already holds what
+    ``loader_environment`` adds: nothing to restart a process for."""
+    env = dict(os.environ if env is None else env)
+    return loader_environment(env) == env

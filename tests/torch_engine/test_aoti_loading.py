@@ -38,8 +38,10 @@ def test_loader_environment_preloads_the_compilers_libstdcxx(monkeypatch, tmp_pa
     assert env == {"LD_PRELOAD": f"{library}:/x/libfoo.so", "A": "1"}
     # Already first: not repeated. No compiler: the environment is left as it was.
     assert aoti_loading.loader_environment(env) == env
+    assert aoti_loading.preloaded(env) and not aoti_loading.preloaded({"A": "1"})
     monkeypatch.setattr(aoti_loading, "compiler_libstdcxx", lambda: None)
     assert aoti_loading.loader_environment({"A": "1"}) == {"A": "1"}
+    assert aoti_loading.preloaded({"A": "1"})
 
 
 def test_package_loads_without_isa_probe_builds_and_runs(tmp_path):
