@@ -29,26 +29,22 @@ def online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT: tl.constexpr,
 
 
 @triton.jit
-def score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED: tl.constexpr,
-                   DOT_PRECISION: tl.constexpr):
+def score_key_tile(q, k_base, v_base, k_desc, v_desc, k0, kpos, col, s_kt, s_vt, d, hi,
+                   MASKED: tl.constexpr, TMA: tl.constexpr, DOT_PRECISION: tl.constexpr):
     """Unscaled scores ``q @ k.T`` ``[M, N]`` and the values ``[N, D]`` of the key rows
-    ``kpos`` ``[N]`` (row strides s_kt, s_vt; columns d). With MASKED, rows at or past ``hi``
-    read as zeros: the caller masks their scores."""
-    if MASKED:
+    ``kpos = k0 + [0, N)``. A whole tile (not MASKED) loads through the tensor-memory-access
+    descriptors k_desc, v_desc over the ``[T, Hkv * D]`` keys and values (columns
+    ``col..col+D``: one KV head) when TMA; otherwise pointer loads from k_base, v_base (row
+    strides s_kt, s_vt; columns d). With MASKED, rows at or past ``hi`` read as zeros: the
+    caller masks their scores."""
+    if TMA and not MASKED:
+        k = k_desc.load([k0, col])
+        v = v_desc.load([k0, col])
+    elif MASKED:
         k_ok = kpos < hi
         k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :], mask=k_ok[:, None], other=0.0)
         v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :], mask=k_ok[:, None], other=0.0)
     else:
         k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :])
         v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :])
-    return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), v
-
-
-@triton.jit
-def score_key_tile_tma(q, k_desc, v_desc, k0, col, DOT_PRECISION: tl.constexpr):
-    """``score_key_tile`` for a whole tile of valid keys, loaded through tensor-memory-access
-    descriptors over the ``[T, Hkv * D]`` keys and values: rows ``k0..k0+N``, columns
-    ``col..col+D`` (one KV head)."""
-    k = k_desc.load([k0, col])
-    v = v_desc.load([k0, col])
     return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), v

@@ -30,8 +30,7 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import (online_softmax_step, score_key_tile,
-                                                  score_key_tile_tma)
+from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
 
 _OP = "decode_attention"
 _LOG2E = 1.4426950408889634
@@ -65,11 +64,8 @@ def _shared_tile(acc, l_i, m_i, q, sk_ptr, sv_ptr, s_kt, s_vt, k0, hi, d, qk_sca
     only when MASKED. A whole tile (not MASKED) loads through the descriptors kd, vd when TMA.
     Scores stay unscaled until one fused multiply-subtract: exp2(s * scale - m)."""
     kpos = k0 + tl.arange(0, BLOCK_N)
-    if TMA and not MASKED:
-        s, v = score_key_tile_tma(q, kd, vd, k0, col, DOT_PRECISION)
-    else:
-        s, v = score_key_tile(q, sk_ptr, sv_ptr, kpos, s_kt, s_vt, d, hi, MASKED,
-                              DOT_PRECISION)
+    s, v = score_key_tile(q, sk_ptr, sv_ptr, kd, vd, k0, kpos, col, s_kt, s_vt, d, hi, MASKED,
+                          TMA, DOT_PRECISION)
     if MASKED:
         s = tl.where((kpos < hi)[None, :], s, float("-inf"))
     return online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT, DOT_PRECISION)
@@ -266,8 +262,6 @@ class DecodeTile:
     num_warps: int
     num_stages: int
     acc_in_dot: bool = True
-    tma: bool = False
-    maxnreg: int | None = None
 
 
 # Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
@@ -308,8 +302,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
         splits = max(1, triton.cdiv(mean_len, chunk_tiles * tile.block_n))
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
-                        fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot,
-                        tma=tile.tma, maxnreg=tile.maxnreg)
+                        fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot)
 
 
 def own_beams(block_m: int, group: int) -> int:

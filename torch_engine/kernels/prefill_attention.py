@@ -49,8 +49,7 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import (online_softmax_step, score_key_tile,
-                                                  score_key_tile_tma)
+from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
 from torch_engine.layout import MaskMode
 
 _OP = "prefill_attention"
@@ -137,11 +136,8 @@ def _attend_keys(acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, start, s
     STATS."""
     for k0 in range(start, stop, BLOCK_N):
         kpos = k0 + tl.arange(0, BLOCK_N)
-        if TMA and not MASKED:
-            s, v = score_key_tile_tma(q, kd, vd, k0, col, DOT_PRECISION)
-        else:
-            s, v = score_key_tile(q, k_base, v_base, kpos, s_kt, s_vt, d, hi, MASKED,
-                                  DOT_PRECISION)
+        s, v = score_key_tile(q, k_base, v_base, kd, vd, k0, kpos, col, s_kt, s_vt, d, hi,
+                              MASKED, TMA, DOT_PRECISION)
         if MASKED:
             allowed = (kpos[None, :] < row_hi[:, None]) & (kpos < hi)[None, :]
             if MODE == 2:
