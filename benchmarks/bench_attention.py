@@ -315,13 +315,13 @@ def _tma(*configs):
 D = DecodeConfig
 P = PrefillConfig
 # Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge); the
-# table's tiles (earlier sweeps: results/attention_2026-11-29T1*.json), then the prompt split
-# in 2-5 chunks at batch 16 (more, shorter programs: fewer idle SMs in the last wave).
+# table's tiles (sweeps T1853-T1900, after the row tiles of one (request, KV head) were made
+# to run side by side; at batch 1 the prompt split in 4), qwen3-1.7b also without TMA.
 DECODE_VARIANTS = {
-    ("qwen2-0.5b", 16): [D(64, 64, 1, 4, 3, acc_in_dot=False)]
-    + [D(64, 64, splits, 4, 3, True, acc_in_dot=False) for splits in (2, 3, 5)],
-    ("qwen3-1.7b", 16): [D(128, 64, 1, 8, 3), D(64, 64, 1, 4, 3)]
-    + [D(64, 64, splits, 4, 3, True) for splits in (2, 3)],
+    ("qwen2-0.5b", 1): [D(64, 64, 4, 4, 3, True, acc_in_dot=False)],
+    ("qwen2-0.5b", 16): [D(64, 64, 1, 4, 3, acc_in_dot=False)],
+    ("qwen3-1.7b", 1): [D(64, 64, 4, 4, 3, True)],
+    ("qwen3-1.7b", 16): [D(64, 64, 1, 4, 3, tma=True), D(64, 64, 1, 4, 3)],
 }
 # Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES: the table's tiles (v8).
 PREFILL_VARIANTS = {

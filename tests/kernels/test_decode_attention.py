@@ -195,6 +195,18 @@ def test_inputs_beyond_int32_offsets_are_refused_while_tracing():
                       meta(1, 4, 2, 2, 128), 2, None, devices=False)
 
 
+def test_more_request_heads_than_the_grid_allows_are_refused():
+    def meta(*shape):
+        return torch.empty(*shape, device="meta")
+
+    batch = 65535 // 2 + 1            # x 2 KV heads: one past the grid's second axis
+    with pytest.raises(InvalidInputError, match="batch x KV heads must be at most 65535"):
+        _check_inputs(meta(batch, 4, 4, 64), meta(batch, 2, 64), meta(batch, 2, 64),
+                      torch.empty(batch + 1, dtype=torch.int32, device="meta"),
+                      meta(batch, 4, 2, 2, 64), meta(batch, 4, 2, 2, 64), 2, None,
+                      devices=False)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128), (7, 7, 64)],
@@ -234,7 +246,7 @@ def test_gpu_every_table_tile_matches_reference(kt, gen, regime, dim, splits, fu
     inputs = _inputs(kt, gen, [1024, 1, 700], width=64, hq=hq, hkv=hkv, dim=dim, slots=2,
                      dtype=torch.bfloat16)
     config = DecodeConfig(tile.block_m, tile.block_n, splits, tile.num_warps, tile.num_stages,
-                          fused_merge=fused, acc_in_dot=tile.acc_in_dot)
+                          fused_merge=fused, acc_in_dot=tile.acc_in_dot, tma=tile.tma)
     out = _poisoned_run(inputs, 2, config)
     kt.check(out, _reference(inputs, 2), torch.bfloat16, f"decode {config}", gen.initial_seed())
 

@@ -34,6 +34,7 @@ from torch_engine.kernels._online_softmax import online_softmax_step, score_key_
 
 _OP = "decode_attention"
 _LOG2E = 1.4426950408889634
+_MAX_GRID_Y = 65535
 
 
 @dataclass(frozen=True)
@@ -105,8 +106,10 @@ def _decode_partial_kernel(
         FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
-    pid_bh = tl.program_id(0)
-    pid_m = tl.program_id(1)
+    # Row tiles vary fastest: the tiles of one (request, KV head) run side by side and read its
+    # prompt KV from L2 once, instead of once per row tile when the KV outgrows L2.
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
     split = tl.program_id(2)
     b = pid_bh // num_kv_heads
     h = pid_bh % num_kv_heads
@@ -184,7 +187,7 @@ def _decode_partial_kernel(
             # every thread's partial stores before the release of the counter increment; the
             # last program acquires them all and reads them past L1 (.cg).
             tl.debug_barrier()
-            tile = pid_bh * tl.num_programs(1) + pid_m
+            tile = pid_bh * tl.num_programs(0) + pid_m
             done = tl.atomic_add(count_ptr + tile, 1, sem="acq_rel", scope="gpu")
             if done == SPLITS - 1:
                 tl.debug_barrier()
@@ -240,6 +243,9 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
         for got, want in zip(tensor.shape, expected_beam):
             c.require_size(got == want, f"{_OP}: {name} must have shape [B, W, S, Hkv, D] = "
                            f"{expected_beam}, got {tuple(tensor.shape)}")
+    # One program row per (request, KV head): CUDA allows 65535 along the grid's second axis.
+    c.require_size(batch * hkv <= _MAX_GRID_Y, f"{_OP}: batch x KV heads must be at most "
+                   f"{_MAX_GRID_Y}, got {batch} x {hkv}")
     require(isinstance(num_own, int) and 1 <= num_own <= beam_k.shape[2], InvalidInputError,
             f"{_OP}: num_own must be an int in [1, S={beam_k.shape[2]}], got {num_own!r}")
     tensors = {"q": q, "shared_k": shared_k, "shared_v": shared_v, "beam_k": beam_k,
@@ -255,21 +261,23 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
 
 @dataclass(frozen=True)
 class DecodeTile:
-    """Rows, keys per step, warps, pipeline stages and P V accumulation of one program."""
+    """Rows, keys per step, warps, pipeline stages, P V accumulation and key loads (TMA or
+    pointers) of one program."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     acc_in_dot: bool = True
+    tma: bool = False
 
 
 # Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
 # From the tile sweeps at W 256, prompt 1024 on an H200 (benchmarks/notes/attention.md): 64-row
-# tiles x 4 warps won for d64 at batch 16 and for both head dims at batch 1 (4 splits).
+# tiles x 4 warps for both head dims, at batch 16 and at batch 1 (4 splits).
 DECODE_TILES = {
     64: (DecodeTile(64, 64, 4, 3, acc_in_dot=False), DecodeTile(64, 64, 4, 3, acc_in_dot=False)),
-    128: (DecodeTile(128, 64, 8, 3), DecodeTile(64, 64, 4, 3)),
+    128: (DecodeTile(64, 64, 4, 3, tma=True), DecodeTile(64, 64, 4, 3)),
 }
 _INTERPRETER_TILE = DecodeTile(16, 16, 4, 1)
 
@@ -302,7 +310,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
         splits = max(1, triton.cdiv(mean_len, chunk_tiles * tile.block_n))
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
-                        fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot)
+                        fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot, tma=tile.tma)
 
 
 def own_beams(block_m: int, group: int) -> int:
@@ -324,7 +332,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     if isinstance(out.numel(), int) and out.numel() == 0:
         return out
     rows = width * group
-    grid = (batch * hkv, triton.cdiv(rows, config.block_m), config.splits)
+    grid = (triton.cdiv(rows, config.block_m), batch * hkv, config.splits)
     if config.splits > 1:
         # Partial outputs in the input's 16-bit type halve the merge's traffic (it dominates at
         # batch 1); fp32 inputs keep fp32 partials. The log-sum-exps stay fp32.
