@@ -139,19 +139,32 @@ class Model(nn.Module):
         each request's last token ``[B, hidden]`` and the shared KV (per layer ``[T, Hkv, D]``).
         """
         cos, sin = self._rotary(prompt.positions, embeds.dtype)
-        keys, values = [], []
+        shared = SharedKV([], [])
         x = embeds
-        cfg = self.config
-        for layer in self.model.layers:
-            # Own buffers: views of the fused projection would keep all its heads alive.
-            k = embeds.new_empty((embeds.shape[0], cfg.num_kv_heads, cfg.head_dim))
-            v = torch.empty_like(k)
-            q = layer.project_qkv_into(x, cos, sin, k, v)
-            keys.append(k)
-            values.append(v)
+        *early, final = self.model.layers
+        for layer in early:
+            q, k, v = self._prompt_qkv(layer, x, cos, sin, shared)
             x = layer.finish(x, attn.prefill_attention(q, k, v, prompt, backend))
-        last = x[prompt.last_rows()]
-        return self.model.norm(last), SharedKV(keys, values)
+        # The last layer's keys and values serve every prompt token, but only each request's
+        # last token reads its output: the output projection and the MLP run on those B rows
+        # instead of all T.
+        q, k, v = self._prompt_qkv(final, x, cos, sin, shared)
+        last = prompt.last_rows()
+        attended = attn.prefill_attention(q, k, v, prompt, backend)
+        return self.model.norm(final.finish(x[last], attended[last])), shared
+
+    def _prompt_qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                    shared: SharedKV) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries, keys and values of the packed prompt ``x [T, hidden]`` at one layer; the
+        keys and values (``[T, Hkv, D]``) are appended to ``shared``."""
+        cfg = self.config
+        # Own buffers: views of the fused projection would keep all its heads alive.
+        k = x.new_empty((x.shape[0], cfg.num_kv_heads, cfg.head_dim))
+        v = torch.empty_like(k)
+        q = layer.project_qkv_into(x, cos, sin, k, v)
+        shared.keys.append(k)
+        shared.values.append(v)
+        return q, k, v
 
     def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, shared: SharedKV,
                     prompt: PackedPrompt, beams: BeamKV, slot: int,
