@@ -138,8 +138,8 @@ def time_recommend(engine, tokens, lengths, width, name, **extra) -> dict:
 
 
 MAIN_VARIANTS = {
-    "engine (defaults: whole-search graph, torch selection)": {},
-    "engine, triton selection": {"selection": "triton"},
+    "engine (defaults: whole-search graph, fused selection on CUDA)": {},
+    "engine, torch selection": {"selection": "torch"},
     "engine, layer kernels off": {"layer_kernels": False},
     "engine eager (no graphs)": {"cuda_graphs": False},
 }
@@ -231,7 +231,7 @@ def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
 def stage_breakdown(model, catalog, device, ceil) -> list[dict]:
     rows = []
     for batch in (1, 8):
-        for selection in (None, "triton"):
+        for selection in ("torch", "triton"):
             rows.append(breakdown_row(model, catalog, device, ceil, batch, FLAGS.prompt,
                                       selection))
         engine = engine_for(model, catalog)

@@ -219,7 +219,8 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
             f"the program calls custom ops registered from Python ({', '.join(unservable)}): "
             f"a process serving TorchCall has no Python to run them. Register Triton kernels "
             f"with torch.library.triton_op (AOTInductor then embeds them), or export the plain "
-            f"torch path (e.g. EngineConfig(attention_backend='torch'))")
+            f"torch path (e.g. EngineConfig(attention_backend='torch', "
+            f"selection_backend='torch'))")
     contract = _unify_dims(contract_of(program, device), same_dims)
     key = _cache_key(program, device, contract.signature)
     cached = Path(cache_dir) / f"{key}.pt2" if cache_dir else None

@@ -178,9 +178,11 @@ class EngineConfig:
     layer_kernels: on CUDA, fold each layer's elementwise steps (split, norms, rotary, KV
         writes, residual + norm, SwiGLU) into ``torch_engine.kernels.layer_ops`` launches.
     max_graphs: captured shapes kept (least recently used dropped first).
-    selection_backend: beam selection per level: "torch" (plain PyTorch, the default until
-        the fused kernel is measured on the GPU), "triton" (``xgr::constrained_topk``, CUDA or
-        the CPU interpreter) or "auto" (triton on CUDA, else torch).
+    selection_backend: beam selection per level: "auto" (the default: triton on CUDA, else
+        torch), "torch" (plain PyTorch) or "triton" (``xgr::constrained_topk``, CUDA or the CPU
+        interpreter). On the H200 the fused kernel was level with the torch selection or ahead
+        (up to 0.4 ms a search; ``benchmarks/notes/engine.md``). It is a Python custom op, so
+        an engine exported for serving (AOTInductor) takes "torch".
     memory_budget: bytes one request may use (``capacity.check_request``, before any work);
         on CUDA the free device memory caps it. None: the free device memory on CUDA, no
         check on the CPU.
@@ -196,7 +198,7 @@ class EngineConfig:
     batch_buckets: bool = True
     layer_kernels: bool = True
     max_graphs: int = 8
-    selection_backend: str = "torch"
+    selection_backend: str = "auto"
     memory_budget: int | None = None
 
     def __post_init__(self) -> None:

@@ -94,8 +94,10 @@ def main(argv: list[str]) -> int:
     dtype = getattr(torch, FLAGS.dtype)
     model = (Model.from_pretrained(FLAGS.model, dtype=dtype, device=device) if FLAGS.model
              else Model.from_preset(FLAGS.preset, seed=FLAGS.seed, dtype=dtype, device=device))
+    # The plain-torch selection: the fused one is a Python custom op, which AOTInductor cannot
+    # put in the package.
     engine = Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes),
-                    EngineConfig(attention_backend=attention))
+                    EngineConfig(attention_backend=attention, selection_backend="torch"))
     spec = PromptSpec(model_hidden=model.config.hidden_size, keep_last=FLAGS.keep_last,
                       window_seconds=FLAGS.window_days * 86400)
     report = {"preset": FLAGS.model or FLAGS.preset, "device": FLAGS.device,

@@ -285,8 +285,17 @@ def test_engine_with_fused_selection_returns_the_torch_selection_items():
 
 def test_auto_selection_stays_torch_on_the_cpu():
     assert bs.resolve_selection("auto", torch.device("cpu")) == "torch"
+    assert EngineConfig().selection_backend == "auto"      # the default: fused on CUDA only
     with pytest.raises(ConfigError, match="selection_backend"):
         EngineConfig(selection_backend="cuda")
+
+
+@pytest.mark.gpu
+def test_gpu_default_engine_takes_the_fused_selection():
+    catalog = Catalog.from_arrays(np.arange(300), np.random.default_rng(4).integers(0, 12,
+                                                                                    (300, 3)))
+    engine = Engine(Model.from_preset("tiny", seed=3, device="cuda"), catalog)
+    assert engine.selection == "triton"
 
 
 @pytest.mark.gpu

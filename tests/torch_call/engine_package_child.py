@@ -65,7 +65,7 @@ def export(out: Path, device: str, attention: str) -> None:
                                    seed=SEED))
     model = Model.from_preset("tiny", seed=SEED, device=device)
     engine = Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes),
-                    EngineConfig(attention_backend=attention))
+                    EngineConfig(attention_backend=attention, selection_backend="torch"))
     spec = PromptSpec(model_hidden=model.config.hidden_size, keep_last=KEEP,
                       window_seconds=3650 * 86400)
     started = time.perf_counter()
