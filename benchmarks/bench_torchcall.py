@@ -50,7 +50,6 @@ import torch  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 from torch_engine import aoti_loading  # noqa: E402
-from torch_engine.aoti_loading import load_package  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 REPEATS = flags.DEFINE_integer("repeats", 300, "timed calls per case (median reported)")
@@ -226,7 +225,7 @@ def _python_loader(path: Path, device: str):
         if probe.returncode != 0:
             return None, (f"torch._inductor.aoti_load_package failed in a child (rc "
                           f"{probe.returncode}): {probe.stderr.strip()[-300:]}")
-    compiled = load_package(path)
+    compiled = aoti_loading.load_package(path)
     if device == "cpu":
         return compiled, None
     return (lambda x: compiled(x.to(device)).cpu()), None
