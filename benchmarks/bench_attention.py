@@ -9,7 +9,8 @@ and prefill (L 1024/4096/8192, batch 1/4/16, item-level causal layout, 64-token 
 4-token items) against SDPA ``is_causal`` (the yardstick), SDPA with a dense boolean mask and
 FlexAttention with a BlockMask (plus its build time). Every time is the median over CUDA-graph
 replays of calls rotating over enough input sets to exceed the L2 cache, divided per call.
-The sweep part times tile variants at the target shapes, each checked against the fp64
+The splits part times batch-1 decode with the op's prompt split and with every forced split
+count. The sweep part times tile variants at the target shapes, each checked against the fp64
 reference first; their kernels compile in parallel processes beforehand (Triton's disk cache is
 shared), so one device call both tunes and measures.
 Writes ``attention_<date>.json`` under --out and prints a table last.
@@ -36,14 +37,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from torch_engine import reference  # noqa: E402
 from torch_engine.kernels import decode_attention, prefill_attention  # noqa: E402
-from torch_engine.kernels.decode_attention import DecodeConfig, launch_decode  # noqa: E402
+from torch_engine.kernels.decode_attention import (DecodeConfig, decode_config_for,  # noqa: E402
+                                                   launch_decode)
 from torch_engine.kernels.prefill_attention import PrefillConfig, launch_prefill  # noqa: E402
 from torch_engine.layout import MaskMode  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for attention_<date>.json")
 flags.DEFINE_list("parts", ["decode", "prefill"],
-                  "which parts to run: decode, prefill, sweep (tile variants, checked and timed)")
+                  "which parts to run: decode, prefill, sweep (tile variants, checked and timed), "
+                  "splits (batch-1 decode: the op's prompt split against forced counts)")
 flags.DEFINE_integer("compile_workers", 12, "processes that compile the sweep's variants")
 flags.DEFINE_list("flex_batches", ["1"], "prefill batches that also time FlexAttention")
 flags.DEFINE_float("anchor_gb", 40.0, "skip an anchor whose inputs exceed this many GB")
@@ -438,6 +441,33 @@ def sweep_part(sweep: list) -> None:
                           "config": {}, **got})
 
 
+SPLIT_SHAPES = [(name, width, length) for name in HEADS for width in (64, 256, 512)
+                for length in (1024, 4096, 5120)]
+SPLIT_COUNTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16)
+
+
+def splits_part(rows: list) -> None:
+    """Batch 1, where the prompt is split: the op's own split count against every forced count
+    (same tile), per shape, so the split rule can be checked against measurements."""
+    for name, width, length in tqdm(SPLIT_SHAPES, desc="split shapes"):
+        hq, hkv, dim = HEADS[name]
+        shape = (1, width, hq, hkv, dim, length)
+        config = decode_config_for(1, width, hq // hkv, hkv, length, dim, torch.device("cuda"))
+        row = {"heads": name, "width": width, "prompt": length, "op_splits": config.splits,
+               "op": safe(time_triton_decode, shape), "forced": {}}
+        for splits in SPLIT_COUNTS:
+            if splits > 1 and length // splits < config.block_n:
+                continue
+            forced = dataclasses.replace(config, splits=splits, fused_merge=splits > 1)
+            row["forced"][splits] = safe(time_triton_decode, shape, forced)
+        timed = {k: v["us"] for k, v in row["forced"].items() if "us" in v}
+        if timed:
+            row["best_splits"] = min(timed, key=timed.get)
+            row["op_over_best"] = round(row["op"].get("us", float("nan"))
+                                        / timed[row["best_splits"]], 3)
+        rows.append(row)
+
+
 # ---- report -------------------------------------------------------------------------------
 
 def cell(entry) -> str:
@@ -472,6 +502,17 @@ def print_tables(report: dict) -> None:
                   f"{cell(r['sdpa_causal']):>12s} "
                   f"{r.get('triton_item_causal_over_sdpa_causal', '-'):>6} "
                   f"{cell(r['sdpa_dense_mask']):>11s}  {flex}")
+    if report.get("splits"):
+        print("\ndecode splits at batch 1 (us)   op (splits)   best forced (splits)   op/best"
+              "   all forced")
+        for r in report["splits"]:
+            forced = " ".join(f"{k}:{v['us']:.1f}" for k, v in r["forced"].items() if "us" in v)
+            best = r.get("best_splits")
+            best_us = r["forced"][best]["us"] if best is not None else float("nan")
+            print(f"{r['heads']:11s} W{r['width']:<4d} L{r['prompt']:<5d} "
+                  f"{r['op'].get('us', float('nan')):8.1f} ({r['op_splits']:2d})   "
+                  f"{best_us:8.1f} ({best})"
+                  f"   {r.get('op_over_best', '-')}   {forced}")
     if report["sweep"]:
         print("\nsweep (us; rel err vs fp64)  config")
     for s in report["sweep"]:
@@ -490,11 +531,13 @@ def main(argv) -> None:
               "versions": {"torch": torch.__version__, "triton": triton.__version__,
                            "cuda": torch.version.cuda},
               "dtype": "bfloat16", "timing": "median of 25 CUDA-graph replays, inputs rotated "
-              "over >= 3x L2 per pass, per call", "decode": [], "prefill": [], "sweep": []}
+              "over >= 3x L2 per pass, per call",
+              "decode": [], "prefill": [], "sweep": [], "splits": []}
     report["ceilings"] = ceilings()
     os.makedirs(FLAGS.out, exist_ok=True)
     path = os.path.join(FLAGS.out, f"attention_{report['date'][:16].replace(':', '')}.json")
     steps = {"sweep": (sweep_part, report["sweep"]), "decode": (decode_part, report["decode"]),
+             "splits": (splits_part, report["splits"]),
              "prefill": (prefill_part, report["prefill"])}
     for run, into in (steps[part] for part in FLAGS.parts):
         run(into)

@@ -12,7 +12,8 @@ from torch_engine import reference
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import decode_attention
 from torch_engine.kernels.decode_attention import (DECODE_TILES, DecodeConfig, _check_inputs,
-                                                   decode_config_for, launch_decode)
+                                                   decode_config_for, launch_decode,
+                                                   split_count)
 
 CPU_DTYPES = [torch.float32, torch.float16]
 
@@ -64,6 +65,19 @@ def test_ragged_batch_matches_reference(kt, gen, dtype, hq, hkv, dim, acc_in_dot
                                  maxnreg=maxnreg)
     out = _poisoned_run(inputs, 2, config)
     kt.check(out, _reference(inputs, 2), dtype, "decode", gen.initial_seed())
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_prompt_alone_matches_reference(kt, gen, splits):
+    """num_own = 0: one query row per request attends its prompt only (how prefill's last
+    layer serves each request's last token); the own slots hold garbage that must not leak."""
+    inputs = _inputs(kt, gen, [1, 50, 17], width=1, hq=4, hkv=2, dim=64, slots=1,
+                     dtype=torch.float32)
+    inputs["beam_k"].fill_(1e4)
+    config = DecodeConfig(block_m=16, block_n=16, splits=splits, fused_merge=splits > 1)
+    out = _poisoned_run(inputs, 0, config)
+    kt.check(out, _reference(inputs, 0), torch.float32, f"prompt alone, splits={splits}",
+             gen.initial_seed())
 
 
 @pytest.mark.parametrize("fused", [False, True], ids=["merge-launch", "fused-merge"])
@@ -135,6 +149,24 @@ def test_config_splits_only_when_tiles_leave_the_gpu_idle():
     assert decode_config_for(1, 2, 1, 1, 8, 64, cpu).splits == 1
 
 
+@pytest.mark.parametrize("head_dim, tiles, length, want", [
+    (64, 56, 1024, 4),     # qwen2-0.5b W 256: the measured best (8 splits: 13.4 against 10.0 us)
+    (128, 64, 1024, 4),    # qwen3-1.7b W 256
+    (128, 64, 5120, 4),    # 256 programs fill one wave of 2 x 132; 5 spilled into a second
+    (128, 128, 4096, 2),   # qwen3-1.7b W 512: 3 splits made 1.45 waves
+    (64, 14, 4096, 8),     # qwen2-0.5b W 64: few tiles, long prompt: more splits
+    (64, 56, 100, 1),      # under two key tiles per chunk: no split
+])
+def test_split_count_fills_whole_waves(head_dim, tiles, length, want):
+    """The split rule on an H200's 132 multiprocessors, at shapes of the batch-1 split sweep."""
+    split_tile = DECODE_TILES[head_dim][1]
+    got = split_count(tiles, length, split_tile, 132)
+    assert got == want
+    assert tiles * got <= split_tile.per_sm * 132 or got == 1
+    # Each split holds whole key tiles, at least two, and at most 16 splits.
+    assert 1 <= got <= 16 and (got == 1 or length / got >= 2 * split_tile.block_n - 1)
+
+
 def _bad_cases():
     def base():
         return dict(q=torch.zeros(2, 3, 4, 64), shared_k=torch.zeros(10, 2, 64),
@@ -161,8 +193,8 @@ def _bad_cases():
         "cu-len": (with_(cu_seqlens=torch.tensor([0, 10], dtype=torch.int32)), "B+1"),
         "cu-dtype": (with_(cu_seqlens=torch.tensor([0., 4., 10.])), "cu_seqlens.dtype"),
         "beam-shape": (with_(beam_v=torch.zeros(2, 3, 2, 1, 64)), "beam_v must have shape"),
-        "num-own": (with_(num_own=3), "num_own must be an int in [1, S=2]"),
-        "num-own-0": (with_(num_own=0), "num_own must be an int in [1, S=2]"),
+        "num-own": (with_(num_own=3), "num_own must be an int in [0, S=2]"),
+        "num-own-negative": (with_(num_own=-1), "num_own must be an int in [0, S=2]"),
         "stride": (with_(q=torch.zeros(2, 3, 64, 4).transpose(-1, -2)), "stride(-1) == 1"),
     }
 

@@ -246,8 +246,8 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
     # One program row per (request, KV head): CUDA allows 65535 along the grid's second axis.
     c.require_size(batch * hkv <= _MAX_GRID_Y, f"{_OP}: batch x KV heads must be at most "
                    f"{_MAX_GRID_Y}, got {batch} x {hkv}")
-    require(isinstance(num_own, int) and 1 <= num_own <= beam_k.shape[2], InvalidInputError,
-            f"{_OP}: num_own must be an int in [1, S={beam_k.shape[2]}], got {num_own!r}")
+    require(isinstance(num_own, int) and 0 <= num_own <= beam_k.shape[2], InvalidInputError,
+            f"{_OP}: num_own must be an int in [0, S={beam_k.shape[2]}], got {num_own!r}")
     tensors = {"q": q, "shared_k": shared_k, "shared_v": shared_v, "beam_k": beam_k,
                "beam_v": beam_v}
     c.check_float(_OP, tensors)
@@ -262,7 +262,8 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
 @dataclass(frozen=True)
 class DecodeTile:
     """Rows, keys per step, warps, pipeline stages, P V accumulation and key loads (TMA or
-    pointers) of one program."""
+    pointers) of one program; for a split tile, ``per_sm``: the programs per multiprocessor
+    that the split rule (``split_count``) fills before it counts another wave."""
 
     block_m: int
     block_n: int
@@ -270,25 +271,57 @@ class DecodeTile:
     num_stages: int
     acc_in_dot: bool = True
     tma: bool = False
+    per_sm: int = 2
 
 
 # Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
 # From the tile sweeps at W 256, prompt 1024 on an H200 (benchmarks/notes/attention.md): 64-row
-# tiles x 4 warps for both head dims, at batch 16 and at batch 1 (4 splits).
+# tiles x 4 warps for both head dims, at batch 16 and at batch 1. ``per_sm`` of the split tiles
+# (sm_90 compile, Triton 3.6): d64 with the merge code holds 134 registers per thread, so
+# three programs per multiprocessor (four without it); d128 takes 112 KB of shared memory, so
+# two. The batch-1 split sweep (notes/attention.md v10) slows past exactly these counts.
 DECODE_TILES = {
-    64: (DecodeTile(64, 64, 4, 3, acc_in_dot=False), DecodeTile(64, 64, 4, 3, acc_in_dot=False)),
-    128: (DecodeTile(64, 64, 4, 3, tma=True), DecodeTile(64, 64, 4, 3)),
+    64: (DecodeTile(64, 64, 4, 3, acc_in_dot=False),
+         DecodeTile(64, 64, 4, 3, acc_in_dot=False, per_sm=3)),
+    128: (DecodeTile(64, 64, 4, 3, tma=True), DecodeTile(64, 64, 4, 3, per_sm=2)),
 }
 _INTERPRETER_TILE = DecodeTile(16, 16, 4, 1)
+# Cost model of a split prompt, in key-tile steps of one program: a program's fixed work
+# (prologue, own stage, epilogue) and what each split adds to the merge (the last program
+# reads every split's partial rows). Fitted to the batch-1 split sweep (v10 in
+# notes/attention.md: within 1% of the best forced count on average over 18 shapes, at worst
+# 7%, where the earlier rule averaged 13% and lost up to 45%).
+_FIXED_STEPS = 2.0
+_MERGE_STEPS_PER_SPLIT = 1.0
+
+
+def split_count(tiles: int, mean_len: int, tile: DecodeTile, sms: int) -> int:
+    """Splits of each prompt (1..16) with the least estimated time: every wave of resident
+    programs (``tile.per_sm`` per multiprocessor) lasts as long as one program, i.e. its chunk's
+    key tiles plus the fixed steps, and each split adds merge steps. Chunks are whole key tiles
+    and never shorter than two of them; counts that the rounding leaves equal collapse."""
+    slots = max(1, tile.per_sm * sms)
+    most = max(1, min(16, mean_len // (2 * tile.block_n)))
+    best_cost, best = None, 1
+    for wanted in range(1, most + 1):
+        chunk_tiles = triton.cdiv(triton.cdiv(mean_len, wanted), tile.block_n)
+        splits = triton.cdiv(mean_len, chunk_tiles * tile.block_n)
+        waves = triton.cdiv(tiles * splits, slots)
+        cost = waves * (chunk_tiles + _FIXED_STEPS)
+        if splits > 1:
+            cost += _MERGE_STEPS_PER_SPLIT * splits
+        if best_cost is None or cost < best_cost:
+            best_cost, best = cost, splits
+    return best
 
 
 def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, total_tokens: int,
                       head_dim: int, device: torch.device) -> DecodeConfig:
     """Tile choice from shapes alone (no device read, so CUDA-graph capturable).
 
-    Splits the prompt only when ``B * Hkv * row_tiles`` programs leave SMs idle, and never into
-    chunks shorter than two key tiles of the mean prompt length ``T / B``; split partials merge
-    in the split that finishes last (one launch).
+    Splits the prompt only when ``B * Hkv * row_tiles`` programs leave SMs idle, into the
+    count ``split_count`` estimates fastest for the mean prompt length ``T / B``; split
+    partials merge in the split that finishes last (one launch).
     """
     rows = width * group
     sms = c.multiprocessors(device)
@@ -301,13 +334,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     else:
         tile = split_tile
         tiles = batch * num_kv_heads * triton.cdiv(rows, tile.block_m)
-        mean_len = max(1, total_tokens // max(batch, 1))
-        most = max(1, mean_len // (2 * tile.block_n))
-        # About two programs per SM: two 4-warp 64-row CTAs fit on one.
-        splits = max(1, min(most, 16, triton.cdiv(2 * sms, tiles)))
-        # Equal chunks of whole key tiles: drop splits that the rounding would leave empty.
-        chunk_tiles = triton.cdiv(triton.cdiv(mean_len, splits), tile.block_n)
-        splits = max(1, triton.cdiv(mean_len, chunk_tiles * tile.block_n))
+        splits = split_count(tiles, max(1, total_tokens // max(batch, 1)), tile, sms)
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
                         fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot, tma=tile.tma)
@@ -422,8 +449,9 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
     rows ``cu_seqlens[b]:cu_seqlens[b+1]``; cu_seqlens: ``[B+1]`` int32/int64, non-decreasing,
     ``cu_seqlens[0] == 0``, ``cu_seqlens[-1] <= T`` (values are not read on the host);
     beam_k, beam_v: ``[B, W, S, Hkv, D]`` with the first ``num_own`` slots valid,
-    ``1 <= num_own <= S``. fp16/bf16/fp32, last axis contiguous, all on one CUDA device.
-    Returns ``[B, W, Hq, D]`` in ``q.dtype``.
+    ``0 <= num_own <= S`` (0: the prompt alone, e.g. a prompt's last token attending its whole
+    prompt; every request then needs at least one prompt token). fp16/bf16/fp32, last axis
+    contiguous, all on one CUDA device. Returns ``[B, W, Hq, D]`` in ``q.dtype``.
     """
     return torch.ops.xgr.decode_attention(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v,
                                           num_own, scale)
