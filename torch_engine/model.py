@@ -146,12 +146,11 @@ class Model(nn.Module):
             q, k, v = self._prompt_qkv(layer, x, cos, sin, shared)
             x = layer.finish(x, attn.prefill_attention(q, k, v, prompt, backend))
         # The last layer's keys and values serve every prompt token, but only each request's
-        # last token reads its output: the output projection and the MLP run on those B rows
-        # instead of all T.
+        # last token reads its output: its attention, output projection and MLP run on those
+        # B rows instead of all T.
         q, k, v = self._prompt_qkv(final, x, cos, sin, shared)
-        last = prompt.last_rows()
-        attended = attn.prefill_attention(q, k, v, prompt, backend)
-        return self.model.norm(final.finish(x[last], attended[last])), shared
+        attended = attn.last_token_attention(q, k, v, prompt, backend)
+        return self.model.norm(final.finish(x[prompt.last_rows()], attended)), shared
 
     def _prompt_qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     shared: SharedKV) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -187,6 +187,30 @@ def test_prefill_then_decode_equals_full_forward(family, segmented, static):
                     assert rel_error(logits, full[n - 1 + step]) <= FP32.rel_norm
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("mode", list(MaskMode))
+@pytest.mark.parametrize("static", [False, True])
+def test_prefill_last_hidden_equals_forward_under_every_mask_rule(mode, backend, static):
+    """Prefill's last layer attends from each request's last token only (the prompt alone
+    through the decode kernel, or the full masked attention's last rows when the rule hides
+    part of the request from that token): its logits equal forward() at the last position."""
+    model = _tiny_model("qwen2", seed=9)
+    gen = torch.Generator().manual_seed(10)
+    lengths = torch.tensor([13, 1, 7])
+    width = 13
+    ids = torch.randint(8, 1024, (3, width), generator=gen)
+    segs = torch.stack([_segments(width, gen) for _ in range(3)])
+    valid = torch.arange(width)[None] < lengths[:, None]
+    with torch.no_grad():
+        prompt = PackedPrompt.from_padded(valid, segs, mode, static=static)
+        last, _ = model.prefill(prompt.pack(model.embed(ids)), prompt, backend)
+        for row in range(3):
+            n = int(lengths[row])
+            full = model(ids[row:row + 1, :n], segment_ids=segs[row:row + 1, :n], mode=mode)[0]
+            got = model.level_logits(last[row], 0, model.config.vocab_size)
+            assert rel_error(got, full[n - 1]) <= FP32.rel_norm, (mode, row)
+
+
 def test_beam_kv_reorder_copies_only_used_slots():
     kv = BeamKV(1, 1, 3, 2, 1, 2, torch.float32, torch.device("cpu"))
     kv.keys[0, 0, :, :, 0, 0] = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
