@@ -15,10 +15,11 @@ on 250K random code paths, top_k 300. Stages (``--stages``):
   eager search against ``capacity.estimate_request``.
 * ``throughput``: batches of 1..32 requests, then the simulated queue of
   ``engine_analysis.max_rate_at_p99`` (P99 <= 100 ms).
-* ``large``: qwen3-1.7b, context 1000 at batch 1 and 8, context 5000 at batch 1.
+* ``large``: qwen3-1.7b, context 1000 at batch 1 and 8, context 5000 at batch 1; breakdowns
+  at batch 1, context 1000 and 5000.
 * ``kernels``: where a search's device time goes: its kernels grouped by stage and name
-  (``engine_analysis.kernel_table``) for qwen2-0.5b batch 1 and the large preset at context
-  1000, batch 1; and each matrix product of a layer timed alone at the decode and prefill row
+  (``engine_analysis.kernel_table``) for each of ``--kernel_cases`` (default qwen2-0.5b batch
+  1 and the large preset at context 1000, batch 1); and each matrix product of a layer timed alone at the decode and prefill row
   counts (``engine_analysis.gemm_table``) against its bound.
 * ``hf``: ``transformers`` ``generate(num_beams=W, prefix_allowed_tokens_fn=...)`` on the same
   weights and catalog: qwen2-0.5b batch 1, and qwen3-1.7b batch 1 context 1000 (one call).
@@ -68,6 +69,9 @@ flags.DEFINE_integer("prompt", 1024, "prompt tokens of the small-model stages")
 flags.DEFINE_list("widths", ["64", "128", "256", "512", "1024"], "beam widths of the sweep")
 flags.DEFINE_list("throughput_batches", ["1", "2", "4", "8", "16", "32"], "batch sizes")
 flags.DEFINE_string("device", "cuda", "torch device (cpu: a smoke run of the script)")
+flags.DEFINE_list("kernel_cases", ["small:1:1024", "large:1:1000"],
+                  "kernels stage: model:batch:prompt per case, model 'small' (--small) or "
+                  "'large' (--large_preset)")
 
 LAYOUT = TokenLayout()
 BEAM, TOP_K = 256, 300
@@ -289,27 +293,37 @@ def stage_large(catalog, device, ceil) -> list[dict]:
         tokens, lengths = prompts(batch, context, device)
         rows.append(time_recommend(engine_for(model, catalog), tokens, lengths, BEAM,
                                    f"{FLAGS.large_preset} context {context}", context=context))
-    try:
-        rows.append(breakdown_row(model, catalog, device, ceil, 1, 1000))
-    except Exception as err:  # the latencies above stay
-        rows.append({"system": "breakdown large", "failed": f"{type(err).__name__}: {err}"[:300]})
+    for context in (1000, 5000):
+        try:
+            rows.append(breakdown_row(model, catalog, device, ceil, 1, context))
+        except Exception as err:  # the latencies above stay
+            rows.append({"system": f"breakdown large, context {context}",
+                         "failed": f"{type(err).__name__}: {err}"[:300]})
     return rows, model
 
 
 def stage_kernels(small, catalog, device, ceil) -> list[dict]:
     rows = []
-    cases = [(small, FLAGS.prompt), (random_model(FLAGS.large_preset, device), 1000)]
-    for model, prompt in cases:
+    models, tabled = {"small": small}, set()
+    for case in FLAGS.kernel_cases:
+        which, batch, prompt = case.split(":")
+        batch, prompt = int(batch), int(prompt)
+        if which not in models:
+            models[which] = random_model(FLAGS.large_preset, device)
+        model = models[which]
         name = model.config.architecture
-        tokens, lengths = prompts(1, prompt, device)
+        tokens, lengths = prompts(batch, prompt, device)
         eager = engine_for(model, catalog, cuda_graphs=False, static_shapes=True)
-        batch, _ = prepare_inputs(eager, tokens, lengths, None, BEAM, TOP_K, None, None)
-        for row in ea.kernel_table(eager, batch, BEAM, TOP_K):
-            rows.append({"system": f"kernel {name}", "batch": 1, **row})
-        for row in ea.gemm_table(model.config, [BEAM, 8 * BEAM, prompt], ceil["matmul_tflops"],
-                                 ceil["copy_tbps"], device):
-            rows.append({"system": f"product {name}", **row})
-        del eager, model
+        checked, _ = prepare_inputs(eager, tokens, lengths, None, BEAM, TOP_K, None, None)
+        for row in ea.kernel_table(eager, checked, BEAM, TOP_K):
+            rows.append({"system": f"kernel {name} b{batch} prompt {prompt}", "batch": batch,
+                         **row})
+        del eager
+        if which not in tabled:
+            tabled.add(which)
+            for row in ea.gemm_table(model.config, [BEAM, 8 * BEAM, prompt],
+                                     ceil["matmul_tflops"], ceil["copy_tbps"], device):
+                rows.append({"system": f"product {name}", **row})
         torch.cuda.empty_cache()
     return rows
 

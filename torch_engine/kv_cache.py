@@ -2,7 +2,7 @@
 
 Shared KV: per layer ``[T, Hkv, D]`` where the prompts of the batch are concatenated without
 padding (request b at rows ``cu_seqlens[b]:cu_seqlens[b+1]``); read-only during decode.
-Beam KV: ``[layers, B, W, S, Hkv, D]`` with ``S = levels - 1`` slots; decode step s writes slot
+Beam KV: ``[B, W, S, layers, Hkv, D]`` with ``S = levels - 1`` slots; decode step s writes slot
 s, and reordering the beams copies only the slots written so far, never the prompt.
 """
 
@@ -108,21 +108,27 @@ class SharedKV:
 
 
 class BeamKV:
-    """Per-beam KV of the generated tokens: ``[layers, B, W, slots, Hkv, D]`` keys and values."""
+    """Per-beam KV of the generated tokens, ``[B, W, slots, layers, Hkv, D]`` keys and values.
+
+    Beam-major: the slots a beam has written, across all layers, are one contiguous run, so the
+    reorder after a level moves whole runs (a row gather and a copy at memory speed) instead of
+    gathering ``[Hkv, D]`` pieces per layer. Never zero-filled: decode step s writes slot s of
+    every beam before any read, and reads only slots 0..s.
+    """
 
     def __init__(self, layers: int, batch: int, width: int, slots: int, kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device: torch.device) -> None:
-        shape = (layers, batch, width, max(slots, 1), kv_heads, head_dim)
-        self.keys = torch.zeros(shape, dtype=dtype, device=device)
-        self.values = torch.zeros(shape, dtype=dtype, device=device)
+        shape = (batch, width, max(slots, 1), layers, kv_heads, head_dim)
+        self.keys = torch.empty(shape, dtype=dtype, device=device)
+        self.values = torch.empty(shape, dtype=dtype, device=device)
 
     def slot(self, layer: int, slot: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, W, Hkv, D]`` of one layer's ``slot`` (views to write into)."""
-        return self.keys[layer, :, :, slot], self.values[layer, :, :, slot]
+        return self.keys[:, :, slot, layer], self.values[:, :, slot, layer]
 
     def layer(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values ``[B, W, slots, Hkv, D]`` of one layer (views)."""
-        return self.keys[layer], self.values[layer]
+        return self.keys[:, :, :, layer], self.values[:, :, :, layer]
 
     def reorder(self, parents: torch.Tensor, used_slots: int) -> None:
         """Give beam w the KV of beam ``parents[b, w]`` for the first ``used_slots`` slots.
@@ -131,6 +137,12 @@ class BeamKV:
         """
         if used_slots == 0:
             return
-        rows = torch.arange(parents.shape[0], device=parents.device)[:, None]
-        self.keys[:, :, :, :used_slots] = self.keys[:, rows, parents, :used_slots]
-        self.values[:, :, :, :used_slots] = self.values[:, rows, parents, :used_slots]
+        batch, width = parents.shape
+        flat = (parents + torch.arange(batch, device=parents.device)[:, None] * width).flatten()
+        for buffer in (self.keys, self.values):
+            runs = buffer.view(batch * width, -1)[:, :used_slots * buffer[0, 0, 0].numel()]
+            # Moved as 8-byte words where the runs allow it: the copy back into the strided
+            # runs takes the element-wise path, with 4x fewer elements than 16-bit values.
+            if (runs.shape[1] * runs.element_size()) % 8 == 0:
+                runs = runs.view(torch.int64)
+            runs.copy_(runs.index_select(0, flat))

@@ -1,7 +1,5 @@
 """Model: parity with Hugging Face Qwen2/Qwen3, checkpoint I/O, prefill + decode == forward."""
 
-import math
-
 import pytest
 import torch
 
@@ -212,12 +210,26 @@ def test_prefill_last_hidden_equals_forward_under_every_mask_rule(mode, backend,
 
 
 def test_beam_kv_reorder_copies_only_used_slots():
-    kv = BeamKV(1, 1, 3, 2, 1, 2, torch.float32, torch.device("cpu"))
-    kv.keys[0, 0, :, :, 0, 0] = torch.tensor([[1.0, 10.0], [2.0, 20.0], [3.0, 30.0]])
-    kv.reorder(torch.tensor([[2, 2, 0]]), used_slots=1)
-    assert kv.keys[0, 0, :, 0, 0, 0].tolist() == [3.0, 3.0, 1.0]
-    assert kv.keys[0, 0, :, 1, 0, 0].tolist() == [10.0, 20.0, 30.0]
-    assert math.isclose(float(kv.keys.sum()), 3 + 3 + 1 + 60)
+    """Beam w of request b takes its parent's first used slots in every layer, keys and values;
+    later slots stay as they were."""
+    gen = torch.Generator().manual_seed(3)
+    kv = BeamKV(3, 2, 4, 2, 2, 8, torch.float32, torch.device("cpu"))
+    kv.keys.copy_(torch.randn(kv.keys.shape, generator=gen))
+    kv.values.copy_(torch.randn(kv.values.shape, generator=gen))
+    keys, values = kv.keys.clone(), kv.values.clone()
+    parents = torch.tensor([[2, 2, 0, 3], [1, 0, 0, 0]])
+    kv.reorder(parents, used_slots=1)
+    for b in range(2):
+        for w in range(4):
+            for layer in range(3):
+                got_k, got_v = (t[b, w] for t in kv.layer(layer))
+                want = int(parents[b, w])
+                assert torch.equal(got_k[0], keys[b, want, 0, layer])
+                assert torch.equal(got_v[0], values[b, want, 0, layer])
+                assert torch.equal(got_k[1], keys[b, w, 1, layer])      # slot 1 untouched
+                assert torch.equal(got_v[1], values[b, w, 1, layer])
+    kv.reorder(parents, used_slots=0)                                   # nothing to copy
+    assert torch.equal(kv.keys[:, :, 1], keys[:, :, 1])
 
 
 @pytest.mark.parametrize("mode", [MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL])
