@@ -227,6 +227,21 @@ def test_inputs_beyond_int32_offsets_are_refused_while_tracing():
                       meta(1, 4, 2, 2, 128), 2, None, devices=False)
 
 
+def test_beam_kv_beyond_int32_offsets_is_accepted():
+    """The own stage indexes the beam KV in int64: a beam-major cache whose layer view spans
+    more than 2**31 elements (all layers' slots) passes the checks."""
+    def meta(*shape):
+        return torch.empty(*shape, device="meta")
+
+    # [B, W, S, layers, Hkv, D] = 32 x 1024 x 2 x 40 x 8 x 128 (2.7e9), viewed per layer.
+    cache = meta(32, 1024, 2, 40, 8, 128)
+    layer = cache[:, :, :, 3]
+    assert 1 + sum((n - 1) * st for n, st in zip(layer.shape, layer.stride())) > 2**31
+    _check_inputs(meta(32, 1024, 16, 128), meta(32 * 64, 8, 128), meta(32 * 64, 8, 128),
+                  torch.empty(33, dtype=torch.int32, device="meta"), layer, layer, 2, None,
+                  devices=False)
+
+
 def test_more_request_heads_than_the_grid_allows_are_refused():
     def meta(*shape):
         return torch.empty(*shape, device="meta")

@@ -154,8 +154,12 @@ def _decode_partial_kernel(
         own_beam = beam0 + nb
         own_ok = (own_beam < width)[:, None]
         mine = (beam - beam0)[:, None] == nb[None, :]                    # [BLOCK_M, OWN_BEAMS]
-        k_own_base = bk_ptr + b * s_bkb + own_beam[:, None] * s_bkw + h * s_bkh + d[None, :]
-        v_own_base = bv_ptr + b * s_bvb + own_beam[:, None] * s_bvw + h * s_bvh + d[None, :]
+        # In int64: a layer's view of a beam-major cache (``kv_cache.BeamKV``) spans every
+        # layer's slots, which can pass 2**31 elements at large batches and beam widths.
+        b64 = b.to(tl.int64)
+        beam64 = own_beam[:, None].to(tl.int64)
+        k_own_base = bk_ptr + b64 * s_bkb + beam64 * s_bkw + h * s_bkh + d[None, :]
+        v_own_base = bv_ptr + b64 * s_bvb + beam64 * s_bvw + h * s_bvh + d[None, :]
         for j in range(0, num_own):
             k_own = tl.load(k_own_base + j * s_bks, mask=own_ok, other=0.0)
             s_all = tl.dot(q, tl.trans(k_own), input_precision=DOT_PRECISION) * qk_scale
@@ -252,7 +256,8 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
                "beam_v": beam_v}
     c.check_float(_OP, tensors)
     c.check_last_dim_contiguous(_OP, tensors)
-    c.check_int32_offsets(_OP, tensors)
+    # The beam KV is indexed in int64 (see the own stage), the rest in int32.
+    c.check_int32_offsets(_OP, {"q": q, "shared_k": shared_k, "shared_v": shared_v})
     c.check_index(_OP, "cu_seqlens", cu_seqlens)
     if devices:
         c.check_devices(_OP, {**tensors, "cu_seqlens": cu_seqlens})
