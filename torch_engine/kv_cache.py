@@ -111,7 +111,7 @@ class BeamKV:
     """Per-beam KV of the generated tokens, ``[B, W, slots, layers, Hkv, D]`` keys and values.
 
     Beam-major: the slots a beam has written, across all layers, are one contiguous run, so the
-    reorder after a level moves whole runs (a row gather and a copy at memory speed) instead of
+    reorder after a level moves whole runs (one row gather and one copy back) instead of
     gathering ``[Hkv, D]`` pieces per layer. Never zero-filled: decode step s writes slot s of
     every beam before any read, and reads only slots 0..s.
     """
