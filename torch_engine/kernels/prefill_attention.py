@@ -40,7 +40,7 @@ config and grid from shapes), so AOTInductor compiles the kernel into its packag
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 import triton
