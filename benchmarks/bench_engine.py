@@ -21,6 +21,9 @@ on 250K random code paths, top_k 300. Stages (``--stages``):
   (``engine_analysis.kernel_table``) for each of ``--kernel_cases`` (default qwen2-0.5b batch
   1 and the large preset at context 1000, batch 1); and each matrix product of a layer timed alone at the decode and prefill row
   counts (``engine_analysis.gemm_table``) against its bound.
+* ``selection_ab``: the torch and the fused selection, one engine each, replayed in
+  alternating rounds (graph device time and whole ``recommend`` calls) at qwen2-0.5b batch 1
+  and 8 and the large preset at context 1000, batch 1.
 * ``hf``: ``transformers`` ``generate(num_beams=W, prefix_allowed_tokens_fn=...)`` on the same
   weights and catalog: qwen2-0.5b batch 1, and qwen3-1.7b batch 1 context 1000 (one call).
 
@@ -286,6 +289,40 @@ def stage_throughput(model, catalog, device) -> list[dict]:
     return rows
 
 
+def stage_selection_ab(small, large, catalog, device) -> list[dict]:
+    """The two selection backends side by side: one engine each per shape, their
+    whole-search graphs replayed in alternating rounds (device time), then whole
+    ``recommend`` calls alternating (wall time), so drift between machines and over the run
+    falls on both alike."""
+    rows = []
+    for model, batch, prompt in ((small, 1, FLAGS.prompt), (small, 8, FLAGS.prompt),
+                                 (large, 1, 1000)):
+        tokens, lengths = prompts(batch, prompt, device)
+        engines = {name: engine_for(model, catalog, name) for name in ("torch", "triton")}
+        for engine in engines.values():
+            engine.recommend(tokens, lengths, beam_width=BEAM, top_k=TOP_K)   # capture
+        checked, _ = prepare_inputs(engines["torch"], tokens, lengths, None, BEAM, TOP_K,
+                                    None, None)
+        checked = pad_to_buckets(checked, 256, True)
+        graph = {name: [] for name in engines}
+        wall = {name: [] for name in engines}
+        with torch.no_grad():
+            for _ in range(6):
+                for name, engine in engines.items():
+                    graph[name] += ea.device_ms(
+                        lambda e=engine: e.search(checked, BEAM, TOP_K), 10)
+                    wall[name] += timed(lambda e=engine: e.recommend(
+                        tokens, lengths, beam_width=BEAM, top_k=TOP_K), 5)
+        row = {"system": f"selection A/B, {model.config.architecture} prompt {prompt}",
+               "batch": batch, "rounds": 6}
+        for name in engines:
+            row[f"{name}_graph_ms"] = statistics.median(graph[name])
+            row[f"{name}_recommend_ms"] = statistics.median(wall[name])
+        rows.append(row)
+        del engines
+    return rows
+
+
 def stage_large(catalog, device, ceil) -> list[dict]:
     model = random_model(FLAGS.large_preset, device)
     rows = []
@@ -354,6 +391,10 @@ def main(argv: list[str]) -> None:
         try:
             if name == "large":
                 stages[name], large_model = stage_large(catalog, device, ceil)
+            elif name == "selection_ab":
+                if large_model is None:
+                    large_model = random_model(FLAGS.large_preset, device)
+                stages[name] = stage_selection_ab(small, large_model, catalog, device)
             elif name == "hf":
                 stages[name] = hf_anchor(small, catalog, FLAGS.prompt, BEAM, [1], 3, device)
                 if large_model is not None:
@@ -387,6 +428,8 @@ def print_tables(result: dict) -> None:
                                 "prefill_graph_ms", "replay_wall_ms", "prepare_inputs_wall_ms",
                                 "other_ms", "roofline_fraction",
                                 "triton_ms", "torch_ms", "rate_per_s", "mean_batch",
+                                "torch_graph_ms", "triton_graph_ms", "torch_recommend_ms",
+                                "triton_recommend_ms",
                                 "measured_peak_bytes", "estimate_bytes", "failed", "absent")
                     if k in row]
             cells = ", ".join(f"{k}={row[k]:.3f}" if isinstance(row[k], float)
