@@ -114,13 +114,13 @@ def last_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                          prompt: PackedPrompt, backend: str) -> torch.Tensor:
     """The rows of ``prefill_attention`` at each request's last token, ``[B, Hq, D]``.
 
-    q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]``. Under every mask rule but segment-bidirectional
-    the last token attends its whole request, so one query row per request against the
+    q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]``. Where the mask rule lets the last token attend
+    its whole request (``MaskMode.last_sees_request``), one query row per request against the
     prompt's keys (the decode kernel with no own tokens) replaces T query rows: at a
     5000-token prompt, a few microseconds instead of a whole layer's attention.
     """
     last = prompt.last_rows()
-    if prompt.mode == MaskMode.SEGMENT_BIDIRECTIONAL:
+    if not prompt.mode.last_sees_request:
         return prefill_attention(q, k, v, prompt, backend)[last]
     rows = q[last][:, None]                                       # [B, 1, Hq, D]
     # No own tokens: the beam KV arguments are shape holders that are never read.

@@ -140,7 +140,8 @@ class BeamKV:
         batch, width = parents.shape
         flat = (parents + torch.arange(batch, device=parents.device)[:, None] * width).flatten()
         for buffer in (self.keys, self.values):
-            runs = buffer.view(batch * width, -1)[:, :used_slots * buffer[0, 0, 0].numel()]
+            per_slot = buffer.shape[3:].numel()                   # layers x Hkv x D
+            runs = buffer.view(batch * width, -1)[:, :used_slots * per_slot]
             # Moved as 8-byte words where the runs allow it: the copy back into the strided
             # runs takes the element-wise path, with 4x fewer elements than 16-bit values.
             if (runs.shape[1] * runs.element_size()) % 8 == 0:

@@ -41,6 +41,12 @@ class MaskMode(str, enum.Enum):
     SEGMENT_BIDIRECTIONAL = "segment"    # seg[k] == seg[q] (block diagonal, no cross-segment)
     ITEM_CAUSAL = "item_causal"          # k <= q, or seg[k] == seg[q]  (== seg[k] <= seg[q])
 
+    @property
+    def last_sees_request(self) -> bool:
+        """Whether a request's last token attends every token of its request (all rules but
+        segment-bidirectional, where it sees only its own segment)."""
+        return self is not MaskMode.SEGMENT_BIDIRECTIONAL
+
 
 @dataclass(frozen=True)
 class TokenLayout:
