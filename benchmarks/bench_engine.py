@@ -19,8 +19,9 @@ on 250K random code paths, top_k 300. Stages (``--stages``):
   at batch 1, context 1000 and 5000.
 * ``kernels``: where a search's device time goes: its kernels grouped by stage and name
   (``engine_analysis.kernel_table``) for each of ``--kernel_cases`` (default qwen2-0.5b batch
-  1 and the large preset at context 1000, batch 1); and each matrix product of a layer timed alone at the decode and prefill row
-  counts (``engine_analysis.gemm_table``) against its bound.
+  1 and the large preset at context 1000, batch 1); and each matrix product of a layer timed
+  alone at the decode and prefill row counts (``engine_analysis.gemm_table``) against its
+  bound.
 * ``selection_ab``: the torch and the fused selection, one engine each, replayed in
   alternating rounds (graph device time and whole ``recommend`` calls) at qwen2-0.5b batch 1
   and 8 and the large preset at context 1000, batch 1.
@@ -198,6 +199,13 @@ def selection_alone(catalog, batch: int, device) -> dict[str, float]:
             "torch_ms": statistics.median(ea.device_ms(torch_path))}
 
 
+def checked_batch(engine, tokens, lengths):
+    """What ``recommend`` does on the host before its replay: the input preparation and the
+    bucketing of the engine's config (the verdict is read after the search)."""
+    batch, _ = prepare_inputs(engine, tokens, lengths, None, BEAM, TOP_K, None, None)
+    return pad_to_buckets(batch, engine.config.length_bucket, engine.config.batch_buckets)
+
+
 def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
                   selection: str | None = None) -> dict:
     """One shape: device time of the replayed search and of prefill alone, host time of the
@@ -207,15 +215,11 @@ def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
     graphed = engine_for(model, catalog, selection)
     eager = engine_for(model, catalog, selection, cuda_graphs=False, static_shapes=True)
 
-    def checked_batch():
-        # What recommend does on the host before the replay: its verdict is read after it.
-        batch, _ = prepare_inputs(graphed, tokens, lengths, None, BEAM, TOP_K, None, None)
-        return pad_to_buckets(batch, 256, True)
-    checked = checked_batch()
+    checked = checked_batch(graphed, tokens, lengths)
     with torch.no_grad():
         search = ea.device_ms(lambda: graphed.search(checked, BEAM, TOP_K))
         replay_wall = timed(lambda: graphed.search(checked, BEAM, TOP_K), FLAGS.repeats)
-        check_wall = timed(checked_batch, FLAGS.repeats)
+        check_wall = timed(lambda: checked_batch(graphed, tokens, lengths), FLAGS.repeats)
         graph = ea.capture(lambda: eager.prefill(checked))
         prefill = statistics.median(ea.device_ms(graph.replay))
     del graph
@@ -301,9 +305,7 @@ def stage_selection_ab(small, large, catalog, device) -> list[dict]:
         engines = {name: engine_for(model, catalog, name) for name in ("torch", "triton")}
         for engine in engines.values():
             engine.recommend(tokens, lengths, beam_width=BEAM, top_k=TOP_K)   # capture
-        checked, _ = prepare_inputs(engines["torch"], tokens, lengths, None, BEAM, TOP_K,
-                                    None, None)
-        checked = pad_to_buckets(checked, 256, True)
+        checked = checked_batch(engines["torch"], tokens, lengths)
         graph = {name: [] for name in engines}
         wall = {name: [] for name in engines}
         with torch.no_grad():
@@ -323,8 +325,7 @@ def stage_selection_ab(small, large, catalog, device) -> list[dict]:
     return rows
 
 
-def stage_large(catalog, device, ceil) -> list[dict]:
-    model = random_model(FLAGS.large_preset, device)
+def stage_large(model, catalog, device, ceil) -> list[dict]:
     rows = []
     for batch, context in ((1, 1000), (8, 1000), (1, 5000)):
         tokens, lengths = prompts(batch, context, device)
@@ -336,18 +337,16 @@ def stage_large(catalog, device, ceil) -> list[dict]:
         except Exception as err:  # the latencies above stay
             rows.append({"system": f"breakdown large, context {context}",
                          "failed": f"{type(err).__name__}: {err}"[:300]})
-    return rows, model
+    return rows
 
 
-def stage_kernels(small, catalog, device, ceil) -> list[dict]:
+def stage_kernels(model_of, catalog, device, ceil) -> list[dict]:
     rows = []
-    models, tabled = {"small": small}, set()
+    tabled = set()
     for case in FLAGS.kernel_cases:
         which, batch, prompt = case.split(":")
         batch, prompt = int(batch), int(prompt)
-        if which not in models:
-            models[which] = random_model(FLAGS.large_preset, device)
-        model = models[which]
+        model = model_of(which)
         name = model.config.architecture
         tokens, lengths = prompts(batch, prompt, device)
         eager = engine_for(model, catalog, cuda_graphs=False, static_shapes=True)
@@ -377,6 +376,13 @@ def main(argv: list[str]) -> None:
               "codebook": LAYOUT.codebook_size, "items": FLAGS.items, "paths": FLAGS.paths,
               "catalog_build_s": time.perf_counter() - start, "stages": {}}
     small = random_model(FLAGS.small, device)
+    # The large preset's weights, made once for every stage that needs them.
+    models = {"small": small}
+
+    def model_of(which: str) -> Model:
+        if which not in models:
+            models[which] = random_model(FLAGS.large_preset, device)
+        return models[which]
     ceil = ceilings(device)
     result["ceilings"] = ceil
     stages = result["stages"]
@@ -384,22 +390,18 @@ def main(argv: list[str]) -> None:
                "breakdown": lambda: stage_breakdown(small, catalog, device, ceil),
                "sweep": lambda: stage_sweep(small, catalog, device),
                "throughput": lambda: stage_throughput(small, catalog, device),
-               "kernels": lambda: stage_kernels(small, catalog, device, ceil)}
-    large_model = None
+               "kernels": lambda: stage_kernels(model_of, catalog, device, ceil),
+               "large": lambda: stage_large(model_of("large"), catalog, device, ceil),
+               "selection_ab": lambda: stage_selection_ab(small, model_of("large"), catalog,
+                                                          device)}
     for name in FLAGS.stages:
         began = time.perf_counter()
         try:
-            if name == "large":
-                stages[name], large_model = stage_large(catalog, device, ceil)
-            elif name == "selection_ab":
-                if large_model is None:
-                    large_model = random_model(FLAGS.large_preset, device)
-                stages[name] = stage_selection_ab(small, large_model, catalog, device)
-            elif name == "hf":
+            if name == "hf":
                 stages[name] = hf_anchor(small, catalog, FLAGS.prompt, BEAM, [1], 3, device)
-                if large_model is not None:
-                    stages[name] += hf_anchor(large_model, catalog, 1000, BEAM, [1], 1, device,
-                                              warmups=0)
+                if "large" in models:       # made by an earlier stage
+                    stages[name] += hf_anchor(models["large"], catalog, 1000, BEAM, [1], 1,
+                                              device, warmups=0)
             else:
                 stages[name] = runners[name]()
         except Exception as err:  # one failed stage must not lose the others' numbers
