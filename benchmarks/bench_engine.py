@@ -25,6 +25,12 @@ on 250K random code paths, top_k 300. Stages (``--stages``):
 * ``selection_ab``: the torch and the fused selection, one engine each, replayed in
   alternating rounds (graph device time and whole ``recommend`` calls) at qwen2-0.5b batch 1
   and 8 and the large preset at context 1000, batch 1.
+* ``host``: where a whole ``recommend`` call spends its time beyond the graph's device time
+  at batch 1 (qwen2-0.5b and the large preset at context 1000): host time of each step of a
+  replayed call in ``recommend``'s order (argument checks, the graph lookup, the replay:
+  input copies, the extent fill, the launch and the result clones; the verdict read), the
+  device span from the call's start to its last result; beside them the eager path's input
+  preparation and rules launch, and launch costs of single small ops.
 * ``hf``: ``transformers`` ``generate(num_beams=W, prefix_allowed_tokens_fn=...)`` on the same
   weights and catalog: qwen2-0.5b batch 1, and qwen3-1.7b batch 1 context 1000 (one call).
 
@@ -54,7 +60,8 @@ from torch_engine.capacity import estimate_request  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
 from torch_engine.config import EngineConfig, preset  # noqa: E402
 from torch_engine.engine import Engine  # noqa: E402
-from torch_engine.inputs import check_inputs, pad_to_buckets, prepare_inputs  # noqa: E402
+from torch_engine.inputs import (check_arguments, check_inputs,  # noqa: E402
+                                 input_rules_for, prepare_inputs, verdict_of)
 from torch_engine.layout import TokenLayout  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
 
@@ -200,10 +207,10 @@ def selection_alone(catalog, batch: int, device) -> dict[str, float]:
 
 
 def checked_batch(engine, tokens, lengths):
-    """What ``recommend`` does on the host before its replay: the input preparation and the
-    bucketing of the engine's config (the verdict is read after the search)."""
+    """A sanitised batch for ``engine.search`` (which pads it to its bucket when it replays a
+    whole-search graph); the verdict is not read."""
     batch, _ = prepare_inputs(engine, tokens, lengths, None, BEAM, TOP_K, None, None)
-    return pad_to_buckets(batch, engine.config.length_bucket, engine.config.batch_buckets)
+    return batch
 
 
 def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
@@ -325,6 +332,89 @@ def stage_selection_ab(small, large, catalog, device) -> list[dict]:
     return rows
 
 
+def _host_us(fn, repeats: int = 200) -> float:
+    """Median host microseconds of ``fn`` (synchronised between calls, not inside them)."""
+    out = []
+    for _ in range(repeats):
+        sync()
+        start = time.perf_counter_ns()
+        fn()
+        out.append((time.perf_counter_ns() - start) / 1e3)
+    sync()
+    return statistics.median(out)
+
+
+def host_steps(engine, tokens, lengths, repeats: int) -> dict[str, float]:
+    """Median host microseconds of each step of a replayed ``recommend`` (same order and
+    calls), the whole call's wall time and the device span from its first launch to its last
+    result."""
+    steps: dict[str, list[float]] = {}
+    graphs = engine.graphs
+    names = ("event record", "check_arguments", "graph lookup",
+             "replay (copies, fill, launch, clones)", "event record 2", "verdict read")
+    for _ in range(repeats + 2):
+        sync()
+        marks = [time.perf_counter_ns()]
+        first = torch.cuda.Event(enable_timing=True)
+        last = torch.cuda.Event(enable_timing=True)
+        first.record()
+        marks.append(time.perf_counter_ns())
+        args = check_arguments(engine, tokens, lengths, None, BEAM, TOP_K, None, None)
+        marks.append(time.perf_counter_ns())
+        held = graphs.holds(args, BEAM, TOP_K)
+        marks.append(time.perf_counter_ns())
+        with torch.no_grad():
+            items, scores, flags = graphs.run(args, BEAM, TOP_K)
+        marks.append(time.perf_counter_ns())
+        last.record()
+        marks.append(time.perf_counter_ns())
+        verdict_of(engine, args, flags).raise_if_invalid()
+        marks.append(time.perf_counter_ns())
+        assert held and items.shape[0] >= tokens.shape[0]
+        for name, a, b in zip(names, marks, marks[1:]):
+            steps.setdefault(name, []).append((b - a) / 1e3)
+        steps.setdefault("wall", []).append((marks[-1] - marks[0]) / 1e3)
+        steps.setdefault("device span", []).append(first.elapsed_time(last) * 1e3)
+    return {f"{name}_us": statistics.median(values[2:]) for name, values in steps.items()}
+
+
+def stage_host(small, large, catalog, device) -> list[dict]:
+    """Host time of each step of a batch-1 ``recommend`` and of single launches."""
+    if device.type != "cuda":
+        return [{"system": "host steps", "absent": "needs CUDA graphs"}]
+    rows = []
+    tiny = torch.zeros(1, device=device)
+    row = {"system": "launch costs (host us)",
+           "torch_add_us": _host_us(lambda: tiny.add_(1)),
+           "torch_full_us": _host_us(lambda: torch.full((1, 1), -1, device=device)),
+           "torch_empty_us": _host_us(lambda: torch.empty((1, 1024), device=device)),
+           "sync_us": _host_us(torch.cuda.synchronize)}
+    rows.append(row)
+    for model, prompt in ((small, FLAGS.prompt), (large, 1000)):
+        tokens, lengths = prompts(1, prompt, device)
+        engine = engine_for(model, catalog)
+        engine.recommend(tokens, lengths, beam_width=BEAM, top_k=TOP_K)       # capture
+        checked = checked_batch(engine, tokens, lengths)
+        exclude = torch.full((1, 1), -1, dtype=torch.int64, device=device)
+        rules = input_rules_for(device)
+        cfg = model.config
+        with torch.no_grad():
+            graph_ms = statistics.median(ea.device_ms(lambda: engine.search(checked, BEAM,
+                                                                            TOP_K)))
+            search_us = _host_us(lambda: engine.search(checked, BEAM, TOP_K))
+        row = {"system": f"host steps {cfg.architecture} prompt {prompt}", "batch": 1,
+               "graph_ms": graph_ms,
+               "eager_rules_launch_us": _host_us(lambda: rules(tokens, lengths, None, exclude,
+                                                               cfg.vocab_size, 0, True)),
+               "eager_prepare_inputs_us": _host_us(lambda: prepare_inputs(
+                   engine, tokens, lengths, None, BEAM, TOP_K, None, None)),
+               "search_host_us": search_us,
+               **host_steps(engine, tokens, lengths, FLAGS.repeats * 3)}
+        row["wall_minus_graph_us"] = row["wall_us"] - graph_ms * 1e3
+        rows.append(row)
+    return rows
+
+
 def stage_large(model, catalog, device, ceil) -> list[dict]:
     rows = []
     for batch, context in ((1, 1000), (8, 1000), (1, 5000)):
@@ -392,6 +482,7 @@ def main(argv: list[str]) -> None:
                "throughput": lambda: stage_throughput(small, catalog, device),
                "kernels": lambda: stage_kernels(model_of, catalog, device, ceil),
                "large": lambda: stage_large(model_of("large"), catalog, device, ceil),
+               "host": lambda: stage_host(small, model_of("large"), catalog, device),
                "selection_ab": lambda: stage_selection_ab(small, model_of("large"), catalog,
                                                           device)}
     for name in FLAGS.stages:
@@ -432,6 +523,12 @@ def print_tables(result: dict) -> None:
                                 "triton_ms", "torch_ms", "rate_per_s", "mean_batch",
                                 "torch_graph_ms", "triton_graph_ms", "torch_recommend_ms",
                                 "triton_recommend_ms",
+                                "graph_ms", "wall_us", "wall_minus_graph_us", "device span_us",
+                                "check_arguments_us", "eager_prepare_inputs_us",
+                                "eager_rules_launch_us", "graph lookup_us",
+                                "replay (copies, fill, launch, clones)_us",
+                                "search_host_us", "verdict read_us", "torch_add_us",
+                                "torch_full_us", "torch_empty_us", "sync_us",
                                 "measured_peak_bytes", "estimate_bytes", "failed", "absent")
                     if k in row]
             cells = ", ".join(f"{k}={row[k]:.3f}" if isinstance(row[k], float)

@@ -137,11 +137,18 @@ def check_request(engine: "Engine", batch: "RequestBatch", width: int, top_k: in
     rows, length = batch.token_ids.shape
     if batch.prefix_embeds is not None:
         length += batch.prefix_embeds.shape[1]
+    return check_shape(engine, rows, length, batch.exclude_items.shape[1], width, top_k)
+
+
+def check_shape(engine: "Engine", rows: int, length: int, exclude_width: int, width: int,
+                top_k: int) -> MemoryEstimate:
+    """``check_request`` by shape: ``rows`` requests of ``length`` prompt slots (soft prefix
+    included) and ``exclude_width`` exclusion columns (a captured bucket's buffers)."""
     catalog = engine.catalog
     estimate = estimate_request(
         engine.model.config, engine.dtype.itemsize, rows, rows * length, length, width, top_k,
-        catalog.levels, catalog.layout.codebook_size, batch.exclude_items.shape[1],
-        engine.backend, engine.selection)
+        catalog.levels, catalog.layout.codebook_size, exclude_width, engine.backend,
+        engine.selection)
     check_fits(estimate, available_bytes(engine.device, engine.config.memory_budget),
                f"a batch of {rows} requests (beam_width {width}, top_k {top_k}, "
                f"{rows} x {length} prompt slots)")

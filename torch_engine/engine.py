@@ -1,10 +1,11 @@
 """The generative-retrieval engine: prompt batch in, top-k catalog items out.
 
-``Engine.recommend`` = ``prepare_inputs`` (shapes checked on the host; value rules computed on
-the device) then ``search`` (device only: prefill once, one decode step per further code level,
-constrained beam selection, item expansion; no host synchronisation, traceable with
+``Engine.recommend`` = ``check_arguments`` (shapes checked on the host), the value rules
+computed on the device, then ``search`` (device only: prefill once, one decode step per further
+code level, constrained beam selection, item expansion; no host synchronisation, traceable with
 ``torch.export``), then one read of the value rules' verdict: one host synchronisation per
-batch, at the end (``InvalidInputError`` then, and the batch's results are dropped).
+batch, at the end (``InvalidInputError`` then, and the batch's results are dropped). With
+whole-search CUDA graphs the rules run inside the graph (``padded_inputs``).
 """
 
 from __future__ import annotations
@@ -16,12 +17,13 @@ import torch
 
 from torch_engine import beam_search as bs
 from torch_engine.attention import resolve_backend
-from torch_engine.capacity import check_request, run_contained
+from torch_engine.capacity import check_request, check_shape, run_contained
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.errors import ConfigError, XgrError, require
 from torch_engine.graphs import DecodeGraphs, SearchGraphs
-from torch_engine.inputs import RequestBatch, Verdict, pad_to_buckets, prepare_inputs
+from torch_engine.inputs import (RequestBatch, Verdict, apply_rules, check_arguments,
+                                 verdict_of)
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
 from torch_engine.layout import MaskMode
 from torch_engine.model import Model
@@ -114,22 +116,34 @@ class Engine:
         whose graph is captured: its memory is already held), and when the device runs out
         of memory during the batch (the batch is dropped; the next call runs normally).
         """
-        batch, verdict = prepare_inputs(self, token_ids, lengths, segment_ids, beam_width,
-                                        top_k, prefix_embeds, exclude_items)
-        rows = batch.token_ids.shape[0]
+        args = check_arguments(self, token_ids, lengths, segment_ids, beam_width, top_k,
+                               prefix_embeds, exclude_items)
+        rows = args.token_ids.shape[0]
         graphs = self.graphs
-        if isinstance(graphs, SearchGraphs):
-            # Nearby shapes share one captured graph; padding rows are dropped below.
-            batch = pad_to_buckets(batch, self.config.length_bucket, self.config.batch_buckets)
-        with _inputs_first(verdict):
-            if not (isinstance(graphs, SearchGraphs)
-                    and graphs.holds(batch, beam_width, top_k)):
-                check_request(self, batch, beam_width, top_k)
+        what = f"a batch of {rows} requests"
+        if isinstance(graphs, SearchGraphs) and graphs.holds(args, beam_width, top_k):
+            # The serving path: copies into the bucket's buffers, one replay (rules included).
             with torch.no_grad():
-                items, scores = run_contained(lambda: self.search(batch, beam_width, top_k),
-                                              self.device, f"a batch of {rows} requests")
+                items, scores, flags = run_contained(
+                    lambda: graphs.run(args, beam_width, top_k), self.device, what)
+            verdict = verdict_of(self, args, flags)
+        else:
+            # Rules first (their verdict outranks a capacity error), the memory check, then
+            # the search, which captures a whole-search graph for this bucket when graphed.
+            batch, verdict = apply_rules(self, args)
+            with _inputs_first(verdict):
+                if isinstance(graphs, SearchGraphs):
+                    bucket = graphs.bucket(args)
+                    check_shape(self, bucket.rows, bucket.soft + bucket.width, bucket.excluded,
+                                beam_width, top_k)
+                    search = lambda: graphs.run(args, beam_width, top_k)[:2]  # noqa: E731
+                else:
+                    check_request(self, batch, beam_width, top_k)
+                    search = lambda: self.search(batch, beam_width, top_k)  # noqa: E731
+                with torch.no_grad():
+                    items, scores = run_contained(search, self.device, what)
         verdict.raise_if_invalid()             # the batch's one host synchronisation
-        if items.shape[0] != rows:
+        if items.shape[0] != rows:             # a bucket's padding rows
             items, scores = items[:rows], scores[:rows]
         return items, scores
 
@@ -145,7 +159,7 @@ class Engine:
         # Under torch.export / torch.compile the eager path is traced; graphs are for serving.
         graphs = None if torch.compiler.is_compiling() else self.graphs
         if isinstance(graphs, SearchGraphs):
-            return graphs.run(batch, beam_width, top_k)
+            return graphs.run_checked(batch, beam_width, top_k)
         state = self.prefill(batch)
         if isinstance(graphs, DecodeGraphs):
             return graphs.run(state, beam_width, top_k)

@@ -9,24 +9,30 @@ inputs into them, replays, and clones the results out. Two granularities:
   buffers whose shared KV holds ``B * Lmax`` rows, the most a batch of that shape can pack;
   rows past a batch's ``T`` are never read (gathers stay below ``T``, ``cu_seqlens[-1] == T``).
   Key: (B, Lmax, beam width, top_k, exclude width).
-* ``SearchGraphs`` (``EngineConfig.static_shapes``): prefill and decode together, which static
-  packing (``kv_cache.PackedPrompt``, ``static=True``) makes shape-static. Key: the shapes of
-  the checked inputs, whether the prompt is causal, beam width and top_k.
+* ``SearchGraphs`` (``EngineConfig.static_shapes``): the input rules, prefill and decode
+  together, which static packing (``kv_cache.PackedPrompt``, ``static=True``) makes
+  shape-static. They read the buffers of one bucketed shape (``padded_inputs``), so requests
+  of nearby shapes share a graph and a replay costs the host a copy per argument, one fill and
+  the launch. Key: the bucket, beam width and top_k.
 """
 
 from __future__ import annotations
 
+import gc
 from collections import OrderedDict
-from dataclasses import dataclass, fields, replace
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
 from torch_engine.kv_cache import SharedKV
+from torch_engine.padded_inputs import (Bucket, PaddedInputs, arguments_of, bucket_of,
+                                        search_padded)
 
 if TYPE_CHECKING:
     from torch_engine.engine import Engine, PrefillState
-    from torch_engine.inputs import RequestBatch
+    from torch_engine.inputs import Arguments, RequestBatch
 
 
 @dataclass
@@ -35,7 +41,24 @@ class _Captured:
     inputs: Any                      # the fixed input buffers the graph reads
     items: torch.Tensor              # [B, top_k] int64 output buffer
     scores: torch.Tensor             # [B, top_k] float32 output buffer
+    flags: torch.Tensor | None       # [6] int64 input-rule flags (whole-search graphs)
     weights: list                    # the fused weight copies the graph reads (kept alive)
+
+
+@contextmanager
+def _collector_paused():
+    """Collect garbage now and keep Python's collector off until the block ends: a captured
+    graph that the collector frees while another is being captured (an engine dropped earlier,
+    kept in a reference cycle) destroys its executable graph mid-capture, which CUDA forbids
+    and which invalidates the capture (torch's ``graph`` no longer collects by default)."""
+    gc.collect()
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 class _GraphCache:
@@ -53,7 +76,8 @@ class _GraphCache:
 
     def _replay(self, key: tuple, inputs: Any, make_buffers: Callable[[Any], Any],
                 load: Callable[[Any, Any], None], work: Callable[[Any], tuple]
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """Items and scores (cloned) and the flags buffer (read it before the next replay)."""
         captured = self._graphs.get(key)
         if captured is None:
             captured = self._capture(make_buffers(inputs), load, inputs, work)
@@ -63,7 +87,7 @@ class _GraphCache:
         self._graphs.move_to_end(key)
         load(captured.inputs, inputs)
         captured.graph.replay()
-        return captured.items.clone(), captured.scores.clone()
+        return captured.items.clone(), captured.scores.clone(), captured.flags
 
     def _capture(self, buffers: Any, load: Callable[[Any, Any], None], inputs: Any,
                  work: Callable[[Any], tuple]) -> _Captured:
@@ -75,12 +99,12 @@ class _GraphCache:
                 work(buffers)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool), torch.no_grad():
-            items, scores = work(buffers)
+        with _collector_paused(), torch.cuda.graph(graph, pool=self.pool), torch.no_grad():
+            items, scores, *flags = work(buffers)
         # A graph reads addresses: keep the fused projection copies it read alive even if the
         # model's weights change and the layers get new copies.
         weights = [layer.fused for layer in self.engine.model.model.layers]
-        return _Captured(graph, buffers, items, scores, weights)
+        return _Captured(graph, buffers, items, scores, flags[0] if flags else None, weights)
 
 
 def _state_buffers(state: "PrefillState") -> "PrefillState":
@@ -117,39 +141,46 @@ class DecodeGraphs(_GraphCache):
             ) -> tuple[torch.Tensor, torch.Tensor]:
         """``engine.decode(state, beam_width, top_k)`` by graph replay (capturing if new)."""
         key = (*state.prompt.valid.shape, beam_width, top_k, state.excluded.shape[1])
-        return self._replay(key, state, _state_buffers, _load_state,
-                            lambda s: self.engine.decode(s, beam_width, top_k))
-
-
-def _batch_tensors(batch: "RequestBatch") -> dict[str, torch.Tensor]:
-    return {f.name: getattr(batch, f.name) for f in fields(batch)
-            if isinstance(getattr(batch, f.name), torch.Tensor)}
-
-
-def _load_batch(dst: "RequestBatch", src: "RequestBatch") -> None:
-    for name, tensor in _batch_tensors(src).items():
-        getattr(dst, name).copy_(tensor)
+        items, scores, _ = self._replay(key, state, _state_buffers, _load_state,
+                                        lambda s: self.engine.decode(s, beam_width, top_k))
+        return items, scores
 
 
 class SearchGraphs(_GraphCache):
-    """Captured prefill + decode (needs the engine's static packing)."""
+    """Captured input rules + prefill + decode over padded buffers (needs the engine's static
+    packing)."""
 
-    @staticmethod
-    def key(batch: "RequestBatch", beam_width: int, top_k: int) -> tuple:
-        shapes = tuple((n, tuple(t.shape), t.dtype) for n, t in _batch_tensors(batch).items())
-        return (shapes, batch.causal, beam_width, top_k)
+    def bucket(self, args: "Arguments") -> Bucket:
+        """The buffer shape ``args`` replay in (the engine's ``length_bucket`` and
+        ``batch_buckets``)."""
+        config = self.engine.config
+        return bucket_of(args, config.length_bucket, config.batch_buckets)
 
-    def holds(self, batch: "RequestBatch", beam_width: int, top_k: int) -> bool:
-        """True when this shape is captured: its replay allocates nothing but the results
+    def key(self, args: "Arguments", beam_width: int, top_k: int) -> tuple:
+        return (self.bucket(args), beam_width, top_k)
+
+    def holds(self, args: "Arguments", beam_width: int, top_k: int) -> bool:
+        """True when this bucket is captured: its replay allocates nothing but the results
         (every intermediate lives in the graph's pool), so it needs no memory check."""
-        return self.key(batch, beam_width, top_k) in self._graphs
+        return self.key(args, beam_width, top_k) in self._graphs
 
-    def run(self, batch: "RequestBatch", beam_width: int, top_k: int
-            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``engine.decode(engine.prefill(batch), ...)`` by graph replay (capturing if new)."""
-        key = self.key(batch, beam_width, top_k)
+    def run(self, args: "Arguments", beam_width: int, top_k: int
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Items ``[R, top_k]`` and scores of the bucket's R rows (the first B are the
+        request's) and the ``[6]`` flags of its input rules (``inputs.Verdict``; read them
+        before the next replay), by graph replay (capturing if new)."""
+        key = self.key(args, beam_width, top_k)
         engine = self.engine
         return self._replay(
-            key, batch,
-            lambda b: replace(b, **{n: t.clone() for n, t in _batch_tensors(b).items()}),
-            _load_batch, lambda b: engine.decode(engine.prefill(b), beam_width, top_k))
+            key, args,
+            lambda a: PaddedInputs.allocate(key[0], engine.model.config.hidden_size,
+                                            engine.dtype, engine.device),
+            PaddedInputs.load, lambda p: search_padded(engine, p, beam_width, top_k))
+
+    def run_checked(self, batch: "RequestBatch", beam_width: int, top_k: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``engine.decode(engine.prefill(batch), ...)`` of an already sanitised batch, by
+        replay of its bucket's graph."""
+        items, scores, _ = self.run(arguments_of(batch), beam_width, top_k)
+        rows = batch.token_ids.shape[0]
+        return items[:rows], scores[:rows]

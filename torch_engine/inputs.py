@@ -58,11 +58,13 @@ def _int_tensor(name: str, value, dims: int) -> torch.Tensor:
     return value
 
 
-def _exclusions(exclude_items, batch: int, limit: int, device: torch.device) -> torch.Tensor:
-    """``[B, X]`` int64 (X >= 1) on ``device`` from None, a padded tensor or a list of 1-D
-    tensors; shapes checked here, values (ids >= -1) by the input rules (``Verdict``)."""
+def _exclusions(exclude_items, batch: int, limit: int, device: torch.device
+                ) -> torch.Tensor | None:
+    """``[B, X]`` int64 (X >= 1) on ``device`` from a padded tensor or a list of 1-D tensors, or
+    None (no exclusions: None, or no column); shapes checked here, values (ids >= -1) by the
+    input rules (``Verdict``)."""
     if exclude_items is None:
-        return torch.full((batch, 1), -1, dtype=torch.int64, device=device)
+        return None
     if isinstance(exclude_items, (list, tuple)):
         require(len(exclude_items) == batch, InvalidInputError,
                 f"exclude_items list must hold one tensor per request ({batch}), got "
@@ -81,7 +83,7 @@ def _exclusions(exclude_items, batch: int, limit: int, device: torch.device) -> 
             f"exclude_items rows may hold at most EngineConfig.max_exclude={limit} ids, got "
             f"{table.shape[1]}")
     if table.shape[1] == 0:
-        return torch.full((batch, 1), -1, dtype=torch.int64, device=device)
+        return None
     return table.to(device=device, dtype=torch.int64)
 
 
@@ -176,12 +178,37 @@ def check_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, 
     return batch
 
 
-def prepare_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, top_k,
-                   prefix_embeds, exclude_items) -> tuple[RequestBatch, Verdict]:
-    """Shapes, dtypes and sizes checked now (``InvalidInputError``); the value rules computed
-    where ``token_ids`` lives into a ``Verdict`` the caller reads later, and a sanitised batch
-    on the engine's device that is safe to search whatever the verdict (see the module's
-    docstring). Inputs on the CPU are checked there, then copied to the engine's device."""
+@dataclass(frozen=True)
+class Arguments:
+    """``Engine.recommend``'s arguments with shapes, dtypes and sizes checked, values not yet.
+
+    token_ids: ``[B, L]`` integer and lengths: ``[B]`` integer, where the caller put them;
+    segment_ids: ``[B, L]`` int32 on the tokens' device, or None for a causal prompt;
+    prefix_embeds: ``[B, S, hidden]`` on the engine's device in its dtype, or None;
+    exclude_items: ``[B, X]`` int64 (X >= 1, -1 = padding) on the tokens' device, or None.
+    """
+
+    token_ids: torch.Tensor
+    lengths: torch.Tensor
+    segment_ids: torch.Tensor | None
+    prefix_embeds: torch.Tensor | None
+    exclude_items: torch.Tensor | None
+
+    @property
+    def causal(self) -> bool:
+        return self.segment_ids is None
+
+    @property
+    def soft(self) -> int:
+        """Soft tokens per request (S)."""
+        return 0 if self.prefix_embeds is None else self.prefix_embeds.shape[1]
+
+
+def check_arguments(engine: "Engine", token_ids, lengths, segment_ids, beam_width, top_k,
+                    prefix_embeds, exclude_items) -> Arguments:
+    """Shapes, dtypes and sizes of ``Engine.recommend``'s arguments (``InvalidInputError``
+    naming the argument and the rule); host work only, no device launch for the usual
+    arguments (an exclusion list is padded into a table on the tokens' device)."""
     cfg, catalog = engine.model.config, engine.catalog
     tokens = _int_tensor("token_ids", token_ids, 2)
     batch, width = tokens.shape
@@ -201,10 +228,7 @@ def prepare_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width
             f"got {top_k!r}")
     # Checked where the tokens are (the CPU: no device wait; CUDA: one read, later).
     home = tokens.device
-    lens = lens.to(device=home)
-    causal = segment_ids is None
     segments = _segments(segment_ids, (batch, width), home)
-    prefix = 0
     if prefix_embeds is not None:
         require(isinstance(prefix_embeds, torch.Tensor) and prefix_embeds.is_floating_point(),
                 InvalidInputError, "prefix_embeds must be a floating-point torch.Tensor")
@@ -212,63 +236,49 @@ def prepare_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width
                 and prefix_embeds.shape[2] == cfg.hidden_size, InvalidInputError,
                 f"prefix_embeds must have shape [{batch}, S, {cfg.hidden_size}], got "
                 f"{tuple(prefix_embeds.shape)}")
-        prefix = prefix_embeds.shape[1]
         prefix_embeds = prefix_embeds.to(device=engine.device, dtype=engine.dtype)
     exclude = _exclusions(exclude_items, batch, engine.config.max_exclude, home)
+    return Arguments(tokens, lens.to(device=home), segments, prefix_embeds, exclude)
+
+
+def apply_rules(engine: "Engine", args: Arguments) -> tuple[RequestBatch, Verdict]:
+    """The value rules of checked arguments, computed where the tokens are into a ``Verdict``
+    the caller reads later, and the sanitised batch on the engine's device, safe to search
+    whatever the verdict (see the module's docstring)."""
+    cfg, tokens = engine.model.config, args.token_ids
+    exclude = args.exclude_items
+    if exclude is None:
+        exclude = torch.full((tokens.shape[0], 1), -1, dtype=torch.int64, device=tokens.device)
     # Contiguous rows for the kernel (a no-op for the usual inputs).
-    flags, clean_tokens, total_lengths, clean_segments = input_rules_for(home)(
-        tokens.contiguous(), lens.contiguous(), None if causal else segments.contiguous(),
-        exclude.contiguous(), cfg.vocab_size, prefix, causal)
-    verdict = Verdict(flags, tokens, lens, cfg.vocab_size, prefix, catalog.levels,
-                      cfg.max_position)
+    flags, clean_tokens, total_lengths, clean_segments, exclude = input_rules_for(
+        tokens.device)(tokens.contiguous(), args.lengths.contiguous(),
+                       None if args.causal else args.segment_ids.contiguous(),
+                       exclude.contiguous(), cfg.vocab_size, args.soft, args.causal)
     # The search runs on the sanitised copy until the verdict is read.
     device = engine.device
     return RequestBatch(
         token_ids=clean_tokens.to(device),
         total_lengths=total_lengths.to(device),
         segment_ids=clean_segments.to(device),
-        causal=causal,
-        prefix_embeds=prefix_embeds,
+        causal=args.causal,
+        prefix_embeds=args.prefix_embeds,
         exclude_items=exclude.to(device),
-    ), verdict
+    ), verdict_of(engine, args, flags)
 
 
-def bucket_size(value: int, multiple: int) -> int:
-    """``value`` rounded up to a multiple of ``multiple``."""
-    return -(-value // multiple) * multiple
+def verdict_of(engine: "Engine", args: Arguments, flags: torch.Tensor) -> Verdict:
+    """The ``Verdict`` of ``args`` whose rules computed ``flags``."""
+    return Verdict(flags, args.token_ids, args.lengths, engine.model.config.vocab_size,
+                   args.soft, engine.catalog.levels, engine.model.config.max_position)
 
 
-def next_power_of_two(value: int) -> int:
-    return 1 << max(value - 1, 0).bit_length()
+def prepare_inputs(engine: "Engine", token_ids, lengths, segment_ids, beam_width, top_k,
+                   prefix_embeds, exclude_items) -> tuple[RequestBatch, Verdict]:
+    """``check_arguments`` then ``apply_rules``: shapes, dtypes and sizes checked now
+    (``InvalidInputError``); the value rules computed where ``token_ids`` lives into a
+    ``Verdict`` the caller reads later, and a sanitised batch on the engine's device. Inputs on
+    the CPU are checked there, then copied to the engine's device."""
+    return apply_rules(engine, check_arguments(engine, token_ids, lengths, segment_ids,
+                                               beam_width, top_k, prefix_embeds,
+                                               exclude_items))
 
-
-def pad_to_buckets(batch: RequestBatch, length_multiple: int, pow2_batch: bool
-                   ) -> RequestBatch:
-    """Pad a checked batch so that batches of nearby shapes share one shape (one captured
-    graph): the prompt width ``S + L`` up to a multiple of ``length_multiple`` (right
-    padding, never attended), the rows up to the next power of two when ``pow2_batch``
-    (one-token requests whose results the caller drops; see ``Engine.recommend``) and the
-    exclusion width up to a power of two (-1 padding). Device ops only, no host wait.
-    """
-    rows, width = batch.token_ids.shape
-    soft = 0 if batch.prefix_embeds is None else batch.prefix_embeds.shape[1]
-    extra_cols = bucket_size(soft + width, length_multiple) - soft - width
-    extra_rows = (next_power_of_two(rows) if pow2_batch else rows) - rows
-    exclude = batch.exclude_items
-    extra_excl = next_power_of_two(exclude.shape[1]) - exclude.shape[1]
-    if not (extra_cols or extra_rows or extra_excl):
-        return batch
-    pad = torch.nn.functional.pad
-    prefix = batch.prefix_embeds
-    if prefix is not None:
-        prefix = pad(prefix, (0, 0, 0, 0, 0, extra_rows))
-    # Padding rows: one token (id 0) in segment 0, no exclusions.
-    lengths = pad(batch.total_lengths, (0, extra_rows), value=soft + 1)
-    return RequestBatch(
-        token_ids=pad(batch.token_ids, (0, extra_cols, 0, extra_rows)),
-        total_lengths=lengths,
-        segment_ids=pad(batch.segment_ids, (0, extra_cols, 0, extra_rows)),
-        causal=batch.causal,
-        prefix_embeds=prefix,
-        exclude_items=pad(exclude, (0, extra_excl, 0, extra_rows), value=-1),
-    )

@@ -25,6 +25,7 @@ from torch_engine.errors import InvalidInputError
 from torch_engine.inputs import prepare_inputs
 from torch_engine.kernels.input_rules import input_rules
 from torch_engine.model import Model
+from torch_engine.reference.input_rules import EXTENT_LIMIT, pack_extent, unpack_extent
 from torch_engine.reference.input_rules import input_rules as reference
 
 SHORT, LONG, TOKENS, SEGMENTS, EXCLUDE, LONGEST = range(6)
@@ -65,11 +66,17 @@ def noisy_batch(gen: torch.Generator, rows: int, width: int, excluded: int, devi
     return [t.to(device) for t in (tokens, lengths, segments, exclude)]
 
 
-def run_both(tokens, lengths, segments, exclude, prefix=3, causal=False, **blocks):
+OUTPUTS = ("flags", "tokens_out", "total_lengths", "segments_out", "exclude_out")
+
+
+def run_both(tokens, lengths, segments, exclude, prefix=3, causal=False, extent=None,
+             **blocks):
     segments = None if causal else segments
-    got = input_rules(tokens, lengths, segments, exclude, VOCAB, prefix, causal, **blocks)
-    want = reference(tokens, lengths, segments, exclude, VOCAB, prefix, causal)
-    for name, g, w in zip(("flags", "tokens_out", "total_lengths", "segments_out"), got, want):
+    got = input_rules(tokens, lengths, segments, exclude, VOCAB, prefix, causal, extent,
+                      **blocks)
+    want = reference(tokens, lengths, segments, exclude, VOCAB, prefix, causal, extent)
+    assert len(got) == len(want) == len(OUTPUTS)
+    for name, g, w in zip(OUTPUTS, got, want):
         assert g.dtype == w.dtype, f"{name}: dtype {g.dtype} != {w.dtype}"
         assert g.device == w.device, f"{name}: device {g.device} != {w.device}"
         assert torch.equal(g, w), f"{name} differs\nkernel    {g.tolist()}\nreference {w.tolist()}"
@@ -175,7 +182,9 @@ def test_sanitised_copy_by_hand(device):
     for length, kept in ((4, [5, 0, 0, 7, 0, 0]), (0, [5, 0, 0, 0, 0, 0]),
                          (9, [5, 0, 0, 7, 9, 0])):
         lengths = torch.tensor([length], device=device)
-        _, out, total, segs = run_both(tokens, lengths, segments, exclude, prefix=2, block=16)
+        _, out, total, segs, excl = run_both(tokens, lengths, segments, exclude, prefix=2,
+                                             block=16)
+        assert excl.tolist() == [[-1]]
         assert out.tolist() == [kept]
         assert total.tolist() == [min(max(length, 1), 6) + 2]
         assert segs.tolist() == [[1, 1, 3, 3, 3, 6]]
@@ -205,6 +214,76 @@ def test_random_noisy_batches_match_the_reference(device, gen):
         rows, width, excluded = (int(v) for v in torch.randint(1, 60, (3,), generator=gen))
         tokens, lengths, segments, exclude = noisy_batch(gen, rows, width, excluded, device)
         run_both(tokens, lengths, segments, exclude, prefix=int(rows))
+
+
+def _extent(rows: int, width: int, excluded: int, device) -> torch.Tensor:
+    return torch.tensor([pack_extent(rows, width, excluded)], device=device)
+
+
+def test_extent_packs_three_fields_and_refuses_what_does_not_fit():
+    packed = _extent(5, 1024, 3, "cpu")
+    assert [int(v) for v in unpack_extent(packed)] == [5, 1024, 3]
+    top = EXTENT_LIMIT - 1
+    assert [int(v) for v in unpack_extent(_extent(top, top, top, "cpu"))] == [top] * 3
+    with pytest.raises(ValueError, match="extent width must lie in"):
+        pack_extent(1, EXTENT_LIMIT, 0)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_extent_of_the_whole_shape_equals_the_plain_call(device, gen, causal):
+    for make in (valid_batch, noisy_batch):
+        tokens, lengths, segments, exclude = make(gen, 3, 40, 5, device)
+        plain = run_both(tokens, lengths, segments, exclude, causal=causal)
+        padded = run_both(tokens, lengths, segments, exclude, causal=causal,
+                          extent=_extent(3, 40, 5, device))
+        for name, p, q in zip(OUTPUTS, plain, padded):
+            assert torch.equal(p, q), name
+
+
+def _stale(gen, rows: int, width: int, excluded: int, device):
+    """Buffers full of what an earlier call may leave: every rule broken at random."""
+    return noisy_batch(gen, rows, width, excluded, device)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("make", [valid_batch, noisy_batch])
+def test_padded_buffers_read_only_the_request_in_their_corner(device, gen, causal, make):
+    """A request of [3, 37] with 5 exclusion columns in the corner of [8, 64] buffers holding
+    stale, rule-breaking values (as a captured search's buffers do): the flags and the corner
+    equal the plain call on the request alone; padding rows are one-token requests (id 0,
+    segment 0, total 1 + prefix, no exclusion), slots past the width empty, exclusion columns
+    past the count -1."""
+    rows, width, excluded, prefix = 3, 37, 5, 4
+    tokens, lengths, segments, exclude = make(gen, rows, width, excluded, device)
+    buffers = _stale(gen, 8, 64, 16, device)
+    buffers[0][:rows, :width] = tokens
+    buffers[1][:rows] = lengths
+    buffers[2][:rows, :width] = segments
+    buffers[3][:rows, :excluded] = exclude
+    flags, out, total, segs, excl = run_both(*buffers, prefix=prefix, causal=causal,
+                                             extent=_extent(rows, width, excluded, device),
+                                             block=16, exclude_block=16)
+    want = run_both(tokens, lengths, segments, exclude, prefix=prefix, causal=causal)
+    assert torch.equal(flags, want[0])
+    assert torch.equal(out[:rows, :width], want[1]) and not out[:, width:].any()
+    assert not out[rows:].any()
+    assert torch.equal(total[:rows], want[2]) and total[rows:].tolist() == [prefix + 1] * 5
+    assert torch.equal(segs[:rows, :width], want[3]) and not segs[:, width:].any()
+    assert not segs[rows:].any()
+    assert torch.equal(excl[:rows, :excluded], want[4])
+    assert bool((excl[:, excluded:] == -1).all()) and bool((excl[rows:] == -1).all())
+
+
+def test_padded_buffers_flag_a_length_past_the_request_width(device):
+    """A length within the buffer's width but past the request's is still too long."""
+    tokens = torch.zeros(2, 16, dtype=torch.int64, device=device)
+    lengths = torch.tensor([9, 1], device=device)
+    segments = torch.zeros(2, 16, dtype=torch.int32, device=device)
+    exclude = torch.full((2, 1), -1, device=device)
+    flags = run_both(tokens, lengths, segments, exclude, extent=_extent(1, 8, 0, device))[0]
+    assert flags.tolist() == [0, 1, 0, 0, 0, 9]
+    flags = run_both(tokens, lengths, segments, exclude, extent=_extent(1, 9, 0, device))[0]
+    assert flags.tolist() == [0, 0, 0, 0, 0, 9]
 
 
 def _meta(*shape, dtype=torch.int64):
@@ -240,6 +319,9 @@ def _good(device="cpu"):
     (dict(vocab_size=0), "vocab_size must be an int"),
     (dict(vocab_size=50.0), "vocab_size must be an int"),
     (dict(prefix=-1), "prefix must be an int"),
+    (dict(extent=torch.zeros(2, dtype=torch.int64)), r"extent.shape\[0\] .* must be 1"),
+    (dict(extent=torch.zeros(1, dtype=torch.int32)), "extent.dtype must be one of"),
+    (dict(extent=_meta(1)), "extent is on meta but tokens is on"),
     (dict(lengths=_meta(2)), "lengths is on meta but tokens is on"),
     (dict(segments=_meta(2, 8, dtype=torch.int32)), "segments is on meta but tokens is on"),
 ])
@@ -274,7 +356,7 @@ try:
     from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
 except ImportError as error:
     print("SKIP", error); sys.exit(0)
-from torch_engine.kernels.input_rules import _input_rules_kernel
+from torch_engine.kernels.input_rules import _input_rules_kernel, _warps
 cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 # (token and length pointers, causal, BLOCK, EXCLUDE_BLOCK): the dtypes the launcher passes,
 # both loops at the largest block and at unequal blocks.
@@ -283,12 +365,17 @@ for tokens, lengths, causal, block, exclude_block in (
         ("*i32", "*i32", True, 16, 1024), ("*i64", "*i64", True, 1024, 1024)):
     signature = dict(tokens_ptr=tokens, lengths_ptr=lengths, segments_ptr="*i32",
                      exclude_ptr="*i64", flags_ptr="*i64", tokens_out_ptr="*i64",
-                     total_ptr="*i64", segments_out_ptr="*i32", width="i32", excluded="i32",
-                     vocab_size="i32", prefix="i32", CAUSAL="constexpr", BLOCK="constexpr",
-                     EXCLUDE_BLOCK="constexpr")
+                     total_ptr="*i64", segments_out_ptr="*i32", exclude_out_ptr="*i64",
+                     extent_ptr="*i64", width="i32", excluded="i32", vocab_size="i32",
+                     prefix="i32", CAUSAL="constexpr", EXTENT="constexpr",
+                     EXTENT_BITS="constexpr", BLOCK="constexpr", EXCLUDE_BLOCK="constexpr")
+    # The padded form (a captured search's) with the segmented layouts, the plain one with the
+    # causal layouts.
     source = ASTSource(fn=_input_rules_kernel, signature=signature, constexprs=dict(
-        CAUSAL=causal, BLOCK=block, EXCLUDE_BLOCK=exclude_block))
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+        CAUSAL=causal, EXTENT=not causal, EXTENT_BITS=21, BLOCK=block,
+        EXCLUDE_BLOCK=exclude_block))
+    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                            options=dict(num_warps=_warps(block, exclude_block)))
     usage = "no cuobjdump"
     if cuobjdump.exists():
         with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
@@ -299,6 +386,13 @@ for tokens, lengths, causal, block, exclude_block in (
         usage = next(line.strip() for line in dump.splitlines() if "REG:" in line)
     print("COMPILED", tokens, lengths, "causal" if causal else "segmented", block,
           exclude_block, usage)
+# A one-token row and one exclusion column: Triton passes int arguments equal to 1 as
+# constants, which the plain form must accept.
+signature.update(width="constexpr", excluded="constexpr")
+triton.compile(ASTSource(fn=_input_rules_kernel, signature=signature, constexprs=dict(
+    width=1, excluded=1, CAUSAL=False, EXTENT=False, EXTENT_BITS=21, BLOCK=16,
+    EXCLUDE_BLOCK=16)), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+print("COMPILED width 1, one exclusion column")
 """
 
 
@@ -313,8 +407,8 @@ def test_kernel_compiles_for_sm90():
     if done.stdout.startswith("SKIP"):
         pytest.skip(f"the CUDA backend of Triton cannot compile here: {done.stdout.strip()}")
     lines = [line for line in done.stdout.splitlines() if line.startswith("COMPILED")]
-    assert len(lines) == 4, done.stdout
-    for line in lines:
+    assert len(lines) == 5, done.stdout
+    for line in lines[:4]:
         # No register spills to local memory (resource line: "REG:n STACK:0 ... LOCAL:0").
         assert "no cuobjdump" in line or ("STACK:0" in line and "LOCAL:0" in line), line
     print("\n".join(lines))
@@ -330,6 +424,9 @@ def test_cuda_kernel_matches_the_reference_at_serving_sizes(rows, width, exclude
         for causal in (False, True):
             run_both(tokens.int(), lengths, segments, exclude, prefix=16, causal=causal)
             run_both(tokens, lengths.int(), segments, exclude, prefix=0, causal=causal)
+            # As a captured search's padded buffers: a smaller request in the corner.
+            run_both(tokens, lengths, segments, exclude, prefix=16, causal=causal,
+                     extent=_extent(max(rows // 2, 1), width - 5, excluded // 3, "cuda"))
 
 
 @pytest.fixture(scope="module")

@@ -8,9 +8,11 @@ from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
 from torch_engine.errors import InvalidInputError
-from torch_engine.inputs import RequestBatch, check_inputs, pad_to_buckets
+from torch_engine.inputs import (RequestBatch, apply_rules, check_arguments, check_inputs,
+                                 verdict_of)
 from torch_engine.layout import MaskMode, TokenLayout
 from torch_engine.model import Model
+from torch_engine.padded_inputs import PaddedInputs, bucket_of, search_padded
 from torch_engine.tolerances import tolerance_for
 
 FP32 = tolerance_for(torch.float32)
@@ -234,27 +236,46 @@ def test_static_packing_equals_dynamic_packing(world, segmented):
 
 
 @pytest.mark.parametrize("segmented", [False, True])
-def test_bucketed_batch_gives_each_request_its_own_result(world, segmented):
-    """Padding a batch to its buckets (rows to a power of two, width to a multiple, exclusions
-    to a power of two), as the CUDA-graph path does, changes no real row's result."""
+def test_padded_buffers_give_each_request_its_own_result(world, segmented):
+    """What a whole-search graph runs (``padded_inputs.search_padded``), eagerly: a request of
+    3 rows in the buffers of its bucket (4 rows, width 22, 4 exclusion columns) that an
+    earlier, wider and invalid request left full of stale values. Each real row equals the
+    eager engine's result, the flags equal the eager rules' flags, and the padding row runs
+    as a one-token request."""
     _, _, engine = world
-    static = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=True))
+    static = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=True,
+                                                               length_bucket=8))
     tokens, lengths, segs = prompts(16, [3, 15, 8], segmented=segmented)
     soft = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(17))
     exclude = torch.tensor([[-1, -1, -1], [int(engine.catalog.path_items[0]), -1, -1],
                             [-1, int(engine.catalog.path_items[1]), -1]])
     want = engine.recommend(tokens, lengths, segs, beam_width=7, top_k=12, prefix_embeds=soft,
                             exclude_items=exclude)
-    batch = check_inputs(static, tokens, lengths, segs, 7, 12, soft, exclude)
-    padded = pad_to_buckets(batch, 8, True)
-    assert padded.token_ids.shape == (4, 22) and padded.prefix_embeds.shape == (4, 2, 64)
-    assert padded.exclude_items.shape == (4, 4)
-    assert pad_to_buckets(padded, 8, True) is padded
+    args = check_arguments(static, tokens, lengths, segs, 7, 12, soft, exclude)
+    bucket = bucket_of(args, 8, True)
+    assert (bucket.rows, bucket.width, bucket.soft, bucket.excluded) == (4, 22, 2, 4)
+    padded = PaddedInputs.allocate(bucket, 64, static.dtype, static.device)
+    # An earlier request of the same bucket: 4 rows, ids past the vocabulary, lengths past
+    # the width, falling segments, exclusion ids < -1.
+    stale = torch.full((4, 22), 10 ** 6)
+    stale_segments = None if segs is None else torch.full((4, 22), -3, dtype=torch.int32)
+    old = check_arguments(static, stale, torch.full((4,), 30), stale_segments, 7, 12,
+                          torch.full((4, 2, 64), 9.0), torch.full((4, 4), -7))
+    assert bucket_of(old, 8, True) == bucket
+    padded.load(old)
+    padded.load(args)
     with torch.no_grad():
-        items, scores = static.search(padded, 7, 12)
+        items, scores, flags = search_padded(static, padded, 7, 12)
+    _, verdict = apply_rules(static, args)
+    assert torch.equal(flags, verdict.flags)
     assert torch.equal(items[:3], want[0])
     torch.testing.assert_close(scores[:3], want[1], rtol=FP32.rtol, atol=FP32.atol)
     assert bool((items[3] >= 0).any())                       # the padding row ran normally
+    padded.load(old)
+    with torch.no_grad():
+        flags = search_padded(static, padded, 7, 12)[2]
+    with pytest.raises(InvalidInputError, match="lengths must be <= token_ids.shape"):
+        verdict_of(static, old, flags).raise_if_invalid()
 
 
 class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
@@ -408,9 +429,10 @@ def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(sele
     (``set_sync_debug_mode("error")``), and every row equals the eager search."""
     from torch_engine import engine as engine_module
     checks = []
-    check = engine_module.check_request
-    monkeypatch.setattr(engine_module, "check_request",
-                        lambda *args: checks.append(args[0]) or check(*args))
+    for name in ("check_request", "check_shape"):
+        check = getattr(engine_module, name)
+        monkeypatch.setattr(engine_module, name,
+                            lambda *args, check=check: checks.append(args[0]) or check(*args))
     ids, codes = small_world(seed=9, n=3000, used_codes=12)
     model = Model.from_preset("tiny", seed=11, device="cuda")
     catalog = Catalog.from_arrays(ids, codes)
@@ -426,7 +448,7 @@ def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(sele
         torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
     assert len(graphed.graphs) == 1
     assert checks.count(graphed) == 1 and checks.count(eager) == 2
-    batch = pad_to_buckets(check_inputs(graphed, *args, 32, 50, None, None), 256, True)
+    batch = check_inputs(graphed, *args, 32, 50, None, None)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -434,6 +456,37 @@ def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(sele
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert torch.equal(items[:4], want[0])
+
+
+@pytest.mark.gpu
+def test_graph_replays_read_nothing_stale_after_invalid_or_wider_requests():
+    """One bucket's graph replayed in turn by: a valid request with exclusions; an invalid one
+    (an id out of range) that raises and leaves its values in the buffers; a narrower request
+    of fewer rows whose 3 exclusion columns are all padding, which must see neither the stale
+    ids nor the stale exclusions (its 4th column). Every valid result equals the eager
+    engine's."""
+    ids, codes = small_world(seed=9, n=3000, used_codes=12)
+    model = Model.from_preset("tiny", seed=11, device="cuda")
+    catalog = Catalog.from_arrays(ids, codes)
+    graphed = Engine(model, catalog, EngineConfig())
+    eager = Engine(model, catalog, EngineConfig(cuda_graphs=False))
+    tokens, lens, segs = (t.cuda() for t in prompts(21, [40, 33, 12, 25]))
+    eager_items = eager.recommend(tokens, lens, segs, beam_width=32, top_k=50)[0]
+    exclude = eager_items[:, :4].contiguous()             # 4 columns: the bucket of 3
+    want = eager.recommend(tokens, lens, segs, beam_width=32, top_k=50, exclude_items=exclude)
+    got = graphed.recommend(tokens, lens, segs, beam_width=32, top_k=50, exclude_items=exclude)
+    assert torch.equal(got[0], want[0])
+    bad = tokens.clone()
+    bad[2, 5] = model.config.vocab_size
+    with pytest.raises(InvalidInputError, match="token_ids must lie in"):
+        graphed.recommend(bad, lens, segs, beam_width=32, top_k=50, exclude_items=exclude)
+    small = (tokens[:3, :30].contiguous(), lens[:3].clamp(max=30), segs[:3, :30].contiguous())
+    want = eager.recommend(*small, beam_width=32, top_k=50)
+    padding = torch.full((3, 3), -1, device="cuda")         # 3 columns, none excluded
+    got = graphed.recommend(*small, beam_width=32, top_k=50, exclude_items=padding)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+    assert len(graphed.graphs) == 1
 
 
 @pytest.mark.gpu

@@ -15,11 +15,15 @@ search replays as one CUDA graph). Here one program per request row:
   starts at the smallest int64 (one fill), so every entry is the exact maximum over the rows,
   the longest length included when every length is negative.
 
+With ``EXTENT`` (padded buffers of a captured search, ``inputs.PaddedInputs``) each program
+first reads the packed extent: a padding row becomes a one-token request and raises no flag,
+slots past the real width and exclusion columns past the real count are written as padding.
+
 Same function, bit for bit, as ``torch_engine.reference.input_rules`` (read its docstring for
 the rules). The launcher checks shapes, dtypes, contiguity and devices (never values, which
 would cost a host synchronisation) and raises ``InvalidInputError`` naming the argument and
-the rule. A plain launch (no custom op): ``prepare_inputs`` runs before the search, outside
-tracing and outside the captured graphs.
+the rule. A plain launch (no custom op): ``prepare_inputs`` runs it before an eager search, and
+the captured whole-search graphs run it as their first kernel (outside tracing either way).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import triton.language as tl
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
+from torch_engine.reference.input_rules import EXTENT_BITS
 
 _OP = "input_rules"
 _INT64_MIN = -(2**63)
@@ -44,12 +49,27 @@ def _max_combine(a, b):
 
 @triton.jit
 def _input_rules_kernel(tokens_ptr, lengths_ptr, segments_ptr, exclude_ptr, flags_ptr,
-                        tokens_out_ptr, total_ptr, segments_out_ptr, width, excluded,
-                        vocab_size, prefix, CAUSAL: tl.constexpr, BLOCK: tl.constexpr,
+                        tokens_out_ptr, total_ptr, segments_out_ptr, exclude_out_ptr,
+                        extent_ptr, width, excluded, vocab_size, prefix, CAUSAL: tl.constexpr,
+                        EXTENT: tl.constexpr, EXTENT_BITS: tl.constexpr, BLOCK: tl.constexpr,
                         EXCLUDE_BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     length = tl.load(lengths_ptr + row).to(tl.int64)
-    kept = tl.minimum(tl.maximum(length, 1), width)
+    if EXTENT:
+        # Padded buffers: the real rows, width and exclusion columns of this call, packed.
+        packed = tl.load(extent_ptr)
+        field = (1 << EXTENT_BITS) - 1
+        # (an int1 block: Triton's interpreter refuses a bare scalar comparison in a mask)
+        real = tl.full((), 1, tl.int1) & (row < (packed & field))
+        limit = (packed >> EXTENT_BITS) & field
+        listed = (packed >> (2 * EXTENT_BITS)) & field
+        length = tl.where(real, length, 1)          # padding rows: one-token requests
+    else:
+        real = tl.full((), 1, tl.int1)
+        # (sums, not casts: Triton passes an int argument equal to 1 as a constant)
+        limit = tl.zeros((), tl.int64) + width
+        listed = tl.zeros((), tl.int64) + excluded
+    kept = tl.minimum(tl.maximum(length, 1), limit)
     tl.store(total_ptr + row, kept + prefix)
 
     bad_token = tl.zeros((), dtype=tl.int32)
@@ -59,11 +79,12 @@ def _input_rules_kernel(tokens_ptr, lengths_ptr, segments_ptr, exclude_ptr, flag
     for start in range(0, width, BLOCK):
         slot = start + tl.arange(0, BLOCK)
         inside = slot < width
-        valid = inside & (slot < length)
+        used = (slot < limit) & real                # a slot of this call's request
+        valid = used & (slot < length)
         token = tl.load(tokens_ptr + base + slot, mask=inside, other=0).to(tl.int64)
         in_range = (token >= 0) & (token < vocab_size)
         bad_token = tl.maximum(bad_token, tl.max((valid & ~in_range).to(tl.int32), axis=0))
-        kept_token = tl.where((slot < kept) & in_range, token, 0)
+        kept_token = tl.where((slot < kept) & in_range & real, token, 0)
         tl.store(tokens_out_ptr + base + slot, kept_token, mask=inside)
         if CAUSAL:
             tl.store(segments_out_ptr + base + slot, tl.zeros((BLOCK,), dtype=tl.int32),
@@ -76,24 +97,35 @@ def _input_rules_kernel(tokens_ptr, lengths_ptr, segments_ptr, exclude_ptr, flag
             bad_segment = tl.maximum(bad_segment, tl.max(broken.to(tl.int32), axis=0))
             clamped = tl.maximum(segment, 0)
             running = tl.maximum(tl.associative_scan(clamped, 0, _max_combine), carry)
-            tl.store(segments_out_ptr + base + slot, running, mask=inside)
+            tl.store(segments_out_ptr + base + slot, tl.where(used, running, 0), mask=inside)
             carry = tl.maximum(carry, tl.max(clamped, axis=0))
 
     bad_exclude = tl.zeros((), dtype=tl.int32)
     exclude_base = row * excluded
     for start in range(0, excluded, EXCLUDE_BLOCK):
         slot = start + tl.arange(0, EXCLUDE_BLOCK)
-        item = tl.load(exclude_ptr + exclude_base + slot, mask=slot < excluded, other=-1)
-        bad_exclude = tl.maximum(bad_exclude, tl.max((item < -1).to(tl.int32), axis=0))
+        inside = slot < excluded
+        item = tl.load(exclude_ptr + exclude_base + slot, mask=inside, other=-1)
+        counted = (slot < listed) & real
+        bad_exclude = tl.maximum(bad_exclude,
+                                 tl.max((counted & (item < -1)).to(tl.int32), axis=0))
+        if EXTENT:
+            tl.store(exclude_out_ptr + exclude_base + slot, tl.where(counted, item, -1),
+                     mask=inside)
 
-    # Flag order of ``inputs.Verdict``: short, long, tokens, segments, exclusions, longest.
     entry = tl.arange(0, 8)
     value = tl.where(entry == 0, (length < 1).to(tl.int64),
-            tl.where(entry == 1, (length > width).to(tl.int64),
+            tl.where(entry == 1, (length > limit).to(tl.int64),
             tl.where(entry == 2, bad_token.to(tl.int64),
             tl.where(entry == 3, bad_segment.to(tl.int64),
             tl.where(entry == 4, bad_exclude.to(tl.int64), length)))))
-    tl.atomic_max(flags_ptr + entry, value, mask=entry < 6)
+    tl.atomic_max(flags_ptr + entry, value, mask=(entry < 6) & real)
+
+
+def _warps(block: int, exclude_block: int) -> int:
+    """8 warps for 1024-slot blocks: with 4, the padded form's extra live values spill to the
+    stack in an sm_90 compile (72 registers + 8 stack bytes; 58 and none with 8)."""
+    return 8 if max(block, exclude_block) >= 1024 else 4
 
 
 def _pick_block(size: int, block: int | None, name: str) -> int:
@@ -120,7 +152,8 @@ def _integer(name: str, tensor, allowed: tuple[torch.dtype, ...] | None) -> None
             f"{_OP}: {name} must be contiguous, got strides {tensor.stride()}")
 
 
-def _check_inputs(tokens, lengths, segments, exclude, vocab_size, prefix, causal) -> None:
+def _check_inputs(tokens, lengths, segments, exclude, vocab_size, prefix, causal,
+                  extent) -> None:
     _integer("tokens", tokens, None)
     _integer("lengths", lengths, None)
     _integer("exclude", exclude, (torch.int64,))
@@ -151,26 +184,33 @@ def _check_inputs(tokens, lengths, segments, exclude, vocab_size, prefix, causal
         _integer("segments", segments, (torch.int32,))
         c.check_same_shape(_OP, "segments", segments, "tokens", tokens, "[B, L]")
         tensors["segments"] = segments
+    if extent is not None:
+        _integer("extent", extent, (torch.int64,))
+        c.check_rank(_OP, "extent", extent, 1, "[1] (reference.input_rules.pack_extent)")
+        c.check_dim(_OP, "extent", extent, 0, 1, "1, the packed extent")
+        tensors["extent"] = extent
     c.check_devices(_OP, tensors)
 
 
 def input_rules(tokens: torch.Tensor, lengths: torch.Tensor, segments: torch.Tensor | None,
-                exclude: torch.Tensor, vocab_size: int, prefix: int, causal: bool, *,
-                block: int | None = None, exclude_block: int | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                exclude: torch.Tensor, vocab_size: int, prefix: int, causal: bool,
+                extent: torch.Tensor | None = None, *, block: int | None = None,
+                exclude_block: int | None = None) -> tuple[torch.Tensor, ...]:
     """The value rules and the sanitised copy of one batch in one launch.
 
     tokens: ``[B, L]`` integer, contiguous (int32 and int64 read as they are, other integer
     dtypes widened first); lengths: ``[B]`` integer (likewise); segments: ``[B, L]`` int32
     contiguous, or None exactly when ``causal``; exclude: ``[B, X]`` int64 contiguous (-1 =
-    padding); all on one device (CUDA, or the CPU under ``TRITON_INTERPRET=1``). block,
-    exclude_block: slots per loop step (powers of two >= 16; default: the row rounded up, at
-    most 1024).
+    padding); extent: None, or for padded buffers a ``[1]`` int64 tensor
+    ``reference.input_rules.pack_extent(rows, width, excluded)``; all on one device (CUDA, or
+    the CPU under ``TRITON_INTERPRET=1``). block, exclude_block: slots per loop step (powers of
+    two >= 16; default: the row rounded up, at most 1024).
 
     Returns (flags ``[6]`` int64, tokens_out ``[B, L]`` int64, total_lengths ``[B]`` int64,
-    segments_out ``[B, L]`` int32), as ``torch_engine.reference.input_rules``. No host read.
+    segments_out ``[B, L]`` int32, exclude_out ``[B, X]`` int64: ``exclude`` itself without an
+    extent), as ``torch_engine.reference.input_rules``. No host read.
     """
-    _check_inputs(tokens, lengths, segments, exclude, vocab_size, prefix, causal)
+    _check_inputs(tokens, lengths, segments, exclude, vocab_size, prefix, causal, extent)
     if tokens.dtype not in c.INDEX_DTYPES:
         tokens = tokens.to(torch.int64)
     if lengths.dtype not in c.INDEX_DTYPES:
@@ -183,13 +223,16 @@ def input_rules(tokens: torch.Tensor, lengths: torch.Tensor, segments: torch.Ten
     tokens_out = torch.empty((batch, width), dtype=torch.int64, device=device)
     total = torch.empty((batch,), dtype=torch.int64, device=device)
     segments_out = torch.empty((batch, width), dtype=torch.int32, device=device)
-    # Stand-ins for inputs never read (no segments; no exclusion column), so no launch gets
-    # an empty tensor's null pointer.
+    exclude_out = exclude if extent is None else torch.empty_like(exclude)
+    # Stand-ins for inputs never read (no segments; no exclusion column; no extent), so no
+    # launch gets an empty tensor's null pointer.
     segments = segments_out if causal else segments
     exclude_rows = exclude if exclude.shape[1] else flags
     with c.on_device(device):
         _input_rules_kernel[(batch,)](
             tokens, lengths, segments, exclude_rows, flags, tokens_out, total,
-            segments_out, width, exclude.shape[1], vocab_size, prefix, CAUSAL=causal,
-            BLOCK=block, EXCLUDE_BLOCK=exclude_block, num_warps=4)
-    return flags, tokens_out, total, segments_out
+            segments_out, exclude_out if exclude.shape[1] else flags,
+            flags if extent is None else extent, width, exclude.shape[1], vocab_size, prefix,
+            CAUSAL=causal, EXTENT=extent is not None, EXTENT_BITS=EXTENT_BITS, BLOCK=block,
+            EXCLUDE_BLOCK=exclude_block, num_warps=_warps(block, exclude_block))
+    return flags, tokens_out, total, segments_out, exclude_out

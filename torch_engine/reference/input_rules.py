@@ -14,40 +14,89 @@ For request b with length ``n = lengths[b]`` over a row of width L:
     total_lengths  = kept + prefix                                          [B] int64
     segments_out   = cummax(clamp(segments, min=0)) along the whole row (zeros when causal)
                                                                             [B, L] int32
+    exclude_out    = exclude                                                [B, X] int64
 
 The search runs on the sanitised copy whatever the flags say, so it never indexes out of
 bounds; ``inputs.Verdict`` reads the flags once and raises for the first rule broken.
 Device ops only: no value reaches the host.
+
+**Padded buffers** (``extent``): a captured search reads fixed buffers of a bucketed shape
+``[B', L']`` (``inputs.PaddedInputs``) whose top-left ``[B, L]`` corner holds this call's
+request and whose remaining entries are stale values of earlier calls. ``extent`` is a ``[1]``
+int64 device tensor ``pack_extent(B, L, X)``: rows ``>= B`` are padding, read as one-token
+requests (``tokens_out`` 0, segment 0, ``total_lengths = 1 + prefix``, exclusions -1) that raise
+no flag; within a real row the width is ``L`` (the rule ``n <= L``, tokens and segments past it
+0) and exclusion columns ``>= X`` are -1. With ``extent = pack_extent(B', L', X')`` the result
+equals the plain call.
 """
 
 from __future__ import annotations
 
 import torch
 
+# Bits of each field of a packed extent (rows, width, exclusion columns): one int64 that the
+# host writes with one fill, so a replay needs no host-to-device copy.
+EXTENT_BITS = 21
+EXTENT_LIMIT = 1 << EXTENT_BITS
+
+
+def pack_extent(rows: int, width: int, excluded: int) -> int:
+    """The real part of padded buffers as one int64 (each field below ``EXTENT_LIMIT``)."""
+    for name, value in (("rows", rows), ("width", width), ("excluded", excluded)):
+        if not 0 <= value < EXTENT_LIMIT:
+            raise ValueError(f"extent {name} must lie in [0, {EXTENT_LIMIT}), got {value}")
+    return rows | width << EXTENT_BITS | excluded << 2 * EXTENT_BITS
+
+
+def unpack_extent(extent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(rows, width, excluded) as 0-d int64 tensors on the extent's device (no host read)."""
+    packed, mask = extent.reshape(()), EXTENT_LIMIT - 1
+    return (packed & mask, (packed >> EXTENT_BITS) & mask,
+            (packed >> 2 * EXTENT_BITS) & mask)
+
 
 def input_rules(tokens: torch.Tensor, lengths: torch.Tensor, segments: torch.Tensor | None,
-                exclude: torch.Tensor, vocab_size: int, prefix: int, causal: bool
-                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                exclude: torch.Tensor, vocab_size: int, prefix: int, causal: bool,
+                extent: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, ...]:
     """tokens: ``[B, L]`` integer; lengths: ``[B]`` integer; segments: ``[B, L]`` int32, or
-    None when ``causal`` (ignored then); exclude: ``[B, X]`` integer (-1 = padding).
+    None when ``causal`` (ignored then); exclude: ``[B, X]`` integer (-1 = padding); extent:
+    None, or for padded buffers ``[1]`` int64 ``pack_extent(rows, width, excluded)``.
     Returns (flags ``[6]`` int64, tokens_out ``[B, L]`` int64, total_lengths ``[B]`` int64,
-    segments_out ``[B, L]`` int32), all on the tokens' device."""
+    segments_out ``[B, L]`` int32, exclude_out ``[B, X]`` int64), all on the tokens' device."""
     tokens = tokens.to(torch.int64)
-    lens = lengths.to(device=tokens.device, dtype=torch.int64)
+    device = tokens.device
+    lens = lengths.to(device=device, dtype=torch.int64)
+    exclude = exclude.to(device=device, dtype=torch.int64)
     batch, width = tokens.shape
-    slots = torch.arange(width, device=tokens.device)[None, :]
-    valid = slots < lens[:, None]
+    slots = torch.arange(width, device=device)[None, :]
+    columns = torch.arange(exclude.shape[1], device=device)[None, :]
+    if extent is None:
+        real = torch.ones(batch, dtype=torch.bool, device=device)
+        limit = torch.tensor(width, device=device)
+        excluded = torch.tensor(exclude.shape[1], device=device)
+    else:
+        rows, limit, excluded = unpack_extent(extent)
+        real = torch.arange(batch, device=device) < rows
+        lens = torch.where(real, lens, 1)             # padding rows: one-token requests
+    inside = (slots < limit) & real[:, None]
+    valid = inside & (slots < lens[:, None])
     in_range = (tokens >= 0) & (tokens < vocab_size)
-    flags = [(lens < 1).any(), (lens > width).any(), (valid & ~in_range).any()]
+    flags = [(real & (lens < 1)).any(), (real & (lens > limit)).any(),
+             (valid & ~in_range).any()]
     if causal:
-        flags.append(torch.zeros((), dtype=torch.bool, device=tokens.device))
-        segments_out = torch.zeros((batch, width), dtype=torch.int32, device=tokens.device)
+        flags.append(torch.zeros((), dtype=torch.bool, device=device))
+        segments_out = torch.zeros((batch, width), dtype=torch.int32, device=device)
     else:
         falls = valid[:, 1:] & (segments[:, 1:] < segments[:, :-1])
         flags.append(((segments < 0) & valid).any() | falls.any())
         segments_out = torch.cummax(segments.clamp(min=0), dim=1).values
-    flags.append((exclude < -1).any())
-    flags = torch.stack([*(flag.to(torch.int64) for flag in flags), lens.max()])
-    kept = lens.clamp(1, width)
-    tokens_out = torch.where((slots < kept[:, None]) & in_range, tokens, 0)
-    return flags, tokens_out, kept + prefix, segments_out
+        segments_out = torch.where(inside, segments_out, 0)
+    listed = (columns < excluded) & real[:, None]
+    flags.append(((exclude < -1) & listed).any())
+    longest = torch.where(real, lens, torch.iinfo(torch.int64).min).max()
+    flags = torch.stack([*(flag.to(torch.int64) for flag in flags), longest])
+    kept = torch.minimum(lens.clamp(min=1), limit)
+    tokens_out = torch.where((slots < kept[:, None]) & in_range & real[:, None], tokens, 0)
+    exclude_out = exclude if extent is None else torch.where(listed, exclude, -1)
+    return flags, tokens_out, kept + prefix, segments_out, exclude_out
