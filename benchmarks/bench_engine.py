@@ -29,7 +29,9 @@ on 250K random code paths, top_k 300. Stages (``--stages``):
   at batch 1 (qwen2-0.5b and the large preset at context 1000): host time of each step of a
   replayed call in ``recommend``'s order (argument checks, the graph lookup, the replay:
   input copies, the extent fill, the launch and the result clones; the verdict read), the
-  device span from the call's start to its last result; beside them the eager path's input
+  device span from the call's start to its last result; beside them the first call of the
+  process (kernel compilation, rules, memory check, warm-up and capture), the first call of
+  another length bucket (what a new bucket costs a warm process), the eager path's input
   preparation and rules launch, and launch costs of single small ops.
 * ``hf``: ``transformers`` ``generate(num_beams=W, prefix_allowed_tokens_fn=...)`` on the same
   weights and catalog: qwen2-0.5b batch 1, and qwen3-1.7b batch 1 context 1000 (one call).
@@ -344,6 +346,15 @@ def _host_us(fn, repeats: int = 200) -> float:
     return statistics.median(out)
 
 
+def _first_call_ms(engine, tokens, lengths) -> float:
+    """Wall milliseconds of one synchronised ``recommend`` call (the first of its shape)."""
+    sync()
+    began = time.perf_counter()
+    engine.recommend(tokens, lengths, beam_width=BEAM, top_k=TOP_K)
+    sync()
+    return (time.perf_counter() - began) * 1e3
+
+
 def host_steps(engine, tokens, lengths, repeats: int) -> dict[str, float]:
     """Median host microseconds of each step of a replayed ``recommend`` (same order and
     calls), the whole call's wall time and the device span from its first launch to its last
@@ -393,7 +404,10 @@ def stage_host(small, large, catalog, device) -> list[dict]:
     for model, prompt in ((small, FLAGS.prompt), (large, 1000)):
         tokens, lengths = prompts(1, prompt, device)
         engine = engine_for(model, catalog)
-        engine.recommend(tokens, lengths, beam_width=BEAM, top_k=TOP_K)       # capture
+        first_call_ms = _first_call_ms(engine, tokens, lengths)    # compiles and captures
+        # Another length bucket in the same process: its capture alone, kernels compiled.
+        other = prompt - 300
+        new_bucket_ms = _first_call_ms(engine, *prompts(1, other, device))
         checked = checked_batch(engine, tokens, lengths)
         exclude = torch.full((1, 1), -1, dtype=torch.int64, device=device)
         rules = input_rules_for(device)
@@ -403,7 +417,8 @@ def stage_host(small, large, catalog, device) -> list[dict]:
                                                                             TOP_K)))
             search_us = _host_us(lambda: engine.search(checked, BEAM, TOP_K))
         row = {"system": f"host steps {cfg.architecture} prompt {prompt}", "batch": 1,
-               "graph_ms": graph_ms,
+               "graph_ms": graph_ms, "first_call_ms": first_call_ms,
+               "new_bucket_ms": new_bucket_ms, "new_bucket_prompt": other,
                "eager_rules_launch_us": _host_us(lambda: rules(tokens, lengths, None, exclude,
                                                                cfg.vocab_size, 0, True)),
                "eager_prepare_inputs_us": _host_us(lambda: prepare_inputs(
@@ -523,7 +538,7 @@ def print_tables(result: dict) -> None:
                                 "triton_ms", "torch_ms", "rate_per_s", "mean_batch",
                                 "torch_graph_ms", "triton_graph_ms", "torch_recommend_ms",
                                 "triton_recommend_ms",
-                                "graph_ms", "wall_us", "wall_minus_graph_us", "device span_us",
+                                "graph_ms", "first_call_ms", "new_bucket_ms", "wall_us", "wall_minus_graph_us", "device span_us",
                                 "check_arguments_us", "eager_prepare_inputs_us",
                                 "eager_rules_launch_us", "graph lookup_us",
                                 "replay (copies, fill, launch, clones)_us",
