@@ -254,6 +254,39 @@ def test_static_packing_tail_is_never_attended_by_real_tokens(mode):
     assert rel_error(got, want) <= 1e-12
 
 
+@pytest.mark.parametrize("static", [False, True])
+@pytest.mark.parametrize("heads", [(4, 2), (3, 3)])
+def test_a_lone_causal_request_takes_the_library_kernel_and_equals_the_reference(static, heads,
+                                                                                 monkeypatch):
+    """With the "triton" backend a lone causal request (its packed rows one causal row, the
+    static padding tail after its tokens) goes to SDPA's causal kernel, grouped heads
+    included; its real rows equal the float64 reference. Two requests, or a segmented rule,
+    keep the Triton kernel."""
+    gen = torch.Generator().manual_seed(12)
+    hq, hkv = heads
+    launched = []
+    kernel = attn._kernel("prefill_attention")
+    monkeypatch.setattr(attn, "_kernel",
+                        lambda name: lambda *a: launched.append(name) or kernel(*a))
+    for lengths, mode, library in (([11], MaskMode.CAUSAL, True),
+                                   ([11, 6], MaskMode.CAUSAL, False),
+                                   ([11], MaskMode.ITEM_CAUSAL, False)):
+        lengths = torch.tensor(lengths)
+        valid = torch.arange(16)[None] < lengths[:, None]
+        segs = torch.stack([_segments(16, gen) for _ in lengths])
+        prompt = PackedPrompt.from_padded(valid, segs, mode, static=static)
+        rows = prompt.segment_ids.shape[0]
+        q, k, v = (torch.randn(rows, h, 16, generator=gen, dtype=torch.float64)
+                   for h in (hq, hkv, hkv))
+        launched.clear()
+        got = attn.prefill_attention(q.float(), k.float(), v.float(), prompt, "triton")
+        assert launched == ([] if library else ["prefill_attention"])
+        real = int(lengths.sum())
+        want = reference.prefill_attention(q, k, v, prompt.prefill_cu_seqlens,
+                                           prompt.segment_ids, mode)
+        assert rel_error(got[:real].double(), want[:real]) <= FP32.rel_norm, (lengths, mode)
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_fused_projections_equal_separate_and_yield_to_changed_weights(family):
     """The fused q/k/v and gate/up products give the separate products' result; once a weight
