@@ -459,6 +459,28 @@ def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(sele
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("graphs", [False, True])
+def test_a_lone_causal_request_on_cuda_equals_the_cpu_engine(graphs):
+    """One causal request (its prefill attention through SDPA's causal kernel, cuDNN on
+    Hopper), with a soft prefix and a bucket's padding tail: the same items as the CPU
+    engine's plain-torch search, in the eager engine and replayed in its captured graph."""
+    ids, codes = small_world(seed=9, n=3000, used_codes=12)
+    catalog = Catalog.from_arrays(ids, codes)
+    cpu = Engine(Model.from_preset("tiny", seed=11), catalog)
+    gpu = Engine(Model.from_preset("tiny", seed=11, device="cuda"), catalog,
+                 EngineConfig(cuda_graphs=graphs, static_shapes=True))
+    assert gpu.backend == "triton"
+    for seed, length in ((23, 45), (24, 37)):
+        tokens, lengths, _ = prompts(seed, [length], segmented=False)
+        soft = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(seed))
+        want = cpu.recommend(tokens, lengths, beam_width=16, top_k=30, prefix_embeds=soft)
+        got = gpu.recommend(tokens.cuda(), lengths.cuda(), beam_width=16, top_k=30,
+                            prefix_embeds=soft.cuda())
+        assert torch.equal(got[0].cpu(), want[0])
+        torch.testing.assert_close(got[1].cpu(), want[1], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
 def test_graph_replays_read_nothing_stale_after_invalid_or_wider_requests():
     """One bucket's graph replayed in turn by: a valid request with exclusions; an invalid one
     (an id out of range) that raises and leaves its values in the buffers; a narrower request

@@ -287,6 +287,25 @@ def test_a_lone_causal_request_takes_the_library_kernel_and_equals_the_reference
         assert rel_error(got[:real].double(), want[:real]) <= FP32.rel_norm, (lengths, mode)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads,dim", [((14, 2), 64), ((16, 8), 128)])
+def test_a_lone_causal_request_in_bf16_on_cuda_meets_the_reference(heads, dim):
+    """The library path in bf16 at the presets' heads (cuDNN on Hopper), static padding tail
+    included: within the bf16 tolerance of the float64 reference, every real row finite."""
+    gen = torch.Generator().manual_seed(14)
+    valid = torch.arange(384)[None] < 301
+    segs = torch.zeros(1, 384, dtype=torch.int32)
+    prompt = PackedPrompt.from_padded(valid.cuda(), segs.cuda(), MaskMode.CAUSAL, static=True)
+    q, k, v = (torch.randn(384, h, dim, generator=gen, dtype=torch.float64)
+               for h in (heads[0], heads[1], heads[1]))
+    got = attn.prefill_attention(*(t.to("cuda", torch.bfloat16) for t in (q, k, v)), prompt,
+                                 "triton")[:301].double().cpu()
+    want = reference.prefill_attention(q, k, v, prompt.prefill_cu_seqlens.cpu(),
+                                       prompt.segment_ids.cpu(), MaskMode.CAUSAL)[:301]
+    assert bool(torch.isfinite(got).all())
+    assert rel_error(got, want) <= tolerance_for(torch.bfloat16).rel_norm
+
+
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_fused_projections_equal_separate_and_yield_to_changed_weights(family):
     """The fused q/k/v and gate/up products give the separate products' result; once a weight
