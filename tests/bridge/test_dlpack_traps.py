@@ -5,13 +5,14 @@ a regression that aborts the child shows up as that case (and the ones after it)
 controls prove the hazards are real: the same hand-offs done with raw DLPack kill the child.
 """
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -59,8 +60,7 @@ RAW = {
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="2")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=180)
 

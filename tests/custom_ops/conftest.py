@@ -2,12 +2,12 @@
 
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.child_env import child_env
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -32,9 +32,7 @@ def world():
 @pytest.fixture()
 def subprocess_env():
     """Environment for child interpreters: the repository importable, TF quiet."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
-    return env
+    return child_env(TF_CPP_MIN_LOG_LEVEL="2")
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.child_env import child_env
 from torch_engine.errors import OpLibraryError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,11 +44,11 @@ def test_import_loads_libraries_without_torch(python, subprocess_env):
     assert proc.stdout.strip().splitlines()[-1] == "False"
 
 
-def test_unbuilt_library_names_file_and_command(tmp_path, python, subprocess_env):
+def test_unbuilt_library_names_file_and_command(tmp_path, python):
     """A copy of the package with its sources but no built library, first on the path."""
     shutil.copytree(REPO / "custom_ops", tmp_path / "custom_ops",
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-    env = dict(subprocess_env, PYTHONPATH=f"{tmp_path}:{subprocess_env['PYTHONPATH']}")
+    env = child_env(tmp_path, TF_CPP_MIN_LOG_LEVEL="2")
     proc = subprocess.run([python, "-c", IMPORT_CHILD], env=env, capture_output=True,
                           text=True, timeout=180, cwd=tmp_path)
     assert proc.returncode == 3, proc.stdout + proc.stderr[-3000:]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,9 +20,10 @@ import toy_models
 
 from bridge.parity.data import save_npz
 from bridge.parity.pytest_helper import assert_parity
+from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(Path(__file__).parent)])}
+ENV = child_env(Path(__file__).parent)  # toy_models
 DRIVER = """
 import contextlib, io, json, sys
 from absl.testing import flagsaver

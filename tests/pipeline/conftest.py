@@ -8,19 +8,20 @@ the tests here load it (no optimiser involved) and run the pipeline in process.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.child_env import child_env
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_xgr(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """``xgr ARGS`` in a fresh interpreter at the repository root."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     return subprocess.run([sys.executable, "-m", "bridge.cli.main", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+
+from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,7 +43,7 @@ def test_demo_rejects_a_bad_flag(xgr, tmp_path):
 
 
 def test_example_generative_retrieval_runs(quick_run):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", PYTHONPATH=str(ROOT))
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     proc = subprocess.run([sys.executable, "examples/generative_retrieval.py", "--quick",
                            f"--cache_dir={quick_run[0]}"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.child_env import child_env
 from torch_engine.errors import ConfigError, InvalidInputError
 from torch_engine.layout import MaskMode
 from torch_engine.model import Model
@@ -156,13 +157,12 @@ print("identical" if same else "different", la[0] > la[-1])
 def test_fit_is_deterministic_for_a_seed():
     """Two fits with one seed give the same losses and weights (a fresh torch-only process:
     torch's optimiser imports Triton, fatal after TF, which this process may have loaded)."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[2]
     proc = subprocess.run([sys.executable, "-c", _TWO_FITS], cwd=root, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(root)))
+                          text=True, timeout=300, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["identical", "True"]

@@ -12,12 +12,14 @@ import sys
 
 import pytest
 
+from tests.child_env import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.mark.slow
 def test_export_serve_query_example(tmp_path):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="2")
     done = subprocess.run(
         [sys.executable, os.path.join(ROOT, "examples", "export_serve_query.py"),
          f"--workdir={tmp_path}", "--users=3"],

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from tests.child_env import child_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytest.importorskip("custom_ops")
 
@@ -29,8 +31,7 @@ def test_load_benchmark_small_run(tmp_path):
          "--rate_seconds=1",
          f"--out_dir={tmp_path / 'out'}", "--label=test", "--model_label=feature graph"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        env=dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]),
-                 TF_CPP_MIN_LOG_LEVEL="2"))
+        env=child_env(TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 0, done.stderr[-3000:]
     (result_file,) = (tmp_path / "out").iterdir()
     result = json.loads(result_file.read_text())

@@ -1,10 +1,11 @@
 """``torch_engine`` must import on a machine without TensorFlow (the GPU machine has none)."""
 
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+
+from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,8 +42,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_torch_engine_and_its_submodules_import_without_tensorflow():
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, TRITON_INTERPRET="1")
+    env = child_env(TRITON_INTERPRET="1")
     result = subprocess.run([sys.executable, "-c", CHILD], cwd=ROOT, env=env,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -83,8 +83,7 @@ def test_gpu_tests_collect_without_tensorflow(tmp_path):
     """``make test-gpu`` on the GPU machine: modules that need TF are skipped, not errors, and
     the kernel, engine and engine-package GPU tests are collected."""
     (tmp_path / "sitecustomize.py").write_text(HIDE_TF)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), str(ROOT)]),
-               TRITON_INTERPRET="1")
+    env = child_env(tmp_path, TRITON_INTERPRET="1")
     control = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env,
                              capture_output=True, text=True, timeout=120)
     assert control.returncode != 0 and "No module named 'tensorflow'" in control.stderr

@@ -1,7 +1,6 @@
 """SavedModel export: reload in a fresh process with only TF + custom_ops, exact outputs, and a
 clear error when the op library is not loaded."""
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -11,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from tests.child_env import child_env
 from tf_frontend.feature_graph import INPUTS, OUTPUTS, features_from_world
 from tf_frontend.saved_model import (SIGNATURE, export_feature_graph, load_saved_model,
                                      op_library_of, serving_function)
@@ -20,8 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _run(code: str) -> subprocess.CompletedProcess:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="2")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="2")
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=240)
 

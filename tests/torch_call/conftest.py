@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.child_env import child_env
 from tf_frontend.torch_package import Package
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +31,7 @@ def _load_builder():
 def build_packages(out: Path, device: str = "cpu") -> dict[str, Package]:
     """Runs the builder in a child and returns its packages by name (``device``: the CPU set
     or the GPU set, see ``build_packages.py``)."""
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, str(HERE / "build_packages.py"), str(out),
                            str(CACHE), device], env=env, capture_output=True, text=True,
                           timeout=600)

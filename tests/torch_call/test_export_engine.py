@@ -7,7 +7,6 @@ The first run compiles the engine (~2 min on 2 cores); later runs reuse
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.child_env import child_env
 from tf_frontend.export import PipelineConfig, PythonPipeline
 from tf_frontend.feature_graph import FeatureGraph, features_from_world
 from torch_engine.catalog import Catalog
@@ -34,8 +34,7 @@ pytestmark = pytest.mark.slow
 
 
 def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=timeout)
     assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
@@ -87,8 +86,7 @@ def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path)
 
 
 def test_export_rejects_sizes_the_search_cannot_serve(tmp_path):
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, "-m", "bridge.cli.main", "export",
                            f"--out={tmp_path / 'never'}", f"--num_items={ITEMS}",
                            "--beam_width=4", "--top_k=50"], cwd=ROOT, env=env,

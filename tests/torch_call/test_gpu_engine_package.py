@@ -8,7 +8,6 @@ happen in child processes (``engine_package_child.py``)."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -16,17 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.child_env import child_env
+
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 
 pytestmark = pytest.mark.gpu
 
 
 def _child(*args: str, timeout: int) -> None:
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
     done = subprocess.run([sys.executable, str(HERE / "engine_package_child.py"), *args],
-                          env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True,
-                          timeout=timeout)
+                          env=child_env(), capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (args[0], done.stdout[-2000:], done.stderr[-4000:])
 
 

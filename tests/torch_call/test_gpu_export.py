@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.child_env import child_env
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = ROOT / "build" / "torch_call_cache"
@@ -27,8 +28,7 @@ pytestmark = [pytest.mark.gpu,
 
 def test_cuda_export_matches_the_python_pipeline_on_the_gpu(tmp_path):
     report = tmp_path / "report.json"
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(
         [sys.executable, "-m", "bridge.cli.main", "export", f"--out={tmp_path / 'recs' / '1'}",
          "--device=cuda:0", "--num_items=2000", "--num_users=16", "--history_events=60",

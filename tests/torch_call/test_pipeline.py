@@ -4,7 +4,6 @@ of the in-process Python pipeline."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import tensorflow as tf
 import torch
 
+from tests.child_env import child_env
 from tf_frontend.export import OUTPUTS, SIGNATURE, PipelineConfig, PythonPipeline, export_pipeline
 from tf_frontend.rules import PostProcessor
 from tf_frontend.feature_graph import INPUTS, FeatureGraph, features_from_world
@@ -22,7 +22,6 @@ from torch_engine.prompt_spec import PromptSpec
 from torch_engine.synthetic import make_world
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parents[1]
 TOY_INPUTS = ("token_ids", "lengths")
 CONFIG = PipelineConfig(top_n=4)
 
@@ -54,8 +53,7 @@ def _reload_in_fresh_process(saved_model: Path, features: dict, tmp_path: Path) 
     arrays["country"] = arrays["country"].astype("S")  # loadable without pickle
     np.savez(feats, **arrays)
     out = tmp_path / "outputs.npz"
-    path = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, PYTHONPATH=path, TF_CPP_MIN_LOG_LEVEL="3")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run([sys.executable, str(HERE / "reload_child.py"), str(saved_model),
                            str(feats), str(out)], env=env, capture_output=True, text=True,
                           timeout=300)

@@ -3,10 +3,8 @@ with a message that says why and how to export portably."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,9 +12,8 @@ import tensorflow as tf
 import torch
 
 from bridge.torch_layer import TorchLayer, torch_function
+from tests.child_env import child_env
 from torch_engine.errors import BridgeError
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _scale_and_count(x, ids):
@@ -63,7 +60,7 @@ def test_saved_model_fails_elsewhere_with_an_explanation(tmp_path):
     code = ("import sys, tensorflow as tf; m = tf.saved_model.load(sys.argv[1]); "
             "m.signatures['serving_default'](x=tf.constant([1.0]))")
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "dev")],
-                          env=dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3"),
+                          env=child_env(TF_CPP_MIN_LOG_LEVEL="3"),
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0
     assert "NOT PORTABLE" in done.stderr and "xgr export" in done.stderr, done.stderr[-2000:]
