@@ -10,6 +10,8 @@ and the engine's prefill shapes (batch 1 at 1000 / 5000 tokens, batch 8 x 1024):
 * ``triton``: ``torch_engine.kernels.prefill_attention`` in causal mode on packed rows;
 * ``flash_varlen``: ``aten._flash_attention_forward`` on the same packed rows (cumulative
   offsets, grouped KV heads, causal): the layout needs no copy;
+* ``cudnn_varlen``: ``aten._cudnn_attention_forward`` on the same packed rows and offsets
+  (cuDNN's ragged layout), where this torch has it;
 * ``sdpa_gqa`` / ``sdpa_cudnn``: SDPA ``is_causal`` with ``enable_gqa`` on ``[B, H, L, D]`` views
   of uniform-length rows (default backend choice / cuDNN forced);
 * ``sdpa_expanded``: SDPA ``is_causal`` on KV heads repeated to the query heads, contiguous
@@ -70,6 +72,8 @@ def variants(q, k, v, batch: int, length: int):
         "triton": lambda: prefill_attention(q, k, v, cu, segments, MaskMode.CAUSAL, None),
         "flash_varlen": lambda: torch.ops.aten._flash_attention_forward(
             q, k, v, cu, cu, length, length, 0.0, True, False)[0],
+        "cudnn_varlen": lambda: torch.ops.aten._cudnn_attention_forward(
+            q, k, v, None, cu, cu, length, length, False, 0.0, True, False)[0],
         "sdpa_gqa": lambda: back(F.scaled_dot_product_attention(
             view(q), view(k), view(v), is_causal=True, enable_gqa=True)),
         "sdpa_expanded": lambda: back(F.scaled_dot_product_attention(qc, kc, vc,

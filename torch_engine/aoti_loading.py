@@ -36,7 +36,8 @@ into it (``TMPDIR`` points there during the load; where torch ignores ``TMPDIR``
 used is read from ``/proc/self/maps`` and recorded there). The folder goes when the model is
 garbage-collected or the interpreter exits, at once when the load fails, and otherwise at the
 next ``load_package`` of any process, which removes every such folder that no living process
-holds locked.
+holds locked. Where torch ignores ``TMPDIR``, a failed load maps nothing, so its folders
+cannot be told from other processes' and stay behind.
 """
 
 from __future__ import annotations
