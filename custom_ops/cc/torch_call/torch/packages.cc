@@ -8,10 +8,12 @@
 #include <torch/script.h>
 
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 
 #include "custom_ops/cc/torch_call/torch/signature.h"
 #include "custom_ops/cc/torch_call/torch_runner.h"
@@ -202,8 +204,71 @@ Status CheckDevice(const Signature& sig, const std::string& path) {
   return Status::Ok();
 }
 
+// AOTInductor unpacks a .pt2 package into a temporary folder (a few MB, the weights too) and
+// removes it only when its loader is destroyed. Loaders here live as long as the process (the
+// cache is never destroyed: a kernel may run until the very end), so every folder outlived its
+// process. The folders a load starts mapping libraries from are recorded and removed when the
+// process exits; until then a CUDA model can still read its kernel files from them.
+constexpr char kArchiveMark[] = "/data/aotinductor/";
+
+// The folders holding unpacked archives that this process maps libraries from:
+// <folder>/<archive>/data/aotinductor/<model>/<name>.wrapper.so -> <folder>.
+std::set<std::filesystem::path> MappedExtractions() {
+  std::set<std::filesystem::path> folders;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    const auto mark = line.find(kArchiveMark);
+    const auto start = line.find('/');  // the path field: the other fields hold no '/'
+    if (mark == std::string::npos || start == std::string::npos || start > mark) continue;
+    folders.insert(std::filesystem::path(line.substr(start, mark - start)).parent_path());
+  }
+  return folders;
+}
+
+class ExtractionFolders {
+ public:
+  void Add(const std::filesystem::path& folder) {
+    std::lock_guard<std::mutex> lock(mu_);
+    folders_.insert(folder);
+  }
+  // At process exit: plain file removal, no torch call (CUDA may be torn down by then).
+  ~ExtractionFolders() {
+    for (const auto& folder : folders_) {
+      std::error_code ec;
+      std::filesystem::remove_all(folder, ec);
+    }
+  }
+
+ private:
+  std::mutex mu_;
+  std::set<std::filesystem::path> folders_;
+};
+
+ExtractionFolders& Extractions() {
+  static ExtractionFolders folders;  // destroyed at exit, after the last kernel returned
+  return folders;
+}
+
+// Records the folders torch unpacked `package` into since `before`: only folders directly in
+// a temporary directory (torch 2.13 honours TMPDIR, 2.11 uses /tmp) and not holding the
+// package itself (an unpacked package is loaded where it lies).
+void RecordExtractions(const std::set<std::filesystem::path>& before, const std::string& package) {
+  std::error_code ec;
+  std::set<std::filesystem::path> roots{"/tmp"};
+  const auto temp = std::filesystem::temp_directory_path(ec);
+  if (!ec) roots.insert(std::filesystem::weakly_canonical(temp, ec));
+  const std::string source = std::filesystem::weakly_canonical(package, ec).string();
+  for (const auto& folder : MappedExtractions()) {
+    if (before.count(folder) || !roots.count(folder.parent_path())) continue;
+    if (source.rfind(folder.string() + "/", 0) == 0) continue;
+    Extractions().Add(folder);
+  }
+}
+
 Status LoadAoti(const std::string& path, const LoadOptions& options,
                 std::shared_ptr<Package>* out) {
+  const auto mapped_before = MappedExtractions();
   auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
       path, "model", /*run_single_threaded=*/false,
       static_cast<size_t>(std::max(1, options.concurrency)));
@@ -231,6 +296,7 @@ Status LoadAoti(const std::string& path, const LoadOptions& options,
         path, "model", /*run_single_threaded=*/false,
         static_cast<size_t>(std::max(1, options.concurrency)), device.index());
   }
+  RecordExtractions(mapped_before, path);
   *out = std::make_shared<AotiPackage>(std::move(sig), std::move(loader));
   return Status::Ok();
 }
