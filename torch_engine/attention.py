@@ -103,7 +103,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     """
     if backend == "triton":
         if _lone_causal_request(prompt):
-            return lone_causal_attention(q, k, v)
+            return padded_attention(q[None], k[None], v[None], None, MaskMode.CAUSAL)[0]
         return _kernel("prefill_attention")(q, k, v, prompt.prefill_cu_seqlens,
                                             prompt.segment_ids, prompt.mode, None)
     # Plain torch: scatter into the [B, Lmax] rows the caller padded, attend, pack again.
@@ -115,7 +115,8 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def _lone_causal_request(prompt: PackedPrompt) -> bool:
     """One causal request: its packed rows are a ``[1, T]`` row as they stand (with static
     packing the padding slots follow its tokens, which causal attention never lets a token
-    see), so the library's causal kernel takes it without a copy. On the H200 SDPA's choice
+    see), so the library's causal kernel takes it without a copy (``padded_attention`` on a
+    batch of one). On the H200 SDPA's choice
     there (cuDNN) took 211 us against the Triton kernel's 244 at qwen3-1.7b heads and 5000
     tokens, 133 against 150 at qwen2-0.5b heads (``results/causal_prefill_2026-11-29_h200``).
     Not while tracing: an exported package keeps the Triton op."""
@@ -123,26 +124,16 @@ def _lone_causal_request(prompt: PackedPrompt) -> bool:
             and not torch.compiler.is_compiling())
 
 
-def lone_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """Causal self-attention of one request's rows: q ``[T, Hq, D]``, k, v ``[T, Hkv, D]``
-    (grouped heads); returns ``[T, Hq, D]``."""
-    def heads_first(t: torch.Tensor) -> torch.Tensor:
-        return t[None].transpose(1, 2)
-    out = F.scaled_dot_product_attention(heads_first(q), heads_first(k), heads_first(v),
-                                         is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
-    return out.transpose(1, 2)[0]
-
-
 def last_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         prompt: PackedPrompt, backend: str) -> torch.Tensor:
+                         prompt: PackedPrompt, backend: str, last: torch.Tensor) -> torch.Tensor:
     """The rows of ``prefill_attention`` at each request's last token, ``[B, Hq, D]``.
 
-    q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]``. Where the mask rule lets the last token attend
-    its whole request (``MaskMode.last_sees_request``), one query row per request against the
-    prompt's keys (the decode kernel with no own tokens) replaces T query rows: at a
-    5000-token prompt, a few microseconds instead of a whole layer's attention.
+    q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]``; last: ``[B]`` the packed rows of those tokens
+    (``prompt.last_rows()``, which the caller also needs). Where the mask rule lets the last
+    token attend its whole request (``MaskMode.last_sees_request``), one query row per request
+    against the prompt's keys (the decode kernel with no own tokens) replaces T query rows: at
+    a 5000-token prompt, a few microseconds instead of a whole layer's attention.
     """
-    last = prompt.last_rows()
     if not prompt.mode.last_sees_request:
         return prefill_attention(q, k, v, prompt, backend)[last]
     rows = q[last][:, None]                                       # [B, 1, Hq, D]

@@ -121,11 +121,14 @@ class Engine:
         rows = args.token_ids.shape[0]
         graphs = self.graphs
         what = f"a batch of {rows} requests"
-        if isinstance(graphs, SearchGraphs) and graphs.holds(args, beam_width, top_k):
+        held = None
+        if isinstance(graphs, SearchGraphs):
             # The serving path: copies into the bucket's buffers, one replay (rules included).
             with torch.no_grad():
-                items, scores, flags = run_contained(
-                    lambda: graphs.run(args, beam_width, top_k), self.device, what)
+                held = run_contained(lambda: graphs.replay_held(args, beam_width, top_k),
+                                     self.device, what)
+        if held is not None:
+            items, scores, flags = held
             verdict = verdict_of(self, args, flags)
         else:
             # Rules first (their verdict outranks a capacity error), the memory check, then

@@ -84,6 +84,11 @@ class _GraphCache:
             self._graphs[key] = captured
             while len(self._graphs) > self.limit:
                 self._graphs.popitem(last=False)
+        return self._run(key, captured, inputs, load)
+
+    def _run(self, key: tuple, captured: _Captured, inputs: Any,
+             load: Callable[[Any, Any], None]
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         self._graphs.move_to_end(key)
         load(captured.inputs, inputs)
         captured.graph.replay()
@@ -159,10 +164,14 @@ class SearchGraphs(_GraphCache):
     def key(self, args: "Arguments", beam_width: int, top_k: int) -> tuple:
         return (self.bucket(args), beam_width, top_k)
 
-    def holds(self, args: "Arguments", beam_width: int, top_k: int) -> bool:
-        """True when this bucket is captured: its replay allocates nothing but the results
-        (every intermediate lives in the graph's pool), so it needs no memory check."""
-        return self.key(args, beam_width, top_k) in self._graphs
+    def replay_held(self, args: "Arguments", beam_width: int, top_k: int
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """``run`` when this bucket is captured (one key lookup: the serving path), else
+        None. A held bucket's replay allocates nothing but the results (every intermediate
+        lives in the graph's pool), so it needs no memory check."""
+        key = self.key(args, beam_width, top_k)
+        captured = self._graphs.get(key)
+        return None if captured is None else self._run(key, captured, args, PaddedInputs.load)
 
     def run(self, args: "Arguments", beam_width: int, top_k: int
             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -149,8 +149,9 @@ class Model(nn.Module):
         # last token reads its output: its attention, output projection and MLP run on those
         # B rows instead of all T.
         q, k, v = self._prompt_qkv(final, x, cos, sin, shared)
-        attended = attn.last_token_attention(q, k, v, prompt, backend)
-        return self.model.norm(final.finish(x[prompt.last_rows()], attended)), shared
+        last = prompt.last_rows()
+        attended = attn.last_token_attention(q, k, v, prompt, backend, last)
+        return self.model.norm(final.finish(x[last], attended)), shared
 
     def _prompt_qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     shared: SharedKV) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
