@@ -73,8 +73,7 @@ def input_rules(tokens: torch.Tensor, lengths: torch.Tensor, segments: torch.Ten
     columns = torch.arange(exclude.shape[1], device=device)[None, :]
     if extent is None:
         real = torch.ones(batch, dtype=torch.bool, device=device)
-        limit = torch.tensor(width, device=device)
-        excluded = torch.tensor(exclude.shape[1], device=device)
+        limit, excluded = width, exclude.shape[1]     # ints here, 0-d tensors from an extent
     else:
         rows, limit, excluded = unpack_extent(extent)
         real = torch.arange(batch, device=device) < rows
@@ -96,7 +95,7 @@ def input_rules(tokens: torch.Tensor, lengths: torch.Tensor, segments: torch.Ten
     flags.append(((exclude < -1) & listed).any())
     longest = torch.where(real, lens, torch.iinfo(torch.int64).min).max()
     flags = torch.stack([*(flag.to(torch.int64) for flag in flags), longest])
-    kept = torch.minimum(lens.clamp(min=1), limit)
+    kept = lens.clamp(min=1).clamp(max=limit)
     tokens_out = torch.where((slots < kept[:, None]) & in_range & real[:, None], tokens, 0)
     exclude_out = exclude if extent is None else torch.where(listed, exclude, -1)
     return flags, tokens_out, kept + prefix, segments_out, exclude_out
