@@ -206,9 +206,13 @@ class Engine:
             start, end = layout.level_range(level)
             logits = model.level_logits(hidden, start, end).expand(rows, width, -1)
             if fused:
+                # Level 0 has one live beam (the prompt); the dead ones' candidates all tie at
+                # -inf after its own in flat order, so the first ceil(width / C) beams yield
+                # the same picks as all W: a select over C candidates instead of W x C.
+                scored = width if level else -(-width // (end - start))
                 parents, codes, prefixes, scores = bs.select_fused(
-                    logits, scores, prefixes, catalog, level, width,
-                    bs.exhausted_prefixes(state.excluded, catalog, level))
+                    logits[:, :scored], scores[:, :scored], prefixes[:, :scored], catalog,
+                    level, width, bs.exhausted_prefixes(state.excluded, catalog, level))
             else:
                 logp, child = bs.constrain(logits, prefixes, catalog, level)
                 # At every level: a prefix whose items are all excluded never takes a beam.

@@ -15,7 +15,8 @@ from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
 from torch_engine.errors import ConfigError, InvalidInputError
-from torch_engine.kernels.constrained_topk import constrained_topk, launch_constrained_topk
+from torch_engine.kernels.constrained_topk import (RESIDENT_KEYS, constrained_topk,
+                                                   launch_constrained_topk)
 from torch_engine.layout import TokenLayout
 from torch_engine.model import Model
 from torch_engine.reference.constrained_topk import constrained_topk as reference
@@ -99,9 +100,11 @@ def tied_level_inputs(gen: torch.Generator, catalog: Catalog, level: int, batch:
 @pytest.mark.parametrize("width,chunk", [(1, 16), (5, 13), (7, 23), (16, 32), (40, 97),
                                          (100, 200)])
 @pytest.mark.parametrize("dead", [0.25, 0.97])
-def test_chunked_select_matches_reference(width, chunk, dead):
+@pytest.mark.parametrize("resident_keys", [RESIDENT_KEYS, 0])
+def test_chunked_select_matches_reference(width, chunk, dead, resident_keys):
     """Small chunks force several reduction steps (short last chunks, padded segments); with
-    97% dead beams fewer candidates than ``width`` are finite (the -inf tail)."""
+    97% dead beams fewer candidates than ``width`` are finite (the -inf tail). Each select
+    runs with its keys in registers and streamed through blocks."""
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
     rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
     catalog = random_catalog(rng, 16, items=600, skew=1.0)
@@ -110,9 +113,11 @@ def test_chunked_select_matches_reference(width, chunk, dead):
     blocked = random_blocked(gen, catalog, level, 3) if level == 2 else None
     indptr, codes = catalog.level_indptr[level], catalog.level_codes[level]
     out = launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, blocked,
-                                  out=poisoned(3, width), chunk=chunk)
+                                  out=poisoned(3, width), chunk=chunk,
+                                  resident_keys=resident_keys)
     ref = reference(logits, scores, prefixes, indptr, codes, width, blocked)
-    check_equal(out, ref, f"width={width} chunk={chunk} level={level} dead={dead}")
+    check_equal(out, ref, f"width={width} chunk={chunk} level={level} dead={dead} "
+                          f"resident_keys={resident_keys}")
 
 
 def test_chunk_must_leave_room_to_shrink():

@@ -143,6 +143,35 @@ def _radix_select(key_ptr, n, keep, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _radix_select_resident(key_ptr, n, keep, BLOCK: tl.constexpr):
+    """``_radix_select`` for ``n <= BLOCK``: the keys are loaded once and stay in registers
+    for all four passes, and a pass narrows the candidates with the digit it chose instead of
+    comparing their upper bits with the prefix. Same three results."""
+    idx = tl.arange(0, BLOCK)
+    inside = idx < n
+    x = tl.load(key_ptr + idx, mask=inside, other=float("-inf"))
+    u = _sortable(x).to(tl.int64) + 2147483648
+    bins = tl.arange(0, 256)
+    match = inside
+    need = tl.zeros([1], tl.int64) + keep
+    greater = tl.zeros([1], tl.int64)
+    prefix = tl.zeros([1], tl.int64)
+    for level in tl.static_range(4):
+        digit = ((u >> (24 - 8 * level)) & 255).to(tl.int32)
+        hist = tl.histogram(digit, 256, mask=match)
+        at_least = tl.cumsum(hist, 0, reverse=True)     # keys with digit >= d
+        # at_least never grows with d and at_least[0] >= need: d is the last bin that
+        # still holds ``need`` keys at or above it.
+        d = tl.sum((at_least >= need).to(tl.int32), 0) - 1
+        above = tl.sum(tl.where(bins > d, hist, 0), 0).to(tl.int64)
+        greater += above
+        need -= above
+        match = match & (digit == d)
+        prefix = prefix * 256 + d
+    return prefix - 2147483648, need, greater
+
+
+@triton.jit
 def _pick_block(key_ptr, idx, n, threshold, ties, seen):
     """One block of the ordered write pass after ``_radix_select``: the keys at ``idx``
     (``-inf`` past ``n``), which are ties of the threshold and their 1-based rank among all
@@ -160,7 +189,7 @@ def _pick_block(key_ptr, idx, n, threshold, ties, seen):
 
 @triton.jit
 def _reduce_kernel(key_ptr, id_ptr, out_key_ptr, out_id_ptr, count, chunk, keep,
-                   HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
+                   HAS_IDS: tl.constexpr, RESIDENT: tl.constexpr, BLOCK: tl.constexpr):
     """Program (b, g) keeps the best ``keep`` of candidates ``[g * chunk, (g + 1) * chunk)``
     of request b (same order as the final select: key, then position), written in position
     order to output segment g; a short last chunk pads its segment with -inf (never chosen:
@@ -171,7 +200,10 @@ def _reduce_kernel(key_ptr, id_ptr, out_key_ptr, out_id_ptr, count, chunk, keep,
     n = tl.minimum(chunk, count - start)
     k = tl.minimum(keep, n)
     base = b * count + start
-    threshold, ties, _ = _radix_select(key_ptr + base, n, k, BLOCK)
+    if RESIDENT:
+        threshold, ties, _ = _radix_select_resident(key_ptr + base, n, k, BLOCK)
+    else:
+        threshold, ties, _ = _radix_select(key_ptr + base, n, k, BLOCK)
     out = (b * tl.num_programs(1) + g) * keep
     taken = tl.zeros([1], tl.int64)
     seen = tl.zeros([1], tl.int64)
@@ -199,14 +231,17 @@ def _reduce_kernel(key_ptr, id_ptr, out_key_ptr, out_id_ptr, count, chunk, keep,
 @triton.jit
 def _select_kernel(key_ptr, id_ptr, child_ptr, out_score_ptr, out_parent_ptr, out_code_ptr,
                    out_prefix_ptr, count, child_count, size, keep,
-                   HAS_IDS: tl.constexpr, BLOCK: tl.constexpr):
+                   HAS_IDS: tl.constexpr, RESIDENT: tl.constexpr, BLOCK: tl.constexpr):
     """Program b writes request b's best ``keep`` of ``count`` candidates (flat ids: the
     position, or ``id_ptr`` after a reduction) in flat order: keys above the threshold plus
     the first ties; when the threshold is -inf (fewer finite candidates than ``keep``) the
     dead picks go after every live one, so live beams fill the first slots."""
     b = tl.program_id(0).to(tl.int64)
     base = b * count
-    threshold, ties, greater = _radix_select(key_ptr + base, count, keep, BLOCK)
+    if RESIDENT:
+        threshold, ties, greater = _radix_select_resident(key_ptr + base, count, keep, BLOCK)
+    else:
+        threshold, ties, greater = _radix_select(key_ptr + base, count, keep, BLOCK)
     tail = threshold == _NEG_INF_KEY
     taken = tl.zeros([1], tl.int64)
     taken_live = tl.zeros([1], tl.int64)
@@ -277,6 +312,10 @@ def _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked,
         c.check_devices(_OP, tensors)
 
 
+# Keys one program holds in registers through a whole radix select (8 warps: 16 a thread).
+RESIDENT_KEYS = 4096
+
+
 def select_chunk(width: int) -> int:
     """Candidates per program of one reduction step: at least 4096 (a few blocks of work per
     program) and 8 x width, so each step shrinks the candidates at least 8-fold."""
@@ -285,7 +324,7 @@ def select_chunk(width: int) -> int:
 
 def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, blocked,
                             out: tuple[torch.Tensor, ...] | None = None,
-                            chunk: int | None = None
+                            chunk: int | None = None, resident_keys: int = RESIDENT_KEYS
                             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Runs the kernels on checked inputs; ``out`` (caller-owned scores, parent, code,
     prefix ``[B, width]``) receives the result when given.
@@ -293,7 +332,9 @@ def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, bloc
     Selection: while a request has more than ``chunk`` (default ``select_chunk(width)``)
     candidates, ``_reduce_kernel`` splits them into chunks, one program each, and keeps the
     best ``width`` of every chunk in flat order (the best ``width`` overall are among them);
-    then ``_select_kernel`` picks the final ``width`` in one program per request."""
+    then ``_select_kernel`` picks the final ``width`` in one program per request. A program
+    whose candidates fit ``resident_keys`` (a power of two; 0: none) keeps them in registers
+    through its radix select."""
     batch, beams, size = logits.shape
     device = logits.device
     total = torch.empty((batch, beams * size), dtype=torch.float32, device=device)
@@ -320,22 +361,31 @@ def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, bloc
     require(isinstance(chunk, int) and chunk >= 2 * width, InvalidInputError,
             f"{_OP}: chunk must be an int >= 2 * width = {2 * width} (each reduction keeps "
             f"width of every chunk), got {chunk!r}")
-    # The interpreter pays per block, the GPU per register: larger blocks only on the CPU.
-    limit = 8192 if c.interpreting() else 1024
     while count > chunk:
         groups = triton.cdiv(count, chunk)
         out_keys = torch.empty((batch, groups * width), dtype=torch.float32, device=device)
         out_ids = torch.empty((batch, groups * width), dtype=torch.int32, device=device)
+        block, resident = _select_block(chunk, resident_keys)
         _reduce_kernel[(batch, groups)](
             keys, keys if ids is None else ids, out_keys, out_ids, count, chunk, width,
-            HAS_IDS=ids is not None, BLOCK=min(triton.next_power_of_2(chunk), limit),
-            num_warps=8)
+            HAS_IDS=ids is not None, RESIDENT=resident, BLOCK=block, num_warps=8)
         keys, ids, count = out_keys, out_ids, groups * width
+    block, resident = _select_block(count, resident_keys)
     _select_kernel[(batch,)](
         keys, keys if ids is None else ids, child, out_scores, parent, code, prefix, count,
-        beams * size, size, width, HAS_IDS=ids is not None,
-        BLOCK=min(triton.next_power_of_2(count), limit), num_warps=8)
+        beams * size, size, width, HAS_IDS=ids is not None, RESIDENT=resident, BLOCK=block,
+        num_warps=8)
     return out_scores, parent, code, prefix
+
+
+def _select_block(keys: int, resident_keys: int) -> tuple[int, bool]:
+    """Block size of a program selecting among ``keys`` candidates, and whether they all stay
+    in registers (one block) or are streamed through blocks once per radix pass. Streamed,
+    the interpreter pays per block and the GPU per register: larger blocks only on the CPU."""
+    block = triton.next_power_of_2(keys)
+    if block <= resident_keys:
+        return block, True
+    return min(block, 8192 if c.interpreting() else 1024), False
 
 
 @torch.library.custom_op("xgr::constrained_topk", mutates_args=())
