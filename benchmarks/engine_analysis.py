@@ -57,7 +57,8 @@ STAGES = {
     "prefill attention": [(attn, "prefill_attention")],
     "decode attention": [(attn, "decode_attention")],
     "selection": [(bs, "select_fused"), (bs, "constrain"), (bs, "rank"), (bs, "keep_all"),
-                  (bs, "drop_exhausted"), (bs, "exhausted_prefixes")],
+                  (bs, "drop_exhausted"), (bs, "exhausted_prefixes"),
+                  (bs, "blocked_prefixes")],
     "item expansion": [(bs, "expand_items")],
 }
 

@@ -10,6 +10,7 @@ Beam state between levels: ``scores [B, W]`` float32 (sum of per-level log-proba
 
 from __future__ import annotations
 
+import importlib
 import os
 
 import torch
@@ -47,6 +48,42 @@ def select_fused(logits: torch.Tensor, scores: torch.Tensor, prefixes: torch.Ten
         logits, scores, prefixes, catalog.level_indptr[level], catalog.level_codes[level],
         width, blocked)
     return parents, codes, children, new
+
+
+def fused_exclusion_tables(catalog: Catalog):
+    """The catalog tables the fused selection's exclusion kernels read
+    (``torch_engine.kernels.exclusions.ExclusionTables``), built once per engine."""
+    return _exclusion_kernels().ExclusionTables.of(catalog)
+
+
+def _exclusion_kernels():
+    # Imported on use: Triton is needed only with the fused selection.
+    return importlib.import_module("torch_engine.kernels.exclusions")
+
+
+def _torch_only(tables) -> bool:
+    """Plain torch when there are no kernel tables, or while tracing (an exported program
+    holds torch ops; the kernels are plain launches, not custom ops)."""
+    return tables is None or torch.compiler.is_compiling()
+
+
+def excluded_rows_of(exclude_items: torch.Tensor, catalog: Catalog, tables
+                     ) -> torch.Tensor:
+    """``excluded_rows``, in one Triton launch when ``tables`` (``fused_exclusion_tables``)
+    are given."""
+    if _torch_only(tables):
+        return excluded_rows(exclude_items, catalog)
+    return _exclusion_kernels().excluded_rows(exclude_items.contiguous(), tables)
+
+
+def blocked_prefixes(excluded: torch.Tensor, catalog: Catalog, tables
+                     ) -> tuple[torch.Tensor, ...]:
+    """``exhausted_prefixes`` of every level (the fused selection's ``blocked`` inputs), in
+    one Triton launch when ``tables`` are given."""
+    if _torch_only(tables):
+        return tuple(exhausted_prefixes(excluded, catalog, level)
+                     for level in range(catalog.levels))
+    return _exclusion_kernels().exhausted_prefixes(excluded, tables).unbind(0)
 
 
 def constrain(logits: torch.Tensor, prefixes: torch.Tensor, catalog: Catalog, level: int

@@ -78,6 +78,10 @@ class Engine:
         self.catalog = catalog.to(self.device)
         self.backend = resolve_backend(config.attention_backend, self.device)
         self.selection = bs.resolve_selection(config.selection_backend, self.device)
+        # The fused selection also takes the exclusions through its kernels (one launch each
+        # instead of ~66 small torch kernels a search).
+        self.exclusion_tables = (bs.fused_exclusion_tables(self.catalog)
+                                 if self.selection == "triton" else None)
         graphed = config.cuda_graphs and self.device.type == "cuda"
         self.static_shapes = graphed if config.static_shapes is None else config.static_shapes
         self.graphs: DecodeGraphs | SearchGraphs | None = None
@@ -176,7 +180,8 @@ class Engine:
         """
         prompt, embeds = self._pack(batch)
         last_hidden, shared = self.model.prefill(prompt.pack(embeds), prompt, self.backend)
-        excluded = bs.excluded_rows(batch.exclude_items, self.catalog)
+        excluded = bs.excluded_rows_of(batch.exclude_items, self.catalog,
+                                       self.exclusion_tables)
         return PrefillState(prompt, shared, last_hidden, excluded)
 
     def decode(self, state: PrefillState, beam_width: int, top_k: int
@@ -198,6 +203,8 @@ class Engine:
                        cfg.head_dim, hidden.dtype, self.device)
         tokens = prefixes
         fused = self.selection == "triton"
+        if fused:
+            blocked = bs.blocked_prefixes(state.excluded, catalog, self.exclusion_tables)
         for level in range(levels):
             if level > 0:
                 hidden = model.decode_step(tokens, state.prompt.lengths + (level - 1),
@@ -212,7 +219,7 @@ class Engine:
                 scored = width if level else -(-width // (end - start))
                 parents, codes, prefixes, scores = bs.select_fused(
                     logits[:, :scored], scores[:, :scored], prefixes[:, :scored], catalog,
-                    level, width, bs.exhausted_prefixes(state.excluded, catalog, level))
+                    level, width, blocked[level])
             else:
                 logp, child = bs.constrain(logits, prefixes, catalog, level)
                 # At every level: a prefix whose items are all excluded never takes a beam.

@@ -268,6 +268,9 @@ def test_export_traces_the_op_and_runs_it():
 
 
 def test_engine_with_fused_selection_returns_the_torch_selection_items():
+    """The fused path (selection and exclusion kernels) against the torch path. About two
+    items per pair of codes: excluding 60 of the 300 items exhausts many prefixes of two
+    and three codes, which then must never take a beam."""
     rng = np.random.default_rng(9)
     ids = rng.choice(np.arange(10_000), size=300, replace=False)
     codes = rng.integers(0, 12, (300, 3))
@@ -276,7 +279,9 @@ def test_engine_with_fused_selection_returns_the_torch_selection_items():
     gen = torch.Generator().manual_seed(2)
     tokens = torch.randint(8, 1024, (2, 12), generator=gen)
     lengths = torch.tensor([12, 7])
-    exclude = torch.tensor([[int(ids[0]), -1], [int(ids[1]), int(ids[2])]])
+    exclude = torch.from_numpy(np.stack([rng.choice(ids, 64, replace=False) for _ in range(2)]))
+    exclude[0, 60:] = -1
+    exclude[1, :4] = 77_777                                 # not in the catalog
     results = []
     for selection in ("torch", "triton"):
         engine = Engine(model, catalog, EngineConfig(selection_backend=selection))
