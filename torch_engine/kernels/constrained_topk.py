@@ -21,6 +21,13 @@ in flat-index order, i.e. sorted by parent beam). Launches:
    outputs come out sorted by parent without a sort (-inf picks, when too few candidates
    are finite, go last). The reduce kernel uses the same radix select per chunk.
 
+A program whose candidates fit ``RESIDENT_KEYS`` loads them once and keeps them in registers
+through its four passes (``_radix_select_resident``); larger ones stream them through blocks
+once per pass. On the H200 that took one W 256 x C 256 level from 99 to 57 us at batch 1
+(``benchmarks/results/selection_2026-11-30_h200_resident.json``): a select's time is its chain
+of block-wide scans and reductions, not its loads, and streaming multiplied that chain by the
+number of blocks.
+
 Shapes only decide the launch (no device reads), so it captures in a CUDA graph. Registered as
 ``xgr::constrained_topk`` with a shape-only fake.
 """
