@@ -59,7 +59,7 @@ STAGES = {
     "selection": [(bs, "select_fused"), (bs, "constrain"), (bs, "rank"), (bs, "keep_all"),
                   (bs, "drop_exhausted"), (bs, "exhausted_prefixes"),
                   (bs, "blocked_prefixes")],
-    "item expansion": [(bs, "expand_items")],
+    "item expansion": [(bs, "expand_items"), (bs, "expand_items_of")],
 }
 
 

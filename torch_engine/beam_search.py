@@ -86,6 +86,19 @@ def blocked_prefixes(excluded: torch.Tensor, catalog: Catalog, tables
     return _exclusion_kernels().exhausted_prefixes(excluded, tables).unbind(0)
 
 
+def expand_items_of(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,
+                    catalog: Catalog, top_k: int, fused: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``expand_items``, in one Triton launch on the fused path (``fused``; not while tracing,
+    and for beams that one program sorts: ``item_expansion.MAX_BEAMS``)."""
+    if fused and not torch.compiler.is_compiling():
+        kernels = importlib.import_module("torch_engine.kernels.item_expansion")
+        if scores.shape[1] <= kernels.MAX_BEAMS:
+            return kernels.expand_items(scores.contiguous(), paths.contiguous(), excluded,
+                                        catalog.path_indptr, catalog.path_items, top_k)
+    return expand_items(scores, paths, excluded, catalog, top_k)
+
+
 def constrain(logits: torch.Tensor, prefixes: torch.Tensor, catalog: Catalog, level: int
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-softmax over each beam's *allowed* next codes.

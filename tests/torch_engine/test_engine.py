@@ -459,6 +459,31 @@ def test_default_cuda_engine_replays_one_graph_per_bucket_without_host_sync(sele
 
 
 @pytest.mark.gpu
+def test_cuda_fused_path_with_exhausting_exclusions_equals_the_torch_path():
+    """The default CUDA engine (whole-search graph; fused selection with its exclusion
+    kernels) against the eager torch selection, with 300 of 3000 items excluded per request:
+    with about two items per path many prefixes are exhausted at every level."""
+    ids, codes = small_world(seed=9, n=3000, used_codes=12)
+    model = Model.from_preset("tiny", seed=11, device="cuda")
+    catalog = Catalog.from_arrays(ids, codes)
+    fused = Engine(model, catalog)
+    plain = Engine(model, catalog, EngineConfig(cuda_graphs=False, selection_backend="torch"))
+    assert fused.selection == "triton" and fused.exclusion_tables is not None
+    rng = np.random.default_rng(3)
+    tokens, lens, segs = prompts(14, [30, 12, 21])
+    exclude = torch.from_numpy(np.stack([rng.choice(ids, 300, replace=False)
+                                         for _ in range(3)])).cuda()
+    exclude[1, 250:] = -1
+    args = (tokens.cuda(), lens.cuda(), segs.cuda())
+    for width in (16, 64):
+        got = fused.recommend(*args, beam_width=width, top_k=80, exclude_items=exclude)
+        want = plain.recommend(*args, beam_width=width, top_k=80, exclude_items=exclude)
+        assert torch.equal(got[0], want[0])
+        torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-5)
+        assert not bool(torch.isin(got[0], exclude).any())
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
 def test_a_lone_causal_request_on_cuda_equals_the_cpu_engine(graphs):
     """One causal request (its prefill attention through SDPA's causal kernel, cuDNN on

@@ -1,9 +1,8 @@
 """The final path -> item expansion of a beam search in one Triton launch.
 
 ``torch_engine.beam_search.expand_items`` spends about 38 small torch kernels (sort, gathers,
-cumsums, two searchsorted, two scatters) at the end of every search; inside the search's CUDA
-graph each costs 2-3 us, so the expansion alone took about 100 us. Here one program per
-request does all of it:
+cumsums, two searchsorted, two scatters) at the end of every search, each 2-3 us inside the
+search's CUDA graph. Here one program per request does all of it:
 
 1. sorts the request's W beam scores in registers: one descending ``tl.sort`` of int64 keys,
    the order-preserving int32 key of the score in the upper half and ``BLOCK_W - 1 - beam`` in
@@ -89,7 +88,7 @@ def _expand_items_kernel(scores_ptr, paths_ptr, excluded_ptr, indptr_ptr, items_
     ends = tl.cumsum(count, 0)
     scratch = scratch_ptr + b * (3 * BLOCK_W)
     tl.store(scratch + lane, ends)
-    # Slot s of the beam is row start + s: its first row minus the slots before it.
+    # Raw slot s of a beam holds row base + s, base = its first row - the slots before it.
     tl.store(scratch + BLOCK_W + lane, first - (ends - count))
     tl.store(scratch + 2 * BLOCK_W + lane, score.to(tl.int32, bitcast=True).to(tl.int64))
     tl.debug_barrier()
@@ -163,8 +162,9 @@ def _check_inputs(scores, paths, excluded, path_indptr, path_items, top_k) -> No
 
 
 def _blocks(width: int, excluded: int, top_k: int) -> dict:
-    """Block sizes of a launch, from shapes only. Slot blocks cover ``top_k`` plus the
-    exclusions in one step up to ``_MAX_SLOTS``; 8 warps once a block reaches 512."""
+    """Block sizes and warps of a launch, from shapes only. A slot block covers ``top_k`` plus
+    the exclusions in one step, up to ``_MAX_SLOTS``. Warps grow with the blocks so that no
+    compile for sm_90 spills (tests/kernels/test_item_expansion.py prints the registers)."""
     block_w = max(16, triton.next_power_of_2(width))
     block_s = max(16, min(triton.next_power_of_2(top_k + excluded), _MAX_SLOTS))
     warps = 16 if block_w >= 4096 else 8 if max(block_w, block_s) >= 512 else 4
