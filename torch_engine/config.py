@@ -179,10 +179,11 @@ class EngineConfig:
         writes, residual + norm, SwiGLU) into ``torch_engine.kernels.layer_ops`` launches.
     max_graphs: captured shapes kept (least recently used dropped first).
     selection_backend: beam selection per level: "auto" (the default: triton on CUDA, else
-        torch), "torch" (plain PyTorch) or "triton" (``xgr::constrained_topk``, CUDA or the CPU
-        interpreter). On the H200 the fused kernel was level with the torch selection or ahead
-        (up to 0.4 ms a search; ``benchmarks/notes/engine.md``). It is a Python custom op, so
-        an engine exported for serving (AOTInductor) takes "torch".
+        torch), "torch" (plain PyTorch) or "triton" (``xgr::constrained_topk``, and the
+        exclusion and item-expansion kernels; CUDA or the CPU interpreter). On the H200 the
+        fused path's selection kernels take 0.11 ms a search against the torch path's 0.39
+        (``benchmarks/notes/engine.md`` v18). It holds a Python custom op, so an engine
+        exported for serving (AOTInductor) takes "torch".
     memory_budget: bytes one request may use (``capacity.check_request``, before any work);
         on CUDA the free device memory caps it. None: the free device memory on CUDA, no
         check on the CPU.
