@@ -142,15 +142,35 @@ def last_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return decode_attention(rows, k, v, prompt, none, none, 0, backend)[:, 0]
 
 
+def split_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
+                   total_tokens: int, head_dim: int, device: torch.device, backend: str
+                   ) -> torch.Tensor | None:
+    """Zeroed split counters that every ``decode_attention`` call of one shape can share (each
+    call leaves them at zero): one fill a search instead of one per layer and step. None when
+    the Triton kernel does not split that shape, for the torch backend, or while tracing."""
+    if backend != "triton" or torch.compiler.is_compiling():
+        return None
+    module = importlib.import_module("torch_engine.kernels.decode_attention")
+    count = module.merge_counters(batch, width, num_heads, num_kv_heads, total_tokens,
+                                  head_dim, device)
+    return torch.zeros(count, dtype=torch.int32, device=device) if count else None
+
+
 def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                      prompt: PackedPrompt, beam_k: torch.Tensor, beam_v: torch.Tensor,
-                     num_own: int, backend: str) -> torch.Tensor:
+                     num_own: int, backend: str,
+                     counters: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step: each beam attends its prompt and its first ``num_own`` own slots.
 
     q: ``[B, W, Hq, D]``; shared_k, shared_v: ``[T, Hkv, D]`` packed prompt KV;
-    beam_k, beam_v: ``[B, W, S, Hkv, D]``. Returns ``[B, W, Hq, D]`` in ``q.dtype``.
+    beam_k, beam_v: ``[B, W, S, Hkv, D]``; counters: from ``split_counters`` for this shape,
+    or None. Returns ``[B, W, Hq, D]`` in ``q.dtype``.
     """
     if backend == "triton":
+        if counters is not None and not torch.compiler.is_compiling():
+            module = importlib.import_module("torch_engine.kernels.decode_attention")
+            return module.decode_attention_counted(q, shared_k, shared_v, prompt.cu_seqlens,
+                                                   beam_k, beam_v, num_own, counters)
         return _kernel("decode_attention")(q, shared_k, shared_v, prompt.cu_seqlens,
                                            beam_k, beam_v, num_own, None)
     batch, width, hq, dim = q.shape

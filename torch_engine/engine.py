@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from torch_engine import attention as attn
 from torch_engine import beam_search as bs
 from torch_engine.attention import resolve_backend
 from torch_engine.capacity import check_request, check_shape, run_contained
@@ -203,13 +204,17 @@ class Engine:
                        cfg.head_dim, hidden.dtype, self.device)
         tokens = prefixes
         fused = self.selection == "triton"
+        # Every decode step has one shape: its attention launches share one counter fill.
+        counters = attn.split_counters(rows, width, cfg.num_heads, cfg.num_kv_heads,
+                                       state.shared.keys[0].shape[0], cfg.head_dim,
+                                       self.device, self.backend)
         if fused:
             blocked = bs.blocked_prefixes(state.excluded, catalog, self.exclusion_tables)
         for level in range(levels):
             if level > 0:
                 hidden = model.decode_step(tokens, state.prompt.lengths + (level - 1),
                                            state.shared, state.prompt, beams, slot=level - 1,
-                                           backend=self.backend)
+                                           backend=self.backend, counters=counters)
             start, end = layout.level_range(level)
             logits = model.level_logits(hidden, start, end).expand(rows, width, -1)
             if fused:

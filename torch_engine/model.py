@@ -168,9 +168,11 @@ class Model(nn.Module):
 
     def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, shared: SharedKV,
                     prompt: PackedPrompt, beams: BeamKV, slot: int,
-                    backend: str = "torch") -> torch.Tensor:
+                    backend: str = "torch", counters: torch.Tensor | None = None
+                    ) -> torch.Tensor:
         """One token per beam: ``tokens [B, W]`` at ``positions [B]`` (same for all beams of a
-        request). Writes beam KV ``slot`` and attends the prompt plus slots ``0..slot``.
+        request). Writes beam KV ``slot`` and attends the prompt plus slots ``0..slot``;
+        ``counters``: the attention's shared split counters (``attention.split_counters``).
         Returns the normalised hidden ``[B, W, hidden]``.
         """
         x = self.embed(tokens)
@@ -179,7 +181,7 @@ class Model(nn.Module):
             q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot))
             beam_k, beam_v = beams.layer(index)
             out = attn.decode_attention(q, shared.keys[index], shared.values[index], prompt,
-                                        beam_k, beam_v, slot + 1, backend)
+                                        beam_k, beam_v, slot + 1, backend, counters)
             x = layer.finish(x, out)
         return self.model.norm(x)
 

@@ -12,8 +12,9 @@ from torch_engine import reference
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import decode_attention
 from torch_engine.kernels.decode_attention import (DECODE_TILES, DecodeConfig, _check_inputs,
+                                                   decode_attention_counted,
                                                    decode_config_for, launch_decode,
-                                                   split_count)
+                                                   merge_counters, split_count)
 
 CPU_DTYPES = [torch.float32, torch.float16]
 
@@ -91,6 +92,46 @@ def test_split_prompt_merges_to_reference(kt, gen, splits, fused):
     out = _poisoned_run(inputs, 3, config)
     kt.check(out, _reference(inputs, 3), torch.float32, f"decode splits={splits}",
              gen.initial_seed())
+
+
+def _counter_count(inputs) -> int:
+    q, k = inputs["q"], inputs["shared_k"]
+    return merge_counters(q.shape[0], q.shape[1], q.shape[2], k.shape[1], k.shape[0],
+                          q.shape[3], q.device)
+
+
+def test_shared_counters_serve_launch_after_launch_and_come_back_zeroed(kt, gen):
+    """Launches of one shape share one zeroed counter buffer, as a search's layers do: each
+    merges its splits correctly and leaves the counters at zero for the next."""
+    inputs = _inputs(kt, gen, [200], width=2, hq=4, hkv=2, dim=64, slots=2,
+                     dtype=torch.float32)
+    assert _config(inputs).splits > 1 and _config(inputs).fused_merge
+    count = _counter_count(inputs)
+    assert count == 2                              # one row tile x 2 KV heads
+    counters = torch.zeros(count + 3, dtype=torch.int32, device=inputs["q"].device)
+    for step in range(3):
+        inputs["q"] = kt.randn(inputs["q"].shape, torch.float32, gen)
+        out = decode_attention_counted(**inputs, num_own=step % 3, counters=counters)
+        kt.check(out, _reference(inputs, step % 3), torch.float32, f"shared counters {step}",
+                 gen.initial_seed())
+        assert not bool(counters.any()), counters
+
+
+def test_shapes_that_do_not_split_need_no_counters(kt, gen):
+    inputs = _inputs(kt, gen, [3], width=1, hq=2, hkv=2, dim=64, slots=1, dtype=torch.float32)
+    assert _config(inputs).splits == 1 and _counter_count(inputs) == 0
+
+
+@pytest.mark.parametrize("bad,match", [
+    (lambda n: torch.zeros(n - 1, dtype=torch.int32), "at least 2 entries"),
+    (lambda n: torch.zeros(n, dtype=torch.int64), "contiguous 1-D int32"),
+    (lambda n: torch.zeros((n, 1), dtype=torch.int32), "contiguous 1-D int32")])
+def test_bad_counters_name_the_rule(kt, gen, bad, match):
+    inputs = _inputs(kt, gen, [200], width=2, hq=4, hkv=2, dim=64, slots=2,
+                     dtype=torch.float32)
+    counters = bad(_counter_count(inputs)).to(inputs["q"].device)
+    with pytest.raises(InvalidInputError, match=match):
+        decode_attention_counted(**inputs, num_own=1, counters=counters)
 
 
 def test_public_op_one_own_token_and_custom_scale(kt, gen):
@@ -317,3 +358,35 @@ def test_gpu_fused_merge_is_race_free_over_many_replays(kt, gen):
         torch.cuda.synchronize()
         kt.check(out, _reference(inputs, 2), torch.bfloat16, f"fused merge replay {replay}",
                  gen.initial_seed())
+
+
+@pytest.mark.gpu
+def test_gpu_shared_counters_over_layers_and_replays(kt, gen):
+    """The engine's use: 24 launches of one shape (a search's layers) share one counter fill
+    in a captured graph; each replay's every launch equals the reference."""
+    inputs = _inputs(kt, gen, [1000], width=256, hq=14, hkv=2, dim=64, slots=2,
+                     dtype=torch.bfloat16)
+    count = _counter_count(inputs)
+    assert count > 0
+    outs = [torch.empty_like(inputs["q"]) for _ in range(24)]
+    queries = [kt.randn(inputs["q"].shape, torch.bfloat16, gen) for _ in range(24)]
+
+    def layers():
+        counters = torch.zeros(count, dtype=torch.int32, device="cuda")
+        for q, out in zip(queries, outs):
+            out.copy_(decode_attention_counted(**{**inputs, "q": q}, num_own=2,
+                                               counters=counters))
+        return counters
+    layers()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        counters = layers()
+    for replay in range(3):
+        for q in queries:
+            q.copy_(kt.randn(q.shape, torch.bfloat16, gen))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not bool(counters.any())
+        for layer in (0, 11, 23):
+            kt.check(outs[layer], _reference({**inputs, "q": queries[layer]}, 2),
+                     torch.bfloat16, f"replay {replay} layer {layer}", gen.initial_seed())

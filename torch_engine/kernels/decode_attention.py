@@ -200,6 +200,9 @@ def _decode_partial_kernel(
                                      BLOCK_M, HEAD_DIM, SPLITS, ".cg")
                 tl.store(o_rows[:, None] + d[None, :], merged.to(out_ptr.dtype.element_ty),
                          mask=row_ok[:, None])
+                # Every split has counted: the counter goes back to zero, so the next launch
+                # may reuse it without a fill (``merge_counters``).
+                tl.atomic_xchg(count_ptr + tile, 0, sem="relaxed", scope="gpu")
 
 
 @triton.jit
@@ -352,11 +355,45 @@ def own_beams(block_m: int, group: int) -> int:
     return max(16, triton.next_power_of_2(span))
 
 
+def merge_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
+                   total_tokens: int, head_dim: int, device: torch.device) -> int:
+    """How many split counters a launch of this shape uses (0: its prompt is not split).
+
+    The launch leaves each counter at zero, so launches of one shape in stream order (the
+    layers and decode steps of a search) can share one zeroed ``counters`` buffer: one fill a
+    search instead of one per launch."""
+    group = num_heads // num_kv_heads
+    config = decode_config_for(batch, width, group, num_kv_heads, total_tokens, head_dim, device)
+    if not (config.fused_merge and config.splits > 1):
+        return 0
+    return triton.cdiv(width * group, config.block_m) * batch * num_kv_heads
+
+
+def _counters_for(counters: torch.Tensor | None, tiles: int, device: torch.device
+                  ) -> torch.Tensor:
+    """The caller's zeroed counters (checked), or a fresh zeroed buffer."""
+    if counters is None:
+        return torch.zeros(tiles, device=device, dtype=torch.int32)
+    require(counters.dtype == torch.int32 and counters.dim() == 1 and counters.is_contiguous(),
+            InvalidInputError,
+            f"{_OP}: counters must be a contiguous 1-D int32 tensor, got dtype "
+            f"{counters.dtype} and shape {tuple(counters.shape)}")
+    require(counters.numel() >= tiles, InvalidInputError,
+            f"{_OP}: counters must hold at least {tiles} entries (merge_counters), got "
+            f"{counters.numel()}")
+    require(counters.device == device, InvalidInputError,
+            f"{_OP}: counters is on {counters.device} but q is on {device}")
+    return counters
+
+
 def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: int,
                   scale: float, config: DecodeConfig,
-                  out: torch.Tensor | None = None) -> torch.Tensor:
+                  out: torch.Tensor | None = None,
+                  counters: torch.Tensor | None = None) -> torch.Tensor:
     """Runs the kernels with an explicit ``config`` (inputs already checked); ``out``
-    (caller-owned, like q) receives the result when given."""
+    (caller-owned, like q) receives the result when given; ``counters``: zeroed int32 split
+    counters to use (and leave zeroed) instead of a fresh zeroed buffer, see
+    ``merge_counters``."""
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     group = hq // hkv
@@ -379,7 +416,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         part_lse = torch.empty(1, device=q.device, dtype=torch.float32)
     fused = config.fused_merge and config.splits > 1
     # Finished-split counters of the fused merge, one per row tile, zero at the start.
-    count = (torch.zeros(grid[0] * grid[1], device=q.device, dtype=torch.int32) if fused
+    count = (_counters_for(counters, grid[0] * grid[1], q.device) if fused
              else torch.empty(1, device=q.device, dtype=torch.int32))
     tma = config.tma and c.tma_ready(shared_k, shared_v)
     kd, vd = (c.kv_descriptors(shared_k, shared_v, config.block_n) if tma
@@ -406,7 +443,8 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     return out
 
 
-def _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale) -> torch.Tensor:
+def _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
+         counters: torch.Tensor | None = None) -> torch.Tensor:
     """Checks, the config from shapes (example sizes when traced), the launch."""
     scale = _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
     batch, width, hq, dim = q.shape
@@ -415,7 +453,7 @@ def _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale) -> t
                                c.size_hint(shared_k.shape[0], 1024), dim, q.device)
     with c.on_device(q.device):
         return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
-                             config)
+                             config, counters=counters)
 
 
 @triton_op("xgr::decode_attention", mutates_args=())
@@ -460,3 +498,14 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
     """
     return torch.ops.xgr.decode_attention(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v,
                                           num_own, scale)
+
+
+def decode_attention_counted(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                             cu_seqlens: torch.Tensor, beam_k: torch.Tensor,
+                             beam_v: torch.Tensor, num_own: int, counters: torch.Tensor,
+                             scale: float | None = None) -> torch.Tensor:
+    """``decode_attention`` with caller-owned split counters: ``counters`` int32, zeroed, at
+    least ``merge_counters`` entries, left zeroed. A plain launch, not the custom op: for the
+    engine's eager and captured searches, where it saves each launch its counter fill (one
+    graph node); traced programs hold the op, which fills its own."""
+    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale, counters)
