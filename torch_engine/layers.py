@@ -29,6 +29,12 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x, self.shape, self.weight, self.eps)
 
 
+def rotary_inv_freq(head_dim: int, theta: float, device: torch.device) -> torch.Tensor:
+    """The rotary frequencies ``1 / theta ** (2j / head_dim)``, ``[head_dim / 2]`` float32."""
+    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
+                            / head_dim))
+
+
 def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin ``[..., head_dim]`` for integer ``positions [...]`` (computed in
@@ -39,8 +45,7 @@ def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float,
     Computed from the positions on the fly (no cached table), so any position works and the
     function traces without data-dependent shapes.
     """
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
-                                             dtype=torch.float32) / head_dim))
+    inv_freq = rotary_inv_freq(head_dim, theta, positions.device)
     freqs = positions.to(torch.float32)[..., None] * inv_freq
     cos, sin = freqs.cos(), freqs.sin()
     return torch.cat([cos, cos], dim=-1).to(dtype), torch.cat([-sin, sin], dim=-1).to(dtype)

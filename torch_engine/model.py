@@ -20,7 +20,7 @@ from torch_engine import attention as attn
 from torch_engine.config import ModelConfig, preset
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
-from torch_engine.layers import DecoderLayer, RMSNorm, rotary_cos_sin
+from torch_engine.layers import DecoderLayer, RMSNorm, rotary_cos_sin, rotary_inv_freq
 from torch_engine.layout import MaskMode
 
 
@@ -87,6 +87,11 @@ class Model(nn.Module):
         fused elementwise kernels when ``kernels``."""
         for layer in self.model.layers:
             layer.fuse_projections(kernels)
+        # The rotary frequencies the fused cos/sin kernel reads, made once here (outside any
+        # graph capture) on the weights' device.
+        device = self.lm_head.weight.device
+        self.rotary_freqs = rotary_inv_freq(self.config.head_dim, self.config.rope_theta,
+                                            device)
 
     # -------------------------------------------------------------------------- pieces
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -98,7 +103,18 @@ class Model(nn.Module):
         in float32; ``hidden [..., hidden]`` already normalised."""
         return (hidden @ self.lm_head.weight[start:end].T).float()
 
-    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype):
+    def _rotary(self, positions: torch.Tensor, dtype: torch.dtype, repeat: int = 1):
+        """cos and signed sin of ``positions [...]``, each repeated ``repeat`` times:
+        ``[*positions.shape, repeat, D]`` (``[*positions.shape, D]`` when ``repeat`` is 1).
+        One launch on CUDA with the fused kernels (``layer_ops.rotary_cos_sin``)."""
+        first = self.model.layers[0]._live_fused()
+        freqs = getattr(self, "rotary_freqs", None)
+        if (first is not None and first.kernels and positions.is_cuda and freqs is not None
+                and freqs.device == positions.device):
+            from torch_engine.kernels import layer_ops
+            return layer_ops.rotary_cos_sin(positions, freqs, dtype, repeat)
+        if repeat > 1:
+            positions = positions[..., None].expand(*positions.shape, repeat)
         return rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
 
     # ------------------------------------------------------------------------- forward
@@ -176,7 +192,7 @@ class Model(nn.Module):
         Returns the normalised hidden ``[B, W, hidden]``.
         """
         x = self.embed(tokens)
-        cos, sin = self._rotary(positions[:, None].expand_as(tokens), x.dtype)
+        cos, sin = self._rotary(positions, x.dtype, repeat=tokens.shape[1])
         for index, layer in enumerate(self.model.layers):
             q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot))
             beam_k, beam_v = beams.layer(index)

@@ -8,7 +8,7 @@ from torch_engine import reference
 from torch_engine.config import PRESETS
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import layer_ops
-from torch_engine.layers import apply_rotary, rotary_cos_sin
+from torch_engine.layers import apply_rotary, rotary_cos_sin, rotary_inv_freq
 from torch_engine.model import Model
 from torch_engine.tolerances import tolerance_for
 
@@ -145,6 +145,44 @@ def test_norm_and_swiglu_reject_bad_inputs_by_name():
         layer_ops.silu_mul(torch.randn(2, 7))
     with pytest.raises(InvalidInputError, match="gate_up.dtype"):
         layer_ops.silu_mul(torch.ones(2, 8, dtype=torch.int64))
+
+
+def _rotary_case(device: str, dtype: torch.dtype, dim: int, theta: float, repeat: int):
+    positions = torch.tensor([[0, 1, 7], [999, 4999, 120_000]], device=device)
+    freqs = rotary_inv_freq(dim, theta, torch.device(device))
+    got = layer_ops.rotary_cos_sin(positions, freqs, dtype, repeat)
+    rows = positions[..., None].expand(2, 3, repeat) if repeat > 1 else positions
+    want = rotary_cos_sin(rows, dim, theta, dtype)
+    shape = (2, 3, *((repeat,) if repeat > 1 else ()), dim)
+    # Same float32 steps; cos and sin of two math libraries may differ in the last bit.
+    tol = tolerance_for(dtype)
+    for name, a, b in zip(("cos", "sin"), got, want):
+        assert a.shape == shape and a.dtype == dtype, (name, a.shape, a.dtype)
+        torch.testing.assert_close(a, b, atol=tol.atol, rtol=tol.rtol, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dim,theta,repeat", [(64, 1e6, 1), (128, 1e4, 4), (16, 1e4, 3)])
+def test_rotary_kernel_equals_the_torch_rows(dtype, dim, theta, repeat):
+    _rotary_case("cpu", dtype, dim, theta, repeat)
+
+
+def test_rotary_kernel_rejects_bad_inputs_by_name():
+    freqs = rotary_inv_freq(8, 1e4, torch.device("cpu"))
+    with pytest.raises(InvalidInputError, match="positions must be an integer tensor"):
+        layer_ops.rotary_cos_sin(torch.zeros(3), freqs, torch.float32)
+    with pytest.raises(InvalidInputError, match="inv_freq must be a contiguous float32"):
+        layer_ops.rotary_cos_sin(torch.zeros(3, dtype=torch.int64), freqs.double(),
+                                 torch.float32)
+    with pytest.raises(InvalidInputError, match="repeat must be an int >= 1"):
+        layer_ops.rotary_cos_sin(torch.zeros(3, dtype=torch.int64), freqs, torch.float32, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_rotary_kernel_equals_the_torch_rows(dtype):
+    for dim, theta, repeat in ((64, 1e6, 256), (128, 1e6, 1)):
+        _rotary_case("cuda", dtype, dim, theta, repeat)
 
 
 @pytest.mark.gpu

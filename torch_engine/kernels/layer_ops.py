@@ -10,6 +10,10 @@ ops inside one CUDA graph); these fold the elementwise work between the matrix p
 * ``rms_norm``: RMSNorm alone (the layer's input norm, whose residual add rides on the previous
   layer's down projection): one row per program, about 1 us less than torch's kernel.
 * ``silu_mul``: ``silu(gate) * up`` from the fused gate/up product: 1 launch instead of 2.
+* ``rotary_cos_sin``: the rotary cos and signed sin rows of a pass's positions (each repeated
+  for the beams of a decode step), from the model's frequencies: 1 launch instead of about 13
+  (``layers.rotary_cos_sin``: the frequencies, the products, cos, sin, the concatenations,
+  the casts), with the same float32 steps.
 
 Arithmetic in float32, one rounding to the output dtype; same functions as the torch ops they
 replace, defined in ``torch_engine.reference.layer_ops``. Each launcher checks shapes, dtypes,
@@ -240,3 +244,62 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
         _silu_mul_kernel[(rows, triton.cdiv(size, block))](gate_up, out, size, BLOCK=block,
                                                            num_warps=4)
     return out
+
+
+@triton.jit
+def _rotary_cos_sin_kernel(pos_ptr, inv_ptr, cos_ptr, sin_ptr, rows, repeat,
+                           D: tl.constexpr, BLOCK_R: tl.constexpr):
+    row = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ok = row < rows
+    half = tl.arange(0, D // 2)
+    inv_freq = tl.load(inv_ptr + half)
+    # As layers.rotary_cos_sin: freqs = float(position) * inv_freq, then cosf / sinf.
+    position = tl.load(pos_ptr + row // repeat, mask=ok, other=0).to(tl.float32)
+    freqs = position[:, None] * inv_freq[None, :]
+    # tl.cos / tl.sin compile to libdevice's cosf / sinf on sm_90 (Triton 3.6), not to the
+    # approximate instructions: the functions torch's kernels call.
+    cos = tl.cos(freqs).to(cos_ptr.dtype.element_ty)
+    sin = tl.sin(freqs)
+    at = row.to(tl.int64)[:, None] * D + half[None, :]
+    mask = ok[:, None]
+    tl.store(cos_ptr + at, cos, mask=mask)
+    tl.store(cos_ptr + at + D // 2, cos, mask=mask)
+    tl.store(sin_ptr + at, (-sin).to(sin_ptr.dtype.element_ty), mask=mask)
+    tl.store(sin_ptr + at + D // 2, sin.to(sin_ptr.dtype.element_ty), mask=mask)
+
+
+def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                   repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``layers.rotary_cos_sin`` of ``positions [...]`` (int) given its frequencies
+    ``inv_freq [D / 2]`` float32 (``layers.rotary_inv_freq``, computed once per model), each
+    position's row repeated ``repeat`` times (a decode step's beams share their request's
+    position): cos and signed sin ``[*positions.shape, repeat, D]`` (``[*positions.shape, D]``
+    when ``repeat`` is 1) in ``dtype``."""
+    op = "rotary_cos_sin"
+    require(isinstance(positions, torch.Tensor) and not positions.is_floating_point()
+            and not positions.is_complex() and positions.dtype != torch.bool, InvalidInputError,
+            f"{op}: positions must be an integer tensor, got "
+            f"{getattr(positions, 'dtype', type(positions).__name__)}")
+    c.check_rank(op, "inv_freq", inv_freq, 1, "[D / 2]")
+    half = inv_freq.shape[0]
+    require(inv_freq.dtype == torch.float32 and inv_freq.is_contiguous() and half >= 1
+            and half & (half - 1) == 0, InvalidInputError,
+            f"{op}: inv_freq must be a contiguous float32 [D / 2] with D / 2 a power of two, "
+            f"got {inv_freq.dtype} {tuple(inv_freq.shape)}")
+    require(isinstance(repeat, int) and repeat >= 1, InvalidInputError,
+            f"{op}: repeat must be an int >= 1, got {repeat!r}")
+    require(dtype in c.FLOAT_DTYPES, InvalidInputError,
+            f"{op}: dtype must be one of float16/bfloat16/float32, got {dtype}")
+    c.check_devices(op, {"positions": positions, "inv_freq": inv_freq})
+    flat = positions.reshape(-1).contiguous()
+    rows = flat.numel() * repeat
+    shape = (*positions.shape, *((repeat,) if repeat > 1 else ()), 2 * half)
+    cos = torch.empty(shape, dtype=dtype, device=positions.device)
+    sin = torch.empty_like(cos)
+    if rows == 0:
+        return cos, sin
+    block = 16
+    with c.on_device(positions.device):
+        _rotary_cos_sin_kernel[(triton.cdiv(rows, block),)](
+            flat, inv_freq, cos, sin, rows, repeat, D=2 * half, BLOCK_R=block, num_warps=4)
+    return cos, sin
