@@ -6,15 +6,11 @@ On the CPU the kernels run under Triton's interpreter (the root conftest sets it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
+from tests.sm90_compile import assert_no_spills, compiled_lines
 from torch_engine import beam_search as bs
 from torch_engine.catalog import Catalog
 from torch_engine.errors import InvalidInputError
@@ -22,7 +18,6 @@ from torch_engine.kernels.exclusions import (ExclusionTables, excluded_rows,
                                              exhausted_prefixes)
 from torch_engine.layout import TokenLayout
 
-REPO = Path(__file__).resolve().parents[2]
 
 
 def small_catalog(rng: np.random.Generator, items: int, size: int) -> Catalog:
@@ -101,73 +96,29 @@ def test_bad_exclusions_name_the_argument(case, match):
         excluded_rows(bad, tables)
 
 
-# Compiles both kernels for sm_90 without a GPU (Triton's own ptxas) in a fresh process, since
-# the interpreter replaces every jit function of this one; prints the resource usage.
+# Both kernels compiled for sm_90 without a GPU (``tests.sm90_compile``).
 _COMPILE = """
-import pathlib, subprocess, tempfile, sys
-import triton
-try:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-except ImportError as error:
-    print("SKIP", error); sys.exit(0)
 from torch_engine.kernels.exclusions import _excluded_rows_kernel, _exhausted_kernel, _warps
-cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
-
-
-def usage(kernel):
-    if not cuobjdump.exists():
-        return "no cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(kernel.asm["cubin"])
-        cubin.flush()
-        dump = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name],
-                              capture_output=True, text=True).stdout
-    return next(line.strip() for line in dump.splitlines() if "REG:" in line)
-
-
-target = GPUTarget("cuda", 90, 32)
 for block in (2, 1024, 4096):
-    # excluded (and a stride) of 1 come as constants: Triton's rule for int arguments == 1.
+    # excluded == 1 comes as a constant: Triton's rule for int arguments equal to 1.
     one = block == 2
-    signature = dict(exclude_ptr="*i64", ids_ptr="*i64", rows_ptr="*i64", out_ptr="*i64",
-                     excluded="constexpr" if one else "i32", num_items="i32",
-                     BLOCK="constexpr", STEPS="constexpr")
-    constants = dict(BLOCK=block, STEPS=24)
-    if one:
-        constants.update(excluded=1)
-    kernel = triton.compile(ASTSource(fn=_excluded_rows_kernel, signature=signature,
-                                      constexprs=constants),
-                            target=target, options=dict(num_warps=_warps(block)))
-    print("COMPILED rows", block, usage(kernel))
-    signature = dict(rows_ptr="*i64", indptr_ptr="*i64", starts_ptr="*i64", totals_ptr="*i64",
-                     out_ptr="*i64", excluded="constexpr" if one else "i32", num_items="i32",
-                     LEVELS="constexpr", BLOCK="constexpr", STEPS="constexpr")
-    constants = dict(LEVELS=3, BLOCK=block, STEPS=22)
-    if one:
-        constants.update(excluded=1)
-    kernel = triton.compile(ASTSource(fn=_exhausted_kernel, signature=signature,
-                                      constexprs=constants),
-                            target=target, options=dict(num_warps=_warps(block)))
-    print("COMPILED prefixes", block, usage(kernel))
+    columns = dict(excluded="constexpr" if one else "i32", num_items="i32")
+    constants = dict(excluded=1) if one else {}
+    for name, fn, pointers, extra in (
+            ("rows", _excluded_rows_kernel, ("exclude", "ids", "rows", "out"), dict(STEPS=24)),
+            ("prefixes", _exhausted_kernel, ("rows", "indptr", "starts", "totals", "out"),
+             dict(LEVELS=3, STEPS=22))):
+        signature = {**{f"{p}_ptr": "*i64" for p in pointers}, **columns,
+                     **{key: "constexpr" for key in (*extra, "BLOCK")}}
+        kernel = triton.compile(ASTSource(fn=fn, signature=signature,
+                                          constexprs=dict(constants, BLOCK=block, **extra)),
+                                target=TARGET, options=dict(num_warps=_warps(block)))
+        print("COMPILED", name, block, usage(kernel))
 """
 
 
 def test_kernels_compile_for_sm90():
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here: the gpu tests compile the kernels for it")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    if done.stdout.startswith("SKIP"):
-        pytest.skip(f"the CUDA backend of Triton cannot compile here: {done.stdout.strip()}")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("COMPILED")]
-    assert len(lines) == 6, done.stdout
-    for line in lines:
-        assert "no cuobjdump" in line or ("STACK:0" in line and "LOCAL:0" in line), line
-    print("\n".join(lines))
+    assert_no_spills(compiled_lines(_COMPILE, 6))
 
 
 @pytest.mark.gpu

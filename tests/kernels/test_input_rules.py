@@ -8,15 +8,11 @@ On the CPU the kernel runs under Triton's interpreter (the root conftest sets it
 
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
 
+from tests.sm90_compile import assert_no_spills, compiled_lines
 from torch_engine import inputs
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
@@ -30,7 +26,6 @@ from torch_engine.reference.input_rules import input_rules as reference
 
 SHORT, LONG, TOKENS, SEGMENTS, EXCLUDE, LONGEST = range(6)
 VOCAB = 50
-REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -345,19 +340,9 @@ def test_cpu_tensors_need_the_interpreter(monkeypatch):
         input_rules(**_good())
 
 
-# Compiles the kernel for sm_90 without a GPU (Triton's own ptxas) in a fresh process, since
-# the interpreter replaces every jit function of this one; prints the resource usage.
+# The kernel compiled for sm_90 without a GPU (``tests.sm90_compile``).
 _COMPILE = """
-import pathlib, subprocess, tempfile, sys
-import triton
-try:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-except ImportError as error:
-    print("SKIP", error); sys.exit(0)
 from torch_engine.kernels.input_rules import _input_rules_kernel, _warps
-cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 # (token and length pointers, causal, BLOCK, EXCLUDE_BLOCK): the dtypes the launcher passes,
 # both loops at the largest block and at unequal blocks.
 for tokens, lengths, causal, block, exclude_block in (
@@ -374,44 +359,23 @@ for tokens, lengths, causal, block, exclude_block in (
     source = ASTSource(fn=_input_rules_kernel, signature=signature, constexprs=dict(
         CAUSAL=causal, EXTENT=not causal, EXTENT_BITS=21, BLOCK=block,
         EXCLUDE_BLOCK=exclude_block))
-    kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+    kernel = triton.compile(source, target=TARGET,
                             options=dict(num_warps=_warps(block, exclude_block)))
-    usage = "no cuobjdump"
-    if cuobjdump.exists():
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-            cubin.write(kernel.asm["cubin"])
-            cubin.flush()
-            dump = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name],
-                                  capture_output=True, text=True).stdout
-        usage = next(line.strip() for line in dump.splitlines() if "REG:" in line)
     print("COMPILED", tokens, lengths, "causal" if causal else "segmented", block,
-          exclude_block, usage)
+          exclude_block, usage(kernel))
 # A one-token row and one exclusion column: Triton passes int arguments equal to 1 as
 # constants, which the plain form must accept.
 signature.update(width="constexpr", excluded="constexpr")
 triton.compile(ASTSource(fn=_input_rules_kernel, signature=signature, constexprs=dict(
     width=1, excluded=1, CAUSAL=False, EXTENT=False, EXTENT_BITS=21, BLOCK=16,
-    EXCLUDE_BLOCK=16)), target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4))
+    EXCLUDE_BLOCK=16)), target=TARGET, options=dict(num_warps=4))
 print("COMPILED width 1, one exclusion column")
 """
 
 
 def test_kernel_compiles_for_sm90():
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here: the gpu tests compile the kernel for it")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO),
-           "TRITON_DEFAULT_FP_FUSION": "1"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    if done.stdout.startswith("SKIP"):
-        pytest.skip(f"the CUDA backend of Triton cannot compile here: {done.stdout.strip()}")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("COMPILED")]
-    assert len(lines) == 5, done.stdout
-    for line in lines[:4]:
-        # No register spills to local memory (resource line: "REG:n STACK:0 ... LOCAL:0").
-        assert "no cuobjdump" in line or ("STACK:0" in line and "LOCAL:0" in line), line
-    print("\n".join(lines))
+    lines = compiled_lines(_COMPILE, 5)
+    assert_no_spills(lines[:4])
 
 
 @pytest.mark.gpu

@@ -8,22 +8,17 @@ On the CPU the kernel runs under Triton's interpreter (the root conftest sets it
 
 from __future__ import annotations
 
-import os
-import pathlib
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import torch
 
+from tests.sm90_compile import assert_no_spills, compiled_lines
 from torch_engine import beam_search as bs
 from torch_engine.catalog import Catalog
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels.item_expansion import MAX_BEAMS, expand_items
 from torch_engine.layout import TokenLayout
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -290,19 +285,9 @@ def test_cuda_graph_replay(gen, serving_catalog):
             f"replay dead {dead}: scores differ")
 
 
-# Compiles the kernel for sm_90 without a GPU (Triton's own ptxas) in a fresh process, since
-# the interpreter replaces every jit function of this one; prints the resource usage.
+# The kernel compiled for sm_90 without a GPU (``tests.sm90_compile``).
 _COMPILE = """
-import pathlib, subprocess, tempfile, sys
-import triton
-try:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.backends.nvidia.compiler import CUDABackend  # noqa: F401
-except ImportError as error:
-    print("SKIP", error); sys.exit(0)
 from torch_engine.kernels.item_expansion import MAX_BEAMS, _blocks, _expand_items_kernel
-cuobjdump = pathlib.Path(triton.__file__).parent / "backends/nvidia/bin/cuobjdump"
 signature = dict(scores_ptr="*fp32", paths_ptr="*i64", excluded_ptr="*i64", indptr_ptr="*i64",
                  items_ptr="*i64", scratch_ptr="*i64", out_items_ptr="*i64",
                  out_scores_ptr="*fp32", width="i32", num_excluded="i32", top_k="i32",
@@ -315,40 +300,19 @@ for width, excluded, top_k in ((256, 1, 300), (256, 512, 300), (1024, 512, 300),
     warps = blocks.pop("num_warps")
     kernel = triton.compile(ASTSource(fn=_expand_items_kernel, signature=signature,
                                       constexprs=blocks),
-                            target=GPUTarget("cuda", 90, 32), options=dict(num_warps=warps))
-    usage = "no cuobjdump"
-    if cuobjdump.exists():
-        with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-            cubin.write(kernel.asm["cubin"])
-            cubin.flush()
-            dump = subprocess.run([str(cuobjdump), "--dump-resource-usage", cubin.name],
-                                  capture_output=True, text=True).stdout
-        usage = next(line.strip() for line in dump.splitlines() if "REG:" in line)
-    print("COMPILED", f"W{width} X{excluded} top_k{top_k}", blocks, f"warps {warps}", usage)
+                            target=TARGET, options=dict(num_warps=warps))
+    print("COMPILED", f"W{width} X{excluded} top_k{top_k}", blocks, f"warps {warps}",
+          usage(kernel))
 # One beam, one exclusion column, top_k 1: Triton passes int arguments equal to 1 as constants.
 blocks = _blocks(1, 1, 1)
 warps = blocks.pop("num_warps")
 signature.update(width="constexpr", num_excluded="constexpr", top_k="constexpr")
 triton.compile(ASTSource(fn=_expand_items_kernel, signature=signature, constexprs=dict(
-    width=1, num_excluded=1, top_k=1, **blocks)), target=GPUTarget("cuda", 90, 32),
-    options=dict(num_warps=warps))
+    width=1, num_excluded=1, top_k=1, **blocks)), target=TARGET, options=dict(num_warps=warps))
 print("COMPILED W1 X1 top_k1")
 """
 
 
 def test_kernel_compiles_for_sm90():
-    if torch.cuda.is_available():
-        pytest.skip("a GPU is here: the gpu tests compile the kernel for it")
-    env = {**os.environ, "TRITON_INTERPRET": "0", "PYTHONPATH": str(REPO),
-           "TRITON_DEFAULT_FP_FUSION": "1"}
-    done = subprocess.run([sys.executable, "-c", _COMPILE], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=300)
-    assert done.returncode == 0, done.stderr[-4000:]
-    if done.stdout.startswith("SKIP"):
-        pytest.skip(f"the CUDA backend of Triton cannot compile here: {done.stdout.strip()}")
-    lines = [line for line in done.stdout.splitlines() if line.startswith("COMPILED")]
-    assert len(lines) == 6, done.stdout
-    for line in lines[:5]:
-        # No register spills to local memory (resource line: "REG:n STACK:0 ... LOCAL:0").
-        assert "no cuobjdump" in line or ("STACK:0" in line and "LOCAL:0" in line), line
-    print("\n".join(lines))
+    lines = compiled_lines(_COMPILE, 6)
+    assert_no_spills(lines[:5])

@@ -67,28 +67,18 @@ class ExclusionTables:
 
 
 @triton.jit
-def _lower_bound(ptr, n, value, STEPS: tl.constexpr):
-    """First index in ``[0, n)`` whose (sorted) entry is >= ``value``, or ``n``."""
+def _search(ptr, n, value, STEPS: tl.constexpr, RIGHT: tl.constexpr):
+    """First index in ``[0, n)`` whose (sorted) entry is >= ``value`` (> with ``RIGHT``), or
+    ``n``: ``searchsorted``'s left and right sides."""
     lo = tl.zeros_like(value)
     hi = lo + n
     for _ in tl.static_range(STEPS):
         mid = (lo + hi) // 2
         probe = tl.load(ptr + mid, mask=mid < hi, other=0)
-        go = (probe < value) & (mid < hi)
-        lo = tl.where(go, mid + 1, lo)
-        hi = tl.where(go, hi, mid)
-    return lo
-
-
-@triton.jit
-def _upper_bound(ptr, n, value, STEPS: tl.constexpr):
-    """First index in ``[0, n)`` whose (sorted) entry is > ``value``, or ``n``."""
-    lo = tl.zeros_like(value)
-    hi = lo + n
-    for _ in tl.static_range(STEPS):
-        mid = (lo + hi) // 2
-        probe = tl.load(ptr + mid, mask=mid < hi, other=0)
-        go = (probe <= value) & (mid < hi)
+        if RIGHT:
+            go = (probe <= value) & (mid < hi)
+        else:
+            go = (probe < value) & (mid < hi)
         lo = tl.where(go, mid + 1, lo)
         hi = tl.where(go, hi, mid)
     return lo
@@ -101,7 +91,7 @@ def _excluded_rows_kernel(exclude_ptr, ids_ptr, rows_ptr, out_ptr, excluded, num
     j = tl.arange(0, BLOCK)
     inside = j < excluded
     ident = tl.load(exclude_ptr + b * excluded + j, mask=inside, other=-1)
-    pos = _lower_bound(ids_ptr, num_items, ident, STEPS)
+    pos = _search(ids_ptr, num_items, ident, STEPS, False)
     found = (ident >= 0) & (pos < num_items)
     found = found & (tl.load(ids_ptr + pos, mask=found, other=-1) == ident)
     # Unknown ids and padding lanes become the sentinel, which sorts after every row.
@@ -135,7 +125,7 @@ def _exhausted_kernel(rows_ptr, indptr_ptr, starts_ptr, totals_ptr, out_ptr, exc
     for level in tl.static_range(LEVELS):
         indptr = indptr_ptr + tl.load(starts_ptr + level)
         total = tl.load(totals_ptr + level)
-        prefix = _upper_bound(indptr, total + 1, row, STEPS) - 1
+        prefix = _search(indptr, total + 1, row, STEPS, True) - 1
         lo = tl.load(indptr + prefix, mask=live, other=0)
         hi = tl.load(indptr + prefix + 1, mask=live, other=0)
         first_at = j - (row - lo)
@@ -151,10 +141,19 @@ def _exhausted_kernel(rows_ptr, indptr_ptr, starts_ptr, totals_ptr, out_ptr, exc
         tl.store(out + j, tl.zeros_like(prefix) + total, mask=inside & (j >= done))
 
 
-def _block(op: str, name: str, columns: int) -> int:
+def _checked_block(op: str, name: str, table: torch.Tensor, catalog_table: torch.Tensor
+                   ) -> int:
+    """Checks a ``[B, X]`` int64 request table (contiguous, B and X >= 1, on the catalog
+    tables' device) and returns the block of one program: X up to a power of two."""
+    c.check_rank(op, name, table, 2, "[B, X]")
+    c.check_index(op, name, table, allowed=(torch.int64,))
+    batch, columns = table.shape
+    require(batch >= 1 and columns >= 1, InvalidInputError,
+            f"{op}: {name} must have B, X >= 1, got shape {tuple(table.shape)}")
     block = max(2, triton.next_power_of_2(columns))
     require(block <= MAX_BLOCK, InvalidInputError,
             f"{op}: {name} may have at most {MAX_BLOCK} columns, got {columns}")
+    c.check_devices(op, {name: table, "the catalog tables": catalog_table})
     return block
 
 
@@ -164,16 +163,10 @@ def _warps(block: int) -> int:
 
 def excluded_rows(exclude_items: torch.Tensor, tables: ExclusionTables) -> torch.Tensor:
     """``beam_search.excluded_rows`` in one launch: ``exclude_items [B, X]`` int64, contiguous
-    (X >= 1, -1 = padding, ids not in the catalog ignored) -> ``[B, X]`` int64 rows of ``path_items``,
-    sorted, distinct, padded with the sentinel ``num_items``."""
-    op = "excluded_rows"
-    c.check_rank(op, "exclude_items", exclude_items, 2, "[B, X]")
-    c.check_index(op, "exclude_items", exclude_items, allowed=(torch.int64,))
+    (X >= 1, -1 = padding, ids not in the catalog ignored) -> ``[B, X]`` int64 rows of
+    ``path_items``, sorted, distinct, padded with the sentinel ``num_items``."""
+    block = _checked_block("excluded_rows", "exclude_items", exclude_items, tables.lookup_ids)
     batch, columns = exclude_items.shape
-    require(batch >= 1 and columns >= 1, InvalidInputError,
-            f"{op}: exclude_items must have B, X >= 1, got shape {tuple(exclude_items.shape)}")
-    block = _block(op, "exclude_items", columns)
-    c.check_devices(op, {"exclude_items": exclude_items, "lookup_ids": tables.lookup_ids})
     out = torch.empty((batch, columns), dtype=torch.int64, device=exclude_items.device)
     with c.on_device(out.device):
         _excluded_rows_kernel[(batch,)](
@@ -188,14 +181,8 @@ def exhausted_prefixes(rows: torch.Tensor, tables: ExclusionTables) -> torch.Ten
     ``excluded_rows`` -> ``[L, B, X]`` int64, entry ``level`` being that level's ``blocked``
     input of the fused selection (prefixes of ``level + 1`` codes, sorted, padded with the
     count of such prefixes)."""
-    op = "exhausted_prefixes"
-    c.check_rank(op, "rows", rows, 2, "[B, X]")
-    c.check_index(op, "rows", rows, allowed=(torch.int64,))
+    block = _checked_block("exhausted_prefixes", "rows", rows, tables.indptr)
     batch, columns = rows.shape
-    require(batch >= 1 and columns >= 1, InvalidInputError,
-            f"{op}: rows must have B, X >= 1, got shape {tuple(rows.shape)}")
-    block = _block(op, "rows", columns)
-    c.check_devices(op, {"rows": rows, "indptr": tables.indptr})
     out = torch.empty((tables.levels, batch, columns), dtype=torch.int64, device=rows.device)
     with c.on_device(out.device):
         _exhausted_kernel[(batch,)](

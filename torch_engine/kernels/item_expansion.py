@@ -36,18 +36,13 @@ import triton.language as tl
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
+from torch_engine.kernels.constrained_topk import _sortable
 
 _OP = "expand_items"
 # Beams one program sorts in registers (W); wider beams use beam_search.expand_items.
 MAX_BEAMS = 4096
 # Raw item slots per block of the walk.
 _MAX_SLOTS = 1024
-
-
-@triton.jit
-def _sortable(x):
-    bits = x.to(tl.int32, bitcast=True)
-    return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
 
 @triton.jit
