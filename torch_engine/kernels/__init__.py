@@ -4,6 +4,11 @@
 (segmented-mask prefill over a packed ragged batch) and ``constrained_topk`` (one beam-search
 level: CSR-masked log-softmax and per-request top-k) keep the signatures of
 ``torch_engine.reference``; each is also the torch custom op ``xgr::<name>``.
+
+Beside them, plain launches that the engine calls outside tracing, each equal to the torch
+code it replaces: ``layer_ops`` (a decoder layer's elementwise steps, rotary rows),
+``input_rules`` (the value rules of a request), ``exclusions`` (excluded rows and exhausted
+prefixes) and ``item_expansion`` (final paths to items).
 """
 
 from torch_engine.import_order import check_triton_importable
