@@ -126,10 +126,7 @@ def random_model(name: str, device: torch.device) -> Model:
 
 
 def make_catalog() -> Catalog:
-    rng = np.random.default_rng(0)
-    ids = rng.choice(np.arange(FLAGS.items * 4), size=FLAGS.items, replace=False)
-    paths = rng.integers(0, LAYOUT.codebook_size, (FLAGS.paths, LAYOUT.levels))
-    return Catalog.from_arrays(ids, paths[rng.integers(0, FLAGS.paths, FLAGS.items)], LAYOUT)
+    return ea.random_catalog(FLAGS.items, FLAGS.paths, LAYOUT)
 
 
 def prompts(batch: int, length: int, device, seed: int = 0):

@@ -24,7 +24,6 @@ import os
 import statistics
 import sys
 
-import numpy as np
 import torch
 import triton
 from absl import app, flags
@@ -50,15 +49,6 @@ flags.DEFINE_integer("inner", 10, "selections per captured graph")
 flags.DEFINE_integer("repeats", 30, "graph replays timed per configuration")
 
 LAYOUT = TokenLayout(codebook_size=256)
-
-
-def make_catalog(device: torch.device) -> Catalog:
-    """The catalog of ``bench_engine.py`` (same seed, sizes and layout)."""
-    rng = np.random.default_rng(0)
-    ids = rng.choice(np.arange(FLAGS.items * 4), size=FLAGS.items, replace=False)
-    paths = rng.integers(0, LAYOUT.codebook_size, (FLAGS.paths, LAYOUT.levels))
-    catalog = Catalog.from_arrays(ids, paths[rng.integers(0, FLAGS.paths, FLAGS.items)], LAYOUT)
-    return catalog.to(device)
 
 
 def level_inputs(catalog: Catalog, level: int, batch: int, width: int, device):
@@ -122,7 +112,8 @@ def systems(catalog: Catalog, level: int, width: int, inputs, blocked):
 def main(argv: list[str]) -> None:
     del argv
     device = torch.device("cuda")
-    catalog = make_catalog(device)
+    # The catalog of bench_engine.py (same builder, seed and sizes).
+    catalog = ea.random_catalog(FLAGS.items, FLAGS.paths, LAYOUT).to(device)
     rows = []
     cases = [(level, int(batch), int(width)) for level in range(LAYOUT.levels)
              for batch in FLAGS.batches for width in FLAGS.widths]

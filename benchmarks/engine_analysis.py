@@ -23,7 +23,18 @@ from torch.autograd import DeviceType
 
 from torch_engine import attention as attn
 from torch_engine import beam_search as bs
+from torch_engine.catalog import Catalog
 from torch_engine.config import ModelConfig
+from torch_engine.layout import TokenLayout
+
+
+def random_catalog(items: int, paths: int, layout: TokenLayout) -> Catalog:
+    """The engine benchmarks' catalog: ``items`` random ids sharing ``paths`` random code
+    paths (seed 0), so every benchmark times the same tables."""
+    rng = np.random.default_rng(0)
+    ids = rng.choice(np.arange(items * 4), size=items, replace=False)
+    codes = rng.integers(0, layout.codebook_size, (paths, layout.levels))
+    return Catalog.from_arrays(ids, codes[rng.integers(0, paths, items)], layout)
 
 
 def layer_params(cfg: ModelConfig) -> int:

@@ -87,11 +87,11 @@ def blocked_prefixes(excluded: torch.Tensor, catalog: Catalog, tables
 
 
 def expand_items_of(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,
-                    catalog: Catalog, top_k: int, fused: bool
+                    catalog: Catalog, top_k: int, tables
                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``expand_items``, in one Triton launch on the fused path (``fused``; not while tracing,
-    and for beams that one program sorts: ``item_expansion.MAX_BEAMS``)."""
-    if fused and not torch.compiler.is_compiling():
+    """``expand_items``, in one Triton launch on the fused path (``tables`` given, as for
+    ``excluded_rows_of``; for beams that one program sorts: ``item_expansion.MAX_BEAMS``)."""
+    if not _torch_only(tables):
         kernels = importlib.import_module("torch_engine.kernels.item_expansion")
         if scores.shape[1] <= kernels.MAX_BEAMS:
             return kernels.expand_items(scores.contiguous(), paths.contiguous(), excluded,

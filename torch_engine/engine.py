@@ -195,10 +195,13 @@ class Engine:
         model, catalog, layout = self.model, self.catalog, self.catalog.layout
         width, levels, cfg = beam_width, layout.levels, model.config
         rows = state.last_hidden.shape[0]
-        # One live beam (the prompt) and W-1 dead ones; level 0 then works like any level.
-        scores = torch.full((rows, width), bs.NEG_INF, device=self.device)
+        # One live beam (the prompt), then level 0 works like any level. Dead beams pad it to
+        # the ceil(W / C) beams whose C candidates each can fill W slots: they only tie at
+        # -inf after the live one, so more of them would change no pick, only cost W x C.
+        first = -(-width // layout.codebook_size)
+        scores = torch.full((rows, first), bs.NEG_INF, device=self.device)
         scores[:, 0].fill_(0.0)
-        prefixes = torch.zeros((rows, width), dtype=torch.int64, device=self.device)
+        prefixes = torch.zeros((rows, first), dtype=torch.int64, device=self.device)
         hidden = state.last_hidden[:, None, :]
         beams = BeamKV(cfg.num_layers, rows, width, levels - 1, cfg.num_kv_heads,
                        cfg.head_dim, hidden.dtype, self.device)
@@ -216,15 +219,10 @@ class Engine:
                                            state.shared, state.prompt, beams, slot=level - 1,
                                            backend=self.backend, counters=counters)
             start, end = layout.level_range(level)
-            logits = model.level_logits(hidden, start, end).expand(rows, width, -1)
+            logits = model.level_logits(hidden, start, end).expand(*scores.shape, -1)
             if fused:
-                # Level 0 has one live beam (the prompt); the dead ones' candidates all tie at
-                # -inf after its own in flat order, so the first ceil(width / C) beams yield
-                # the same picks as all W: a select over C candidates instead of W x C.
-                scored = width if level else -(-width // (end - start))
                 parents, codes, prefixes, scores = bs.select_fused(
-                    logits[:, :scored], scores[:, :scored], prefixes[:, :scored], catalog,
-                    level, width, blocked[level])
+                    logits, scores, prefixes, catalog, level, width, blocked[level])
             else:
                 logp, child = bs.constrain(logits, prefixes, catalog, level)
                 # At every level: a prefix whose items are all excluded never takes a beam.
@@ -237,7 +235,8 @@ class Engine:
             if 0 < level < levels - 1:
                 beams.reorder(parents, used_slots=level)
             tokens = codes + start
-        return bs.expand_items_of(scores, prefixes, state.excluded, catalog, top_k, fused)
+        return bs.expand_items_of(scores, prefixes, state.excluded, catalog, top_k,
+                                  self.exclusion_tables)
 
     def _pack(self, batch: RequestBatch) -> tuple[PackedPrompt, torch.Tensor]:
         """Padded input vectors ``[B, S+L, hidden]`` and their packed description."""
