@@ -92,13 +92,18 @@ class MLP(nn.Module):
 class FusedProjections:
     """Concatenated copies of a layer's q/k/v and gate/up weights: one matrix product each
     instead of three and two (on a GPU each product is a launch, and small-batch decode is
-    launch-bound). ``sources`` and ``versions`` identify the parameters copied: the copies are
-    used only while those parameter objects are unchanged (same objects, same in-place version
-    counters), so training or loading weights afterwards falls back to the separate products.
+    launch-bound). The RMSNorm before each product has its weight folded into the copy's
+    columns (``W * g``), so the norm itself is a plain ``x / rms(x)``, and the layer kernels
+    can defer even that: ``(x @ (W * g)^T) / rms(x)`` row by row, applied by the kernel that
+    reads the product (``torch_engine.kernels.layer_ops``). ``sources`` and ``versions``
+    identify the parameters copied (norm weights included): the copies are used only while
+    those parameter objects are unchanged (same objects, same in-place version counters), so
+    training or loading weights afterwards falls back to the separate products.
 
-    qkv_weight: ``[(Hq + 2 Hkv) * D, hidden]``; qkv_bias: ``[(Hq + 2 Hkv) * D]`` or None;
-    gate_up_weight: ``[2 * intermediate, hidden]``; kernels: on CUDA, fold the elementwise
-    steps between the products into ``torch_engine.kernels.layer_ops`` launches.
+    qkv_weight: ``[(Hq + 2 Hkv) * D, hidden]``, the input norm folded in; qkv_bias:
+    ``[(Hq + 2 Hkv) * D]`` or None; gate_up_weight: ``[2 * intermediate, hidden]``, the
+    post-attention norm folded in; kernels: on CUDA, fold the elementwise steps between the
+    products into ``torch_engine.kernels.layer_ops`` launches.
     """
 
     sources: tuple[torch.Tensor, ...]
@@ -111,6 +116,18 @@ class FusedProjections:
     def current(self) -> bool:
         """True while every source parameter is the one copied, unmodified."""
         return all(p._version == v for p, v in zip(self.sources, self.versions))
+
+
+def fold_norm(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
+    """``weight [out, in]`` with each input column scaled by ``norm_weight [in]``, rounded once
+    to ``weight``'s dtype: ``rms_norm(x, g) @ W^T == (x / rms(x)) @ (W * g)^T``."""
+    wide = torch.float64 if weight.dtype == torch.float64 else torch.float32
+    return (weight.to(wide) * norm_weight.to(wide)[None, :]).to(weight.dtype)
+
+
+def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x)`` over the last axis (an RMSNorm whose weight lives in the next product)."""
+    return F.rms_norm(x, (x.shape[-1],), None, eps)
 
 
 class DecoderLayer(nn.Module):
@@ -137,15 +154,14 @@ class DecoderLayer(nn.Module):
                 self.fused = replace(fused, kernels=kernels)
             return
         attn, mlp = self.self_attn, self.mlp
-        sources = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
-                   mlp.gate_proj.weight, mlp.up_proj.weight]
-        biases = [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
+        sources = self._sources()
         with torch.no_grad():
-            qkv_w = torch.cat(sources[:3])
-            qkv_b = torch.cat(biases) if biases[0] is not None else None
-            gate_up = torch.cat(sources[3:])
-        if qkv_b is not None:
-            sources += biases
+            qkv_w = fold_norm(torch.cat([attn.q_proj.weight, attn.k_proj.weight,
+                                         attn.v_proj.weight]), self.input_layernorm.weight)
+            qkv_b = (torch.cat([attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias])
+                     if attn.q_proj.bias is not None else None)
+            gate_up = fold_norm(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                                self.post_attention_layernorm.weight)
         self.fused = FusedProjections(tuple(sources), tuple(p._version for p in sources),
                                       qkv_w, qkv_b, gate_up, kernels)
 
@@ -161,7 +177,8 @@ class DecoderLayer(nn.Module):
     def _sources(self) -> list[torch.Tensor]:
         attn, mlp = self.self_attn, self.mlp
         found = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,
-                 mlp.gate_proj.weight, mlp.up_proj.weight]
+                 mlp.gate_proj.weight, mlp.up_proj.weight, self.input_layernorm.weight,
+                 self.post_attention_layernorm.weight]
         if attn.q_proj.bias is not None:
             found += [attn.q_proj.bias, attn.k_proj.bias, attn.v_proj.bias]
         return found
@@ -174,11 +191,11 @@ class DecoderLayer(nn.Module):
         k, v ``[..., Hkv, D]`` in ``x.dtype``.
         """
         cfg, attn = self.config, self.self_attn
-        h = self.input_layernorm(x)
-        lead = h.shape[:-1]
+        lead = x.shape[:-1]
         fused = self._live_fused()
         if fused is not None:
             heads = cfg.num_heads + cfg.num_kv_heads
+            h = unit_rms_norm(x, cfg.rms_norm_eps)
             qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias).view(
                 *lead, heads + cfg.num_kv_heads, cfg.head_dim)
             v = qkv[..., heads:, :]
@@ -189,6 +206,7 @@ class DecoderLayer(nn.Module):
             q, k = qkv[..., :cfg.num_heads, :], qkv[..., cfg.num_heads:heads, :]
             q, k = attn.q_norm(q), attn.k_norm(k)
             return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        h = self.input_layernorm(x)
         q = attn.q_proj(h).view(*lead, cfg.num_heads, cfg.head_dim)
         k = attn.k_proj(h).view(*lead, cfg.num_kv_heads, cfg.head_dim)
         v = attn.v_proj(h).view(*lead, cfg.num_kv_heads, cfg.head_dim)
@@ -212,31 +230,50 @@ class DecoderLayer(nn.Module):
     def _qkv_kernel(self, x, cos, sin, fused: FusedProjections, k_out, v_out) -> torch.Tensor:
         from torch_engine.kernels import layer_ops
         cfg, attn = self.config, self.self_attn
-        h = layer_ops.rms_norm(x, self.input_layernorm.weight, cfg.rms_norm_eps)
-        qkv = F.linear(h, fused.qkv_weight, fused.qkv_bias)
+        x = x.contiguous()
+        # The input norm's weight is in the product; its row scale and the bias are applied
+        # by the kernel that splits and rotates the product (no norm launch).
+        qkv = F.linear(x, fused.qkv_weight)
         norms = (attn.q_norm.weight, attn.k_norm.weight) if cfg.qk_norm else (None, None)
         return layer_ops.qkv_rotary(qkv, cos, sin, cfg.num_heads, cfg.num_kv_heads, k_out,
-                                    v_out, *norms, eps=cfg.rms_norm_eps)
+                                    v_out, *norms, eps=cfg.rms_norm_eps, inputs=x,
+                                    input_eps=cfg.rms_norm_eps, bias=fused.qkv_bias)
 
-    def finish(self, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attended: torch.Tensor, owned: bool = False
+               ) -> torch.Tensor:
         """The rest of the layer: ``x [..., hidden]`` plus output projection of
-        ``attended [..., Hq, D]``, then the MLP block."""
-        delta = self.self_attn.o_proj(attended.flatten(-2))
+        ``attended [..., Hq, D]``, then the MLP block. ``owned``: x is the caller's own
+        contiguous buffer, which the CUDA kernel path may then update in place (the residual
+        stream of the engine's passes after their first layer); otherwise x is left as it is.
+        """
         fused = self._live_fused()
         if fused is not None and fused.kernels and x.is_cuda:
-            from torch_engine.kernels import layer_ops
-            x, h = layer_ops.add_rms_norm(x, delta, self.post_attention_layernorm.weight,
-                                          self.config.rms_norm_eps)
-            act = layer_ops.silu_mul(F.linear(h, fused.gate_up_weight))
-            # The residual add rides on the down projection (beta = 1 in the product): one
-            # launch less. x is add_rms_norm's own new buffer, so adding into it in place is
-            # safe (this path serves inference only: the kernels have no autograd).
-            x.view(-1, x.shape[-1]).addmm_(act.view(-1, act.shape[-1]),
-                                          self.mlp.down_proj.weight.t())
-            return x
+            return self._finish_kernels(x, attended, fused, owned)
+        delta = self.self_attn.o_proj(attended.flatten(-2))
         x = x + delta
-        h = self.post_attention_layernorm(x)
         if fused is None:
-            return x + self.mlp(h)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        h = unit_rms_norm(x, self.config.rms_norm_eps)
         gate, up = F.linear(h, fused.gate_up_weight).chunk(2, dim=-1)
         return x + self.mlp.down_proj(F.silu(gate) * up)
+
+    def _finish_kernels(self, x, attended, fused: FusedProjections, owned: bool
+                        ) -> torch.Tensor:
+        from torch_engine.kernels import layer_ops
+        size = x.shape[-1]
+        flat = attended.flatten(-2).reshape(-1, attended.shape[-2] * attended.shape[-1])
+        out_weight = self.self_attn.o_proj.weight.t()
+        # Both residual adds ride on their products (beta = 1): into x itself when the caller
+        # owns it, else into one new buffer (the library copies x there first). This path
+        # serves inference only: the kernels have no autograd.
+        if owned and x.is_contiguous():
+            s = x
+            s.view(-1, size).addmm_(flat, out_weight)
+        else:
+            s = torch.addmm(x.reshape(-1, size), flat, out_weight).view(x.shape)
+        # The post-attention norm's weight is in the gate/up product; silu_mul applies its row
+        # scale (no norm launch).
+        act = layer_ops.silu_mul(F.linear(s, fused.gate_up_weight), s,
+                                 self.config.rms_norm_eps)
+        s.view(-1, size).addmm_(act.view(-1, act.shape[-1]), self.mlp.down_proj.weight.t())
+        return s

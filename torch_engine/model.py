@@ -140,9 +140,11 @@ class Model(nn.Module):
                     f"{tuple(x.shape[:2])}")
         positions = torch.arange(x.shape[1], device=x.device)
         cos, sin = self._rotary(positions, x.dtype)
-        for layer in self.model.layers:
+        for index, layer in enumerate(self.model.layers):
             q, k, v = layer.project_qkv(x, cos, sin)
-            x = layer.finish(x, attn.padded_attention(q, k, v, segment_ids, mode))
+            # From the second layer on, x is this pass's own residual buffer.
+            x = layer.finish(x, attn.padded_attention(q, k, v, segment_ids, mode),
+                             owned=index > 0)
         hidden = self.model.norm(x)
         return (hidden @ self.lm_head.weight.T).float()
 
@@ -158,16 +160,18 @@ class Model(nn.Module):
         shared = SharedKV([], [])
         x = embeds
         *early, final = self.model.layers
-        for layer in early:
+        for index, layer in enumerate(early):
             q, k, v = self._prompt_qkv(layer, x, cos, sin, shared)
-            x = layer.finish(x, attn.prefill_attention(q, k, v, prompt, backend))
+            # embeds is the caller's; from the second layer on x is this pass's own buffer.
+            x = layer.finish(x, attn.prefill_attention(q, k, v, prompt, backend),
+                             owned=index > 0)
         # The last layer's keys and values serve every prompt token, but only each request's
         # last token reads its output: its attention, output projection and MLP run on those
         # B rows instead of all T.
         q, k, v = self._prompt_qkv(final, x, cos, sin, shared)
         last = prompt.last_rows()
         attended = attn.last_token_attention(q, k, v, prompt, backend, last)
-        return self.model.norm(final.finish(x[last], attended)), shared
+        return self._final_norm(final.finish(x[last], attended, owned=True)), shared
 
     def _prompt_qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                     shared: SharedKV) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -198,7 +202,16 @@ class Model(nn.Module):
             beam_k, beam_v = beams.layer(index)
             out = attn.decode_attention(q, shared.keys[index], shared.values[index], prompt,
                                         beam_k, beam_v, slot + 1, backend, counters)
-            x = layer.finish(x, out)
-        return self.model.norm(x)
+            x = layer.finish(x, out, owned=True)      # x: the embeddings, then its own sums
+        return self._final_norm(x)
+
+    def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
+        """The final RMSNorm; one ``layer_ops.rms_norm`` launch with the fused kernels."""
+        norm = self.model.norm
+        first = self.model.layers[0]._live_fused()
+        if first is not None and first.kernels and x.is_cuda:
+            from torch_engine.kernels import layer_ops
+            return layer_ops.rms_norm(x, norm.weight, norm.eps)
+        return norm(x)
 
 

@@ -22,18 +22,28 @@ def rel_error(out, ref):
 
 @pytest.mark.parametrize("qk_norm", [False, True])
 @pytest.mark.parametrize("into_beams", [False, True])
-def test_qkv_rotary_equals_split_norm_and_rotary(qk_norm, into_beams):
+@pytest.mark.parametrize("folded", [False, True])
+def test_qkv_rotary_equals_split_norm_and_rotary(qk_norm, into_beams, folded):
     """Queries, keys and values of the fused product, keys and values written into a strided
-    beam-KV slot or a contiguous prompt buffer; every element written, nothing else touched."""
+    beam-KV slot or a contiguous prompt buffer; every element written, nothing else touched.
+    ``folded``: the product came from weights with the input norm folded in, so each row is
+    first scaled by 1 / rms of its input row, then the bias is added."""
     gen = torch.Generator().manual_seed(0)
-    hq, hkv, dim, batch, width = 6, 2, 32, 2, 3
+    hq, hkv, dim, batch, width, hidden = 6, 2, 32, 2, 3, 40
     rows = batch * width
     qkv = torch.randn(batch, width, (hq + 2 * hkv) * dim, generator=gen)
     positions = torch.randint(0, 500, (batch, width), generator=gen)
     cos, sin = rotary_cos_sin(positions, dim, 10000.0, torch.float32)
     q_norm = torch.rand(dim, generator=gen) + 0.5 if qk_norm else None
     k_norm = torch.rand(dim, generator=gen) + 0.5 if qk_norm else None
-    heads = qkv.view(batch, width, hq + 2 * hkv, dim)
+    extra = {}
+    full = qkv
+    if folded:
+        inputs = torch.randn(batch, width, hidden, generator=gen) * 3.0
+        bias = torch.randn(qkv.shape[-1], generator=gen)
+        extra = dict(inputs=inputs, input_eps=1e-5, bias=bias)
+        full = qkv * torch.rsqrt(inputs.pow(2).mean(-1, keepdim=True) + 1e-5) + bias
+    heads = full.view(batch, width, hq + 2 * hkv, dim)
     q, k, v = heads[..., :hq, :], heads[..., hq:hq + hkv, :], heads[..., hq + hkv:, :]
     if qk_norm:
         q, k = F.rms_norm(q, (dim,), q_norm, 1e-6), F.rms_norm(k, (dim,), k_norm, 1e-6)
@@ -45,25 +55,28 @@ def test_qkv_rotary_equals_split_norm_and_rotary(qk_norm, into_beams):
     else:
         k_out = torch.full((rows, hkv, dim), float("nan"))
         v_out = torch.full_like(k_out, float("nan"))
-    got_q = layer_ops.qkv_rotary(qkv, cos, sin, hq, hkv, k_out, v_out, q_norm, k_norm, 1e-6)
+    got_q = layer_ops.qkv_rotary(qkv, cos, sin, hq, hkv, k_out, v_out, q_norm, k_norm, 1e-6,
+                                 **extra)
     assert got_q.shape == (batch, width, hq, dim)
     assert rel_error(got_q, want_q) <= FP32.rel_norm
     assert rel_error(k_out.reshape(want_k.shape), want_k) <= FP32.rel_norm
-    assert torch.equal(v_out.reshape(v.shape), v)
+    if folded:
+        assert rel_error(v_out.reshape(v.shape), v) <= FP32.rel_norm
+    else:
+        assert torch.equal(v_out.reshape(v.shape), v)
     if into_beams:
         assert bool(keys[:, :, 0].isnan().all()) and bool(values[:, :, 0].isnan().all())
 
 
-def test_add_rms_norm_and_silu_mul_equal_torch():
+def test_silu_mul_equals_torch_with_and_without_the_row_scale():
     gen = torch.Generator().manual_seed(1)
-    x, delta = torch.randn(5, 96, generator=gen), torch.randn(5, 96, generator=gen)
-    weight = torch.rand(96, generator=gen)
-    total, normed = layer_ops.add_rms_norm(x, delta, weight, 1e-6)
-    assert torch.equal(total, x + delta)
-    assert rel_error(normed, F.rms_norm(x + delta, (96,), weight, 1e-6)) <= FP32.rel_norm
     gate_up = torch.randn(2, 3, 2 * 80, generator=gen)
     gate, up = gate_up.chunk(2, dim=-1)
     assert rel_error(layer_ops.silu_mul(gate_up), F.silu(gate) * up) <= FP32.rel_norm
+    inputs = torch.randn(2, 3, 24, generator=gen) * 5.0
+    scale = torch.rsqrt(inputs.pow(2).mean(-1, keepdim=True) + 1e-5)
+    got = layer_ops.silu_mul(gate_up, inputs, 1e-5)
+    assert rel_error(got, F.silu(gate * scale) * (up * scale)) <= FP32.rel_norm
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -80,19 +93,23 @@ def test_kernels_match_the_float64_references(dtype):
                                                                + 0.5).to(dtype)
     k_out = torch.full((rows, hkv, dim), float("nan"), dtype=dtype)
     v_out = torch.full_like(k_out, float("nan"))
-    q = layer_ops.qkv_rotary(qkv, cos, sin, hq, hkv, k_out, v_out, *norms, eps=1e-6)
-    want = reference.qkv_rotary(qkv.double(), cos.double(), sin.double(), hq, hkv,
-                                *(n.double() for n in norms), eps=1e-6)
-    for got, ref in zip((q, k_out, v_out), want):
-        assert not got.isnan().any()
-        assert rel_error(got, ref) <= tol.rel_norm
+    inputs = (torch.randn(rows, 48, generator=gen) * 4.0).to(dtype)
+    bias = torch.randn(qkv.shape[-1], generator=gen).to(dtype)
+    for folded in (dict(), dict(inputs=inputs, input_eps=1e-5, bias=bias)):
+        k_out.fill_(float("nan"))
+        v_out.fill_(float("nan"))
+        q = layer_ops.qkv_rotary(qkv, cos, sin, hq, hkv, k_out, v_out, *norms, eps=1e-6,
+                                 **folded)
+        want = reference.qkv_rotary(qkv.double(), cos.double(), sin.double(), hq, hkv,
+                                    *(n.double() for n in norms), eps=1e-6,
+                                    **{k: v.double() if isinstance(v, torch.Tensor) else v
+                                       for k, v in folded.items()})
+        for got, ref in zip((q, k_out, v_out), want):
+            assert not got.isnan().any()
+            assert rel_error(got, ref) <= tol.rel_norm
 
-    x, delta = (torch.randn(5, 48, generator=gen).to(dtype) for _ in range(2))
+    x = torch.randn(5, 48, generator=gen).to(dtype)
     weight = torch.rand(48, generator=gen).to(dtype)
-    total, normed = layer_ops.add_rms_norm(x, delta, weight, 1e-6)
-    want_total, want_normed = reference.add_rms_norm(x, delta, weight.double(), 1e-6)
-    assert torch.equal(total, want_total)          # the residual stream as torch rounds it
-    assert rel_error(normed, want_normed) <= tol.rel_norm
     before = x.clone()
     got = layer_ops.rms_norm(x, weight, 1e-6)
     assert not got.isnan().any() and torch.equal(x, before)   # x itself is left as it was
@@ -100,6 +117,10 @@ def test_kernels_match_the_float64_references(dtype):
     gate_up = torch.randn(3, 2 * 40, generator=gen).to(dtype)
     assert rel_error(layer_ops.silu_mul(gate_up),
                      reference.silu_mul(gate_up.double())) <= tol.rel_norm
+    rows_in = (torch.randn(3, 48, generator=gen) * 4.0).to(dtype)
+    assert rel_error(layer_ops.silu_mul(gate_up, rows_in, 1e-5),
+                     reference.silu_mul(gate_up.double(), rows_in.double(), 1e-5)
+                     ) <= tol.rel_norm
 
 
 def _rotary_args(**change):
@@ -121,6 +142,12 @@ def _rotary_args(**change):
     (dict(k_out=torch.empty(4, 2, 16)), "k_out must hold one"),
     (dict(q_norm=torch.ones(16)), "q_norm and k_norm come together"),
     (dict(num_heads=1), "num_heads >= num_kv_heads"),
+    (dict(inputs=torch.randn(2, 40)), "inputs must hold one contiguous"),
+    (dict(inputs=torch.randn(40, 3).t()), "inputs must hold one contiguous"),
+    (dict(inputs=torch.randn(3, 40), input_eps=0.0), "input_eps must be a positive float"),
+    (dict(inputs=torch.randn(3, 40).long()), "inputs.dtype"),
+    (dict(bias=torch.randn(100)), r"bias.shape[0]"),
+    (dict(bias=torch.randn(2, 64)), "bias must have shape"),
 ])
 def test_qkv_rotary_rejects_bad_inputs_by_name(change, words):
     with pytest.raises(InvalidInputError, match=words.replace("[", r"\[").replace("]", r"\]")):
@@ -129,12 +156,6 @@ def test_qkv_rotary_rejects_bad_inputs_by_name(change, words):
 
 def test_norm_and_swiglu_reject_bad_inputs_by_name():
     x = torch.randn(2, 8)
-    with pytest.raises(InvalidInputError, match="delta must have x's shape"):
-        layer_ops.add_rms_norm(x, torch.randn(2, 9), torch.ones(8), 1e-6)
-    with pytest.raises(InvalidInputError, match=r"weight.shape\[0\]"):
-        layer_ops.add_rms_norm(x, x, torch.ones(9), 1e-6)
-    with pytest.raises(InvalidInputError, match="eps must be a positive float"):
-        layer_ops.add_rms_norm(x, x, torch.ones(8), 0.0)
     with pytest.raises(InvalidInputError, match=r"weight.shape\[0\]"):
         layer_ops.rms_norm(x, torch.ones(9), 1e-6)
     with pytest.raises(InvalidInputError, match="x.dtype"):
@@ -145,6 +166,10 @@ def test_norm_and_swiglu_reject_bad_inputs_by_name():
         layer_ops.silu_mul(torch.randn(2, 7))
     with pytest.raises(InvalidInputError, match="gate_up.dtype"):
         layer_ops.silu_mul(torch.ones(2, 8, dtype=torch.int64))
+    with pytest.raises(InvalidInputError, match="inputs must hold one contiguous"):
+        layer_ops.silu_mul(torch.randn(2, 8), torch.randn(3, 5))
+    with pytest.raises(InvalidInputError, match="input_eps must be a positive float"):
+        layer_ops.silu_mul(torch.randn(2, 8), torch.randn(2, 5), 0)
 
 
 def _rotary_case(device: str, dtype: torch.dtype, dim: int, theta: float, repeat: int):
@@ -213,3 +238,43 @@ def test_engine_layer_kernels_equal_torch_ops_on_cuda(family):
         outs.append((last, shared.keys[1], hidden, beams.keys[:, :, 0]))
     for got, want in zip(outs[1], outs[0]):
         assert rel_error(got, want) <= FP32.rel_norm
+
+
+@pytest.mark.parametrize("family", ["qwen2", "qwen3"])
+def test_layer_kernel_composition_equals_the_unfused_layer(family):
+    """The CUDA path's composition of a layer (both norms' weights folded into the products,
+    their row scales applied by ``qkv_rotary`` and ``silu_mul``, both residual adds on the
+    products), run through the interpreter on the CPU, against the layer's separate torch
+    products. The caller's x is left as it was unless the caller owns it."""
+    cfg = PRESETS["tiny"] if family == "qwen2" else QWEN3_TINY
+    model = Model(cfg)
+    model.init_weights(2)
+    layer = model.model.layers[0]
+    gen = torch.Generator().manual_seed(8)
+    with torch.no_grad():                     # norms and biases away from their init values
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            norm.weight.copy_(torch.rand(norm.weight.shape, generator=gen) + 0.5)
+        attn = layer.self_attn
+        if cfg.attention_bias:
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                proj.bias.copy_(torch.randn(proj.bias.shape, generator=gen) * 0.1)
+    rows, hkv, dim = 5, cfg.num_kv_heads, cfg.head_dim
+    x = torch.randn(rows, cfg.hidden_size, generator=gen) * 3.0
+    cos, sin = rotary_cos_sin(torch.arange(rows) * 7, dim, cfg.rope_theta, torch.float32)
+    attended = torch.randn(rows, cfg.num_heads, dim, generator=gen)
+    with torch.no_grad():
+        want_q, want_k, want_v = layer.project_qkv(x, cos, sin)
+        want = layer.finish(x, attended)
+        layer.fuse_projections(kernels=True)
+        fused = layer._live_fused()
+        k_out, v_out = torch.empty(rows, hkv, dim), torch.empty(rows, hkv, dim)
+        q = layer._qkv_kernel(x, cos, sin, fused, k_out, v_out)
+        for got, ref in ((q, want_q), (k_out, want_k), (v_out, want_v)):
+            assert rel_error(got, ref) <= FP32.rel_norm
+        before = x.clone()
+        got = layer._finish_kernels(x, attended, fused, owned=False)
+        assert torch.equal(x, before) and rel_error(got, want) <= FP32.rel_norm
+        mine = x.clone()
+        got_owned = layer._finish_kernels(mine, attended, fused, owned=True)
+        assert got_owned.data_ptr() == mine.data_ptr()
+        assert rel_error(got_owned, want) <= FP32.rel_norm

@@ -1,15 +1,23 @@
 """Fused elementwise steps of a decoder layer (Triton), for the serving path on CUDA.
 
 At batch 1 a search is bound by kernel launches (about 19 per layer and pass with plain torch
-ops inside one CUDA graph); these fold the elementwise work between the matrix products:
+ops inside one CUDA graph); these fold the elementwise work between the matrix products.
 
-* ``qkv_rotary``: the fused q/k/v product's output -> rotated queries and keys (Qwen3's
-  per-head RMSNorm first) and values, written where the caller wants them (the contiguous
-  prompt KV, or a beam-KV slot): 1 launch instead of 5 (Qwen2) or 10 (Qwen3) plus the KV copies.
-* ``add_rms_norm``: ``x + delta`` and its RMSNorm in one pass: 1 launch instead of 2.
-* ``rms_norm``: RMSNorm alone (the layer's input norm, whose residual add rides on the previous
-  layer's down projection): one row per program, about 1 us less than torch's kernel.
-* ``silu_mul``: ``silu(gate) * up`` from the fused gate/up product: 1 launch instead of 2.
+The two RMSNorms of a layer need no launch of their own. Each norm's weight is folded into the
+columns of the product after it (``layers.FusedProjections``), and its ``1 / rms(x)`` row
+scale is applied to that product's output by the kernel that reads it next:
+``norm(x) @ W^T = (x @ (W * g)^T) / rms(x)`` row by row. The residual adds ride on the output
+and down projections (beta = 1 in the product). A layer is then 4 products and 3 launches
+(plus attention) instead of 4 and 5.
+
+* ``qkv_rotary``: the fused q/k/v product's output -> its input norm's row scale and the
+  biases, rotated queries and keys (Qwen3's per-head RMSNorm first) and values, written where
+  the caller wants them (the contiguous prompt KV, or a beam-KV slot): 1 launch instead of 6
+  (Qwen2) or 11 (Qwen3) plus the KV copies.
+* ``silu_mul``: ``silu(gate) * up`` from the fused gate/up product, after the post-attention
+  norm's row scale: 1 launch instead of 4.
+* ``rms_norm``: RMSNorm alone (the model's final norm): one row per program, about 1 us less
+  than torch's kernel.
 * ``rotary_cos_sin``: the rotary cos and signed sin rows of a pass's positions (each repeated
   for the beams of a decode step), from the model's frequencies: 1 launch instead of about 13
   (``layers.rotary_cos_sin``: the frequencies, the products, cos, sin, the concatenations,
@@ -34,10 +42,28 @@ from torch_engine.kernels import _common as c
 
 
 @triton.jit
-def _rotate_heads(src, heads, cos, sin, norm_ptr, eps, d, partner, mask,
-                  D: tl.constexpr, NORM: tl.constexpr):
-    x = tl.load(src + heads * D + d[None, :], mask=mask, other=0.0).to(tl.float32)
-    swapped = tl.load(src + heads * D + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+def _row_scale(x_ptr, row, size, eps, BLOCK: tl.constexpr):
+    """``1 / rms`` of row ``row`` of ``x [N, size]`` (contiguous rows), in float32."""
+    cols = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + row.to(tl.int64) * size + cols, mask=cols < size, other=0.0)
+    x = x.to(tl.float32)
+    return tl.rsqrt(tl.sum(x * x, axis=0) / size + eps)
+
+
+@triton.jit
+def _head_rows(src, bias_ptr, heads, cols, scale, mask, D: tl.constexpr, BIAS: tl.constexpr):
+    """Columns ``cols`` of ``heads`` rows of one fused product row, row-scaled, bias added."""
+    x = tl.load(src + heads * D + cols[None, :], mask=mask, other=0.0).to(tl.float32) * scale
+    if BIAS:
+        x += tl.load(bias_ptr + heads * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
+def _rotate_heads(src, bias_ptr, heads, cos, sin, scale, norm_ptr, eps, d, partner, mask,
+                  D: tl.constexpr, NORM: tl.constexpr, BIAS: tl.constexpr):
+    x = _head_rows(src, bias_ptr, heads, d, scale, mask, D, BIAS)
+    swapped = _head_rows(src, bias_ptr, heads, partner, scale, mask, D, BIAS)
     if NORM:
         inv = tl.rsqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
         x = x * inv * tl.load(norm_ptr + d).to(tl.float32)[None, :]
@@ -46,33 +72,58 @@ def _rotate_heads(src, heads, cos, sin, norm_ptr, eps, d, partner, mask,
 
 
 @triton.jit
-def _qkv_rotary_kernel(qkv_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_ptr, k_ptr, v_ptr,
-                       width, eps, s_qkv, s_cos, s_q, s_kb, s_kw, s_vb, s_vw,
+def _qkv_rotary_kernel(qkv_ptr, x_ptr, bias_ptr, cos_ptr, sin_ptr, qn_ptr, kn_ptr, q_ptr,
+                       k_ptr, v_ptr, width, hidden, in_eps, eps, s_qkv, s_cos, s_q, s_kb,
+                       s_kw, s_vb, s_vw,
                        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
-                       HQ_P2: tl.constexpr, HKV_P2: tl.constexpr, NORM: tl.constexpr):
+                       HQ_P2: tl.constexpr, HKV_P2: tl.constexpr, NORM: tl.constexpr,
+                       SCALE: tl.constexpr, BIAS: tl.constexpr, HIDDEN_P2: tl.constexpr):
     row = tl.program_id(0)
     d = tl.arange(0, D)
     partner = (d + D // 2) % D
+    # The input norm folded into the product: its row scale comes from the product's input.
+    if SCALE:
+        scale = _row_scale(x_ptr, row, hidden, in_eps, HIDDEN_P2)
+    else:
+        scale = 1.0
     cos = tl.load(cos_ptr + row * s_cos + d).to(tl.float32)
     sin = tl.load(sin_ptr + row * s_cos + d).to(tl.float32)      # signed: first half negated
     src = qkv_ptr + row.to(tl.int64) * s_qkv
     hq = tl.arange(0, HQ_P2)[:, None]
-    q = _rotate_heads(src, hq, cos, sin, qn_ptr, eps, d, partner, hq < HQ, D, NORM)
+    q = _rotate_heads(src, bias_ptr, hq, cos, sin, scale, qn_ptr, eps, d, partner, hq < HQ, D,
+                      NORM, BIAS)
     tl.store(q_ptr + row.to(tl.int64) * s_q + hq * D + d[None, :], q.to(q_ptr.dtype.element_ty),
              mask=hq < HQ)
     hk = tl.arange(0, HKV_P2)[:, None]
-    k = _rotate_heads(src + HQ * D, hk, cos, sin, kn_ptr, eps, d, partner, hk < HKV, D, NORM)
+    k = _rotate_heads(src + HQ * D, bias_ptr + HQ * D, hk, cos, sin, scale, kn_ptr, eps, d,
+                      partner, hk < HKV, D, NORM, BIAS)
     b = (row // width).to(tl.int64)
     w = (row % width).to(tl.int64)
     tl.store(k_ptr + b * s_kb + w * s_kw + hk * D + d[None, :], k.to(k_ptr.dtype.element_ty),
              mask=hk < HKV)
-    v = tl.load(src + (HQ + HKV) * D + hk * D + d[None, :], mask=hk < HKV)
+    v = _head_rows(src + (HQ + HKV) * D, bias_ptr + (HQ + HKV) * D, hk, d, scale, hk < HKV, D,
+                   BIAS)
     tl.store(v_ptr + b * s_vb + w * s_vw + hk * D + d[None, :], v.to(v_ptr.dtype.element_ty),
              mask=hk < HKV)
 
 
-def _check_qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out, q_norm, k_norm
-                      ) -> None:
+def _check_row_inputs(op: str, inputs: torch.Tensor, rows: int, product_name: str,
+                      product: torch.Tensor, input_eps: float) -> None:
+    """``inputs``: the ``[..., H]`` rows (contiguous) whose RMS scales the product's rows."""
+    require(isinstance(inputs, torch.Tensor), InvalidInputError,
+            f"{op}: inputs must be a torch.Tensor, got {type(inputs).__name__}")
+    c.check_devices(op, {"inputs": inputs, product_name: product})
+    c.check_float(op, {"inputs": inputs})
+    require(inputs.dim() >= 1 and inputs.is_contiguous()
+            and inputs.numel() == rows * inputs.shape[-1], InvalidInputError,
+            f"{op}: inputs must hold one contiguous [H] row per product row ({rows} rows), "
+            f"got shape {tuple(inputs.shape)} strides {inputs.stride()}")
+    require(isinstance(input_eps, float) and input_eps > 0, InvalidInputError,
+            f"{op}: input_eps must be a positive float, got {input_eps!r}")
+
+
+def _check_qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out, q_norm, k_norm,
+                      inputs, input_eps, bias) -> None:
     op = "qkv_rotary"
     for name, t in (("qkv", qkv), ("cos", cos), ("sin", sin), ("k_out", k_out),
                     ("v_out", v_out)):
@@ -117,6 +168,14 @@ def _check_qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out, q_no
         require(t.numel() == rows * num_kv_heads * dim, InvalidInputError,
                 f"{op}: {name} must hold one [Hkv, D] row per row of qkv ({rows} rows), got "
                 f"shape {tuple(t.shape)}")
+    if inputs is not None:
+        _check_row_inputs(op, inputs, rows, "qkv", qkv, input_eps)
+    if bias is not None:
+        c.check_rank(op, "bias", bias, 1, "[(Hq + 2 Hkv) * D]")
+        c.check_dim(op, "bias", bias, 0, qkv.shape[-1], "qkv's last axis")
+        c.check_devices(op, {"bias": bias, "qkv": qkv})
+        c.check_float(op, {"bias": bias})
+        require(bias.is_contiguous(), InvalidInputError, f"{op}: bias must be contiguous")
 
 
 def _rows(t: torch.Tensor, inner: int) -> tuple[int, int, int]:
@@ -130,16 +189,21 @@ def _rows(t: torch.Tensor, inner: int) -> tuple[int, int, int]:
 def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                num_heads: int, num_kv_heads: int, k_out: torch.Tensor, v_out: torch.Tensor,
                q_norm: torch.Tensor | None = None, k_norm: torch.Tensor | None = None,
-               eps: float = 1e-6) -> torch.Tensor:
+               eps: float = 1e-6, inputs: torch.Tensor | None = None,
+               input_eps: float = 1e-6, bias: torch.Tensor | None = None) -> torch.Tensor:
     """Split the fused projection and rotate queries and keys.
 
     qkv: ``[..., (Hq + 2 Hkv) * D]`` with N leading rows, rows contiguous; cos, sin:
     ``[..., D]`` per row (``layers.rotary_cos_sin``: sin signed); k_out, v_out: ``[N, Hkv, D]``
     or ``[B, W, Hkv, D]`` (N = B * W; e.g. a beam-KV slot) with ``[Hkv, D]`` contiguous;
-    q_norm, k_norm: ``[D]`` per-head RMSNorm weights (Qwen3) or None. Writes k_out, v_out and
+    q_norm, k_norm: ``[D]`` per-head RMSNorm weights (Qwen3) or None; inputs: the product's
+    input rows ``[..., H]`` (contiguous) when qkv came from weights with the input norm folded
+    in: each qkv row is first multiplied by ``1 / rms(inputs row)`` (``input_eps`` inside the
+    root); bias: ``[(Hq + 2 Hkv) * D]`` added after that scale. Writes k_out, v_out and
     returns queries ``[..., Hq, D]`` (contiguous, qkv's dtype).
     """
-    _check_qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out, q_norm, k_norm)
+    _check_qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k_out, v_out, q_norm, k_norm,
+                      inputs, input_eps, bias)
     dim = cos.shape[-1]
     lead = qkv.shape[:-1]
     flat = qkv.reshape(-1, qkv.shape[-1])
@@ -151,40 +215,35 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     if rows == 0:
         return q
     norm = q_norm is not None
+    hidden = inputs.shape[-1] if inputs is not None else 1
     _qkv_rotary_kernel[(rows,)](
-        flat, cos2, sin2, q_norm if norm else cos2, k_norm if norm else cos2, q, k_out, v_out,
-        width, eps, flat.stride(0), cos2.stride(0), num_heads * dim, s_kb, s_kw, s_vb, s_vw,
+        flat, inputs if inputs is not None else cos2, bias if bias is not None else cos2,
+        cos2, sin2, q_norm if norm else cos2, k_norm if norm else cos2, q, k_out, v_out,
+        width, hidden, input_eps, eps, flat.stride(0), cos2.stride(0), num_heads * dim,
+        s_kb, s_kw, s_vb, s_vw,
         HQ=num_heads, HKV=num_kv_heads, D=dim, HQ_P2=triton.next_power_of_2(num_heads),
-        HKV_P2=triton.next_power_of_2(num_kv_heads), NORM=norm, num_warps=4)
+        HKV_P2=triton.next_power_of_2(num_kv_heads), NORM=norm, SCALE=inputs is not None,
+        BIAS=bias is not None, HIDDEN_P2=triton.next_power_of_2(hidden), num_warps=4)
     return q
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, delta_ptr, w_ptr, sum_ptr, out_ptr, size, eps,
-                         BLOCK: tl.constexpr, HAS_DELTA: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, size, eps, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < size
-    total = tl.load(x_ptr + row * size + cols, mask=ok, other=0.0)
-    if HAS_DELTA:
-        total = total + tl.load(delta_ptr + row * size + cols, mask=ok, other=0.0)
-        total = total.to(sum_ptr.dtype.element_ty)             # the sum as torch rounds it
-        tl.store(sum_ptr + row * size + cols, total, mask=ok)
-    t = total.to(tl.float32)
-    inv = tl.rsqrt(tl.sum(t * t, axis=0) / size + eps)
+    x = tl.load(x_ptr + row * size + cols, mask=ok, other=0.0).to(tl.float32)
+    inv = tl.rsqrt(tl.sum(x * x, axis=0) / size + eps)
     w = tl.load(w_ptr + cols, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * size + cols, (t * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + row * size + cols, (x * inv * w).to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _rms_norm(op: str, x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor,
-              eps: float) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """The checks and launch of ``add_rms_norm`` (with ``delta``) and ``rms_norm`` (without):
-    returns (x + delta or None, normed)."""
-    tensors = {"x": x} if delta is None else {"x": x, "delta": delta}
-    c.check_devices(op, {**tensors, "weight": weight})
-    c.check_float(op, tensors)
-    if delta is not None:
-        c.check_same_shape(op, "delta", delta, "x", x, "[..., H]")
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm(x) * weight`` (float32 inside, one rounding); x ``[..., H]``, weight ``[H]``.
+    Returns a new tensor like x."""
+    op = "rms_norm"
+    c.check_devices(op, {"x": x, "weight": weight})
+    c.check_float(op, {"x": x})
     c.check_rank(op, "weight", weight, 1, "[H]")
     c.check_dim(op, "weight", weight, 0, x.shape[-1], "H, x's last axis")
     require(isinstance(eps, float) and eps > 0, InvalidInputError,
@@ -192,43 +251,37 @@ def _rms_norm(op: str, x: torch.Tensor, delta: torch.Tensor | None, weight: torc
     x, weight = x.contiguous(), weight.contiguous()
     size = x.shape[-1]
     out = torch.empty_like(x)
-    # Without the add the kernel reads no delta and writes no sum: x stands in for both.
-    total = None if delta is None else torch.empty_like(x)
     rows = x.numel() // max(size, 1)
     if rows:
-        _add_rms_norm_kernel[(rows,)](
-            x, x if delta is None else delta.contiguous(), weight, x if total is None else total,
-            out, size, eps, BLOCK=triton.next_power_of_2(size), HAS_DELTA=delta is not None,
-            num_warps=4)
-    return total, out
-
-
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``s = x + delta`` and ``rms_norm(s) * weight``; x, delta: ``[..., H]`` contiguous, one
-    dtype; weight ``[H]``. Returns (s, normed), both like x."""
-    return _rms_norm("add_rms_norm", x, delta, weight, eps)
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """``rms_norm(x) * weight`` (float32 inside, one rounding); x ``[..., H]``, weight ``[H]``.
-    Returns a new tensor like x."""
-    return _rms_norm("rms_norm", x, None, weight, eps)[1]
+        _rms_norm_kernel[(rows,)](x, weight, out, size, eps, BLOCK=triton.next_power_of_2(size),
+                                  num_warps=4)
+    return out
 
 
 @triton.jit
-def _silu_mul_kernel(gu_ptr, out_ptr, size, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gu_ptr, x_ptr, out_ptr, size, hidden, eps, BLOCK: tl.constexpr,
+                     SCALE: tl.constexpr, HIDDEN_P2: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < size
     gate = tl.load(gu_ptr + row * 2 * size + cols, mask=ok, other=0.0).to(tl.float32)
     up = tl.load(gu_ptr + row * 2 * size + size + cols, mask=ok, other=0.0).to(tl.float32)
+    if SCALE:
+        # The post-attention norm folded into the gate/up product: its row scale.
+        scale = _row_scale(x_ptr, row, hidden, eps, HIDDEN_P2)
+        gate = gate * scale
+        up = up * scale
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * size + cols, out.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of ``gate_up [..., 2 I]`` (gate first, rows contiguous) -> ``[..., I]``."""
+def silu_mul(gate_up: torch.Tensor, inputs: torch.Tensor | None = None,
+             input_eps: float = 1e-6) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up [..., 2 I]`` (gate first, rows contiguous) -> ``[..., I]``.
+
+    inputs: the product's input rows ``[..., H]`` (contiguous) when gate_up came from weights
+    with the norm before it folded in: gate and up are first multiplied by
+    ``1 / rms(inputs row)`` (``input_eps`` inside the root)."""
     op = "silu_mul"
     c.check_devices(op, {"gate_up": gate_up})
     c.check_float(op, {"gate_up": gate_up})
@@ -239,10 +292,16 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     size = gate_up.shape[-1] // 2
     out = torch.empty((*gate_up.shape[:-1], size), dtype=gate_up.dtype, device=gate_up.device)
     rows = out.numel() // max(size, 1)
+    if inputs is not None:
+        _check_row_inputs(op, inputs, rows, "gate_up", gate_up, input_eps)
+    hidden = inputs.shape[-1] if inputs is not None else 1
     if rows:
-        block = min(triton.next_power_of_2(size), 2048)
-        _silu_mul_kernel[(rows, triton.cdiv(size, block))](gate_up, out, size, BLOCK=block,
-                                                           num_warps=4)
+        # Long rows in few programs: each one computes its row's scale again.
+        block = min(triton.next_power_of_2(size), 4096)
+        _silu_mul_kernel[(rows, triton.cdiv(size, block))](
+            gate_up, inputs if inputs is not None else gate_up, out, size, hidden, input_eps,
+            BLOCK=block, SCALE=inputs is not None, HIDDEN_P2=triton.next_power_of_2(hidden),
+            num_warps=8 if block >= 4096 else 4)
     return out
 
 

@@ -17,17 +17,32 @@ def _wide(x: torch.Tensor) -> torch.Tensor:
     return x.double() if x.dtype == torch.float64 else x.float()
 
 
+def row_scale(inputs: torch.Tensor, eps: float, wide: torch.dtype) -> torch.Tensor:
+    """``1 / rms`` of each row of ``inputs [..., H]`` as ``[..., 1]`` in ``wide``: the scale of
+    an RMSNorm whose weight was folded into the product after it."""
+    x = inputs.to(wide)
+    return torch.rsqrt(x.pow(2).mean(dim=-1, keepdim=True) + eps)
+
+
 def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_heads: int,
                num_kv_heads: int, q_norm: torch.Tensor | None = None,
-               k_norm: torch.Tensor | None = None, eps: float = 1e-6
+               k_norm: torch.Tensor | None = None, eps: float = 1e-6,
+               inputs: torch.Tensor | None = None, input_eps: float = 1e-6,
+               bias: torch.Tensor | None = None
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Split ``qkv [..., (Hq + 2 Hkv) * D]`` into heads, RMS-normalise queries and keys per head
+    """Scale each row of ``qkv [..., (Hq + 2 Hkv) * D]`` by ``1 / rms`` of its ``inputs`` row
+    when given and add ``bias``, split into heads, RMS-normalise queries and keys per head
     when ``q_norm``/``k_norm [D]`` are given (Qwen3), rotate them (``layers.apply_rotary``,
     the engine's torch path, itself checked against Hugging Face). Returns q ``[..., Hq, D]``,
     k and v ``[..., Hkv, D]``."""
     dim = cos.shape[-1]
     wide = _wide(qkv).dtype
-    heads = qkv.to(wide).unflatten(-1, (num_heads + 2 * num_kv_heads, dim))
+    rows = qkv.to(wide)
+    if inputs is not None:
+        rows = rows * row_scale(inputs, input_eps, wide)
+    if bias is not None:
+        rows = rows + bias.to(wide)
+    heads = rows.unflatten(-1, (num_heads + 2 * num_kv_heads, dim))
     q, k = heads[..., :num_heads, :], heads[..., num_heads:num_heads + num_kv_heads, :]
     v = heads[..., num_heads + num_kv_heads:, :]
     if q_norm is not None:
@@ -37,16 +52,12 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, num_head
     return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
 
-def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``s = x + delta`` (rounded to x's dtype, as the residual stream is stored) and
-    ``rms_norm(s) * weight`` in float32/64."""
-    total = x + delta
-    wide = torch.float64 if torch.float64 in (total.dtype, weight.dtype) else torch.float32
-    return total, F.rms_norm(total.to(wide), (total.shape[-1],), weight.to(wide), eps)
-
-
-def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """``silu(gate) * up`` of ``gate_up [..., 2 I]`` (gate first) in float32/64."""
-    gate, up = _wide(gate_up).chunk(2, dim=-1)
+def silu_mul(gate_up: torch.Tensor, inputs: torch.Tensor | None = None,
+             input_eps: float = 1e-6) -> torch.Tensor:
+    """``silu(gate) * up`` of ``gate_up [..., 2 I]`` (gate first) in float32/64, each row first
+    scaled by ``1 / rms`` of its ``inputs`` row when given."""
+    rows = _wide(gate_up)
+    if inputs is not None:
+        rows = rows * row_scale(inputs, input_eps, rows.dtype)
+    gate, up = rows.chunk(2, dim=-1)
     return F.silu(gate) * up
