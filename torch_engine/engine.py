@@ -219,7 +219,9 @@ class Engine:
                                            state.shared, state.prompt, beams, slot=level - 1,
                                            backend=self.backend, counters=counters)
             start, end = layout.level_range(level)
-            logits = model.level_logits(hidden, start, end).expand(*scores.shape, -1)
+            # The fused selection widens the logits to float32 as it loads them.
+            logits = model.level_logits(hidden, start, end, widen=not fused).expand(
+                *scores.shape, -1)
             if fused:
                 parents, codes, prefixes, scores = bs.select_fused(
                     logits, scores, prefixes, catalog, level, width, blocked[level])

@@ -98,10 +98,13 @@ class Model(nn.Module):
         """Token embeddings ``[..., hidden]`` of integer ``input_ids [...]``."""
         return self.model.embed_tokens(input_ids)
 
-    def level_logits(self, hidden: torch.Tensor, start: int, end: int) -> torch.Tensor:
+    def level_logits(self, hidden: torch.Tensor, start: int, end: int, widen: bool = True
+                     ) -> torch.Tensor:
         """Logits ``[..., end - start]`` over vocabulary rows ``[start, end)`` (one codebook),
-        in float32; ``hidden [..., hidden]`` already normalised."""
-        return (hidden @ self.lm_head.weight[start:end].T).float()
+        in float32 (in the product's dtype unless ``widen``: for a consumer that widens on
+        load, one cast launch less); ``hidden [..., hidden]`` already normalised."""
+        logits = hidden @ self.lm_head.weight[start:end].T
+        return logits.float() if widen else logits
 
     def _rotary(self, positions: torch.Tensor, dtype: torch.dtype, repeat: int = 1):
         """cos and signed sin of ``positions [...]``, each repeated ``repeat`` times:
