@@ -321,9 +321,16 @@ P = PrefillConfig
 # table's tiles (sweeps T1853-T1900, after the row tiles of one (request, KV head) were made
 # to run side by side; at batch 1 the prompt split in 4), qwen3-1.7b also without TMA.
 DECODE_VARIANTS = {
-    ("qwen2-0.5b", 1): [D(64, 64, 4, 4, 3, True, acc_in_dot=False)],
+    ("qwen2-0.5b", 1): [D(64, 64, 4, 4, 3, True, acc_in_dot=False),
+                        D(64, 64, 4, 4, 2, True, acc_in_dot=False),
+                        D(64, 128, 4, 4, 2, True, acc_in_dot=False),
+                        D(64, 64, 4, 4, 3, True, acc_in_dot=False, tma=True)],
     ("qwen2-0.5b", 16): [D(64, 64, 1, 4, 3, acc_in_dot=False)],
-    ("qwen3-1.7b", 1): [D(64, 64, 4, 4, 3, True)],
+    # Batch 1 at the split rule's 4 splits: the split tile, fewer stages (more programs fit
+    # a multiprocessor), longer key steps, TMA loads, and 6 splits at 2 stages.
+    ("qwen3-1.7b", 1): [D(64, 64, 4, 4, 3, True), D(64, 64, 4, 4, 2, True),
+                        D(64, 128, 4, 4, 2, True), D(64, 64, 4, 4, 3, True, tma=True),
+                        D(64, 64, 6, 4, 2, True), D(64, 64, 4, 8, 3, True)],
     ("qwen3-1.7b", 16): [D(64, 64, 1, 4, 3, tma=True), D(64, 64, 1, 4, 3)],
 }
 # Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES: the table's tiles (v8).

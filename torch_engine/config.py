@@ -175,8 +175,10 @@ class EngineConfig:
         graph (at most ``length_bucket - 1`` padding slots computed per request).
     batch_buckets: with static shapes and CUDA graphs, batches are padded with one-token
         requests up to the next power of two (results of the padding rows are dropped).
-    layer_kernels: on CUDA, fold each layer's elementwise steps (split, norms, rotary, KV
-        writes, residual + norm, SwiGLU) into ``torch_engine.kernels.layer_ops`` launches.
+    layer_kernels: on CUDA, fold each layer's elementwise steps into
+        ``torch_engine.kernels.layer_ops`` launches: the norms' row scales, the bias, the
+        split, Qwen3's head norms, the rotary and the KV writes in one; the post-attention
+        norm's row scale and SwiGLU in another; the residual adds on the products.
     max_graphs: captured shapes kept (least recently used dropped first).
     selection_backend: beam selection per level: "auto" (the default: triton on CUDA, else
         torch), "torch" (plain PyTorch) or "triton" (``xgr::constrained_topk``, and the
