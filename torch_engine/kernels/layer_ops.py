@@ -7,8 +7,8 @@ The two RMSNorms of a layer need no launch of their own. Each norm's weight is f
 columns of the product after it (``layers.FusedProjections``), and its ``1 / rms(x)`` row
 scale is applied to that product's output by the kernel that reads it next:
 ``norm(x) @ W^T = (x @ (W * g)^T) / rms(x)`` row by row. The residual adds ride on the output
-and down projections (beta = 1 in the product). A layer is then 4 products and 3 launches
-(plus attention) instead of 4 and 5.
+and down projections (beta = 1 in the product). A layer is then 4 products, attention and 2
+elementwise launches (``qkv_rotary``, ``silu_mul``) instead of 4.
 
 * ``qkv_rotary``: the fused q/k/v product's output -> its input norm's row scale and the
   biases, rotated queries and keys (Qwen3's per-head RMSNorm first) and values, written where
