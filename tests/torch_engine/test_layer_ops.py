@@ -1,5 +1,7 @@
 """The fused layer kernels (Triton; the CPU interpreter here) against the torch ops they replace."""
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -240,12 +242,14 @@ def test_engine_layer_kernels_equal_torch_ops_on_cuda(family):
         assert rel_error(got, want) <= FP32.rel_norm
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
-def test_layer_kernel_composition_equals_the_unfused_layer(family):
+def test_layer_kernel_composition_equals_the_unfused_layer(family, dtype):
     """The CUDA path's composition of a layer (both norms' weights folded into the products,
     their row scales applied by ``qkv_rotary`` and ``silu_mul``, both residual adds on the
     products), run through the interpreter on the CPU, against the layer's separate torch
-    products. The caller's x is left as it was unless the caller owns it."""
+    products in float64, within the dtype's tolerance. The caller's x is left as it was unless
+    the caller owns it."""
     cfg = PRESETS["tiny"] if family == "qwen2" else QWEN3_TINY
     model = Model(cfg)
     model.init_weights(2)
@@ -259,22 +263,25 @@ def test_layer_kernel_composition_equals_the_unfused_layer(family):
             for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
                 proj.bias.copy_(torch.randn(proj.bias.shape, generator=gen) * 0.1)
     rows, hkv, dim = 5, cfg.num_kv_heads, cfg.head_dim
-    x = torch.randn(rows, cfg.hidden_size, generator=gen) * 3.0
-    cos, sin = rotary_cos_sin(torch.arange(rows) * 7, dim, cfg.rope_theta, torch.float32)
-    attended = torch.randn(rows, cfg.num_heads, dim, generator=gen)
+    x = (torch.randn(rows, cfg.hidden_size, generator=gen) * 3.0).to(dtype)
+    cos, sin = rotary_cos_sin(torch.arange(rows) * 7, dim, cfg.rope_theta, torch.float64)
+    attended = torch.randn(rows, cfg.num_heads, dim, generator=gen).to(dtype)
+    tol = tolerance_for(dtype)
     with torch.no_grad():
-        want_q, want_k, want_v = layer.project_qkv(x, cos, sin)
-        want = layer.finish(x, attended)
+        layer = layer.to(dtype)
+        exact = copy.deepcopy(layer).double()          # the same weights, in float64
+        want_q, want_k, want_v = exact.project_qkv(x.double(), cos, sin)
+        want = exact.finish(x.double(), attended.double())
         layer.fuse_projections(kernels=True)
         fused = layer._live_fused()
-        k_out, v_out = torch.empty(rows, hkv, dim), torch.empty(rows, hkv, dim)
-        q = layer._qkv_kernel(x, cos, sin, fused, k_out, v_out)
+        k_out, v_out = (torch.empty(rows, hkv, dim, dtype=dtype) for _ in range(2))
+        q = layer._qkv_kernel(x, cos.to(dtype), sin.to(dtype), fused, k_out, v_out)
         for got, ref in ((q, want_q), (k_out, want_k), (v_out, want_v)):
-            assert rel_error(got, ref) <= FP32.rel_norm
+            assert got.dtype == dtype and rel_error(got, ref) <= tol.rel_norm
         before = x.clone()
         got = layer._finish_kernels(x, attended, fused, owned=False)
-        assert torch.equal(x, before) and rel_error(got, want) <= FP32.rel_norm
+        assert torch.equal(x, before) and rel_error(got, want) <= tol.rel_norm
         mine = x.clone()
         got_owned = layer._finish_kernels(mine, attended, fused, owned=True)
         assert got_owned.data_ptr() == mine.data_ptr()
-        assert rel_error(got_owned, want) <= FP32.rel_norm
+        assert rel_error(got_owned, want) <= tol.rel_norm
