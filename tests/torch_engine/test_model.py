@@ -308,11 +308,16 @@ def test_a_lone_causal_request_in_bf16_on_cuda_meets_the_reference(heads, dim):
 
 @pytest.mark.parametrize("family", ["qwen2", "qwen3"])
 def test_fused_projections_equal_separate_and_yield_to_changed_weights(family):
-    """The fused q/k/v and gate/up products give the separate products' result; once a weight
-    changes in place (an optimizer step) or is replaced, the stale copies are not used."""
+    """The fused q/k/v and gate/up products (the norms' weights folded in) give the separate
+    products' result; once a weight or a norm's weight changes in place (an optimizer step) or
+    is replaced, the stale copies are not used."""
     model = _tiny_model(family, seed=3)
-    ids = torch.randint(8, 1024, (2, 9), generator=torch.Generator().manual_seed(4))
+    gen = torch.Generator().manual_seed(4)
+    ids = torch.randint(8, 1024, (2, 9), generator=gen)
     with torch.no_grad():
+        for name, param in model.named_parameters():    # norms folded into the copies
+            if name.endswith("layernorm.weight"):
+                param.copy_(torch.rand(param.shape, generator=gen) + 0.5)
         separate = model(ids)
         model.fuse_projections()
         layer = model.model.layers[0]
@@ -326,5 +331,14 @@ def test_fused_projections_equal_separate_and_yield_to_changed_weights(family):
         model.fuse_projections()
         assert rel_error(model(ids), changed) <= FP32.rel_norm
         layer.mlp.up_proj.weight = torch.nn.Parameter(layer.mlp.up_proj.weight * 2)
+        assert layer._live_fused() is None
+        # The norms' weights are folded into the copies: changing one retires them too.
+        model.fuse_projections()
+        before = model(ids)
+        layer.post_attention_layernorm.weight.mul_(1.5)
+        assert layer._live_fused() is None
+        assert rel_error(model(ids), before) > 1e-3
+        model.fuse_projections()
+        layer.input_layernorm.weight.mul_(0.5)
         assert layer._live_fused() is None
     assert "fused" not in " ".join(model.state_dict())
