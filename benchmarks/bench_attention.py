@@ -317,17 +317,18 @@ def _tma(*configs):
 
 D = DecodeConfig
 P = PrefillConfig
-# Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge); the
-# table's tiles (sweeps T1853-T1900, after the row tiles of one (request, KV head) were made
-# to run side by side; at batch 1 the prompt split in 4), qwen3-1.7b also without TMA.
+# Decode at W 256, prompt 1024: (block_m, block_n, splits, warps, stages, fused merge). The
+# first of each list is the table's tile (sweeps T1853-T1900, after the row tiles of one
+# (request, KV head) were made to run side by side; at batch 1 the prompt split in 4). The
+# others were measured slower: at batch 16 qwen3-1.7b without TMA; at batch 1 fewer stages
+# (more programs fit a multiprocessor), longer key steps, TMA loads, 6 splits, 8 warps
+# (notes/attention.md v11).
 DECODE_VARIANTS = {
     ("qwen2-0.5b", 1): [D(64, 64, 4, 4, 3, True, acc_in_dot=False),
                         D(64, 64, 4, 4, 2, True, acc_in_dot=False),
                         D(64, 128, 4, 4, 2, True, acc_in_dot=False),
                         D(64, 64, 4, 4, 3, True, acc_in_dot=False, tma=True)],
     ("qwen2-0.5b", 16): [D(64, 64, 1, 4, 3, acc_in_dot=False)],
-    # Batch 1 at the split rule's 4 splits: the split tile, fewer stages (more programs fit
-    # a multiprocessor), longer key steps, TMA loads, and 6 splits at 2 stages.
     ("qwen3-1.7b", 1): [D(64, 64, 4, 4, 3, True), D(64, 64, 4, 4, 2, True),
                         D(64, 128, 4, 4, 2, True), D(64, 64, 4, 4, 3, True, tma=True),
                         D(64, 64, 6, 4, 2, True), D(64, 64, 4, 8, 3, True)],
