@@ -9,7 +9,6 @@ memory (``ru_maxrss``) is its own. Writes ``catalog_<date>.json`` and prints a t
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import resource
@@ -21,6 +20,8 @@ import numpy as np
 from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import results_file as rf  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("items", ["1000000", "10000000"], "catalog sizes to build")
@@ -62,12 +63,9 @@ def main(argv: list[str]) -> None:
                              check=True, capture_output=True, text=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"built {items} items in {rows[-1]['build_s']:.1f} s", flush=True)
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    result = {"date": rf.utc_now(),
               "cpu_count": os.cpu_count(), "paths_per_item": FLAGS.paths_per_item, "rows": rows}
-    os.makedirs(FLAGS.out, exist_ok=True)
-    path = os.path.join(FLAGS.out, f"catalog_{datetime.date.today().isoformat()}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+    path = rf.write_result(FLAGS.out, "catalog", result, indent=2)
     print(f"\n{'items':>10s} {'build s':>8s} {'paths':>9s} {'tables MB':>10s} {'peak RSS MB':>12s}")
     for row in rows:
         print(f"{row['items']:10d} {row['build_s']:8.1f} {row['num_prefixes'][-1]:9d} "

@@ -41,8 +41,6 @@ Writes ``engine_<date>[_<tag>].json`` and prints a table per stage.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -57,6 +55,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import engine_analysis as ea  # noqa: E402
 from benchmarks.engine_anchor import hf_anchor  # noqa: E402
+from benchmarks import results_file as rf  # noqa: E402
 from torch_engine import beam_search as bs  # noqa: E402
 from torch_engine.capacity import estimate_request  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
@@ -469,7 +468,7 @@ def main(argv: list[str]) -> None:
     device = torch.device(FLAGS.device)
     start = time.perf_counter()
     catalog = make_catalog()
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    result = {"date": rf.utc_now(),
               "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": "bfloat16", "prompt": FLAGS.prompt,
               "beam": BEAM, "top_k": TOP_K, "levels": LAYOUT.levels,
@@ -513,11 +512,7 @@ def main(argv: list[str]) -> None:
 
 
 def write(result: dict) -> None:
-    os.makedirs(FLAGS.out, exist_ok=True)
-    suffix = f"_{FLAGS.tag}" if FLAGS.tag else ""
-    path = os.path.join(FLAGS.out, f"engine_{datetime.date.today().isoformat()}{suffix}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2, default=float)
+    rf.write_result(FLAGS.out, "engine", result, FLAGS.tag, indent=2, default=float)
 
 
 def print_tables(result: dict) -> None:

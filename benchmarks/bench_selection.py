@@ -18,8 +18,6 @@ Prints a table and writes ``results/selection_<date>[_<tag>].json``. Needs CUDA.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -32,6 +30,7 @@ from tqdm import tqdm
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import engine_analysis as ea  # noqa: E402
+from benchmarks import results_file as rf  # noqa: E402
 from torch_engine import beam_search as bs  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
 from torch_engine.kernels.constrained_topk import (RESIDENT_KEYS,  # noqa: E402
@@ -133,16 +132,12 @@ def main(argv: list[str]) -> None:
             if name in results:
                 case_rows[name]["same_as_streamed"] = all(
                     torch.equal(a, b) for a, b in zip(results[name], results["fused, streamed"]))
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    result = {"date": rf.utc_now(),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "triton": triton.__version__, "codebook": LAYOUT.codebook_size,
               "items": FLAGS.items, "paths": FLAGS.paths, "inner": FLAGS.inner,
               "repeats": FLAGS.repeats, "resident_keys": RESIDENT_KEYS, "rows": rows}
-    os.makedirs(FLAGS.out, exist_ok=True)
-    suffix = f"_{FLAGS.tag}" if FLAGS.tag else ""
-    path = os.path.join(FLAGS.out, f"selection_{datetime.date.today().isoformat()}{suffix}.json")
-    with open(path, "w") as handle:
-        json.dump(result, handle, indent=1)
+    path = rf.write_result(FLAGS.out, "selection", result, FLAGS.tag)
     print(f"{'level':>5} {'batch':>5} {'W':>5}  {'system':<30} {'us':>8}  same")
     for row in rows:
         print(f"{row['level']:>5} {row['batch']:>5} {row['width']:>5}  {row['system']:<30} "

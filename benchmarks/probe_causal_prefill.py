@@ -23,8 +23,6 @@ the float32 SDPA result. Writes ``causal_prefill_<date>.json``.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -36,6 +34,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import engine_analysis as ea  # noqa: E402
+from benchmarks import results_file as rf  # noqa: E402
 from torch_engine.config import preset  # noqa: E402
 from torch_engine.kernels.prefill_attention import prefill_attention  # noqa: E402
 from torch_engine.layout import MaskMode  # noqa: E402
@@ -115,13 +114,10 @@ def main(argv):
             cells = ", ".join(f"{k} {v['us']:.1f}" if "us" in v else f"{k} failed"
                               for k, v in row.items() if isinstance(v, dict))
             print(f"{name} b{batch} L{length}: {cells}", flush=True)
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    result = {"date": rf.utc_now(),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "dtype": "bfloat16", "calls_per_replay": REPEAT, "rows": rows}
-    os.makedirs(FLAGS.out, exist_ok=True)
-    path = os.path.join(FLAGS.out, f"causal_prefill_{datetime.date.today().isoformat()}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+    rf.write_result(FLAGS.out, "causal_prefill", result, indent=2)
     for row in rows:
         print(row)
 

@@ -22,7 +22,6 @@ scheduled while this kernel still runs). Writes ``dependent_launch_<date>.json``
 
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import statistics
@@ -36,6 +35,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import engine_analysis as ea  # noqa: E402
+from benchmarks import results_file as rf  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("launch_out", "benchmarks/results", "folder for dependent_launch_<date>.json")
@@ -108,14 +108,10 @@ def main(argv: list[str]) -> None:
                    for v in ("wait", "wait_trigger")}}
         rows.append(row)
         print(json.dumps(row))
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    result = {"date": rf.utc_now(),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "triton": triton.__version__, "rows": rows}
-    os.makedirs(FLAGS.launch_out, exist_ok=True)
-    path = os.path.join(FLAGS.launch_out,
-                        f"dependent_launch_{datetime.date.today().isoformat()}.json")
-    with open(path, "w") as handle:
-        json.dump(result, handle, indent=1)
+    path = rf.write_result(FLAGS.launch_out, "dependent_launch", result)
     print(f"wrote {path}")
 
 

@@ -20,8 +20,6 @@ Writes ``replay_host_<date>.json``.
 
 from __future__ import annotations
 
-import datetime
-import json
 import os
 import statistics
 import sys
@@ -33,6 +31,7 @@ from absl import app, flags
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import engine_analysis as ea  # noqa: E402
+from benchmarks import results_file as rf  # noqa: E402
 from benchmarks.bench_engine import (BEAM, TOP_K, engine_for, make_catalog,  # noqa: E402
                                      prompts, random_model)
 from torch_engine.inputs import check_arguments  # noqa: E402
@@ -90,14 +89,10 @@ def main(argv: list[str]) -> None:
     rows = [probe("qwen2-0.5b", 1024, catalog, device), probe("qwen3-1.7b", 1000, catalog,
                                                              device),
             probe("qwen3-1.7b", 1024, catalog, device)]
-    result = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    result = {"date": rf.utc_now(),
               "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
               "rows": rows}
-    os.makedirs(FLAGS.replay_out, exist_ok=True)
-    path = os.path.join(FLAGS.replay_out,
-                        f"replay_host_{datetime.date.today().isoformat()}.json")
-    with open(path, "w") as handle:
-        json.dump(result, handle, indent=1)
+    path = rf.write_result(FLAGS.replay_out, "replay_host", result)
     for row in rows:
         print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}"
                        for k, v in row.items()))
