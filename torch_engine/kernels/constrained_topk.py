@@ -40,6 +40,7 @@ import triton.language as tl
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
+from torch_engine.kernels._sorted_search import contains
 
 _OP = "constrained_topk"
 # Sortable key of -inf (0xFF800000 ^ 0x7FFFFFFF as int32); constexpr: jit code reads globals
@@ -94,17 +95,9 @@ def _level_scores_kernel(
         code = tl.load(codes_ptr + entry, mask=ok, other=0)
         x = tl.load(logit_row + code * s_lc, mask=ok, other=0.0).to(tl.float32)
         total = parent + (x - lse)
-        # lower_bound of each entry in this request's sorted blocked ids.
-        lo = tl.zeros([BLOCK_E], tl.int32)
-        hi = tl.zeros([BLOCK_E], tl.int32) + num_blocked
-        for _ in range(SEARCH_STEPS):
-            mid = (lo + hi) // 2
-            probe = tl.load(blocked_ptr + b * s_xb + mid, mask=mid < hi, other=0)
-            below = (probe < entry) & (mid < hi)
-            lo = tl.where(below, mid + 1, lo)
-            hi = tl.where(below, hi, mid)
-        found = tl.load(blocked_ptr + b * s_xb + lo, mask=lo < num_blocked, other=-1)
-        total = tl.where(found == entry, float("-inf"), total)
+        # Children among this request's sorted blocked ids never take a beam.
+        blocked = contains(blocked_ptr + b * s_xb, num_blocked, entry, SEARCH_STEPS)
+        total = tl.where(blocked, float("-inf"), total)
         tl.store(total_ptr + out_row + code, total, mask=ok)
         tl.store(child_ptr + out_row + code, entry.to(tl.int32), mask=ok)
 

@@ -30,6 +30,7 @@ import triton.language as tl
 from torch_engine.catalog import Catalog
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
+from torch_engine.kernels._sorted_search import search
 
 # One program holds a request's exclusion row; EngineConfig.max_exclude defaults to 4096.
 MAX_BLOCK = 16384
@@ -67,31 +68,13 @@ class ExclusionTables:
 
 
 @triton.jit
-def _search(ptr, n, value, STEPS: tl.constexpr, RIGHT: tl.constexpr):
-    """First index in ``[0, n)`` whose (sorted) entry is >= ``value`` (> with ``RIGHT``), or
-    ``n``: ``searchsorted``'s left and right sides."""
-    lo = tl.zeros_like(value)
-    hi = lo + n
-    for _ in tl.static_range(STEPS):
-        mid = (lo + hi) // 2
-        probe = tl.load(ptr + mid, mask=mid < hi, other=0)
-        if RIGHT:
-            go = (probe <= value) & (mid < hi)
-        else:
-            go = (probe < value) & (mid < hi)
-        lo = tl.where(go, mid + 1, lo)
-        hi = tl.where(go, hi, mid)
-    return lo
-
-
-@triton.jit
 def _excluded_rows_kernel(exclude_ptr, ids_ptr, rows_ptr, out_ptr, excluded, num_items,
                           BLOCK: tl.constexpr, STEPS: tl.constexpr):
     b = tl.program_id(0).to(tl.int64)
     j = tl.arange(0, BLOCK)
     inside = j < excluded
     ident = tl.load(exclude_ptr + b * excluded + j, mask=inside, other=-1)
-    pos = _search(ids_ptr, num_items, ident, STEPS, False)
+    pos = search(ids_ptr, num_items, ident, STEPS, False)
     found = (ident >= 0) & (pos < num_items)
     found = found & (tl.load(ids_ptr + pos, mask=found, other=-1) == ident)
     # Unknown ids and padding lanes become the sentinel, which sorts after every row.
@@ -125,7 +108,7 @@ def _exhausted_kernel(rows_ptr, indptr_ptr, starts_ptr, totals_ptr, out_ptr, exc
     for level in tl.static_range(LEVELS):
         indptr = indptr_ptr + tl.load(starts_ptr + level)
         total = tl.load(totals_ptr + level)
-        prefix = _search(indptr, total + 1, row, STEPS, True) - 1
+        prefix = search(indptr, total + 1, row, STEPS, True) - 1
         lo = tl.load(indptr + prefix, mask=live, other=0)
         hi = tl.load(indptr + prefix + 1, mask=live, other=0)
         first_at = j - (row - lo)

@@ -36,6 +36,7 @@ import triton.language as tl
 
 from torch_engine.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
+from torch_engine.kernels._sorted_search import contains
 from torch_engine.kernels.constrained_topk import _sortable
 
 _OP = "expand_items"
@@ -43,23 +44,6 @@ _OP = "expand_items"
 MAX_BEAMS = 4096
 # Raw item slots per block of the walk.
 _MAX_SLOTS = 1024
-
-
-@triton.jit
-def _is_excluded(excluded_ptr, num_excluded, row, STEPS: tl.constexpr):
-    """Whether each ``row`` is among the ``num_excluded`` sorted rows at ``excluded_ptr``
-    (2**STEPS > num_excluded). A branchless lower-bound search over the rows padded with +inf
-    to 2**STEPS - 1 probes the lower bound itself whenever it is a real row, so comparing
-    every probe for equality replaces the final load."""
-    pos = tl.zeros_like(row)
-    hit = pos < 0
-    for k in tl.static_range(STEPS):
-        at = pos + ((1 << (STEPS - 1 - k)) - 1)
-        real = at < num_excluded
-        probe = tl.load(excluded_ptr + at, mask=real, other=0)
-        hit = hit | (real & (probe == row))
-        pos = tl.where(real & (probe < row), at + 1, pos)
-    return hit
 
 
 @triton.jit
@@ -108,7 +92,7 @@ def _expand_items_kernel(scores_ptr, paths_ptr, excluded_ptr, indptr_ptr, items_
         bits = tl.load(scratch + 2 * BLOCK_W + pos).to(tl.int32)
         # Issued before the exclusion search so that the two latencies overlap.
         item = tl.load(items_ptr + row, mask=reachable, other=-1)
-        keep = reachable & ~_is_excluded(excluded, num_excluded, row, SEARCH_X)
+        keep = reachable & ~contains(excluded, num_excluded, row, SEARCH_X)
         target = kept + tl.cumsum(keep.to(tl.int64), 0) - 1
         write = keep & (target < top_k)
         tl.store(out_items_ptr + out + target, item, mask=write)
