@@ -110,9 +110,8 @@ class Model(nn.Module):
         """cos and signed sin of ``positions [...]``, each repeated ``repeat`` times:
         ``[*positions.shape, repeat, D]`` (``[*positions.shape, D]`` when ``repeat`` is 1).
         One launch on CUDA with the fused kernels (``layer_ops.rotary_cos_sin``)."""
-        first = self.model.layers[0]._live_fused()
         freqs = getattr(self, "rotary_freqs", None)
-        if (first is not None and first.kernels and positions.is_cuda and freqs is not None
+        if (self._layer_kernels(positions) and freqs is not None
                 and freqs.device == positions.device):
             from torch_engine.kernels import layer_ops
             return layer_ops.rotary_cos_sin(positions, freqs, dtype, repeat)
@@ -211,10 +210,15 @@ class Model(nn.Module):
     def _final_norm(self, x: torch.Tensor) -> torch.Tensor:
         """The final RMSNorm; one ``layer_ops.rms_norm`` launch with the fused kernels."""
         norm = self.model.norm
-        first = self.model.layers[0]._live_fused()
-        if first is not None and first.kernels and x.is_cuda:
+        if self._layer_kernels(x):
             from torch_engine.kernels import layer_ops
             return layer_ops.rms_norm(x, norm.weight, norm.eps)
         return norm(x)
+
+    def _layer_kernels(self, t: torch.Tensor) -> bool:
+        """Whether a pass over ``t`` runs the fused layer kernels (``fuse_projections`` with
+        kernels, copies current, not tracing, ``t`` on CUDA)."""
+        first = self.model.layers[0]._live_fused()
+        return first is not None and first.kernels and t.is_cuda
 
 
