@@ -33,6 +33,9 @@ on 250K random code paths, top_k 300. Stages (``--stages``):
   process (kernel compilation, rules, memory check, warm-up and capture), the first call of
   another length bucket (what a new bucket costs a warm process), the eager path's input
   preparation and rules launch, and launch costs of single small ops.
+* ``floor``: a search's matrix products alone (``engine_analysis.products_chain``) in one
+  graph beside the whole search's graph and its target, power and SM clock sampled during
+  each (``power_sampler``): what is left beyond them for attention and the rest.
 * ``hf``: ``transformers`` ``generate(num_beams=W, prefix_allowed_tokens_fn=...)`` on the same
   weights and catalog: qwen2-0.5b batch 1, and qwen3-1.7b batch 1 context 1000 (one call).
 
@@ -56,6 +59,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import engine_analysis as ea  # noqa: E402
 from benchmarks.engine_anchor import hf_anchor  # noqa: E402
 from benchmarks import results_file as rf  # noqa: E402
+from benchmarks.power_sampler import PowerSampler  # noqa: E402
 from torch_engine import beam_search as bs  # noqa: E402
 from torch_engine.capacity import estimate_request  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
@@ -65,6 +69,7 @@ from torch_engine.inputs import (check_arguments, check_inputs,  # noqa: E402
                                  input_rules_for, prepare_inputs, verdict_of)
 from torch_engine.layout import TokenLayout  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
+from torch_engine.padded_inputs import arguments_of  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for engine_<date>[_<tag>].json")
@@ -145,7 +150,9 @@ def time_recommend(engine, tokens, lengths, width, name, **extra) -> dict:
     def call():
         return engine.recommend(tokens, lengths, beam_width=width, top_k=TOP_K)
     items, _ = call()
-    row = summary(name, tokens.shape[0], timed(call, FLAGS.repeats), **extra)
+    with PowerSampler() as power:
+        times = timed(call, FLAGS.repeats)
+    row = summary(name, tokens.shape[0], times, **extra, power=power.summary())
     row["items_returned_min"] = int((items >= 0).sum(dim=1).min())
     return row
 
@@ -439,6 +446,41 @@ def stage_large(model, catalog, device, ceil) -> list[dict]:
     return rows
 
 
+# The floor stage's cases: (model, batch, prompt tokens, latency target in ms).
+FLOOR_CASES = (("small", 1, 1024, 5.0), ("large", 1, 1000, 10.0), ("large", 8, 1000, 60.0),
+               ("large", 1, 5000, 35.0))
+
+
+def stage_floor(model_of, catalog, device, ceil) -> list[dict]:
+    rows = []
+    for which, batch, prompt, target in FLOOR_CASES:
+        cfg = model_of(which).config
+        graphed = engine_for(model_of(which), catalog)
+        checked = checked_batch(graphed, *prompts(batch, prompt, device))
+        with torch.no_grad():
+            graphed.search(checked, BEAM, TOP_K)           # the capture, outside the samples
+            with PowerSampler() as search_power:
+                search = statistics.median(ea.device_ms(
+                    lambda: graphed.search(checked, BEAM, TOP_K), FLAGS.repeats))
+        bucket = graphed.graphs.bucket(arguments_of(checked))
+        graphed = None                      # its graphs and buffers go before the products'
+        torch.cuda.empty_cache()
+        tokens = bucket.rows * (bucket.soft + bucket.width)      # prefill rows, padding included
+        products, chain_flops, products_power = ea.time_products_chain(
+            cfg, bucket.rows, tokens, BEAM, LAYOUT.levels, FLAGS.repeats, device)
+        rows.append({"system": f"floor {cfg.architecture} b{batch} prompt {prompt}",
+                     "batch": batch, "prompt": prompt, "search_graph_ms": search,
+                     "products_graph_ms": products,
+                     "products_tflops": chain_flops / products / 1e9,
+                     "products_share": products / search, "beyond_products_ms": search - products,
+                     "target_ms": target, "target_left_after_products_ms": target - products,
+                     "bucket_tokens": tokens, "ceiling_tflops": ceil["matmul_tflops"],
+                     "search_power": search_power.summary(),
+                     "products_power": products_power})
+        print(rows[-1], flush=True)
+    return rows
+
+
 def stage_kernels(model_of, catalog, device, ceil) -> list[dict]:
     rows = []
     tabled = set()
@@ -490,6 +532,7 @@ def main(argv: list[str]) -> None:
                "sweep": lambda: stage_sweep(small, catalog, device),
                "throughput": lambda: stage_throughput(small, catalog, device),
                "kernels": lambda: stage_kernels(model_of, catalog, device, ceil),
+               "floor": lambda: stage_floor(model_of, catalog, device, ceil),
                "large": lambda: stage_large(model_of("large"), catalog, device, ceil),
                "host": lambda: stage_host(small, model_of("large"), catalog, device),
                "selection_ab": lambda: stage_selection_ab(small, model_of("large"), catalog,
@@ -515,31 +558,34 @@ def write(result: dict) -> None:
     rf.write_result(FLAGS.out, "engine", result, FLAGS.tag, indent=2, default=float)
 
 
+# The row fields the printed tables show, in this order (every stage's rows share the list).
+PRINTED = (
+    "stage", "calls", "total_us", "mean_us", "rows", "product", "linear_us", "addmm_us",
+    "tflops", "fraction_of_bound", "batch", "median_ms", "p99_ms", "search_graph_ms",
+    "prefill_graph_ms", "replay_wall_ms", "prepare_inputs_wall_ms", "other_ms",
+    "roofline_fraction", "products_graph_ms", "products_tflops", "products_share",
+    "beyond_products_ms", "target_ms", "target_left_after_products_ms", "triton_ms",
+    "torch_ms", "rate_per_s", "mean_batch", "torch_graph_ms", "triton_graph_ms",
+    "torch_recommend_ms", "triton_recommend_ms", "graph_ms", "first_call_ms", "new_bucket_ms",
+    "wall_us", "wall_minus_graph_us", "device span_us", "check_arguments_us",
+    "eager_prepare_inputs_us", "eager_rules_launch_us",
+    "replay (lookup, copies, fill, launch, clones)_us", "search_host_us", "verdict read_us",
+    "torch_add_us", "torch_full_us", "torch_empty_us", "sync_us", "measured_peak_bytes",
+    "estimate_bytes", "failed", "absent")
+
+
 def print_tables(result: dict) -> None:
     print(f"ceilings: {result['ceilings']}")
     for name, rows in result["stages"].items():
         print(f"\n== {name}")
         for row in rows:
-            keys = [k for k in ("stage", "calls", "total_us", "mean_us", "rows", "product",
-                                "linear_us", "addmm_us", "tflops", "fraction_of_bound",
-                                "batch", "median_ms", "p99_ms", "search_graph_ms",
-                                "prefill_graph_ms", "replay_wall_ms", "prepare_inputs_wall_ms",
-                                "other_ms", "roofline_fraction",
-                                "triton_ms", "torch_ms", "rate_per_s", "mean_batch",
-                                "torch_graph_ms", "triton_graph_ms", "torch_recommend_ms",
-                                "triton_recommend_ms",
-                                "graph_ms", "first_call_ms", "new_bucket_ms", "wall_us", "wall_minus_graph_us", "device span_us",
-                                "check_arguments_us", "eager_prepare_inputs_us",
-                                "eager_rules_launch_us",
-                                "replay (lookup, copies, fill, launch, clones)_us",
-                                "search_host_us", "verdict read_us", "torch_add_us",
-                                "torch_full_us", "torch_empty_us", "sync_us",
-                                "measured_peak_bytes", "estimate_bytes", "failed", "absent")
-                    if k in row]
             cells = ", ".join(f"{k}={row[k]:.3f}" if isinstance(row[k], float)
-                              else f"{k}={row[k]}" for k in keys)
+                              else f"{k}={row[k]}" for k in PRINTED if k in row)
             label = row["system"] + (f" {row['kernel']}" if "kernel" in row else "")
             print(f"{label:44s} {cells}")
+            for key in ("power", "search_power", "products_power"):
+                if row.get(key):
+                    print(f"    {key}: " + ", ".join(f"{k} {v:g}" for k, v in row[key].items()))
             if "kernel_ms" in row:
                 print("    kernels: " + ", ".join(f"{k} {v:.3f}" for k, v in
                                                   row["kernel_ms"].items()))

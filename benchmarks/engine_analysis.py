@@ -15,12 +15,14 @@ search, and the queue that turns per-batch latencies into requests per second at
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import torch
 from torch.autograd import DeviceType
 
+from benchmarks.power_sampler import PowerSampler
 from torch_engine import attention as attn
 from torch_engine import beam_search as bs
 from torch_engine.catalog import Catalog
@@ -274,6 +276,87 @@ def gemm_table(cfg: ModelConfig, rows_list: list[int], matmul_tflops: float,
                         "tflops": flops / timings["linear"] / 1e6, "bound_us": bound_us,
                         "fraction_of_bound": bound_us / timings["linear"]})
     return out
+
+
+def search_passes(cfg: ModelConfig, batch: int, prompt_rows: int, width: int,
+                  levels: int) -> list[tuple[int, int]]:
+    """(rows of the q/k/v product, rows of the other three products) of each layer of each pass
+    of one search, in the engine's order: prefill over the bucket's ``prompt_rows`` (its last
+    layer's output, MLP and down products on each request's last row only), then
+    ``levels - 1`` decode steps over ``batch * width`` beam rows."""
+    layers = cfg.num_layers
+    prefill = [(prompt_rows, prompt_rows)] * (layers - 1) + [(prompt_rows, batch)]
+    return prefill + [(batch * width, batch * width)] * (layers * (levels - 1))
+
+
+@dataclass(frozen=True)
+class ProductsChain:
+    """``run`` issues the products; ``flops`` counts their matrix work; ``stream`` is the
+    residual rows the output and down products add into."""
+
+    run: Callable[[], None]
+    flops: float
+    stream: torch.Tensor
+
+
+def products_chain(cfg: ModelConfig, passes: list[tuple[int, int]], logits_rows: list[int],
+                   device) -> ProductsChain:
+    """Only the matrix products of ``passes`` (``search_passes``) and of
+    the level logits (``logits_rows`` rows each), as the engine issues them: q/k/v and gate/up
+    as plain products, the output and down products adding into the residual stream
+    (``addmm_``, beta = 1). Every layer has its own random bf16 weights, as a model does, so no
+    weight stays in L2 between layers."""
+    shapes = linear_shapes(cfg)
+    layers = cfg.num_layers
+    gen = torch.Generator(device=device).manual_seed(0)
+
+    def weight(name: str) -> torch.Tensor:
+        n, k = shapes[name]
+        return torch.randn(n, k, device=device, dtype=torch.bfloat16, generator=gen) * k ** -0.5
+    weights = [{name: weight(name) for name in ("qkv", "o_proj", "gate_up", "down")}
+               for _ in range(layers)]
+    head = weight("level logits")
+    rows = max(max(r for pair in passes for r in pair), max(logits_rows))
+    h, inter = cfg.hidden_size, cfg.intermediate_size
+    x = torch.randn(rows, h, device=device, dtype=torch.bfloat16, generator=gen)
+    attended = torch.randn(rows, cfg.num_heads * cfg.head_dim, device=device,
+                           dtype=torch.bfloat16, generator=gen)
+    act = torch.randn(rows, inter, device=device, dtype=torch.bfloat16, generator=gen)
+    qkv_out = torch.empty(rows, shapes["qkv"][0], device=device, dtype=torch.bfloat16)
+    gate_up_out = torch.empty(rows, 2 * inter, device=device, dtype=torch.bfloat16)
+    logits_out = torch.empty(rows, shapes["level logits"][0], device=device,
+                             dtype=torch.bfloat16)
+    flops = 0.0
+    for i, (qkv_rows, rest) in enumerate(passes):
+        w = weights[i % layers]
+        flops += 2 * qkv_rows * w["qkv"].numel() + 2 * rest * sum(
+            w[n].numel() for n in ("o_proj", "gate_up", "down"))
+    flops += sum(2 * r * head.numel() for r in logits_rows)
+
+    def run() -> None:
+        for i, (qkv_rows, rest) in enumerate(passes):
+            w = weights[i % layers]
+            torch.mm(x[:qkv_rows], w["qkv"].t(), out=qkv_out[:qkv_rows])
+            x[:rest].addmm_(attended[:rest], w["o_proj"].t())
+            torch.mm(x[:rest], w["gate_up"].t(), out=gate_up_out[:rest])
+            x[:rest].addmm_(act[:rest], w["down"].t())
+        for r in logits_rows:
+            torch.mm(x[:r], head.t(), out=logits_out[:r])
+    return ProductsChain(run=run, flops=flops, stream=x)
+
+
+def time_products_chain(cfg: ModelConfig, batch: int, prompt_rows: int, width: int,
+                        levels: int, repeats: int, device) -> tuple[float, float, dict]:
+    """Median device ms of one search's ``products_chain`` replayed in a CUDA graph, its
+    flops, and the board's power and SM clock while it ran (``PowerSampler.summary``)."""
+    chain = products_chain(cfg, search_passes(cfg, batch, prompt_rows, width, levels),
+                           [batch] + [batch * width] * (levels - 1), device)
+    graph = capture(chain.run)
+    with PowerSampler() as power:
+        ms = float(np.median(device_ms(graph.replay, repeats)))
+    del graph
+    torch.cuda.empty_cache()
+    return ms, chain.flops, power.summary()
 
 
 def capture(fn: Callable[[], object], repeat: int = 1) -> torch.cuda.CUDAGraph:
