@@ -6,6 +6,9 @@ search, and the queue that turns per-batch latencies into requests per second at
   reading the weights and KV once, whichever is larger.
 * ``stage_breakdown``: device time of each stage of one eager search (profiler kernel times
   grouped by the engine function that launched them) beside the replayed graph's total.
+* ``products_chain`` / ``time_products_chain``: only the matrix products of one search (same
+  shapes, order and residual adds; ``search_passes``), replayed in a CUDA graph with the
+  board's power and SM clock sampled: what a search's products cost at sustained power.
 * ``max_rate_at_p99``: a single server batching whatever has arrived (up to the largest
   measured batch, rounded up to the engine's power-of-two batch bucket), service times drawn
   from the measured latencies of that bucket, Poisson arrivals; the highest rate whose P99
