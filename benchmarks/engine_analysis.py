@@ -303,12 +303,18 @@ class ProductsChain:
 
 
 def products_chain(cfg: ModelConfig, passes: list[tuple[int, int]], logits_rows: list[int],
-                   device) -> ProductsChain:
+                   device, after_qkv: Callable[[int], None] | None = None,
+                   after_gate_up: Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+                   | None = None) -> ProductsChain:
     """Only the matrix products of ``passes`` (``search_passes``) and of
     the level logits (``logits_rows`` rows each), as the engine issues them: q/k/v and gate/up
     as plain products, the output and down products adding into the residual stream
     (``addmm_``, beta = 1). Every layer has its own random bf16 weights, as a model does, so no
-    weight stays in L2 between layers."""
+    weight stays in L2 between layers.
+
+    Hooks put other work where the engine has it: ``after_qkv(i)`` runs after pass i's q/k/v
+    product (attention); ``after_gate_up(i, gate_up, x)`` after its gate/up product, returning
+    the activation the down product reads (SwiGLU)."""
     shapes = linear_shapes(cfg)
     layers = cfg.num_layers
     gen = torch.Generator(device=device).manual_seed(0)
@@ -340,9 +346,14 @@ def products_chain(cfg: ModelConfig, passes: list[tuple[int, int]], logits_rows:
         for i, (qkv_rows, rest) in enumerate(passes):
             w = weights[i % layers]
             torch.mm(x[:qkv_rows], w["qkv"].t(), out=qkv_out[:qkv_rows])
+            if after_qkv is not None:
+                after_qkv(i)
             x[:rest].addmm_(attended[:rest], w["o_proj"].t())
             torch.mm(x[:rest], w["gate_up"].t(), out=gate_up_out[:rest])
-            x[:rest].addmm_(act[:rest], w["down"].t())
+            hidden = act[:rest]
+            if after_gate_up is not None:
+                hidden = after_gate_up(i, gate_up_out[:rest], x[:rest])
+            x[:rest].addmm_(hidden, w["down"].t())
         for r in logits_rows:
             torch.mm(x[:r], head.t(), out=logits_out[:r])
     return ProductsChain(run=run, flops=flops, stream=x)

@@ -58,3 +58,29 @@ def test_power_sampler_parses_and_summarises():
     assert summary["power_capped_share"] == 2 / 3
     assert summary["power_samples"] == 3
     assert PowerSampler().summary() == {}
+
+
+def test_products_chain_hooks_run_where_the_engine_has_them():
+    """``after_qkv`` once per pass after its q/k/v product; ``after_gate_up`` gets that pass's
+    gate/up rows and residual rows, and the down product reads what it returns."""
+    cfg = preset("tiny")
+    passes = ea.search_passes(cfg, batch=1, prompt_rows=8, width=2, levels=2)
+    seen, shapes = [], []
+
+    def after_gate_up(i, gate_up, x):
+        shapes.append((i, tuple(gate_up.shape), tuple(x.shape)))
+        return torch.zeros(gate_up.shape[0], cfg.intermediate_size, dtype=gate_up.dtype)
+    chain = ea.products_chain(cfg, passes, [1, 2], torch.device("cpu"), after_qkv=seen.append,
+                              after_gate_up=after_gate_up)
+    chain.run()
+    assert seen == list(range(len(passes)))
+    inter, hidden = cfg.intermediate_size, cfg.hidden_size
+    assert shapes == [(i, (rest, 2 * inter), (rest, hidden)) for i, (_, rest) in
+                      enumerate(passes)]
+    # The down product reads the hook's activation: NaN rows poison the residual rows.
+    poisoned = ea.products_chain(
+        cfg, passes, [1, 2], torch.device("cpu"),
+        after_gate_up=lambda i, gate_up, x: torch.full(
+            (gate_up.shape[0], inter), float("nan"), dtype=gate_up.dtype))
+    poisoned.run()
+    assert torch.isnan(poisoned.stream[:passes[0][1]].float()).all()
