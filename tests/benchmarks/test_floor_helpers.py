@@ -1,6 +1,6 @@
-"""The helpers behind ``bench_engine.py --stages=floor``: the passes of one search, the chain of
-its matrix products, and the power sampler's parsing. CPU only (the stage itself times CUDA
-graphs)."""
+"""The helpers behind ``bench_engine.py --stages=floor`` and ``probe_search_bound.py``: the
+passes of one search, the chain of its matrix products and its hooks, and the power sampler's
+parsing. CPU only (the stage and the probe time CUDA graphs)."""
 
 from __future__ import annotations
 
