@@ -102,7 +102,10 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]``. Returns ``[T, Hq, D]`` in ``q.dtype``.
     """
     if backend == "triton":
-        if _lone_causal_request(prompt):
+        if _causal_rows(prompt):
+            if prompt.request_major:
+                return prompt.pack(padded_attention(prompt.unpack(q), prompt.unpack(k),
+                                                    prompt.unpack(v), None, MaskMode.CAUSAL))
             return padded_attention(q[None], k[None], v[None], None, MaskMode.CAUSAL)[0]
         return _kernel("prefill_attention")(q, k, v, prompt.prefill_cu_seqlens,
                                             prompt.segment_ids, prompt.mode, None)
@@ -112,15 +115,16 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return prompt.pack(out)
 
 
-def _lone_causal_request(prompt: PackedPrompt) -> bool:
-    """One causal request: its packed rows are a ``[1, T]`` row as they stand (with static
-    packing the padding slots follow its tokens, which causal attention never lets a token
-    see), so the library's causal kernel takes it without a copy (``padded_attention`` on a
-    batch of one). On the H200 SDPA's choice
-    there (cuDNN) took 211 us against the Triton kernel's 244 at qwen3-1.7b heads and 5000
-    tokens, 133 against 150 at qwen2-0.5b heads (``results/causal_prefill_2026-11-29_h200``).
-    Not while tracing: an exported package keeps the Triton op."""
-    return (prompt.mode is MaskMode.CAUSAL and prompt.lengths.shape[0] == 1
+def _causal_rows(prompt: PackedPrompt) -> bool:
+    """A causal batch packed request-major (``static=True``), or a lone causal request: its
+    packed rows are ``[B, Lmax]`` rows as they stand (views, no copy), each request's padding
+    after its tokens, where causal attention never lets a token see it. So the library's
+    causal kernel takes them (``padded_attention``). On the H200 SDPA's choice there (cuDNN) took 211 us against the
+    Triton kernel's 244 at qwen3-1.7b heads and 5000 tokens, 84.8 against 109.1 at 8 x 1024
+    (``results/causal_prefill_2026-11-29_h200``). Not while tracing: an exported package keeps
+    the Triton op."""
+    return (prompt.mode is MaskMode.CAUSAL
+            and (prompt.request_major or prompt.lengths.shape[0] == 1)
             and not torch.compiler.is_compiling())
 
 
@@ -170,9 +174,10 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
         if counters is not None and not torch.compiler.is_compiling():
             module = importlib.import_module("torch_engine.kernels.decode_attention")
             return module.decode_attention_counted(q, shared_k, shared_v, prompt.cu_seqlens,
-                                                   beam_k, beam_v, num_own, counters)
+                                                   beam_k, beam_v, num_own, counters,
+                                                   seq_lens=prompt.seq_lens)
         return _kernel("decode_attention")(q, shared_k, shared_v, prompt.cu_seqlens,
-                                           beam_k, beam_v, num_own, None)
+                                           beam_k, beam_v, num_own, None, prompt.seq_lens)
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     group = hq // hkv

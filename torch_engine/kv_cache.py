@@ -20,7 +20,8 @@ class PackedPrompt:
     """Where each request's tokens sit in the packed layout.
 
     lengths: ``[B]`` int64 tokens per request (soft prefix included);
-    cu_seqlens: ``[B+1]`` int32 running offsets, ``cu_seqlens[-1] == T``;
+    cu_seqlens: ``[B+1]`` int32 running offsets (request starts when ``seq_lens`` is given),
+    ``cu_seqlens[-1] == T``;
     positions: ``[T]`` int64 position of each packed token inside its request;
     segment_ids: ``[T]`` int32 packed segment ids;
     gather: ``[B, Lmax]`` int64 packed row of each padded slot (clamped for padding);
@@ -29,12 +30,18 @@ class PackedPrompt:
     prefill_cu_seqlens: ``[B+1]`` int32 offsets the prefill kernel reads (see ``static``);
     mode: the prefill mask rule.
 
-    With ``static=True`` the packed buffers have the fixed capacity ``T = B * Lmax``: the
-    requests are packed at the front as usual (``cu_seqlens[-1]`` = real tokens) and the tail
-    holds the padding slots, in a segment of their own appended to the last request for the
-    prefill kernel (``prefill_cu_seqlens[-1] == B * Lmax``), so no real token attends them.
-    Every shape is then fixed by the inputs' shapes: no host wait, capturable in a CUDA graph,
-    at the cost of computing the padding slots' projections and MLP.
+    seq_lens: ``[B]`` int32 or None. None: the compact layout above. Given: the request-major
+    layout of ``static=True``, where request b starts at ``cu_seqlens[b]`` and holds
+    ``seq_lens[b]`` tokens, and ``cu_seqlens[b + 1] - cu_seqlens[b]`` is its stride.
+
+    With ``static=True`` the packed buffers are the padded ones flattened (``T = B * Lmax``):
+    slot l of request b is row ``b * Lmax + l`` and ``cu_seqlens = prefill_cu_seqlens =
+    [0, Lmax, 2 Lmax, ...]``. Each request's padding tail gets a segment of its own after its
+    last token's, so no real token attends it in any mask rule. Every shape is then fixed by
+    the inputs' shapes: no host wait, capturable in a CUDA graph, at the cost of computing the
+    padding slots' projections and MLP. Packing is then a view, and each request's rows sit
+    at a fixed stride, so a causal batch can go to the library's attention kernel as
+    ``[B, Lmax]`` rows.
     """
 
     lengths: torch.Tensor
@@ -46,6 +53,7 @@ class PackedPrompt:
     rows: torch.Tensor
     prefill_cu_seqlens: torch.Tensor
     mode: MaskMode
+    seq_lens: torch.Tensor | None = None
 
     @classmethod
     def from_padded(cls, valid: torch.Tensor, segment_ids: torch.Tensor,
@@ -57,40 +65,52 @@ class PackedPrompt:
         plain gathers.
         """
         lengths = valid.sum(dim=1)
-        cu = torch.zeros(lengths.shape[0] + 1, dtype=torch.int64, device=valid.device)
+        batch, width = valid.shape
+        if static:
+            # Request-major: the padded slots as they stand. Offsets come from a device arange
+            # (no host-to-device copy); each padding tail takes the segment after its
+            # request's last token.
+            rows = torch.arange(batch * width, device=valid.device)
+            starts = torch.arange(batch + 1, device=valid.device, dtype=torch.int32) * width
+            last_segment = segment_ids.gather(1, (lengths - 1).clamp(min=0)[:, None])
+            segments = torch.where(valid, segment_ids, last_segment + 1).flatten()
+            return cls(lengths=lengths, cu_seqlens=starts, positions=rows % width,
+                       segment_ids=segments.to(torch.int32), gather=rows.view(batch, width),
+                       valid=valid, rows=rows, prefill_cu_seqlens=starts, mode=MaskMode(mode),
+                       seq_lens=lengths.to(torch.int32))
+        cu = torch.zeros(batch + 1, dtype=torch.int64, device=valid.device)
         cu[1:] = torch.cumsum(lengths, dim=0)
-        width = valid.shape[1]
         slots = torch.arange(width, device=valid.device)
-        total = cu[-1:]
-        gather = torch.minimum(cu[:-1, None] + slots[None, :], (total - 1).clamp(min=0))
-        flat_segments = segment_ids.flatten().to(torch.int32)
-        if not static:
-            rows = torch.nonzero(valid.flatten()).squeeze(1)
-            return cls(lengths=lengths, cu_seqlens=cu.to(torch.int32), positions=rows % width,
-                       segment_ids=flat_segments[rows], gather=gather, valid=valid, rows=rows,
-                       prefill_cu_seqlens=cu.to(torch.int32), mode=MaskMode(mode))
-        # Valid slots first (in order), then the padding slots: a stable sort, fixed size.
-        rows = torch.sort((~valid).flatten().to(torch.int8), stable=True).indices
-        packed = flat_segments[rows]
-        tail = torch.arange(rows.shape[0], device=valid.device) >= total
-        last_segment = packed[(total - 1).clamp(min=0)]
-        # The last offset becomes the capacity; built with a device fill, no host-to-device copy.
-        prefill_cu = torch.cat([cu[:-1], cu.new_full((1,), rows.shape[0])])
+        gather = torch.minimum(cu[:-1, None] + slots[None, :], (cu[-1:] - 1).clamp(min=0))
+        rows = torch.nonzero(valid.flatten()).squeeze(1)
         return cls(lengths=lengths, cu_seqlens=cu.to(torch.int32), positions=rows % width,
-                   segment_ids=torch.where(tail, last_segment + 1, packed), gather=gather,
-                   valid=valid, rows=rows, prefill_cu_seqlens=prefill_cu.to(torch.int32),
+                   segment_ids=segment_ids.flatten().to(torch.int32)[rows], gather=gather,
+                   valid=valid, rows=rows, prefill_cu_seqlens=cu.to(torch.int32),
                    mode=MaskMode(mode))
 
+    @property
+    def request_major(self) -> bool:
+        """Request b's slots are rows ``[b * Lmax, (b + 1) * Lmax)`` (``static=True``)."""
+        return self.seq_lens is not None
+
     def pack(self, padded: torch.Tensor) -> torch.Tensor:
-        """``[B, Lmax, ...]`` -> ``[T, ...]`` (the valid slots, request by request)."""
+        """``[B, Lmax, ...]`` -> ``[T, ...]`` (the valid slots, request by request; every slot,
+        as a view, when request-major)."""
+        if self.request_major:
+            return padded.flatten(0, 1)
         return padded.flatten(0, 1)[self.rows]
 
     def unpack(self, packed: torch.Tensor) -> torch.Tensor:
-        """``[T, ...]`` -> ``[B, Lmax, ...]``; padding slots hold copies of other rows."""
+        """``[T, ...]`` -> ``[B, Lmax, ...]``; padding slots hold copies of other rows (their
+        own rows when request-major, a view)."""
+        if self.request_major:
+            return packed.unflatten(0, tuple(self.valid.shape))
         return packed[self.gather]
 
     def last_rows(self) -> torch.Tensor:
         """``[B]`` packed row of each request's last token."""
+        if self.request_major:
+            return (self.cu_seqlens[:-1] + self.seq_lens).to(torch.int64) - 1
         return self.cu_seqlens[1:].to(torch.int64) - 1
 
     def padded_segments(self) -> torch.Tensor:

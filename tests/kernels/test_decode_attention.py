@@ -94,6 +94,34 @@ def test_split_prompt_merges_to_reference(kt, gen, splits, fused):
              gen.initial_seed())
 
 
+def _request_major(kt, gen, lengths, stride, dtype, **shape):
+    """Inputs whose prompts sit request-major (request b at ``b * stride``, ``seq_lens`` for its
+    tokens) with every padding key large enough to dominate any row that read it."""
+    inputs = _inputs(kt, gen, [stride] * len(lengths), dtype=dtype, **shape)
+    lens = torch.tensor(lengths, dtype=torch.int32, device=gen.device)
+    slot = torch.arange(stride * len(lengths), device=gen.device) % stride
+    padding = slot >= lens.repeat_interleave(stride)
+    inputs["shared_k"][padding] = 30.0
+    inputs["shared_v"][padding] = 1.0e3
+    return inputs, lens
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_request_major_prompts_read_only_their_tokens(kt, gen, splits):
+    inputs, lens = _request_major(kt, gen, [5, 40, 1], 48, torch.float32, width=5, hq=4,
+                                  hkv=2, dim=64, slots=2)
+    config = DecodeConfig(block_m=16, block_n=16, splits=splits, fused_merge=splits > 1)
+    scale = _check_inputs(**inputs, num_own=2, scale=None, seq_lens=lens)
+    out = torch.full_like(inputs["q"], float("nan"))
+    launch_decode(**inputs, num_own=2, scale=scale, config=config, out=out, seq_lens=lens)
+    want = reference.decode_attention(**{k: (v.double() if v.is_floating_point() else v)
+                                         for k, v in inputs.items()}, num_own=2, seq_lens=lens)
+    kt.check(out, want, torch.float32, f"request-major splits={splits}", gen.initial_seed())
+    # The public op takes the same argument.
+    kt.check(decode_attention(**inputs, num_own=2, seq_lens=lens), want, torch.float32,
+             "request-major op", gen.initial_seed())
+
+
 def _counter_count(inputs) -> int:
     q, k = inputs["q"], inputs["shared_k"]
     return merge_counters(q.shape[0], q.shape[1], q.shape[2], k.shape[1], k.shape[0],
@@ -237,6 +265,11 @@ def _bad_cases():
         "num-own": (with_(num_own=3), "num_own must be an int in [0, S=2]"),
         "num-own-negative": (with_(num_own=-1), "num_own must be an int in [0, S=2]"),
         "stride": (with_(q=torch.zeros(2, 3, 64, 4).transpose(-1, -2)), "stride(-1) == 1"),
+        "seq-lens-len": (with_(seq_lens=torch.tensor([4, 6, 1], dtype=torch.int32)),
+                         "seq_lens.shape[0] (B, as q) must be 2"),
+        "seq-lens-dtype": (with_(seq_lens=torch.tensor([4., 6.])), "seq_lens.dtype"),
+        "seq-lens-rank": (with_(seq_lens=torch.tensor([[4, 6]], dtype=torch.int32)),
+                          "seq_lens must have shape [B]"),
     }
 
 
@@ -337,6 +370,22 @@ def test_gpu_every_table_tile_matches_reference(kt, gen, regime, dim, splits, fu
                           fused_merge=fused, acc_in_dot=tile.acc_in_dot, tma=tile.tma)
     out = _poisoned_run(inputs, 2, config)
     kt.check(out, _reference(inputs, 2), torch.bfloat16, f"decode {config}", gen.initial_seed())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lengths", [[1000, 1, 700], [5000]], ids=["batch", "split-prompt"])
+@pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128)],
+                         ids=["qwen2-0.5b", "qwen3-1.7b"])
+def test_gpu_request_major_prompts_read_only_their_tokens(kt, gen, lengths, hq, hkv, dim):
+    # The table's tiles (TMA key loads included) over request-major KV, as the static engine
+    # packs it: bucket stride 1024 or 5120, padding keys poisoned.
+    stride = 1024 if len(lengths) > 1 else 5120
+    inputs, lens = _request_major(kt, gen, lengths, stride, torch.bfloat16, width=256, hq=hq,
+                                  hkv=hkv, dim=dim, slots=2)
+    out = decode_attention(**inputs, num_own=2, seq_lens=lens)
+    want = reference.decode_attention(**{k: (v.double() if v.is_floating_point() else v)
+                                         for k, v in inputs.items()}, num_own=2, seq_lens=lens)
+    kt.check(out, want, torch.bfloat16, "request-major", gen.initial_seed())
 
 
 @pytest.mark.gpu

@@ -138,19 +138,21 @@ def test_cuda_fused_path_with_exhausting_exclusions_equals_the_torch_path():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("graphs", [False, True])
-def test_a_lone_causal_request_on_cuda_equals_the_cpu_engine(graphs):
-    """One causal request (its prefill attention through SDPA's causal kernel, cuDNN on
-    Hopper), with a soft prefix and a bucket's padding tail: the same items as the CPU
-    engine's plain-torch search, in the eager engine and replayed in its captured graph."""
+def test_causal_requests_on_cuda_equal_the_cpu_engine(graphs):
+    """Causal requests, alone and batched (their prefill attention through SDPA's causal
+    kernel over request-major rows, cuDNN on Hopper; decode reading each request's tokens by
+    ``seq_lens``), with a soft prefix and the buckets' padding tails: the same items as the
+    CPU engine's plain-torch search, in the eager engine and replayed in its captured graph."""
     ids, codes = small_world(seed=9, n=3000, used_codes=12)
     catalog = Catalog.from_arrays(ids, codes)
     cpu = Engine(Model.from_preset("tiny", seed=11), catalog)
     gpu = Engine(Model.from_preset("tiny", seed=11, device="cuda"), catalog,
                  EngineConfig(cuda_graphs=graphs, static_shapes=True))
     assert gpu.backend == "triton"
-    for seed, length in ((23, 45), (24, 37)):
-        tokens, lengths, _ = prompts(seed, [length], segmented=False)
-        soft = torch.randn(1, 3, 64, generator=torch.Generator().manual_seed(seed))
+    for seed, lengths in ((23, [45]), (24, [37]), (25, [45, 20, 37])):
+        tokens, lengths, _ = prompts(seed, lengths, segmented=False)
+        soft = torch.randn(len(lengths), 3, 64,
+                           generator=torch.Generator().manual_seed(seed))
         want = cpu.recommend(tokens, lengths, beam_width=16, top_k=30, prefix_embeds=soft)
         got = gpu.recommend(tokens.cuda(), lengths.cuda(), beam_width=16, top_k=30,
                             prefix_embeds=soft.cuda())

@@ -232,36 +232,73 @@ def test_beam_kv_reorder_copies_only_used_slots():
     assert torch.equal(kv.keys[:, :, 1], keys[:, :, 1])
 
 
-@pytest.mark.parametrize("mode", [MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL])
-def test_static_packing_tail_is_never_attended_by_real_tokens(mode):
-    """What a kernel sees in static packing (``prefill_cu_seqlens`` stretching the last request
-    over the padding tail, in a segment of its own) gives the real rows their dynamic result."""
+@pytest.mark.parametrize("mode", list(MaskMode))
+def test_request_major_packing_gives_real_rows_their_dynamic_result(mode):
+    """Static packing is the padded rows flattened: request b at rows ``b * Lmax`` on, with
+    ``seq_lens`` for its tokens and its padding tail in a segment after its last token's. A
+    kernel reading ``prefill_cu_seqlens`` there gives every real row its dynamic (compact)
+    result, and the last rows, packing and unpacking agree with the compact layout."""
     gen = torch.Generator().manual_seed(9)
     lengths = torch.tensor([4, 9, 2])
     valid = torch.arange(9)[None] < lengths[:, None]
     segs = torch.stack([_segments(9, gen) for _ in range(3)])
     dynamic = PackedPrompt.from_padded(valid, segs, mode)
     static = PackedPrompt.from_padded(valid, segs, mode, static=True)
-    total = int(lengths.sum())
-    assert static.prefill_cu_seqlens[-1] == valid.numel() and static.cu_seqlens[-1] == total
-    assert torch.equal(static.rows[:total], dynamic.rows)
+    assert static.request_major and not dynamic.request_major
+    assert static.cu_seqlens.tolist() == static.prefill_cu_seqlens.tolist() == [0, 9, 18, 27]
+    assert static.seq_lens.tolist() == [4, 9, 2] and static.seq_lens.dtype == torch.int32
+    assert torch.equal(static.rows, torch.arange(27))
+    real = valid.flatten()
+    assert torch.equal(static.rows[real], dynamic.rows)
+    assert torch.equal(static.rows[static.last_rows()], dynamic.rows[dynamic.last_rows()])
+    assert static.last_rows().tolist() == [3, 17, 19]
+    padded = torch.randn(3, 9, 5, generator=gen)
+    packed = static.pack(padded)
+    assert packed.data_ptr() == padded.data_ptr()              # a view: no gather launch
+    assert torch.equal(static.unpack(packed), padded)
+    assert torch.equal(packed[real], dynamic.pack(padded))
+    assert torch.equal(static.padded_segments(), dynamic.padded_segments())
     q, k, v = (torch.randn(valid.numel(), h, 16, generator=gen, dtype=torch.float64)
                for h in (4, 2, 2))
     got = reference.prefill_attention(q, k, v, static.prefill_cu_seqlens, static.segment_ids,
-                                      mode)[:total]
-    want = reference.prefill_attention(q[:total], k[:total], v[:total], dynamic.cu_seqlens,
+                                      mode)[real]
+    want = reference.prefill_attention(q[real], k[real], v[real], dynamic.cu_seqlens,
                                        dynamic.segment_ids, mode)
     assert rel_error(got, want) <= 1e-12
 
 
+def test_request_major_decode_attends_each_requests_tokens_only():
+    """The decode kernel (interpreter) over request-major KV with ``seq_lens``: each request's
+    prompt is its tokens, not its padding tail; equal to the compact layout's result."""
+    gen = torch.Generator().manual_seed(10)
+    lengths = torch.tensor([5, 16, 1])
+    valid = torch.arange(16)[None] < lengths[:, None]
+    static = PackedPrompt.from_padded(valid, torch.zeros(3, 16, dtype=torch.int32),
+                                      MaskMode.CAUSAL, static=True)
+    dynamic = PackedPrompt.from_padded(valid, torch.zeros(3, 16, dtype=torch.int32),
+                                       MaskMode.CAUSAL)
+    q = torch.randn(3, 4, 4, 16, generator=gen)
+    k, v = (torch.randn(48, 2, 16, generator=gen) for _ in range(2))
+    k[~valid.flatten()] = 1.0e4                    # padding keys that would dominate if read
+    beam_k, beam_v = (torch.randn(3, 4, 2, 2, 16, generator=gen) for _ in range(2))
+    real = valid.flatten()
+    want = reference.decode_attention(q.double(), k[real].double(), v[real].double(),
+                                      dynamic.cu_seqlens, beam_k.double(), beam_v.double(), 2)
+    got_ref = reference.decode_attention(q.double(), k.double(), v.double(), static.cu_seqlens,
+                                         beam_k.double(), beam_v.double(), 2,
+                                         seq_lens=static.seq_lens)
+    assert rel_error(got_ref, want) <= 1e-12
+    got = attn.decode_attention(q, k, v, static, beam_k, beam_v, 2, "triton")
+    assert rel_error(got.double(), want) <= FP32.rel_norm
+
+
 @pytest.mark.parametrize("static", [False, True])
 @pytest.mark.parametrize("heads", [(4, 2), (3, 3)])
-def test_a_lone_causal_request_takes_the_library_kernel_and_equals_the_reference(static, heads,
-                                                                                 monkeypatch):
-    """With the "triton" backend a lone causal request (its packed rows one causal row, the
-    static padding tail after its tokens) goes to SDPA's causal kernel, grouped heads
-    included; its real rows equal the float64 reference. Two requests, or a segmented rule,
-    keep the Triton kernel."""
+def test_causal_rows_take_the_library_kernel_and_equal_the_reference(static, heads,
+                                                                     monkeypatch):
+    """With the "triton" backend a causal batch packed request-major, or a lone causal
+    request, goes to SDPA's causal kernel (grouped heads included); its real rows equal the
+    float64 reference. A compact batch of two, or a segmented rule, keeps the Triton kernel."""
     gen = torch.Generator().manual_seed(12)
     hq, hkv = heads
     launched = []
@@ -269,7 +306,7 @@ def test_a_lone_causal_request_takes_the_library_kernel_and_equals_the_reference
     monkeypatch.setattr(attn, "_kernel",
                         lambda name: lambda *a: launched.append(name) or kernel(*a))
     for lengths, mode, library in (([11], MaskMode.CAUSAL, True),
-                                   ([11, 6], MaskMode.CAUSAL, False),
+                                   ([11, 6, 16], MaskMode.CAUSAL, static),
                                    ([11], MaskMode.ITEM_CAUSAL, False)):
         lengths = torch.tensor(lengths)
         valid = torch.arange(16)[None] < lengths[:, None]
@@ -281,10 +318,10 @@ def test_a_lone_causal_request_takes_the_library_kernel_and_equals_the_reference
         launched.clear()
         got = attn.prefill_attention(q.float(), k.float(), v.float(), prompt, "triton")
         assert launched == ([] if library else ["prefill_attention"])
-        real = int(lengths.sum())
+        real = valid.flatten() if static else slice(None)
         want = reference.prefill_attention(q, k, v, prompt.prefill_cu_seqlens,
                                            prompt.segment_ids, mode)
-        assert rel_error(got[:real].double(), want[:real]) <= FP32.rel_norm, (lengths, mode)
+        assert rel_error(got[real].double(), want[real]) <= FP32.rel_norm, (lengths, mode)
 
 
 @pytest.mark.gpu

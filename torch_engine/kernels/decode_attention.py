@@ -96,15 +96,15 @@ def _merge_rows(part_o_ptr, part_lse_ptr, base, stride_split, row_ok, d,
 
 @triton.jit
 def _decode_partial_kernel(
-        q_ptr, sk_ptr, sv_ptr, cu_ptr, bk_ptr, bv_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-        count_ptr, kd, vd, num_own, qk_scale, width, num_kv_heads,
+        q_ptr, sk_ptr, sv_ptr, cu_ptr, len_ptr, bk_ptr, bv_ptr, out_ptr, part_o_ptr,
+        part_lse_ptr, count_ptr, kd, vd, num_own, qk_scale, width, num_kv_heads,
         s_qb, s_qw, s_qh, s_skt, s_skh, s_svt, s_svh,
         s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
         s_ob, s_ow, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
         FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        TMA: tl.constexpr):
+        TMA: tl.constexpr, LENS: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     # Row tiles vary fastest: the tiles of one (request, KV head) run side by side and read its
     # prompt KV from L2 once, instead of once per row tile when the KV outgrows L2.
@@ -125,7 +125,11 @@ def _decode_partial_kernel(
     # Stage 1: this split's block-aligned chunk of the request's prompt; whole key tiles run
     # unmasked, only a ragged last tile applies the key mask.
     start = tl.load(cu_ptr + b).to(tl.int32)
-    end = tl.load(cu_ptr + b + 1).to(tl.int32)
+    if LENS:
+        # Request-major packing: the request's tokens, not its padding tail, end the prompt.
+        end = start + tl.load(len_ptr + b).to(tl.int32)
+    else:
+        end = tl.load(cu_ptr + b + 1).to(tl.int32)
     chunk = tl.cdiv(tl.cdiv(end - start, SPLITS), BLOCK_N) * BLOCK_N
     lo = start + split * chunk
     hi = tl.minimum(end, lo + chunk)
@@ -229,7 +233,7 @@ def _decode_merge_kernel(
 
 
 def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
-                  devices: bool = True) -> float:
+                  seq_lens=None, devices: bool = True) -> float:
     """Shape/dtype/stride (and, unless tracing, device) checks; returns the softmax scale."""
     c.check_rank(_OP, "q", q, 4, "[B, W, Hq, D]")
     c.check_rank(_OP, "shared_k", shared_k, 3, "[T, Hkv, D]")
@@ -262,8 +266,14 @@ def _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, sc
     # The beam KV is indexed in int64 (see the own stage), the rest in int32.
     c.check_int32_offsets(_OP, {"q": q, "shared_k": shared_k, "shared_v": shared_v})
     c.check_index(_OP, "cu_seqlens", cu_seqlens)
+    index = {"cu_seqlens": cu_seqlens}
+    if seq_lens is not None:
+        c.check_rank(_OP, "seq_lens", seq_lens, 1, "[B]")
+        c.check_dim(_OP, "seq_lens", seq_lens, 0, batch, "B, as q")
+        c.check_index(_OP, "seq_lens", seq_lens)
+        index["seq_lens"] = seq_lens
     if devices:
-        c.check_devices(_OP, {**tensors, "cu_seqlens": cu_seqlens})
+        c.check_devices(_OP, {**tensors, **index})
     return c.resolve_scale(_OP, scale, dim)
 
 
@@ -389,11 +399,12 @@ def _counters_for(counters: torch.Tensor | None, tiles: int, device: torch.devic
 def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: int,
                   scale: float, config: DecodeConfig,
                   out: torch.Tensor | None = None,
-                  counters: torch.Tensor | None = None) -> torch.Tensor:
+                  counters: torch.Tensor | None = None,
+                  seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     """Runs the kernels with an explicit ``config`` (inputs already checked); ``out``
     (caller-owned, like q) receives the result when given; ``counters``: zeroed int32 split
     counters to use (and leave zeroed) instead of a fresh zeroed buffer, see
-    ``merge_counters``."""
+    ``merge_counters``; ``seq_lens``: see ``decode_attention``."""
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     group = hq // hkv
@@ -422,8 +433,8 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     kd, vd = (c.kv_descriptors(shared_k, shared_v, config.block_n) if tma
               else (shared_k, shared_v))
     wrap_triton(_decode_partial_kernel)[grid](
-        q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, out, part_o, part_lse, count, kd, vd,
-        num_own, scale * _LOG2E, width, hkv,
+        q, shared_k, shared_v, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
+        beam_k, beam_v, out, part_o, part_lse, count, kd, vd, num_own, scale * _LOG2E, width, hkv,
         q.stride(0), q.stride(1), q.stride(2), shared_k.stride(0), shared_k.stride(1),
         shared_v.stride(0), shared_v.stride(1),
         beam_k.stride(0), beam_k.stride(1), beam_k.stride(2), beam_k.stride(3),
@@ -432,7 +443,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
-        DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma,
+        DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma, LENS=seq_lens is not None,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **c.register_cap(config.maxnreg, q))
     if config.splits > 1 and not fused:
@@ -444,52 +455,62 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
 
 
 def _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
-         counters: torch.Tensor | None = None) -> torch.Tensor:
+         counters: torch.Tensor | None = None,
+         seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     """Checks, the config from shapes (example sizes when traced), the launch."""
-    scale = _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
+    scale = _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
+                          seq_lens)
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     config = decode_config_for(c.size_hint(batch), width, hq // hkv, hkv,
                                c.size_hint(shared_k.shape[0], 1024), dim, q.device)
     with c.on_device(q.device):
         return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
-                             config, counters=counters)
+                             config, counters=counters, seq_lens=seq_lens)
 
 
 @triton_op("xgr::decode_attention", mutates_args=())
 def _decode_attention_op(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                          cu_seqlens: torch.Tensor, beam_k: torch.Tensor, beam_v: torch.Tensor,
-                         num_own: int, scale: float | None = None) -> torch.Tensor:
+                         num_own: int, scale: float | None = None,
+                         seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     # torch.library.triton_op: also the fake (under tracing the wrapped launches record the
     # kernels instead of running), so AOTInductor compiles the kernels into its package.
     if c.interpreting():
         return torch.ops.xgr.decode_attention_interpreted(q, shared_k, shared_v, cu_seqlens,
-                                                          beam_k, beam_v, num_own, scale)
-    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
+                                                          beam_k, beam_v, num_own, scale,
+                                                          seq_lens)
+    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
+                seq_lens=seq_lens)
 
 
 @torch.library.custom_op("xgr::decode_attention_interpreted", mutates_args=())
 def _decode_interpreted(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                         cu_seqlens: torch.Tensor, beam_k: torch.Tensor, beam_v: torch.Tensor,
-                        num_own: int, scale: float | None = None) -> torch.Tensor:
+                        num_own: int, scale: float | None = None,
+                        seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     """The op under ``TRITON_INTERPRET=1`` (CPU): interpreted kernels cannot be traced
     (``wrap_triton`` hands them back raw), so traced graphs call this opaque op instead."""
-    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
+    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale,
+                seq_lens=seq_lens)
 
 
 @_decode_interpreted.register_fake
-def _(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale=None):
-    _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale)
+def _(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale=None, seq_lens=None):
+    _check_inputs(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale, seq_lens)
     return torch.empty_like(q)
 
 
 def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                      cu_seqlens: torch.Tensor, beam_k: torch.Tensor, beam_v: torch.Tensor,
-                     num_own: int, scale: float | None = None) -> torch.Tensor:
+                     num_own: int, scale: float | None = None,
+                     seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of W beams per request (Triton; the reference's signature and result).
 
     q: ``[B, W, Hq, D]``; shared_k, shared_v: ``[T, Hkv, D]`` packed prompt KV, request b at
-    rows ``cu_seqlens[b]:cu_seqlens[b+1]``; cu_seqlens: ``[B+1]`` int32/int64, non-decreasing,
+    rows ``cu_seqlens[b]:cu_seqlens[b+1]``, or ``cu_seqlens[b]:cu_seqlens[b] + seq_lens[b]``
+    when ``seq_lens`` (``[B]`` int32/int64) is given (request-major packing, padding between
+    requests); cu_seqlens: ``[B+1]`` int32/int64, non-decreasing,
     ``cu_seqlens[0] == 0``, ``cu_seqlens[-1] <= T`` (values are not read on the host);
     beam_k, beam_v: ``[B, W, S, Hkv, D]`` with the first ``num_own`` slots valid,
     ``0 <= num_own <= S`` (0: the prompt alone, e.g. a prompt's last token attending its whole
@@ -497,15 +518,17 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
     contiguous, all on one CUDA device. Returns ``[B, W, Hq, D]`` in ``q.dtype``.
     """
     return torch.ops.xgr.decode_attention(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v,
-                                          num_own, scale)
+                                          num_own, scale, seq_lens)
 
 
 def decode_attention_counted(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                              cu_seqlens: torch.Tensor, beam_k: torch.Tensor,
                              beam_v: torch.Tensor, num_own: int, counters: torch.Tensor,
-                             scale: float | None = None) -> torch.Tensor:
+                             scale: float | None = None,
+                             seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     """``decode_attention`` with caller-owned split counters: ``counters`` int32, zeroed, at
     least ``merge_counters`` entries, left zeroed. A plain launch, not the custom op: for the
     engine's eager and captured searches, where it saves each launch its counter fill (one
     graph node); traced programs hold the op, which fills its own."""
-    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale, counters)
+    return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale, counters,
+                seq_lens)

@@ -34,12 +34,14 @@ def merge_states(out_a: torch.Tensor, lse_a: torch.Tensor,
 
 def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                      cu_seqlens: torch.Tensor, beam_k: torch.Tensor, beam_v: torch.Tensor,
-                     num_own: int, scale: float | None = None) -> torch.Tensor:
+                     num_own: int, scale: float | None = None,
+                     seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     """One decode step of W beams per request.
 
     q: ``[B, W, Hq, D]`` (the current token of each beam);
     shared_k, shared_v: ``[T, Hkv, D]`` packed prompt KV, request b at
-    ``cu_seqlens[b]:cu_seqlens[b+1]``; beam_k, beam_v: ``[B, W, S, Hkv, D]`` per-beam KV whose
+    ``cu_seqlens[b]:cu_seqlens[b+1]``, or at ``cu_seqlens[b]:cu_seqlens[b] + seq_lens[b]`` when
+    ``seq_lens`` is given (request-major packing); beam_k, beam_v: ``[B, W, S, Hkv, D]`` per-beam KV whose
     first ``num_own`` slots are valid (the current token's KV included); ``0 <= num_own <= S``
     (0: the prompt alone; each request then needs at least one prompt token).
     Returns ``[B, W, Hq, D]`` in ``q.dtype``.
@@ -49,11 +51,12 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     work = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty_like(q)
-    bounds = cu_seqlens.tolist()
+    starts = cu_seqlens.tolist()
+    ends = starts[1:] if seq_lens is None else [s + n for s, n in zip(starts, seq_lens.tolist())]
     for b in range(batch):
         qb = q[b].to(work).permute(1, 0, 2)                               # [Hq, W, D]
-        sk = shared_k[bounds[b]:bounds[b + 1]].to(work).repeat_interleave(group, 1)
-        sv = shared_v[bounds[b]:bounds[b + 1]].to(work).repeat_interleave(group, 1)
+        sk = shared_k[starts[b]:ends[b]].to(work).repeat_interleave(group, 1)
+        sv = shared_v[starts[b]:ends[b]].to(work).repeat_interleave(group, 1)
         ok = beam_k[b, :, :num_own].to(work).repeat_interleave(group, 2)  # [W, n, Hq, D]
         ov = beam_v[b, :, :num_own].to(work).repeat_interleave(group, 2)
         # Keys of beam w: the shared prompt followed by its own tokens.
