@@ -7,9 +7,8 @@ sustained power. This probe adds only the work a search cannot drop, each step i
 form available on this machine, and times that chain in one CUDA graph:
 
 * the products, as ``engine_analysis.products_chain`` issues them;
-* prefill attention through SDPA's causal kernel (cuDNN) for the whole batch, as
-  request-major packing would allow. The engine does this today for one request only, and
-  runs the Triton kernel for batches.
+* prefill attention through SDPA's causal kernel (cuDNN) for the whole batch, as the
+  engine's request-major static packing does;
 * prefill's last layer and the decode steps through the xAttention decode kernel;
 * SwiGLU as ``layer_ops.silu_mul``.
 

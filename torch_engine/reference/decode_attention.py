@@ -41,8 +41,8 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
     q: ``[B, W, Hq, D]`` (the current token of each beam);
     shared_k, shared_v: ``[T, Hkv, D]`` packed prompt KV, request b at
     ``cu_seqlens[b]:cu_seqlens[b+1]``, or at ``cu_seqlens[b]:cu_seqlens[b] + seq_lens[b]`` when
-    ``seq_lens`` is given (request-major packing); beam_k, beam_v: ``[B, W, S, Hkv, D]`` per-beam KV whose
-    first ``num_own`` slots are valid (the current token's KV included); ``0 <= num_own <= S``
+    ``seq_lens`` is given (request-major packing); beam_k, beam_v: ``[B, W, S, Hkv, D]``
+    per-beam KV whose first ``num_own`` slots are valid (the current token's KV included); ``0 <= num_own <= S``
     (0: the prompt alone; each request then needs at least one prompt token).
     Returns ``[B, W, Hq, D]`` in ``q.dtype``.
     """
