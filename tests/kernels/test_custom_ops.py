@@ -54,6 +54,14 @@ class _DecodeStep(torch.nn.Module):
         return self.proj(decode_attention(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, 2))
 
 
+class _RequestMajorDecode(torch.nn.Module):
+    """The engine's static packing: request starts at a fixed stride, ``seq_lens`` tokens."""
+
+    def forward(self, q, shared_k, shared_v, starts, beam_k, beam_v, seq_lens):
+        return decode_attention(q, shared_k, shared_v, starts, beam_k, beam_v, 2,
+                                seq_lens=seq_lens)
+
+
 class _Prefill(torch.nn.Module):
     def forward(self, q, k, v, cu_seqlens, segment_ids):
         return prefill_attention(q, k, v, cu_seqlens, segment_ids, MaskMode.ITEM_CAUSAL) * 2.0
@@ -68,6 +76,20 @@ def test_export_traces_decode_op_and_runs_it(kt, gen):
     expected = module.proj(reference.decode_attention(*args, 2))
     kt.check(program.module()(*args), expected, torch.float32, "exported decode",
              gen.initial_seed())
+
+
+def test_decode_op_with_seq_lens_passes_opcheck_and_exports(kt, gen):
+    q, k, v, _, bk, bv = _decode_args(kt, gen)[:6]
+    starts = torch.tensor([0, 9, 17], dtype=torch.int32, device=gen.device)
+    lens = torch.tensor([5, 8], dtype=torch.int32, device=gen.device)
+    args = (q, k, v, starts, bk, bv, 2, None, lens)
+    torch.library.opcheck(torch.ops.xgr.decode_attention.default, args)
+    program = torch.export.export(_RequestMajorDecode(), (q, k, v, starts, bk, bv, lens))
+    targets = [node.target for node in program.graph.nodes if node.op == "call_function"]
+    assert torch.ops.xgr.decode_attention.default in targets
+    expected = reference.decode_attention(q, k, v, starts, bk, bv, 2, seq_lens=lens)
+    kt.check(program.module()(q, k, v, starts, bk, bv, lens), expected, torch.float32,
+             "exported request-major decode", gen.initial_seed())
 
 
 def test_export_traces_prefill_op_and_runs_it(kt, gen):
