@@ -33,7 +33,10 @@ class _PrefillThenDecode(torch.nn.Module):
         cu = torch.nn.functional.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
         prompt = prefill_attention(pq, pk, pv, cu, segment_ids, MaskMode.ITEM_CAUSAL)
         step = decode_attention(q, pk, pv, cu, beam_k, beam_v, 2)
-        return prompt, step
+        # The static engine's form: request starts and their token counts (here equal to the
+        # compact offsets, so the same result).
+        by_lengths = decode_attention(q, pk, pv, cu, beam_k, beam_v, 2, seq_lens=lengths)
+        return prompt, step, by_lengths
 
 
 def _inputs(kt, gen, lengths):
@@ -111,3 +114,5 @@ def test_aoti_package_embeds_the_kernels_and_matches_the_reference(kt, gen, tmp_
                  gen.initial_seed())
         kt.check(got[1].to(gen.device), want_decode, torch.bfloat16, "packaged decode",
                  gen.initial_seed())
+        kt.check(got[2].to(gen.device), want_decode, torch.bfloat16,
+                 "packaged decode with seq_lens", gen.initial_seed())
