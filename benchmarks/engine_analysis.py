@@ -360,11 +360,12 @@ def products_chain(cfg: ModelConfig, passes: list[tuple[int, int]], logits_rows:
 
 
 def time_products_chain(cfg: ModelConfig, batch: int, prompt_rows: int, width: int,
-                        levels: int, repeats: int, device) -> tuple[float, float, dict]:
-    """Median device ms of one search's ``products_chain`` replayed in a CUDA graph, its
-    flops, and the board's power and SM clock while it ran (``PowerSampler.summary``)."""
+                        levels: int, repeats: int, device, **hooks) -> tuple[float, float, dict]:
+    """Median device ms of one search's ``products_chain`` (``hooks``: its ``after_qkv`` and
+    ``after_gate_up``) replayed in a CUDA graph, its flops, and the board's power and SM clock
+    while it ran (``PowerSampler.summary``)."""
     chain = products_chain(cfg, search_passes(cfg, batch, prompt_rows, width, levels),
-                           [batch] + [batch * width] * (levels - 1), device)
+                           [batch] + [batch * width] * (levels - 1), device, **hooks)
     graph = capture(chain.run)
     with PowerSampler() as power:
         ms = float(np.median(device_ms(graph.replay, repeats)))

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import sys
 
 import torch
@@ -36,7 +35,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import engine_analysis as ea  # noqa: E402
 from benchmarks import results_file as rf  # noqa: E402
-from benchmarks.power_sampler import PowerSampler  # noqa: E402
 from torch_engine.config import preset  # noqa: E402
 from torch_engine.kernels import layer_ops  # noqa: E402
 from torch_engine.kernels.decode_attention import decode_attention  # noqa: E402
@@ -81,15 +79,6 @@ def attention_hooks(cfg, batch: int, prompt: int, width: int, device):
     return after_qkv
 
 
-def graph_ms(chain: ea.ProductsChain) -> tuple[float, dict]:
-    graph = ea.capture(chain.run)
-    with PowerSampler() as power:
-        ms = statistics.median(ea.device_ms(graph.replay, FLAGS.repeats))
-    del graph
-    torch.cuda.empty_cache()
-    return ms, power.summary()
-
-
 def main(argv: list[str]) -> None:
     del argv
     device = torch.device("cuda")
@@ -99,13 +88,11 @@ def main(argv: list[str]) -> None:
         batch, prompt, target = case.split(":")
         batch, prompt, target = int(batch), int(prompt), float(target)
         width = bucket_size(prompt, LENGTH_BUCKET)
-        passes = ea.search_passes(cfg, batch, batch * width, BEAM, LEVELS)
-        logits = [batch] + [batch * BEAM] * (LEVELS - 1)
-        products, products_power = graph_ms(ea.products_chain(cfg, passes, logits, device))
-        bound, bound_power = graph_ms(ea.products_chain(
-            cfg, passes, logits, device,
-            after_qkv=attention_hooks(cfg, batch, prompt, width, device),
-            after_gate_up=lambda i, gate_up, x: layer_ops.silu_mul(gate_up, inputs=x)))
+        shape = (cfg, batch, batch * width, BEAM, LEVELS, FLAGS.repeats, device)
+        products, _, products_power = ea.time_products_chain(*shape)
+        bound, _, bound_power = ea.time_products_chain(
+            *shape, after_qkv=attention_hooks(cfg, batch, prompt, width, device),
+            after_gate_up=lambda i, gate_up, x: layer_ops.silu_mul(gate_up, inputs=x))
         row = {"preset": FLAGS.preset, "batch": batch, "prompt": prompt, "bucket_width": width,
                "target_ms": target, "products_ms": products, "bound_ms": bound,
                "bound_over_target": bound / target, "products_power": products_power,

@@ -36,6 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import engine_analysis as ea  # noqa: E402
 from benchmarks import results_file as rf  # noqa: E402
+from torch_engine import reference as torch_reference  # noqa: E402
 from torch_engine.kernels import layer_ops  # noqa: E402
 
 FLAGS = flags.FLAGS
@@ -135,10 +136,8 @@ def swiglu_product(x: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor | None, 
 
 
 def reference(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    x64, w64 = x.double(), w.double()
-    scale = torch.rsqrt(x64.pow(2).mean(-1, keepdim=True) + EPS)
-    gate, up = ((x64 @ w64.t()) * scale).chunk(2, dim=-1)
-    return torch.nn.functional.silu(gate) * up
+    x64 = x.double()
+    return torch_reference.silu_mul(x64 @ w.double().t(), inputs=x64, input_eps=EPS)
 
 
 def per_layer_us(fn, layers: int) -> float:

@@ -261,7 +261,7 @@ class DecoderLayer(nn.Module):
                         ) -> torch.Tensor:
         from torch_engine.kernels import layer_ops
         size = x.shape[-1]
-        flat = attended.flatten(-2).reshape(-1, attended.shape[-2] * attended.shape[-1])
+        flat = attended.reshape(-1, attended.shape[-2] * attended.shape[-1])
         out_weight = self.self_attn.o_proj.weight.t()
         # Both residual adds ride on their products (beta = 1): into x itself when the caller
         # owns it, else into one new buffer (the library copies x there first). This path
