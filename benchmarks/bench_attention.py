@@ -334,19 +334,23 @@ DECODE_VARIANTS = {
                         D(64, 64, 6, 4, 2, True), D(64, 64, 4, 8, 3, True)],
     ("qwen3-1.7b", 16): [D(64, 64, 1, 4, 3, tma=True), D(64, 64, 1, 4, 3)],
 }
-# Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES: the table's tiles (v8).
+# Prefill, item-level causal, at (batch, L) in PREFILL_SWEEP_SHAPES: the table's tiles (v8),
+# each in both program orders of an equal-length batch: the longest-first chunks the op
+# chooses (v13) and the ragged batches' order (heads in turn, each request's tiles in turn).
 PREFILL_VARIANTS = {
     "qwen2-0.5b": [P(64, 64, 4, 3, maxnreg=128)],
     "qwen3-1.7b": _tma(P(64, 64, 4, 3)),
 }
-PREFILL_SWEEP_SHAPES = ((4, 1024), (16, 1024), (4, 4096), (1, 8192))
+PREFILL_SWEEP_SHAPES = tuple((b, n) for n in (1024, 4096, 8192) for b in (1, 4, 16))
+PREFILL_ORDERS = ("longest-first", "ragged")
 
 
 def sweep_items() -> list[tuple]:
     items = [("decode", name, batch, config)
              for (name, batch), configs in DECODE_VARIANTS.items() for config in configs]
-    items += [("prefill", name, shape, config) for name, configs in PREFILL_VARIANTS.items()
-              for shape in PREFILL_SWEEP_SHAPES for config in configs]
+    items += [("prefill", name, (*shape, order), config)
+              for name, configs in PREFILL_VARIANTS.items() for shape in PREFILL_SWEEP_SHAPES
+              for order in PREFILL_ORDERS for config in configs]
     return items
 
 
@@ -380,14 +384,16 @@ def prefill_variant_check(name, config) -> float:
     return ((out.double() - ref).norm() / ref.norm()).item()
 
 
-def prefill_variant_calls(name, shape, config, count):
+def prefill_variant_calls(name, where, config, count):
     hq, hkv, dim = HEADS[name]
-    batch, length = shape
+    batch, length, order = where
     segs = item_layout(length).repeat(batch)
     cu = torch.arange(batch + 1, device="cuda", dtype=torch.int32) * length
     sets = prefill_sets(batch, length, hq, hkv, dim, count)
+    # A chunk of batch + 1 requests divides no batch: the kernel takes the ragged order.
+    chunk = None if order == "longest-first" else (batch + 1, 1)
     return [lambda s=s: launch_prefill(*s, cu, segs, MaskMode.ITEM_CAUSAL, 1 / math.sqrt(dim),
-                                       config) for s in sets]
+                                       config, chunk=chunk) for s in sets]
 
 
 def run_variant(item, timed: bool) -> dict:

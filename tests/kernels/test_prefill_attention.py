@@ -11,7 +11,7 @@ from torch_engine import reference
 from torch_engine.errors import InvalidInputError
 from torch_engine.kernels import prefill_attention
 from torch_engine.kernels.prefill_attention import (FP32_TILE, PREFILL_TILES, PrefillConfig,
-                                                    _check_inputs, launch_prefill,
+                                                    _check_inputs, launch_prefill, lpt_chunk,
                                                     prefill_config_for)
 from torch_engine.layout import MaskMode
 
@@ -34,12 +34,13 @@ def _reference(inputs, mode, scale=None):
     return reference.prefill_attention(**up, mode=mode, scale=scale)
 
 
-def _poisoned_run(inputs, mode, config=None, scale=None, stats=None):
+def _poisoned_run(inputs, mode, config=None, scale=None, stats=None, chunk=None):
     mode, scale = _check_inputs(**inputs, mode=mode, scale=scale)
     q = inputs["q"]
     config = config or prefill_config_for(q.shape[2], q.element_size())
     out = torch.full_like(inputs["q"], float("nan"))
-    return launch_prefill(**inputs, mode=mode, scale=scale, config=config, stats=stats, out=out)
+    return launch_prefill(**inputs, mode=mode, scale=scale, config=config, stats=stats, out=out,
+                          chunk=chunk)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
@@ -63,6 +64,45 @@ def test_fp16_matches_reference(kt, gen, mode, acc_in_dot, tma, maxnreg):
     config = PrefillConfig(16, 16, 4, 1, acc_in_dot=acc_in_dot, tma=tma, maxnreg=maxnreg)
     kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), torch.float16,
              f"prefill fp16 {mode.value}", gen.initial_seed())
+
+
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+@pytest.mark.parametrize("chunk", [None, (1, 1), (2, 1), (4, 2), (3, 1)],
+                         ids=["rule", "request-head", "two-requests", "all", "uneven-fallback"])
+def test_equal_lengths_run_longest_first_in_every_chunking(kt, gen, mode, chunk):
+    # Equal lengths take the longest-first order, chunk after chunk (requests x KV heads); a
+    # chunk that does not divide the batch falls back to the ragged order. Every row is
+    # written once (poisoned output) and matches the reference, and each program visits the
+    # key tiles of its own query tile.
+    lengths = [37] * 4
+    inputs = _inputs(kt, gen, lengths, 4, 2, 16, torch.float32, profile=6, item=3)
+    config = PrefillConfig(block_m=16, block_n=16, num_stages=1)
+    num_tiles = sum(lengths) // 16 + len(lengths)
+    stats = torch.full((num_tiles, 4), -1, dtype=torch.int32, device=gen.device)
+    out = _poisoned_run(inputs, mode, config, stats=stats, chunk=chunk)
+    kt.check(out, _reference(inputs, mode), torch.float32, f"prefill equal lengths {chunk}",
+             gen.initial_seed())
+    expected = _needed_tiles(inputs["cu_seqlens"], inputs["segment_ids"], mode, 16, 16,
+                             num_tiles)
+    for head in range(4):
+        assert stats[:, head].cpu().tolist() == expected.tolist()
+
+
+def test_chunks_keep_keys_and_values_within_a_third_of_l2():
+    # (requests, KV heads) per chunk on the CPU's nominal 50 MB L2, for bf16 qwen3-1.7b heads
+    # (8 KV heads of 128): a request's keys and values take 0.5 MB per KV head per 1024 tokens.
+    mb = 2 ** 20
+    budget = 50 * mb // 3
+    cpu = torch.device("cpu")
+    assert lpt_chunk(1, 1024, 8, 128, 2, cpu) == (1, 8)          # 4 MB: one chunk
+    assert lpt_chunk(16, 16 * 1024, 8, 128, 2, cpu) == (16, 2)   # 8 MB a KV head
+    assert lpt_chunk(16, 16 * 4096, 8, 128, 2, cpu) == (8, 1)    # 32 MB a KV head
+    assert lpt_chunk(6, 6 * 8192, 8, 128, 2, cpu) == (3, 1)      # divisors of the batch
+    assert lpt_chunk(1, 65536, 8, 128, 2, cpu) == (1, 1)         # one request overflows
+    for batch, length in ((4, 4096), (16, 8192), (3, 1000)):
+        requests, heads = lpt_chunk(batch, batch * length, 8, 128, 2, cpu)
+        assert batch % requests == 0 and 8 % heads == 0
+        assert requests * heads * length * 128 * 4 <= budget
 
 
 def test_public_op_single_token_requests_and_custom_scale(kt, gen):
@@ -201,6 +241,20 @@ def test_gpu_grid_matches_reference(kt, gen, dtype, mode, hq, hkv, dim):
     config = prefill_config_for(dim, inputs["q"].element_size())
     kt.check(_poisoned_run(inputs, mode, config), _reference(inputs, mode), dtype,
              f"prefill {mode.value} {dtype} {config}", gen.initial_seed())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
+@pytest.mark.parametrize("hq,hkv,dim", [(14, 2, 64), (16, 8, 128)],
+                         ids=["qwen2-0.5b", "qwen3-1.7b"])
+@pytest.mark.parametrize("chunk", [None, (1, 1)], ids=["rule", "request-head"])
+def test_gpu_equal_lengths_longest_first(kt, gen, mode, hq, hkv, dim, chunk):
+    # The engine's padded batches: equal lengths, so the longest-first order, with the op's
+    # chunks and with one (request, KV head) per chunk.
+    inputs = _inputs(kt, gen, [700] * 3, hq, hkv, dim, torch.bfloat16, profile=64, item=4)
+    config = prefill_config_for(dim, inputs["q"].element_size())
+    kt.check(_poisoned_run(inputs, mode, config, chunk=chunk), _reference(inputs, mode),
+             torch.bfloat16, f"prefill equal lengths {mode.value} {chunk}", gen.initial_seed())
 
 
 @pytest.mark.gpu

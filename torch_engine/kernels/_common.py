@@ -159,6 +159,13 @@ def multiprocessors(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def l2_bytes(device: torch.device) -> int:
+    """The GPU's L2 cache size (a 50 MB H200 figure under the interpreter or on the CPU)."""
+    if device.type != "cuda":
+        return 50 * 2 ** 20
+    return torch.cuda.get_device_properties(device).L2_cache_size
+
+
 def tracing(*tensors: torch.Tensor) -> bool:
     """True under ``torch.export`` / ``torch.compile`` tracing (fake tensors, no addresses)."""
     return torch.compiler.is_compiling() or any(

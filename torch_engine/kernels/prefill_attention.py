@@ -31,8 +31,13 @@ descriptors when the tile asks for it (``PrefillConfig.tma``) and the layout all
 Programs map to query tiles without a host-side table: request b owns virtual tiles starting
 at ``cu_seqlens[b] // BLOCK_M + b`` (strictly increasing, leaving room for its
 ``cdiv(len, BLOCK_M)`` tiles), found by counting, in one vector load of ``cu_seqlens``, the
-requests that start at or below a tile; at most B programs of the ``T // BLOCK_M + B``
-launched exit at once.
+requests that start at or below a tile; at most B programs of the ``T // BLOCK_M`` + B per
+head launched exit at once. A ragged batch runs head after head, each request's tiles last
+first. When every request has the same length (the engine's padded batches; the same load
+tells), the tiles run longest-first across requests and heads instead, so that the programs
+that start last are the shortest and the GPU does not wait on one long tile at the end. That
+order goes chunk by chunk (``lpt_chunk``: requests x KV heads whose keys and values fit a third
+of L2), because the long tiles of every request at once would stream their keys from memory.
 
 Registered as ``xgr::prefill_attention`` with ``torch.library.triton_op`` (traceable launch:
 config and grid from shapes), so AOTInductor compiles the kernel into its package.
@@ -106,7 +111,8 @@ def _segment_end(seg_ptr, pos, end, x, SCAN: tl.constexpr):
     """First p in [pos, end] with seg[p] > x (end if none), given seg[pos - 1] <= x. One vector
     load of SCAN ids; the serial binary search runs only when the segment is longer."""
     offs = pos + tl.arange(0, SCAN)
-    vals = tl.load(seg_ptr + offs, mask=offs < end, other=x + 1)
+    # The fill is a constant, not x + 1, so the load need not wait for x.
+    vals = tl.load(seg_ptr + offs, mask=offs < end, other=2147483647)
     found = pos + tl.sum((vals <= x).to(tl.int32), 0)
     if found == pos + SCAN:
         found = _first_greater(seg_ptr, pos + SCAN, end, x, False)
@@ -117,7 +123,7 @@ def _segment_end(seg_ptr, pos, end, x, SCAN: tl.constexpr):
 def _segment_start(seg_ptr, start, pos, x, SCAN: tl.constexpr):
     """First p in [start, pos] with seg[p] >= x (pos if none), given seg[pos] >= x."""
     offs = pos - SCAN + tl.arange(0, SCAN)
-    vals = tl.load(seg_ptr + offs, mask=offs >= start, other=x - 1)
+    vals = tl.load(seg_ptr + offs, mask=offs >= start, other=-2147483647)
     found = pos - tl.sum((vals >= x).to(tl.int32), 0)
     if found == pos - SCAN:
         found = _first_greater(seg_ptr, start, pos - SCAN, x, True)
@@ -153,23 +159,29 @@ def _attend_keys(acc, l_i, m_i, visited, q, k_base, v_base, s_kt, s_vt, start, s
 @triton.jit
 def _prefill_kernel(
         q_ptr, k_ptr, v_ptr, o_ptr, cu_ptr, seg_ptr, stats_ptr, kd, vd,
-        qk_scale, batch, num_tiles,
+        qk_scale, batch, num_tiles, num_heads, chunk_requests, chunk_kv_heads,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, TAIL_N: tl.constexpr, BLOCK_B: tl.constexpr, MODE: tl.constexpr,
         STATS: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
-    tile = num_tiles - 1 - tl.program_id(0)  # longest (last) query tiles first
-    head = tl.program_id(1)
+    pid = tl.program_id(0)
+    # Ragged batches: heads one after another, each head's virtual tiles last (longest) first.
+    head = pid // num_tiles
+    tile = num_tiles - 1 - pid % num_tiles
     # Request b owns virtual tiles from cu[b] // BLOCK_M + b: count the requests starting at or
     # below this tile (vector loads of BLOCK_B offsets instead of a serial search). The same
     # loads give the request's bounds, so no dependent load of cu[b], cu[b + 1] follows: cu
     # does not decrease, so cu[b] is the largest offset of the requests counted and cu[b + 1]
     # the smallest of the others (offset B included; its virtual tile lies past every tile).
+    # They also tell whether every request has the same length (cu[b] == b * T / B).
+    total = tl.load(cu_ptr + batch).to(tl.int32)
+    length = total // batch
     starting = 0
     start = 0
     end = 2147483647
+    unequal = 0
     for r0 in range(0, batch + 1, BLOCK_B):
         reqs = r0 + tl.arange(0, BLOCK_B)
         offsets = tl.load(cu_ptr + reqs, mask=reqs <= batch, other=0).to(tl.int32)
@@ -177,8 +189,29 @@ def _prefill_kernel(
         starting += tl.sum(counted.to(tl.int32), 0)
         start = tl.maximum(start, tl.max(tl.where(counted, offsets, 0), 0))
         end = tl.minimum(end, tl.min(tl.where(~counted & (reqs <= batch), offsets, end), 0))
+        unequal += tl.sum(((offsets != reqs * length) & (reqs <= batch)).to(tl.int32), 0)
     b = starting - 1
     q0 = start + (tile - (start // BLOCK_M + b)) * BLOCK_M
+    if (unequal == 0) & (length > 0) & (batch % chunk_requests == 0):
+        # Equal lengths (the engine's padded batches): the tiles longest-first across requests
+        # and heads, so the last programs to start are the shortest, in chunks of
+        # chunk_requests requests x chunk_heads query heads whose keys and values share L2.
+        # In a chunk: tile position (last first), then request, then head (fastest).
+        tiles_each = tl.cdiv(length, BLOCK_M)
+        chunk_heads = chunk_kv_heads * GROUP
+        per_chunk = tiles_each * chunk_requests * chunk_heads
+        chunk = pid // per_chunk
+        within = pid % per_chunk
+        request_groups = batch // chunk_requests
+        head = chunk // request_groups * chunk_heads + within % chunk_heads
+        rank = within // chunk_heads
+        b = chunk % request_groups * chunk_requests + rank % chunk_requests
+        position = tiles_each - 1 - rank // chunk_requests
+        start = b * length
+        end = start + length
+        tile = start // BLOCK_M + b + position
+        # Programs past the last chunk (the grid covers the virtual tiles) have no work.
+        q0 = tl.where(head < num_heads, start + position * BLOCK_M, end)
     if q0 < end:
         q1 = tl.minimum(q0 + BLOCK_M, end)
         rows = q0 + tl.arange(0, BLOCK_M)
@@ -264,7 +297,7 @@ def _prefill_kernel(
         tl.store(o_ptr + rows[:, None] * s_ot + head * s_oh + d[None, :],
                  out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
         if STATS:
-            tl.store(stats_ptr + tile * tl.num_programs(1) + head, visited)
+            tl.store(stats_ptr + tile * num_heads + head, visited)
 
 
 def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
@@ -326,14 +359,38 @@ def prefill_config_for(head_dim: int, element_size: int = 2) -> PrefillConfig:
     return PREFILL_TILES.get(head_dim, PREFILL_TILES[128])
 
 
+def lpt_chunk(batch: int, total: int, num_kv_heads: int, head_dim: int, element_size: int,
+              device: torch.device) -> tuple[int, int]:
+    """(requests, KV heads) of one chunk of the longest-first order of equal-length batches.
+
+    Tiles run longest-first within a chunk, chunk after chunk; a chunk's keys and values stay
+    under a third of the L2 cache, so that the programs running at once (the long tiles of every
+    request and head of the chunk) read them from L2 instead of memory. All requests, and as
+    many KV heads as fit, when the whole batch of one head fits; else one KV head and as many
+    requests as fit. Divisors of the batch and the KV heads, so chunks are whole."""
+    budget = c.l2_bytes(device) // 3
+    length = total // max(batch, 1)
+    one = max(1, length * head_dim * 2 * element_size)  # keys and values of a request and head
+    if batch * one <= budget:
+        fit = budget // (batch * one)
+        return batch, max(h for h in range(1, num_kv_heads + 1)
+                          if num_kv_heads % h == 0 and h <= fit)
+    fit = max(1, budget // one)
+    return max(r for r in range(1, batch + 1) if batch % r == 0 and r <= fit), 1
+
+
 def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: float,
                    config: PrefillConfig, stats: torch.Tensor | None = None,
-                   out: torch.Tensor | None = None) -> torch.Tensor:
+                   out: torch.Tensor | None = None,
+                   chunk: tuple[int, int] | None = None) -> torch.Tensor:
     """Runs the kernel with an explicit ``config`` (inputs already checked).
 
     ``out`` (caller-owned, like q) receives the result when given.
     ``stats``, when given, is an int32 ``[T // block_m + B, Hq]`` buffer that receives the
     number of key tiles each (virtual query tile, head) program visited.
+    ``chunk``: (requests, KV heads) of the longest-first chunks of an equal-length batch
+    instead of ``lpt_chunk``'s; a request count that does not divide the batch keeps the
+    ragged order.
     """
     total, hq, dim = q.shape
     batch = cu_seqlens.shape[0] - 1
@@ -348,9 +405,11 @@ def launch_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, scale: floa
         stats = torch.empty(1, device=q.device, dtype=torch.int32)
     tma = config.tma and c.tma_ready(k, v)
     kd, vd = (c.kv_descriptors(k, v, config.block_n) if tma else (k, v))
-    wrap_triton(_prefill_kernel)[(num_tiles, hq)](
+    chunk_requests, chunk_kv_heads = chunk or lpt_chunk(
+        c.size_hint(batch), c.size_hint(total), k.shape[1], dim, k.element_size(), q.device)
+    wrap_triton(_prefill_kernel)[(num_tiles * hq,)](
         q, k, v, out, cu_seqlens, segment_ids, stats, kd, vd,
-        scale * _LOG2E, batch, num_tiles,
+        scale * _LOG2E, batch, num_tiles, hq, chunk_requests, chunk_kv_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         out.stride(0), out.stride(1),
         GROUP=hq // k.shape[1], HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
