@@ -529,11 +529,14 @@ def print_tables(report: dict) -> None:
                   f"   {r.get('op_over_best', '-')}   {forced}")
     if report["sweep"]:
         print("\nsweep (us; rel err vs fp64)  config")
+    # Prefill rows name (batch, length, program order): the column fits the longest.
+    where_width = max((len(str(s["where"])) for s in report["sweep"]), default=11)
     for s in report["sweep"]:
         us = f"{s['us']:8.1f}" if "us" in s else s.get("error", "")
         rel = f"{s['rel_err']:.1e}" if "rel_err" in s else ""
         config = " ".join(f"{k}={v}" for k, v in s["config"].items())
-        print(f"{s['part']:11s} {s['heads']:11s} {str(s['where']):11s} {us} {rel:8s} {config}")
+        print(f"{s['part']:11s} {s['heads']:11s} {str(s['where']):{where_width}s} {us} "
+              f"{rel:8s} {config}")
 
 
 def main(argv) -> None:
