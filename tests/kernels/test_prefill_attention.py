@@ -91,9 +91,9 @@ def test_equal_lengths_run_longest_first_in_every_chunking(kt, gen, mode, chunk)
 def test_chunks_keep_keys_and_values_within_a_third_of_l2():
     # (requests, KV heads) per chunk on the CPU's nominal 50 MB L2, for bf16 qwen3-1.7b heads
     # (8 KV heads of 128): a request's keys and values take 0.5 MB per KV head per 1024 tokens.
-    mb = 2 ** 20
-    budget = 50 * mb // 3
+    from torch_engine.kernels import _common
     cpu = torch.device("cpu")
+    budget = _common.l2_bytes(cpu) // 3
     assert lpt_chunk(1, 1024, 8, 128, 2, cpu) == (1, 8)          # 4 MB: one chunk
     assert lpt_chunk(16, 16 * 1024, 8, 128, 2, cpu) == (16, 2)   # 8 MB a KV head
     assert lpt_chunk(16, 16 * 4096, 8, 128, 2, cpu) == (8, 1)    # 32 MB a KV head

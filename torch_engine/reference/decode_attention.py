@@ -42,8 +42,9 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
     shared_k, shared_v: ``[T, Hkv, D]`` packed prompt KV, request b at
     ``cu_seqlens[b]:cu_seqlens[b+1]``, or at ``cu_seqlens[b]:cu_seqlens[b] + seq_lens[b]`` when
     ``seq_lens`` is given (request-major packing); beam_k, beam_v: ``[B, W, S, Hkv, D]``
-    per-beam KV whose first ``num_own`` slots are valid (the current token's KV included); ``0 <= num_own <= S``
-    (0: the prompt alone; each request then needs at least one prompt token).
+    per-beam KV whose first ``num_own`` slots are valid (the current token's KV included);
+    ``0 <= num_own <= S`` (0: the prompt alone; each request then needs at least one prompt
+    token).
     Returns ``[B, W, Hq, D]`` in ``q.dtype``.
     """
     batch, width, hq, dim = q.shape
