@@ -82,6 +82,16 @@ def _issue_kv(k_desc, v_desc, k_smem, v_smem, bars, tile, start, col,
 
 
 @gluon.jit
+def _softmax_step(s, m_i, l_i, qk_scale):
+    """Online softmax (base 2) of the unscaled scores s: probabilities, the rescale of the
+    earlier state, and the new running max and sum."""
+    m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s * qk_scale - m_new[:, None])
+    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+
+
+@gluon.jit
 def _shared_stage_kernel(q_ptr, k_desc, v_desc, cu_ptr, out_ptr, qk_scale, width,
                          num_kv_heads, s_qb, s_qw, s_qh, s_ob, s_ow, s_oh,
                          GROUP: gl.constexpr, HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr,
@@ -138,9 +148,7 @@ def _shared_stage_kernel(q_ptr, k_desc, v_desc, cu_ptr, out_ptr, qk_scale, width
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False,
                           is_async=True)
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-        m_i = gl.max(s, 1) * qk_scale
-        p = gl.exp2(s * qk_scale - m_i[:, None])
-        l_i = gl.sum(p, 1)
+        p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
         p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
         for j in range(1, n_tiles):
             slot = j % STAGES
@@ -149,11 +157,7 @@ def _shared_stage_kernel(q_ptr, k_desc, v_desc, cu_ptr, out_ptr, qk_scale, width
                               use_acc=False, is_async=True)
             acc = warpgroup_mma(p_prev, v_smem.index((j - 1) % STAGES), acc, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=1, deps=(s,))
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s * qk_scale - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
             p_prev = gl.convert_layout(p.to(gl.bfloat16), p_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
@@ -170,11 +174,7 @@ def _shared_stage_kernel(q_ptr, k_desc, v_desc, cu_ptr, out_ptr, qk_scale, width
             s = warpgroup_mma(q_smem, k_smem.index(slot).permute((1, 0)), zero_s,
                               use_acc=False, is_async=True)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
-            m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-            alpha = gl.exp2(m_i - m_new)
-            p = gl.exp2(s * qk_scale - m_new[:, None])
-            l_i = l_i * alpha + gl.sum(p, 1)
-            m_i = m_new
+            p, alpha, m_i, l_i = _softmax_step(s, m_i, l_i, qk_scale)
             acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, o_layout))[:, None]
             acc = warpgroup_mma(gl.convert_layout(p.to(gl.bfloat16), p_layout),
                                 v_smem.index(slot), acc, is_async=True)
