@@ -1,6 +1,7 @@
 """The decode step's shared stage written in Gluon (Triton's explicit-layout dialect), with the
-score product of key tile j + 1 issued before the softmax of tile j (asynchronous warpgroup
-products), against the xAttention op's shared stage.
+score product of key tile j issued together with the P V product of tile j - 1, so that tile j's
+softmax runs while P V does (asynchronous warpgroup products), against the xAttention op's
+shared stage.
 
     python3 benchmarks/probe_gluon_decode.py --out=benchmarks/results      # on a Hopper GPU
     python3 benchmarks/probe_gluon_decode.py --compile_only                # sm_90 compile, no GPU
@@ -46,9 +47,9 @@ flags.DEFINE_bool("compile_only", False, "compile the variants for sm_90 and pri
                   "resource usage (no GPU needed)")
 flags.DEFINE_list("variants", [], "variant labels to run (e.g. overlap_s3_n64); empty: all")
 
-# Triton 3.6 names the TMA load async_copy_global_to_shared; later releases async_load.
+# Names that moved between Triton releases: 3.6 (the GPU machine) calls the TMA load
+# async_copy_global_to_shared and the CTA barrier thread_barrier, 3.9 (CI) async_load and barrier.
 _TMA_LOAD = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
-# and its CTA barrier thread_barrier; later releases barrier.
 _CTA_BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 _LOG2E = 1.4426950408889634
 VARIANTS = [dict(OVERLAP=overlap, STAGES=stages, BLOCK_N=block_n)
