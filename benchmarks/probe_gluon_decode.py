@@ -52,6 +52,10 @@ flags.DEFINE_list("variants", [], "variant labels to run (e.g. overlap_s3_n64); 
 _TMA_LOAD = tma.async_load if hasattr(tma, "async_load") else tma.async_copy_global_to_shared
 _CTA_BARRIER = gl.thread_barrier if hasattr(gl, "thread_barrier") else gl.barrier
 _LOG2E = 1.4426950408889634
+# One warpgroup (4 warps, the layouts' warps_per_cta) over one 64-row tile, the smallest that
+# Hopper's warpgroup products take.
+_BLOCK_M = 64
+_NUM_WARPS = 4
 VARIANTS = [dict(OVERLAP=overlap, STAGES=stages, BLOCK_N=block_n)
             for overlap in (True, False) for stages in (2, 3) for block_n in (64, 128)]
 
@@ -215,11 +219,11 @@ def shared_stage(q, shared_k, shared_v, cu_seqlens, variant: dict, out=None):
     hkv = shared_k.shape[1]
     out = torch.empty_like(q) if out is None else out
     k_desc, v_desc = descriptors(shared_k, shared_v, variant["BLOCK_N"])
-    grid = (triton.cdiv(width * hq // hkv, 64), batch * hkv)
+    grid = (triton.cdiv(width * hq // hkv, _BLOCK_M), batch * hkv)
     _shared_stage_kernel[grid](
         q, k_desc, v_desc, cu_seqlens, out, _LOG2E / math.sqrt(dim), width, hkv,
         q.stride(0), q.stride(1), q.stride(2), out.stride(0), out.stride(1), out.stride(2),
-        GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=64, num_warps=4, **variant)
+        GROUP=hq // hkv, HEAD_DIM=dim, BLOCK_M=_BLOCK_M, num_warps=_NUM_WARPS, **variant)
     return out
 
 
@@ -252,12 +256,12 @@ def compile_only() -> None:
                    "qk_scale": "fp32", "width": "i32", "num_kv_heads": "i32",
                    **{name: "i32" for name in ("s_qb", "s_qw", "s_qh", "s_ob", "s_ow",
                                                "s_oh")}}
-            constexprs = {"GROUP": 7, "HEAD_DIM": dim, "BLOCK_M": 64, **variant}
+            constexprs = {"GROUP": 7, "HEAD_DIM": dim, "BLOCK_M": _BLOCK_M, **variant}
             for name, value in constexprs.items():
                 sig[name] = "constexpr"
             src = GluonASTSource(_shared_stage_kernel, sig, constexprs)
             try:
-                kernel = triton.compile(src, target=target, options={"num_warps": 4})
+                kernel = triton.compile(src, target=target, options={"num_warps": _NUM_WARPS})
                 print(f"COMPILED d{dim} {label(variant)}: {resource_usage(kernel)}, shared "
                       f"{kernel.metadata.shared} B")
             except Exception as error:  # noqa: BLE001 - report every variant
