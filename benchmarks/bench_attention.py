@@ -40,7 +40,7 @@ from torch_engine.kernels import decode_attention, prefill_attention  # noqa: E4
 from torch_engine.kernels.decode_attention import (DecodeConfig, decode_config_for,  # noqa: E402
                                                    launch_decode)
 from torch_engine.kernels.prefill_attention import PrefillConfig, launch_prefill  # noqa: E402
-from torch_engine.layout import MaskMode  # noqa: E402
+from xgr_common.layout import MaskMode  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for attention_<date>.json")

@@ -33,7 +33,7 @@ flags.DEFINE_integer("child", 0, "internal: build one catalog of this size and p
 def build_once(items: int, paths_per_item: float) -> dict:
     """Build one catalog in this process; returns timings, sizes and peak memory."""
     from torch_engine.catalog import Catalog
-    from torch_engine.layout import TokenLayout
+    from xgr_common.layout import TokenLayout
 
     layout = TokenLayout()
     rng = np.random.default_rng(0)

@@ -67,7 +67,7 @@ from torch_engine.config import EngineConfig, preset  # noqa: E402
 from torch_engine.engine import Engine  # noqa: E402
 from torch_engine.inputs import (check_arguments, check_inputs,  # noqa: E402
                                  input_rules_for, prepare_inputs, verdict_of)
-from torch_engine.layout import TokenLayout  # noqa: E402
+from xgr_common.layout import TokenLayout  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
 from torch_engine.padded_inputs import arguments_of  # noqa: E402
 

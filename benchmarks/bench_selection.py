@@ -35,7 +35,7 @@ from torch_engine import beam_search as bs  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
 from torch_engine.kernels.constrained_topk import (RESIDENT_KEYS,  # noqa: E402
                                                    launch_constrained_topk)
-from torch_engine.layout import TokenLayout  # noqa: E402
+from xgr_common.layout import TokenLayout  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for selection_<date>[_<tag>].json")

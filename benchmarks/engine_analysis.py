@@ -30,7 +30,7 @@ from torch_engine import attention as attn
 from torch_engine import beam_search as bs
 from torch_engine.catalog import Catalog
 from torch_engine.config import ModelConfig
-from torch_engine.layout import TokenLayout
+from xgr_common.layout import TokenLayout
 
 
 def random_catalog(items: int, paths: int, layout: TokenLayout) -> Catalog:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from torch_engine.catalog import Catalog
-from torch_engine.layout import TokenLayout
+from xgr_common.layout import TokenLayout
 from torch_engine.model import Model
 
 LAYOUT = TokenLayout()

@@ -157,7 +157,7 @@ class Client:
 
 
 def same(outputs: dict, answer: dict) -> bool:
-    from torch_engine.tolerances import tolerance_for
+    from xgr_common.tolerances import tolerance_for
 
     for name, want in answer.items():
         got = np.asarray(outputs.get(name, []))
@@ -327,7 +327,7 @@ def _run_all(pool, grpc_port: int, rest_port: int) -> tuple[dict, list[dict]]:
 
 def main(argv: list[str]) -> None:
     del argv
-    from torch_engine.errors import ParityError, require
+    from xgr_common.errors import ParityError, require
 
     pool = build_pool(FLAGS.model_base_path, FLAGS.users_per_request)
     distinct = len({json.dumps({k: v.tolist() for k, v in a.items()}) for _, a in pool})

@@ -37,7 +37,7 @@ from benchmarks import engine_analysis as ea  # noqa: E402
 from benchmarks import results_file as rf  # noqa: E402
 from torch_engine.config import preset  # noqa: E402
 from torch_engine.kernels.prefill_attention import prefill_attention  # noqa: E402
-from torch_engine.layout import MaskMode  # noqa: E402
+from xgr_common.layout import MaskMode  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for causal_prefill_<date>.json")

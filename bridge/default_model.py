@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 # Fitting imports triton lazily (torch's optimisers, through torch._dynamo); `bridge` loads it
-# before TF, see torch_engine/import_order.py.
+# before TF, see xgr_common/import_order.py.
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 import torch  # noqa: E402
@@ -32,11 +32,11 @@ from safetensors.torch import load_file as load_torch_file  # noqa: E402
 from bridge.dlpack import to_torch  # noqa: E402
 from tf_frontend.feature_graph import FeatureGraph  # noqa: E402
 from torch_engine.config import ModelConfig  # noqa: E402
-from torch_engine.errors import ConfigError, OpLibraryError, require  # noqa: E402
-from torch_engine.import_order import triton_importable  # noqa: E402
-from torch_engine.layout import MaskMode  # noqa: E402
+from xgr_common.errors import ConfigError, OpLibraryError, require  # noqa: E402
+from xgr_common.import_order import triton_importable  # noqa: E402
+from xgr_common.layout import MaskMode  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
-from torch_engine.prompt_spec import PromptSpec  # noqa: E402
+from xgr_common.prompt_spec import PromptSpec  # noqa: E402
 from torch_engine.synthetic import World, WorldConfig, make_world  # noqa: E402
 from torch_engine.train import (FitResult, ProfileTower, TrainConfig,  # noqa: E402
                                 TrainingExamples, fit)

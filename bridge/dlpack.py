@@ -28,7 +28,7 @@ import torch
 import torch.utils.dlpack
 
 from bridge.dtypes import TO_TF, TO_TORCH, Mode, condition, dtype_rule, render_markdown
-from torch_engine.errors import BridgeError, InvalidInputError
+from xgr_common.errors import BridgeError, InvalidInputError
 
 TF_ALIGNMENT = 64  # bytes; EIGEN_MAX_ALIGN_BYTES of TF's CPU kernels (tf.sysconfig flags)
 _CPU = torch.device("cpu")

@@ -181,7 +181,7 @@ def render_markdown() -> str:
         "`bridge.dlpack.to_torch(tf_tensor, device=None)` and `bridge.dlpack.to_tf(torch_tensor)`"
         " hand tensors over through DLPack. *zero-copy*: both sides share one buffer (a later "
         "in-place write on the Torch side is visible to TF). *copy*: exactly one explicit copy. "
-        "*rejected*: a `torch_engine.errors.BridgeError` naming the reason, raised before DLPack "
+        "*rejected*: a `xgr_common.errors.BridgeError` naming the reason, raised before DLPack "
         "is touched.",
         "",
         "## By dtype",

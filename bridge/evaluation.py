@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from bridge.pipeline import RecommendPipeline, StageTimings
 from tf_frontend.feature_graph import features_from_world
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from torch_engine.synthetic import World
 
 

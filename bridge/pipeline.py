@@ -28,8 +28,8 @@ import torch
 from bridge.dlpack import to_tf, to_torch
 from tf_frontend.rules import BusinessRules, PostProcessor, engine_feeds
 from torch_engine.engine import Engine
-from torch_engine.errors import ConfigError, InvalidInputError, require
-from torch_engine.layout import MaskMode
+from xgr_common.errors import ConfigError, InvalidInputError, require
+from xgr_common.layout import MaskMode
 
 __all__ = ["BusinessRules", "PostProcessor", "RecommendPipeline", "StageTimings"]
 

@@ -26,7 +26,7 @@ from tensorflow.python.framework import ops
 from tensorflow.python.ops import gen_script_ops, script_ops
 
 from bridge.dlpack import to_tf, to_torch
-from torch_engine.errors import BridgeError, require
+from xgr_common.errors import BridgeError, require
 
 NOT_PORTABLE = ("NOT PORTABLE: this graph calls Torch through tf.py_function, whose Python "
                 "callback exists only in the process that built it. Export portably with "

@@ -3,15 +3,15 @@
 Importing this package loads every op library whose sources exist under ``custom_ops/cc/``
 (``_feature_ops``; ``_torch_call`` once its sources exist), so a SavedModel that uses the ops
 loads after ``import custom_ops``. A library that is not built raises
-``torch_engine.errors.OpLibraryError`` naming its file and the build command.
+``xgr_common.errors.OpLibraryError`` naming its file and the build command.
 
 The Torch twins of the feature ops live in ``custom_ops.torch_twins`` (imported on demand);
 ``custom_ops.registry`` pairs each TF op with its twin and its ONNX node.
 """
 
-from torch_engine.import_order import preload_triton
+from xgr_common.import_order import preload_triton
 
-preload_triton()  # before TensorFlow: see torch_engine/import_order.py
+preload_triton()  # before TensorFlow: see xgr_common/import_order.py
 
 from custom_ops._loader import (BUILD_COMMAND, library_names, library_path,  # noqa: E402
                                 library_paths, load_library)

@@ -12,7 +12,7 @@ import importlib.machinery
 from pathlib import Path
 
 from custom_ops import _build
-from torch_engine.errors import OpLibraryError
+from xgr_common.errors import OpLibraryError
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 BUILD_COMMAND = ("`make install` or `pip install --no-build-isolation -e .` "

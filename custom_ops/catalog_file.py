@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torch_engine.errors import CatalogError, require
+from xgr_common.errors import CatalogError, require
 
 MAGIC = b"XGRSID01"
 HEADER_BYTES = 32

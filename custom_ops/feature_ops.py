@@ -13,7 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from custom_ops._loader import load_library
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 
 
 INT64_MAX = 2**63 - 1
@@ -98,7 +98,7 @@ def semantic_id_lookup(table, items, row_splits, *, code_base: int) -> CodeToken
       table: a ``custom_ops.SemanticIdTable``.
       items: int64 [E], item ids, the rows concatenated.
       row_splits: int64 [B+1].
-      code_base: first code token id (``torch_engine.layout.TokenLayout.code_base``).
+      code_base: first code token id (``xgr_common.layout.TokenLayout.code_base``).
 
     A known item with code path (c_0, ..., c_{levels-1}) becomes the token row
     ``code_base + l * codebook_size + c_l``; unknown items are dropped and counted.
@@ -130,7 +130,7 @@ def assemble_prompt(context_tokens, item_tokens, item_row_splits, *, bos_id: int
         row that is too long drops its OLDEST whole items until it fits (an error if
         3 + P > max_length).
 
-    Row layout (``torch_engine/prompt_spec.py``): ``BOS PROFILE_START ctx_1..ctx_P`` in
+    Row layout (``xgr_common/prompt_spec.py``): ``BOS PROFILE_START ctx_1..ctx_P`` in
     segment 0; the k-th kept item (0-based) as ``ITEM_START c_0..c_{levels-1}`` in segment
     k+1; a trailing ``ITEM_START`` in segment n+1 (the item to generate); then ``pad_id``
     with segment -1.

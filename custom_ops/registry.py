@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from torch_engine.errors import ConversionError
+from xgr_common.errors import ConversionError
 
 ONNX_DOMAIN = "xgr.custom"
 

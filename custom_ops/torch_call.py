@@ -19,7 +19,7 @@ from typing import Sequence
 import tensorflow as tf
 
 from custom_ops._loader import load_library
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 
 _DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int8, tf.uint8, tf.int32,
            tf.int64, tf.bool)

@@ -32,11 +32,11 @@ from tf_frontend.serving.config import BatchingConfig, ServerConfig  # noqa: E40
 from tf_frontend.serving.server import ModelServer, load_op_libraries  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
 from torch_engine.engine import Engine  # noqa: E402
-from torch_engine.errors import ParityError, require  # noqa: E402
+from xgr_common.errors import ParityError, require  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
-from torch_engine.prompt_spec import PromptSpec  # noqa: E402
+from xgr_common.prompt_spec import PromptSpec  # noqa: E402
 from torch_engine.synthetic import WorldConfig, make_world  # noqa: E402
-from torch_engine.tolerances import tolerance_for  # noqa: E402
+from xgr_common.tolerances import tolerance_for  # noqa: E402
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Folder for the SavedModel (default: a new temp folder).")

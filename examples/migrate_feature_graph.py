@@ -46,7 +46,7 @@ DENSE_STAGES = ("profile_tower", "profile_projection")
 def feature_graph():
     """The plan's model factory: the reference feature graph over a small synthetic world."""
     from tf_frontend.feature_graph import FeatureGraph
-    from torch_engine.prompt_spec import PromptSpec
+    from xgr_common.prompt_spec import PromptSpec
     from torch_engine.synthetic import WorldConfig, make_world
 
     world = make_world(WorldConfig(num_items=400, num_users=64))

@@ -13,7 +13,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import pytest  # noqa: E402
 
-from torch_engine.import_order import preload_triton  # noqa: E402
+from xgr_common.import_order import preload_triton  # noqa: E402
 
 # Tests import TensorFlow and Triton in one process; TF first would abort on the triton import.
 preload_triton()

@@ -21,7 +21,7 @@ def test_our_tf_packages_preload_triton_so_kernels_import_later():
 
 def test_tensorflow_first_then_kernels_is_a_clear_error_not_an_abort():
     done = _run("import tensorflow\n"
-                "from torch_engine.errors import XgrError\n"
+                "from xgr_common.errors import XgrError\n"
                 "try:\n    import torch_engine.kernels\n"
                 "except XgrError as err:\n    print('refused:', err)\n")
     assert done.returncode == 0, done.stderr[-2000:]

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from torch_engine.tolerances import TOLERANCES, dtype_name, tolerance_for
+from xgr_common.tolerances import TOLERANCES, dtype_name, tolerance_for
 
 
 @pytest.mark.parametrize("dtype, key", [

@@ -3,7 +3,7 @@ AOTInductor (or TorchScript) for the target device.
 
 The host checks of ``Engine.recommend`` (``torch_engine.inputs.check_inputs``) read values and
 cannot be traced; the exported program takes what the feature graph emits, which satisfies
-them by construction (``torch_engine.prompt_spec``), and runs ``Engine.search``. Import this
+them by construction (``xgr_common.prompt_spec``), and runs ``Engine.search``. Import this
 module before tensorflow (see ``tf_frontend.torch_package``).
 """
 
@@ -16,7 +16,7 @@ from tf_frontend import torch_package
 
 import torch  # noqa: E402
 
-from torch_engine.errors import ConfigError, require  # noqa: E402
+from xgr_common.errors import ConfigError, require  # noqa: E402
 from torch_engine.inputs import RequestBatch  # noqa: E402
 
 
@@ -114,7 +114,7 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     require(config.beam_width <= engine.config.max_beam_width, ConfigError,
             f"beam_width {config.beam_width} exceeds EngineConfig.max_beam_width "
             f"{engine.config.max_beam_width}")
-    reachable = min(catalog.num_items, config.beam_width * catalog.max_items_per_path)
+    reachable = catalog.reachable_items(config.beam_width)
     require(config.top_k <= reachable, ConfigError,
             f"top_k {config.top_k} exceeds the {reachable} items beam_width "
             f"{config.beam_width} can reach (catalog of {catalog.num_items} items, at most "

@@ -30,7 +30,7 @@ import tensorflow as tf  # noqa: E402
 from custom_ops.torch_call import torch_call  # noqa: E402
 from tf_frontend.feature_graph import INPUTS  # noqa: E402
 from tf_frontend.rules import BusinessRules, PostProcessor, engine_feeds  # noqa: E402
-from torch_engine.errors import ConfigError, ExportError, require  # noqa: E402
+from xgr_common.errors import ConfigError, ExportError, require  # noqa: E402
 
 SIGNATURE = "serving_default"
 ENGINE_INPUTS = ("token_ids", "lengths", "segment_ids", "profile_embeds", "exclude_items")

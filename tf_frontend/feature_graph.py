@@ -33,8 +33,8 @@ import tensorflow as tf
 import custom_ops
 from tf_frontend.layers import HashProfileIds, XgrAssemblePrompt, XgrCleanSequence, \
     XgrSemanticIdLookup
-from torch_engine.errors import ConfigError, InvalidInputError, require
-from torch_engine.prompt_spec import PromptSpec
+from xgr_common.errors import ConfigError, InvalidInputError, require
+from xgr_common.prompt_spec import PromptSpec
 
 STAGES = ("clean_history", "semantic_ids", "context_lookup", "hash_ids", "sparse_embedding",
           "profile_tower", "profile_projection", "assemble_prompt")

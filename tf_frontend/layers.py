@@ -11,8 +11,8 @@ import keras
 import tensorflow as tf
 
 import custom_ops
-from torch_engine.errors import ConfigError, require
-from torch_engine.layout import TokenLayout
+from xgr_common.errors import ConfigError, require
+from xgr_common.layout import TokenLayout
 
 
 class XgrCleanSequence(keras.layers.Layer):

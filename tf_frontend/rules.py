@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from torch_engine.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import tensorflow as tf
 
-from torch_engine.errors import ExportError, OpLibraryError
+from xgr_common.errors import ExportError, OpLibraryError
 
 SIGNATURE = "serving_default"
 _OPS_DIR = Path(__file__).resolve().parent.parent / "custom_ops"

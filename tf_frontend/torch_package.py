@@ -20,12 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from torch_engine.errors import ExportError, InvalidInputError, require
-from torch_engine.import_order import triton_importable
+from xgr_common.errors import ExportError, InvalidInputError, require
+from xgr_common.import_order import triton_importable
 
 
 def _require_traceable() -> None:
-    # torch.export and Inductor import triton: see torch_engine/import_order.py.
+    # torch.export and Inductor import triton: see xgr_common/import_order.py.
     require(triton_importable(), ExportError,
             "cannot trace or compile torch code in this process: tensorflow was imported before "
             "triton, and importing triton now would abort the process (both bundle LLVM). "

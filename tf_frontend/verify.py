@@ -4,7 +4,7 @@
 and ``custom_ops`` alone (``python -m custom_ops.run_saved_model`` in a child process: no Python
 torch, no engine code) on ``features`` and compares its outputs with ``reference`` (what
 ``tf_frontend.export.PythonPipeline`` returned for the same features): item ids and counts
-exactly, scores within the float32 tolerance of ``torch_engine.tolerances``.
+exactly, scores within the float32 tolerance of ``xgr_common.tolerances``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from torch_engine.errors import ExportError, require
-from torch_engine.tolerances import tolerance_for
+from xgr_common.errors import ExportError, require
+from xgr_common.tolerances import tolerance_for
 
 ROOT = Path(__file__).resolve().parent.parent
 # AOTInductor fuses and reorders float work: its scores may differ from eager torch's by a few

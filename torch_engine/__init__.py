@@ -1,7 +1,7 @@
 """The Torch generative-retrieval engine. Never imports TensorFlow.
 
-Heavy submodules load on first attribute access, so ``torch_engine.errors`` and
-``torch_engine.layout`` stay importable from TF-only code without pulling in torch.
+Heavy submodules load on first attribute access. The leaves it shares with the TF side
+(errors, layout, prompt contract, tolerances) live in ``xgr_common``.
 """
 
 from __future__ import annotations

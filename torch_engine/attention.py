@@ -20,9 +20,9 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from torch_engine.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require
 from torch_engine.kv_cache import PackedPrompt
-from torch_engine.layout import PAD_SEGMENT, PROFILE_SEGMENT, MaskMode
+from xgr_common.layout import PAD_SEGMENT, PROFILE_SEGMENT, MaskMode
 
 
 def dense_mask(segment_ids: torch.Tensor, mode: MaskMode) -> torch.Tensor:

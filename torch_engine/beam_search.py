@@ -17,7 +17,7 @@ import torch
 
 from torch_engine.attention import _kernel
 from torch_engine.catalog import Catalog
-from torch_engine.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require
 
 NEG_INF = float("-inf")
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, TypeVar
 import torch
 
 from torch_engine.config import ModelConfig
-from torch_engine.errors import CapacityError
+from xgr_common.errors import CapacityError
 
 if TYPE_CHECKING:
     from torch_engine.engine import Engine

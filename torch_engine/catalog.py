@@ -24,8 +24,8 @@ from dataclasses import dataclass, fields, replace
 import numpy as np
 import torch
 
-from torch_engine.errors import CatalogError, require
-from torch_engine.layout import TokenLayout
+from xgr_common.errors import CatalogError, require
+from xgr_common.layout import TokenLayout
 
 
 @dataclass(frozen=True)
@@ -110,6 +110,12 @@ class Catalog:
     @property
     def levels(self) -> int:
         return self.layout.levels
+
+    def reachable_items(self, beam_width: int) -> int:
+        """The most items ``beam_width`` final beams can reach, the bound on ``top_k``: beam
+        search returns only items on surviving code paths, each path holds at most
+        ``max_items_per_path`` items, and there are ``num_items`` in all."""
+        return min(self.num_items, beam_width * self.max_items_per_path)
 
     def item_indptr(self, length: int) -> torch.Tensor:
         """``[P_length + 1]`` int64: prefix p of ``length`` codes (1..levels) holds the rows

@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from torch_engine.errors import ConfigError, require
-from torch_engine.layout import TokenLayout
-from torch_engine.prompt_spec import PromptSpec
+from xgr_common.errors import ConfigError, require
+from xgr_common.layout import TokenLayout
+from xgr_common.prompt_spec import PromptSpec
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 SELECTION_BACKENDS = ("auto", "torch", "triton")

@@ -21,12 +21,12 @@ from torch_engine.attention import resolve_backend
 from torch_engine.capacity import check_request, check_shape, run_contained
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
-from torch_engine.errors import ConfigError, XgrError, require
+from xgr_common.errors import ConfigError, XgrError, require
 from torch_engine.graphs import DecodeGraphs, SearchGraphs
 from torch_engine.inputs import (RequestBatch, Verdict, apply_rules, check_arguments,
                                  verdict_of)
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
-from torch_engine.layout import MaskMode
+from xgr_common.layout import MaskMode
 from torch_engine.model import Model
 
 
@@ -99,7 +99,7 @@ class Engine:
                   ) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k items for each request of a batch.
 
-        token_ids: ``[B, L]`` int, right-padded prompts (see ``torch_engine.prompt_spec``);
+        token_ids: ``[B, L]`` int, right-padded prompts (see ``xgr_common.prompt_spec``);
         lengths: ``[B]`` int, tokens of each row (1..L); segment_ids: ``[B, L]`` int32 hybrid
         mask layout (prefill mask ``ITEM_CAUSAL``), or None for a causal prompt;
         prefix_embeds: ``[B, S, hidden]`` float soft tokens placed before ``token_ids``

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torch_engine.errors import InvalidInputError, require
-from torch_engine.import_order import triton_importable
+from xgr_common.errors import InvalidInputError, require
+from xgr_common.import_order import triton_importable
 from torch_engine.reference.input_rules import input_rules as reference_input_rules
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ def check_arguments(engine: "Engine", token_ids, lengths, segment_ids, beam_widt
     require(isinstance(beam_width, int) and 1 <= beam_width <= engine.config.max_beam_width,
             InvalidInputError, f"beam_width must be an int in [1, EngineConfig.max_beam_width="
             f"{engine.config.max_beam_width}], got {beam_width!r}")
-    reachable = min(catalog.num_items, beam_width * catalog.max_items_per_path)
+    reachable = catalog.reachable_items(beam_width)
     require(isinstance(top_k, int) and 1 <= top_k <= reachable, InvalidInputError,
             f"top_k must be an int in [1, {reachable}] (catalog of {catalog.num_items} items, "
             f"beam_width {beam_width} x at most {catalog.max_items_per_path} items per path), "

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from torch_engine.errors import ConfigError, InvalidInputError, require
+from xgr_common.errors import ConfigError, InvalidInputError, require
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from torch_engine.layout import PAD_SEGMENT, MaskMode
+from xgr_common.layout import PAD_SEGMENT, MaskMode
 
 
 @dataclass(frozen=True)

@@ -18,10 +18,10 @@ from torch import nn
 
 from torch_engine import attention as attn
 from torch_engine.config import ModelConfig, preset
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
 from torch_engine.layers import DecoderLayer, RMSNorm, rotary_cos_sin, rotary_inv_freq
-from torch_engine.layout import MaskMode
+from xgr_common.layout import MaskMode
 
 
 class Decoder(nn.Module):
@@ -127,7 +127,7 @@ class Model(nn.Module):
         """Full-vocabulary logits ``[B, L, vocab]`` (float32) of right-padded rows.
 
         Give exactly one of ``input_ids [B, L]`` (int) and ``inputs_embeds [B, L, hidden]``.
-        segment_ids: ``[B, L]`` int, -1 on padding (see ``torch_engine.layout``); None means
+        segment_ids: ``[B, L]`` int, -1 on padding (see ``xgr_common.layout``); None means
         every slot is a token. Logits at padding slots are meaningless.
         """
         require((input_ids is None) != (inputs_embeds is None), InvalidInputError,

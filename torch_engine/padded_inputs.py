@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from torch_engine.inputs import Arguments, RequestBatch, input_rules_for
 from torch_engine.reference.input_rules import EXTENT_LIMIT, pack_extent
 

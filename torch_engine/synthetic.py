@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torch_engine.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require
 
 
 @dataclass(frozen=True)

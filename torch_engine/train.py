@@ -31,11 +31,11 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from torch_engine.attention import padded_attention
-from torch_engine.errors import ConfigError, InvalidInputError, require
+from xgr_common.errors import ConfigError, InvalidInputError, require
 from torch_engine.layers import rotary_cos_sin
-from torch_engine.layout import PAD_SEGMENT, MaskMode, TokenLayout
+from xgr_common.layout import PAD_SEGMENT, MaskMode, TokenLayout
 from torch_engine.model import Model
-from torch_engine.prompt_spec import PromptSpec
+from xgr_common.prompt_spec import PromptSpec
 
 
 OBJECTIVES = ("next_item", "all_codes")

@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from torch_engine.config import ModelConfig
-from torch_engine.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require
 
 if TYPE_CHECKING:
     from torch_engine.model import Model

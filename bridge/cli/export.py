@@ -81,7 +81,7 @@ def main(argv: list[str]) -> int:
     from torch_engine.config import EngineConfig
     from torch_engine.engine import Engine
     from torch_engine.model import Model
-    from torch_engine.prompt_spec import PromptSpec
+    from xgr_common.prompt_spec import PromptSpec
     from torch_engine.synthetic import WorldConfig, make_world
 
     engine_config = EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch,

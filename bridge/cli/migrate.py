@@ -22,7 +22,7 @@ from pathlib import Path
 from absl import flags
 
 from bridge.migration.plan import MigrationPlan, StagePlan, load_plan, save_plan
-from torch_engine.errors import MigrationError
+from xgr_common.errors import MigrationError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("plan", "migration_plan.json", "Path of the migration plan (JSON).")

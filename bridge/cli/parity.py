@@ -28,7 +28,7 @@ def main(argv: list[str]) -> int:
     from bridge.parity.data import load_batches
     from bridge.parity.harness import run_parity
     from bridge.parity.report import write_report
-    from torch_engine.errors import XgrError
+    from xgr_common.errors import XgrError
 
     if len(argv) > 1:
         print(f"xgr parity: unexpected arguments {argv[1:]}", file=sys.stderr)

@@ -29,7 +29,7 @@ from bridge.onnx_torch.from_onnx import graph_from_onnx
 from bridge.onnx_torch.graph import GraphSpec, ValueInfo
 from bridge.onnx_torch.module import OnnxGraphModule, unsupported_nodes
 from bridge.parity.compare import compare
-from torch_engine.errors import ConversionError, MigrationError
+from xgr_common.errors import ConversionError, MigrationError
 
 
 @dataclass(frozen=True)

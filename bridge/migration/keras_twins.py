@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from torch_engine.errors import MigrationError
+from xgr_common.errors import MigrationError
 
 # Keras activation name -> torch function (same formulas; Keras "gelu" is the exact erf form).
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {

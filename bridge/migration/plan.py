@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from torch_engine.errors import MigrationError
+from xgr_common.errors import MigrationError
 
 PLAN_VERSION = 1
 RUNTIMES = ("tf", "torch")

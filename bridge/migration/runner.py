@@ -19,7 +19,7 @@ from bridge.dlpack import to_tf, to_torch
 from bridge.migration.stages import Outputs, Replacement, StagedModel, build_model, import_object
 from bridge.migration.plan import MigrationPlan, StagePlan
 from bridge.onnx_torch.module import OnnxGraphModule
-from torch_engine.errors import BridgeError, MigrationError
+from xgr_common.errors import BridgeError, MigrationError
 
 
 def build_torch_stage(stage: StagePlan, layer: Any, plan_dir: Path) -> nn.Module:

@@ -23,7 +23,7 @@ import keras
 import tensorflow as tf
 
 from bridge.migration.plan import check_import_spec
-from torch_engine.errors import InvalidInputError, MigrationError
+from xgr_common.errors import InvalidInputError, MigrationError
 
 # stage name -> replacement: called with a stage call's (args, kwargs), returns a flat list of
 # output tensors (one per output of the layer).

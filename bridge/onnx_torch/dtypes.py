@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_engine.errors import ConversionError
+from xgr_common.errors import ConversionError
 
 # onnx.TensorProto.DataType values; spelled out so the interpreter needs no onnx import.
 ONNX_TO_TORCH: dict[int, torch.dtype] = {

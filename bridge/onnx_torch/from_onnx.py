@@ -9,7 +9,7 @@ from onnx import numpy_helper
 
 from bridge.onnx_torch.graph import GraphSpec, ValueInfo
 from bridge.onnx_torch.registry import GraphNode
-from torch_engine.errors import ConversionError
+from xgr_common.errors import ConversionError
 
 
 def _tensor(proto: onnx.TensorProto, where: str) -> torch.Tensor:

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from bridge.onnx_torch.registry import GraphNode
-from torch_engine.errors import MigrationError
+from xgr_common.errors import MigrationError
 
 FORMAT = "xgr-onnx-torch/1"
 GRAPH_FILE = "graph.json"

@@ -15,7 +15,7 @@ from torch import nn
 from bridge.onnx_torch.graph import GraphSpec, load_graph
 from bridge.onnx_torch.registry import Converter, GraphNode
 from bridge.onnx_torch.resolve import resolve
-from torch_engine.errors import ConversionError, InvalidInputError
+from xgr_common.errors import ConversionError, InvalidInputError
 
 
 def unsupported_nodes(spec: GraphSpec) -> list[str]:

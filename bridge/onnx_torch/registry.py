@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 import torch
 
-from torch_engine.errors import ConversionError
+from xgr_common.errors import ConversionError
 
 ONNX_DOMAIN = ""          # the default ONNX operator set ("ai.onnx" is an alias)
 CUSTOM_DOMAIN = "xgr.custom"

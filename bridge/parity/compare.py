@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from torch_engine.tolerances import Tolerance, dtype_name, tolerance_for
+from xgr_common.tolerances import Tolerance, dtype_name, tolerance_for
 
 
 @dataclass(frozen=True)

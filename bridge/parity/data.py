@@ -22,7 +22,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 
 TFRECORD_SUFFIXES = (".tfrecord", ".tfrecords")
 

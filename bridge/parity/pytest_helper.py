@@ -5,7 +5,7 @@
     def test_tower_migration(tmp_path):
         assert_parity("migration/plan.json", "migration/batches.npz", report_dir=tmp_path)
 
-Raises :class:`torch_engine.errors.ParityError` (an ``AssertionError``, so pytest shows it as a
+Raises :class:`xgr_common.errors.ParityError` (an ``AssertionError``, so pytest shows it as a
 test failure) naming the first failing stage, output, dtype, shape and max abs/rel error.
 """
 
@@ -18,7 +18,7 @@ from bridge.migration.plan import MigrationPlan, load_plan
 from bridge.migration.runner import PlanRunner
 from bridge.parity.data import load_batches
 from bridge.parity.harness import ParityResult, run_parity
-from torch_engine.errors import ParityError
+from xgr_common.errors import ParityError
 
 
 def check_parity(plan: str | Path | MigrationPlan,

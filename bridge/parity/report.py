@@ -19,7 +19,7 @@ import numpy as np  # noqa: E402
 
 from bridge.parity.compare import Comparison  # noqa: E402
 from bridge.parity.harness import ParityResult  # noqa: E402
-from torch_engine.tolerances import tolerance_for  # noqa: E402
+from xgr_common.tolerances import tolerance_for  # noqa: E402
 
 HEADERS = ("", "stage", "output", "dtype", "shape", "max abs err", "max rel err", "rel norm",
            "tolerance", "result")

@@ -1,7 +1,7 @@
 """Torch twins of the C++ feature ops: same semantics, same validation, pure torch.
 
 Imported on demand (``custom_ops/__init__`` never imports torch). Each twin raises
-``torch_engine.errors.InvalidInputError`` naming the argument where the TF op raises
+``xgr_common.errors.InvalidInputError`` naming the argument where the TF op raises
 ``InvalidArgumentError``; ``custom_ops.registry`` pairs each TF op with its twin.
 """
 

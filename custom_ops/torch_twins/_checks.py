@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 
 INT32_MAX = 2**31 - 1
 INT64_MAX = 2**63 - 1

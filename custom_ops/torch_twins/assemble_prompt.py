@@ -13,7 +13,7 @@ from typing import NamedTuple
 import torch
 
 from custom_ops.torch_twins import _checks
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 
 
 MAX_PROMPT_LENGTH = 2**20  # the C++ op's bound on max_length

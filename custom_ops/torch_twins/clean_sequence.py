@@ -12,7 +12,7 @@ from typing import NamedTuple
 import torch
 
 from custom_ops.torch_twins import _checks
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 
 
 class CleanedSequence(NamedTuple):

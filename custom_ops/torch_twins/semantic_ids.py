@@ -14,7 +14,7 @@ import torch
 
 from custom_ops.catalog_file import CatalogArrays, read_catalog, validate_catalog
 from custom_ops.torch_twins import _checks
-from torch_engine.errors import CatalogError, require
+from xgr_common.errors import CatalogError, require
 
 
 class CodeTokens(NamedTuple):

@@ -9,8 +9,8 @@ import torch
 
 from bridge.dlpack import plan_to_tf, plan_to_torch, tf_data_pointer, to_tf, to_torch
 from bridge.dtypes import DTYPES, Mode
-from torch_engine.errors import BridgeError, InvalidInputError
-from torch_engine.tolerances import tolerance_for
+from xgr_common.errors import BridgeError, InvalidInputError
+from xgr_common.tolerances import tolerance_for
 
 ZERO_COPY = [row.name for row in DTYPES
              if row.to_torch.mode is Mode.ZERO_COPY and row.to_tf.mode is Mode.ZERO_COPY]

@@ -10,7 +10,7 @@ import torch
 from bridge import dlpack
 from bridge.dlpack import plan_tf_to_torch, plan_torch_to_tf, to_tf, to_torch
 from bridge.dtypes import CONDITIONS, DTYPES, TO_TF, TO_TORCH, Mode, dtype_rule, render_markdown
-from torch_engine.errors import BridgeError
+from xgr_common.errors import BridgeError
 
 ROOT = Path(__file__).resolve().parents[2]
 CPU, CUDA = torch.device("cpu"), torch.device("cuda", 0)

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 GUARDED = textwrap.dedent("""
     import numpy as np, tensorflow as tf, torch
     from bridge.dlpack import to_tf, to_torch, tf_data_pointer
-    from torch_engine.errors import BridgeError
+    from xgr_common.errors import BridgeError
 
     def rejected(name, make):
         try:

@@ -24,7 +24,7 @@ from hypothesis.extra.numpy import array_shapes, arrays
 import custom_ops
 from custom_ops import torch_twins
 from custom_ops.catalog_file import read_catalog, write_catalog
-from torch_engine.errors import CatalogError, InvalidInputError
+from xgr_common.errors import CatalogError, InvalidInputError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 LIB = custom_ops.load_library("feature_ops")

@@ -6,8 +6,8 @@ import tensorflow as tf
 import torch
 from absl.testing import parameterized
 
-from torch_engine.errors import InvalidInputError
-from torch_engine.layout import TokenLayout
+from xgr_common.errors import InvalidInputError
+from xgr_common.layout import TokenLayout
 
 LAYOUT = TokenLayout(levels=2, codebook_size=10, code_base=20)
 SPECIALS = dict(bos_id=LAYOUT.bos_id, profile_start_id=LAYOUT.profile_start_id,

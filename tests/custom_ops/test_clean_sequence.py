@@ -6,7 +6,7 @@ import tensorflow as tf
 import torch
 from absl.testing import parameterized
 
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 
 I64 = np.int64
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.child_env import child_env
-from torch_engine.errors import OpLibraryError
+from xgr_common.errors import OpLibraryError
 
 REPO = Path(__file__).resolve().parents[2]
 

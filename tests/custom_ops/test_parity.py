@@ -5,7 +5,7 @@ import pytest
 import torch
 from absl.testing import parameterized
 
-from torch_engine.prompt_spec import PromptSpec
+from xgr_common.prompt_spec import PromptSpec
 from torch_engine.synthetic import COUNTRIES
 
 SPEC = PromptSpec(keep_last=12)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from custom_ops import registry
-from torch_engine.errors import ConversionError
+from xgr_common.errors import ConversionError
 
 
 def _snake(name):

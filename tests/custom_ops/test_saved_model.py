@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from torch_engine.layout import TokenLayout
+from xgr_common.layout import TokenLayout
 
 LAYOUT = TokenLayout(levels=3, codebook_size=8, code_base=16)
 IDS = np.array([101, 205, 309, 412], np.int64)

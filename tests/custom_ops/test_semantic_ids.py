@@ -6,7 +6,7 @@ import tensorflow as tf
 import torch
 from absl.testing import parameterized
 
-from torch_engine.errors import CatalogError, InvalidInputError
+from xgr_common.errors import CatalogError, InvalidInputError
 
 I64 = np.int64
 IDS = np.array([30, 10, 20, -5, 2**62], I64)

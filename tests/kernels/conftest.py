@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 
 @pytest.fixture
@@ -38,7 +38,7 @@ def cu_seqlens_of(lengths: list[int], device) -> torch.Tensor:
 
 def item_segments(lengths: list[int], profile: int, item: int, device) -> torch.Tensor:
     """Packed ``[T]`` int32 segment ids: ``profile`` tokens of segment 0, then items of
-    ``item`` tokens numbered 1, 2, ... (the hybrid-mask layout of ``torch_engine.layout``)."""
+    ``item`` tokens numbered 1, 2, ... (the hybrid-mask layout of ``xgr_common.layout``)."""
     rows = []
     for length in lengths:
         pos = torch.arange(length)

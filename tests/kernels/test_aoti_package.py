@@ -20,7 +20,7 @@ import torch
 from torch_engine import reference
 from torch_engine.aoti_loading import loader_environment
 from torch_engine.kernels import decode_attention, prefill_attention
-from torch_engine.layout import MaskMode
+from xgr_common.layout import MaskMode
 
 HQ, HKV, DIM, WIDTH, SLOTS = 14, 2, 64, 8, 2
 KERNELS = ("_decode_partial_kernel", "_prefill_kernel")

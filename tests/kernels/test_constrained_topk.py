@@ -14,13 +14,13 @@ from torch_engine import beam_search as bs
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
-from torch_engine.errors import ConfigError, InvalidInputError
+from xgr_common.errors import ConfigError, InvalidInputError
 from torch_engine.kernels.constrained_topk import (RESIDENT_KEYS, constrained_topk,
                                                    launch_constrained_topk)
-from torch_engine.layout import TokenLayout
+from xgr_common.layout import TokenLayout
 from torch_engine.model import Model
 from torch_engine.reference.constrained_topk import constrained_topk as reference
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 FP32 = tolerance_for(torch.float32)
 

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from torch_engine import reference
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.kernels import decode_attention, prefill_attention
-from torch_engine.layout import MaskMode
+from xgr_common.layout import MaskMode
 
 _ROOT = Path(__file__).resolve().parents[2]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from torch_engine import reference
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.kernels import decode_attention
 from torch_engine.kernels.decode_attention import (DECODE_TILES, DecodeConfig, _check_inputs,
                                                    decode_attention_counted,

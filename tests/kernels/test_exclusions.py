@@ -13,10 +13,10 @@ import torch
 from tests.sm90_compile import assert_no_spills, compiled_lines
 from torch_engine import beam_search as bs
 from torch_engine.catalog import Catalog
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.kernels.exclusions import (ExclusionTables, excluded_rows,
                                              exhausted_prefixes)
-from torch_engine.layout import TokenLayout
+from xgr_common.layout import TokenLayout
 
 
 

@@ -17,7 +17,7 @@ from torch_engine import inputs
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.inputs import prepare_inputs
 from torch_engine.kernels.input_rules import input_rules
 from torch_engine.model import Model

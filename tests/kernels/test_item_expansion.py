@@ -15,9 +15,9 @@ import torch
 from tests.sm90_compile import assert_no_spills, compiled_lines
 from torch_engine import beam_search as bs
 from torch_engine.catalog import Catalog
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.kernels.item_expansion import MAX_BEAMS, expand_items
-from torch_engine.layout import TokenLayout
+from xgr_common.layout import TokenLayout
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

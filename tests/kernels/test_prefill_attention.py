@@ -8,12 +8,12 @@ import pytest
 import torch
 
 from torch_engine import reference
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.kernels import prefill_attention
 from torch_engine.kernels.prefill_attention import (FP32_TILE, PREFILL_TILES, PrefillConfig,
                                                     _check_inputs, launch_prefill, lpt_chunk,
                                                     prefill_config_for)
-from torch_engine.layout import MaskMode
+from xgr_common.layout import MaskMode
 
 MODES = list(MaskMode)
 # Ragged: a prompt over several 16-token tiles ending mid-tile, a one-token request, a prompt

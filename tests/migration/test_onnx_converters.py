@@ -13,8 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 from bridge.onnx_torch.from_onnx import graph_from_onnx
 from bridge.onnx_torch.module import OnnxGraphModule
 from bridge.onnx_torch.registry import REGISTRY
-from torch_engine.errors import ConversionError
-from torch_engine.tolerances import tolerance_for
+from xgr_common.errors import ConversionError
+from xgr_common.tolerances import tolerance_for
 
 F, I64 = np.float32, np.int64
 rng = np.random.default_rng(0)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bridge.migration.plan import MigrationPlan, StagePlan, load_plan, save_plan
-from torch_engine.errors import MigrationError
+from xgr_common.errors import MigrationError
 
 
 def test_save_then_load_round_trips(tmp_path):

@@ -13,7 +13,7 @@ from bridge.migration.runner import PlanRunner
 from bridge.parity.harness import run_parity
 from bridge.parity.pytest_helper import assert_parity
 from bridge.parity.pytest_plugin import parity  # noqa: F401  (the fixture, as users enable it)
-from torch_engine.errors import MigrationError, ParityError
+from xgr_common.errors import MigrationError, ParityError
 
 TWINS = "bridge.migration.keras_twins"
 

@@ -11,7 +11,7 @@ import toy_models
 
 from bridge.onnx_torch.support_table import render
 from bridge.parity.data import load_batches, save_npz
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 
 ROOT = Path(__file__).resolve().parents[2]
 

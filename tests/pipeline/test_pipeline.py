@@ -8,9 +8,9 @@ import tensorflow as tf
 
 from bridge.pipeline import BusinessRules, PostProcessor, RecommendPipeline
 from tf_frontend.feature_graph import features_from_world
-from torch_engine.errors import ConfigError, InvalidInputError
-from torch_engine.layout import MaskMode
-from torch_engine.tolerances import tolerance_for
+from xgr_common.errors import ConfigError, InvalidInputError
+from xgr_common.layout import MaskMode
+from xgr_common.tolerances import tolerance_for
 
 BEAM, TOP_K = 32, 24
 

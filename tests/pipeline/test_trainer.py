@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from tests.child_env import child_env
-from torch_engine.errors import ConfigError, InvalidInputError
-from torch_engine.layout import MaskMode
+from xgr_common.errors import ConfigError, InvalidInputError
+from xgr_common.layout import MaskMode
 from torch_engine.model import Model
-from torch_engine.prompt_spec import PromptSpec
-from torch_engine.tolerances import tolerance_for
+from xgr_common.prompt_spec import PromptSpec
+from xgr_common.tolerances import tolerance_for
 from torch_engine.train import (ProfileTower, TrainConfig, TrainingExamples, code_loss,
                                 teacher_forced_batch)
 
@@ -130,7 +130,7 @@ def test_cached_fit_reloads_identical_weights(quick_model):
 _TWO_FITS = """
 import torch
 from torch_engine.model import Model
-from torch_engine.prompt_spec import PromptSpec
+from xgr_common.prompt_spec import PromptSpec
 from torch_engine.train import ProfileTower, TrainConfig, TrainingExamples, fit
 
 spec = PromptSpec()

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from torch_engine.errors import CapacityError, ConfigError, InvalidInputError
+from xgr_common.errors import CapacityError, ConfigError, InvalidInputError
 from tf_frontend.serving.batch_merge import UnsplittableOutput, merge_inputs, split_outputs
 from tf_frontend.serving.batching import BatchScheduler
 from tf_frontend.serving.config import BatchingConfig, parse_batching_parameters

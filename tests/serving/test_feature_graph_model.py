@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from tf_frontend.serving.config import BatchingConfig
 from tests.serving.helpers import columnar, grpc_predict, http, start_server
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 custom_ops = pytest.importorskip("custom_ops")
 
@@ -27,7 +27,7 @@ def world():
 def feature_model(world, tmp_path_factory):
     from tf_frontend.feature_graph import FeatureGraph
     from tf_frontend.saved_model import export_feature_graph
-    from torch_engine.prompt_spec import PromptSpec
+    from xgr_common.prompt_spec import PromptSpec
 
     base = tmp_path_factory.mktemp("feature_graph") / "features"
     graph = FeatureGraph(PromptSpec(), world.item_ids, world.item_codes, seed=1)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from tf_frontend.serving.json_codec import decode_request, encode_response, to_array
 from tf_frontend.serving.signature import RaggedGroup, SignatureInfo, TensorInfo
 

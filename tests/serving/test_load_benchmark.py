@@ -18,7 +18,7 @@ pytest.importorskip("custom_ops")
 def test_load_benchmark_small_run(tmp_path):
     from tf_frontend.feature_graph import FeatureGraph
     from tf_frontend.saved_model import export_feature_graph
-    from torch_engine.prompt_spec import PromptSpec
+    from xgr_common.prompt_spec import PromptSpec
     from torch_engine.synthetic import WorldConfig, make_world
 
     world = make_world(WorldConfig(num_items=300, num_users=40))  # the benchmark's world

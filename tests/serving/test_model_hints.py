@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from torch_engine.errors import ExportError, InvalidInputError
+from xgr_common.errors import ExportError, InvalidInputError
 from tf_frontend.serving.servable import ServableVersion
 from tests.serving.helpers import random_request
 

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from torch_engine.layout import TokenLayout
-from torch_engine.prompt_spec import PromptSpec
+from xgr_common.layout import TokenLayout
+from xgr_common.prompt_spec import PromptSpec
 from torch_engine.synthetic import WorldConfig, make_world
 
 # A short window and keep_last so that the window filter and the truncation both have work.

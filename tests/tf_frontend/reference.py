@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from torch_engine.layout import PAD_SEGMENT
+from xgr_common.layout import PAD_SEGMENT
 
 
 def clean_row(items, times, request_time, window_seconds, keep_last):

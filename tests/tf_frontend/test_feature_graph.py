@@ -7,9 +7,9 @@ import tensorflow as tf
 from tests.tf_frontend.conftest import SPEC
 from tests.tf_frontend.reference import profile_embeds, reference_outputs
 from tf_frontend.feature_graph import INPUTS, OUTPUTS, STAGES, FeatureGraph, features_from_world
-from torch_engine.errors import ConfigError, InvalidInputError
-from torch_engine.prompt_spec import PromptSpec
-from torch_engine.tolerances import tolerance_for
+from xgr_common.errors import ConfigError, InvalidInputError
+from xgr_common.prompt_spec import PromptSpec
+from xgr_common.tolerances import tolerance_for
 
 DAY = 86400
 ID_OUTPUTS = ("token_ids", "segment_ids", "lengths", "history_values", "history_splits",

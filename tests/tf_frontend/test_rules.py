@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 
 from tf_frontend.rules import BusinessRules, PostProcessor, engine_feeds, history_exclusion
-from torch_engine.errors import ConfigError
+from xgr_common.errors import ConfigError
 
 IDS = tf.constant([[5, 7, -1, 9], [3, 4, 6, 8]], tf.int64)
 SCORES = tf.constant([[-1.0, -2.0, -np.inf, -3.0], [-1.0, -1.5, -2.0, -2.5]])

@@ -14,7 +14,7 @@ from tests.child_env import child_env
 from tf_frontend.feature_graph import INPUTS, OUTPUTS, features_from_world
 from tf_frontend.saved_model import (SIGNATURE, export_feature_graph, load_saved_model,
                                      op_library_of, serving_function)
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ def test_missing_op_library_gives_a_clear_error(exported):
     result = _run(f"""
         import sys
         from tf_frontend.saved_model import load_saved_model
-        from torch_engine.errors import OpLibraryError
+        from xgr_common.errors import OpLibraryError
         assert 'custom_ops' not in sys.modules
         try:
             load_saved_model({str(exported[0])!r})

@@ -41,7 +41,7 @@ class ToyRecommender(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        from torch_engine.layout import TokenLayout
+        from xgr_common.layout import TokenLayout
         from torch_engine.synthetic import make_world
 
         torch.manual_seed(1)
@@ -128,7 +128,7 @@ class UsesPythonOp(torch.nn.Module):
 
 def _refusal(torch_package, out: Path) -> str:
     """The message package_aoti refuses a Python-only custom op with (before compiling)."""
-    from torch_engine.errors import ExportError
+    from xgr_common.errors import ExportError
 
     program = torch_package.export_program(UsesPythonOp(), (torch.randn(4),))
     try:

@@ -26,7 +26,7 @@ ITEMS, USERS, EVENTS, KEEP, BEAMS, TOP_K, SEED = 2000, 8, 60, 40, 32, 24, 0
 def prompts(world, spec, users: np.ndarray) -> tuple[torch.Tensor, ...]:
     """token_ids int32 [B, L], lengths int32 [B], segment_ids int32 [B, L], profile_embeds
     float32 [B, S, hidden] (zeros), exclude_items int64 [B, KEEP]: each user's last KEEP
-    history items in the prompt layout of ``torch_engine.prompt_spec``."""
+    history items in the prompt layout of ``xgr_common.prompt_spec``."""
     layout = spec.layout
     row_of = {int(item): row for row, item in enumerate(world.item_ids)}
     tokens, segments, exclude = [], [], []
@@ -57,7 +57,7 @@ def export(out: Path, device: str, attention: str) -> None:
     from torch_engine.config import EngineConfig
     from torch_engine.engine import Engine
     from torch_engine.model import Model
-    from torch_engine.prompt_spec import PromptSpec
+    from xgr_common.prompt_spec import PromptSpec
     from torch_engine.synthetic import WorldConfig, make_world
 
     out.mkdir(parents=True, exist_ok=True)

@@ -21,9 +21,9 @@ from tf_frontend.feature_graph import FeatureGraph, features_from_world
 from torch_engine.catalog import Catalog
 from torch_engine.engine import Engine
 from torch_engine.model import Model
-from torch_engine.prompt_spec import PromptSpec
+from xgr_common.prompt_spec import PromptSpec
 from torch_engine.synthetic import WorldConfig, make_world
-from torch_engine.tolerances import TOLERANCES
+from xgr_common.tolerances import TOLERANCES
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]

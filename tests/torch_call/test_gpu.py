@@ -15,7 +15,7 @@ import tensorflow as tf
 import torch
 
 from custom_ops.torch_call import torch_call
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 pytestmark = pytest.mark.gpu
 OUT = [tf.float32, tf.int64]

@@ -10,8 +10,8 @@ import tensorflow as tf
 import torch
 
 from custom_ops.torch_call import torch_call
-from torch_engine.errors import InvalidInputError
-from torch_engine.tolerances import TOLERANCES
+from xgr_common.errors import InvalidInputError
+from xgr_common.tolerances import TOLERANCES
 
 FLOAT = TOLERANCES["float32"]
 

@@ -17,8 +17,8 @@ from tests.child_env import child_env
 from tf_frontend.export import OUTPUTS, SIGNATURE, PipelineConfig, PythonPipeline, export_pipeline
 from tf_frontend.rules import PostProcessor
 from tf_frontend.feature_graph import INPUTS, FeatureGraph, features_from_world
-from torch_engine.errors import ExportError
-from torch_engine.prompt_spec import PromptSpec
+from xgr_common.errors import ExportError
+from xgr_common.prompt_spec import PromptSpec
 from torch_engine.synthetic import make_world
 
 HERE = Path(__file__).resolve().parent

@@ -13,7 +13,7 @@ import torch
 
 from bridge.torch_layer import TorchLayer, torch_function
 from tests.child_env import child_env
-from torch_engine.errors import BridgeError
+from xgr_common.errors import BridgeError
 
 
 def _scale_and_count(x, ids):

@@ -12,12 +12,12 @@ from torch_engine.capacity import check_request, estimate_request
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
-from torch_engine.errors import CapacityError
+from xgr_common.errors import CapacityError
 from torch_engine.inputs import check_inputs
 from torch_engine.kv_cache import BeamKV
-from torch_engine.layout import TokenLayout
+from xgr_common.layout import TokenLayout
 from torch_engine.model import Model
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 FP32 = tolerance_for(torch.float32)
 LAYOUT = TokenLayout()

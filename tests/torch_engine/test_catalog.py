@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from torch_engine.catalog import Catalog
-from torch_engine.errors import CatalogError
-from torch_engine.layout import TokenLayout
+from xgr_common.errors import CatalogError
+from xgr_common.layout import TokenLayout
 
 LAYOUT = TokenLayout(levels=3, codebook_size=8)
 

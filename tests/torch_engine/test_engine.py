@@ -8,13 +8,13 @@ from tests.torch_engine.engine_worlds import prompts, small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.inputs import (RequestBatch, apply_rules, check_arguments, check_inputs,
                                  verdict_of)
-from torch_engine.layout import MaskMode, TokenLayout
+from xgr_common.layout import MaskMode, TokenLayout
 from torch_engine.model import Model
 from torch_engine.padded_inputs import PaddedInputs, bucket_of, search_padded
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 FP32 = tolerance_for(torch.float32)
 LAYOUT = TokenLayout()

@@ -9,7 +9,7 @@ from tests.torch_engine.engine_worlds import prompts, small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.inputs import check_inputs
 from torch_engine.model import Model
 
@@ -196,7 +196,7 @@ def test_real_cuda_out_of_memory_fails_one_batch_and_the_next_runs_normally(monk
     """A device allocation that cannot be served inside a batch (eager search) raises
     CapacityError; memory is released and the next batch returns the same items."""
     from torch_engine import beam_search
-    from torch_engine.errors import CapacityError
+    from xgr_common.errors import CapacityError
     ids, codes = small_world(seed=9, n=3000, used_codes=12)
     engine = Engine(Model.from_preset("tiny", seed=11, device="cuda"),
                     Catalog.from_arrays(ids, codes), EngineConfig(cuda_graphs=False))

@@ -12,7 +12,7 @@ from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
 from torch_engine.inputs import RequestBatch
 from torch_engine.model import Model
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 FP32 = tolerance_for(torch.float32)
 BEAMS, TOP_K = 8, 10

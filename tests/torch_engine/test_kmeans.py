@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from torch_engine.catalog import Catalog
-from torch_engine.errors import ConfigError, InvalidInputError
+from xgr_common.errors import ConfigError, InvalidInputError
 from torch_engine.kmeans import KMeansConfig, residual_kmeans
-from torch_engine.layout import TokenLayout
+from xgr_common.layout import TokenLayout
 
 
 def planted(seed=0, clusters=6, per_cluster=80, dim=8):

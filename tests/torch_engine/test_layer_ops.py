@@ -8,11 +8,11 @@ import torch.nn.functional as F
 
 from torch_engine import reference
 from torch_engine.config import PRESETS
-from torch_engine.errors import InvalidInputError
+from xgr_common.errors import InvalidInputError
 from torch_engine.kernels import layer_ops
 from torch_engine.layers import apply_rotary, rotary_cos_sin, rotary_inv_freq
 from torch_engine.model import Model
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 FP32 = tolerance_for(torch.float32)
 QWEN3_TINY = PRESETS["tiny"].replace(qk_norm=True, attention_bias=False, head_dim=32)
@@ -218,7 +218,7 @@ def test_engine_layer_kernels_equal_torch_ops_on_cuda(family):
     """Prefill and a decode step of the tiny model on CUDA (float32): the layer kernels give
     the torch ops' hidden states and KV."""
     from torch_engine.kv_cache import BeamKV, PackedPrompt
-    from torch_engine.layout import MaskMode
+    from xgr_common.layout import MaskMode
     model = Model(PRESETS["tiny"] if family == "qwen2" else QWEN3_TINY)
     model.init_weights(5)
     model = model.cuda().eval()

@@ -6,11 +6,11 @@ import torch
 from torch_engine import attention as attn
 from torch_engine import reference
 from torch_engine.config import PRESETS, ModelConfig
-from torch_engine.errors import ConfigError, InvalidInputError
+from xgr_common.errors import ConfigError, InvalidInputError
 from torch_engine.kv_cache import BeamKV, PackedPrompt
-from torch_engine.layout import MaskMode
+from xgr_common.layout import MaskMode
 from torch_engine.model import Model
-from torch_engine.tolerances import tolerance_for
+from xgr_common.tolerances import tolerance_for
 
 FP32 = tolerance_for(torch.float32)
 

@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from torch_engine.errors import CapacityError, InvalidInputError, ServingError, require
+from xgr_common.errors import CapacityError, InvalidInputError, ServingError, require
 from tf_frontend.serving.config import BatchingConfig
 from tf_frontend.serving.validation import PreparedRequest
 

@@ -14,7 +14,7 @@ import threading
 from absl import app, flags
 
 from tf_frontend.serving.config import BatchingConfig, ServerConfig, parse_batching_parameters
-from torch_engine.errors import XgrError
+from xgr_common.errors import XgrError
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_name", "default", "Name of the served model (in URLs and ModelSpec).")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from torch_engine.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require
 
 # Fields of BatchingParameters that change behaviour here. The padding / allowed-size fields of
 # TF Serving exist for fixed-shape accelerators; they are accepted and have no effect here

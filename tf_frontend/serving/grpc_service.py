@@ -17,7 +17,7 @@ import tensorflow as tf
 from tensorflow_serving.apis import (model_service_pb2_grpc, predict_pb2,
                                      prediction_service_pb2_grpc)
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from tf_frontend.serving import status_codes
 from tf_frontend.serving.metadata import metadata_response, status_response
 from tf_frontend.serving.metrics import ServerMetrics

@@ -20,7 +20,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from tf_frontend.serving.signature import SignatureInfo, TensorInfo
 
 

@@ -14,7 +14,7 @@ import logging
 import os
 import threading
 
-from torch_engine.errors import ServingError
+from xgr_common.errors import ServingError
 from tf_frontend.serving.config import ServerConfig
 from tf_frontend.serving.servable import ServableVersion
 from tf_frontend.serving.warmup import run_warmup

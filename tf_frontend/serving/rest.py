@@ -22,7 +22,7 @@ import re
 import time
 from typing import Any
 
-from torch_engine.errors import InvalidInputError, ServingError, require
+from xgr_common.errors import InvalidInputError, ServingError, require
 from tf_frontend.serving import status_codes
 from tf_frontend.serving.json_codec import decode_request, encode_response
 from tf_frontend.serving.metadata import metadata_json, status_json

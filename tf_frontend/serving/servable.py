@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
-from torch_engine.errors import ExportError, InvalidInputError, ServingError
+from xgr_common.errors import ExportError, InvalidInputError, ServingError
 from tf_frontend.serving.batch_merge import UnsplittableOutput, merge_inputs, split_outputs
 from tf_frontend.serving.batching import BatchScheduler, BatchTask, SchedulerClosed
 from tf_frontend.serving.config import BatchingConfig

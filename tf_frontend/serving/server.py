@@ -15,7 +15,7 @@ import threading
 
 import tensorflow as tf
 
-from torch_engine.errors import OpLibraryError
+from xgr_common.errors import OpLibraryError
 from tf_frontend.serving.config import ServerConfig
 from tf_frontend.serving.grpc_service import make_grpc_server
 from tf_frontend.serving.metrics import ServerMetrics

@@ -30,7 +30,7 @@ from typing import Mapping
 
 import tensorflow as tf
 
-from torch_engine.errors import ExportError, require
+from xgr_common.errors import ExportError, require
 
 SERVING_SPEC_FILE = os.path.join("assets.extra", "xgr_serving.json")
 _SPLITS_SUFFIXES = ("_row_splits", "_splits")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from torch_engine.errors import CapacityError, InvalidInputError, ServingError
+from xgr_common.errors import CapacityError, InvalidInputError, ServingError
 from tf_frontend.serving.servable import ModelExecutionError
 
 # Checked in order: the first matching class decides.

@@ -11,7 +11,7 @@ from typing import Mapping
 
 import numpy as np
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from tf_frontend.serving.signature import SignatureInfo, TensorInfo
 
 

@@ -12,7 +12,7 @@ import os
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from torch_engine.errors import ExportError, XgrError
+from xgr_common.errors import ExportError, XgrError
 from tf_frontend.serving.servable import ServableVersion
 
 WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")

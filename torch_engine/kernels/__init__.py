@@ -11,7 +11,7 @@ code it replaces: ``layer_ops`` (a decoder layer's elementwise steps, rotary row
 prefixes) and ``item_expansion`` (final paths to items).
 """
 
-from torch_engine.import_order import check_triton_importable
+from xgr_common.import_order import check_triton_importable
 
 check_triton_importable()
 

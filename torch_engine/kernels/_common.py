@@ -18,7 +18,7 @@ import os
 
 import torch
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 INDEX_DTYPES = (torch.int32, torch.int64)

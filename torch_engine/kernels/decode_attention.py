@@ -28,7 +28,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
 from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
 

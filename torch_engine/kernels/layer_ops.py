@@ -37,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
 
 

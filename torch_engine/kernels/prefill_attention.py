@@ -52,10 +52,10 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from torch_engine.errors import InvalidInputError, require
+from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
 from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
-from torch_engine.layout import MaskMode
+from xgr_common.layout import MaskMode
 
 _OP = "prefill_attention"
 _LOG2E = 1.4426950408889634
@@ -468,7 +468,7 @@ def prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]`` with ``Hq % Hkv == 0``; cu_seqlens: ``[B+1]``
     int32/int64 with ``cu_seqlens[0] == 0``, non-decreasing, ``cu_seqlens[-1] == T``;
     segment_ids: ``[T]`` int32, contiguous and non-decreasing inside each request (the layout of
-    ``torch_engine.layout``; the tile skipping relies on it, values are not read on the host).
+    ``xgr_common.layout``; the tile skipping relies on it, values are not read on the host).
     fp16/bf16/fp32, last axis contiguous, one CUDA device. Returns ``[T, Hq, D]`` in q.dtype.
     """
     mode_value = mode.value if isinstance(mode, MaskMode) else mode

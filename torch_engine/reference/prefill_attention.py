@@ -10,13 +10,13 @@ import math
 
 import torch
 
-from torch_engine.layout import MaskMode
+from xgr_common.layout import MaskMode
 
 
 def request_mask(segment_ids: torch.Tensor, mode: MaskMode) -> torch.Tensor:
     """The ``[L, L]`` boolean mask (True = may attend) of one request; reference only.
 
-    segment_ids: ``[L]`` int, contiguous and non-decreasing (see ``torch_engine.layout``).
+    segment_ids: ``[L]`` int, contiguous and non-decreasing (see ``xgr_common.layout``).
     """
     length = segment_ids.shape[0]
     pos = torch.arange(length, device=segment_ids.device)

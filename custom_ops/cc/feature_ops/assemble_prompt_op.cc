@@ -1,6 +1,6 @@
 // XgrAssemblePrompt: context tokens + per-item code tokens -> the engine's padded prompt.
 //
-// Row layout (torch_engine/prompt_spec.py), with n items kept for the row:
+// Row layout (xgr_common/prompt_spec.py), with n items kept for the row:
 //   BOS PROFILE_START ctx_1..ctx_P            segment 0
 //   ITEM_START c_0..c_{levels-1}              segment k+1 for the k-th kept item (0-based)
 //   ITEM_START                                segment n+1: the item the engine generates

@@ -1,7 +1,7 @@
 // XgrSemanticIdLookup: ragged item ids -> code tokens through the semantic-ID catalog.
 //
 // A known item with code path (c_0, ..., c_{levels-1}) becomes the row of token ids
-// code_base + l * codebook_size + c_l (torch_engine/layout.py). Unknown items are dropped and
+// code_base + l * codebook_size + c_l (xgr_common/layout.py). Unknown items are dropped and
 // counted per row. The Torch twin is custom_ops/torch_twins/semantic_ids.py.
 #include <cstdint>
 #include <limits>

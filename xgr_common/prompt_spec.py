@@ -3,7 +3,7 @@
 Pure Python (no torch): ``tf_frontend`` builds its graph from this spec and the engine's
 trainer builds the matching Torch side from the same spec, so the two can never drift.
 
-A request's prompt (see ``custom_ops`` prompt assembly, ``torch_engine.layout``)::
+A request's prompt (see ``custom_ops`` prompt assembly, ``xgr_common.layout``)::
 
     [S soft vectors] BOS PROFILE_START ctx_1..ctx_P | ITEM_START c0 c1 c2 | ... | ITEM_START
     segment 0 .....................................   segment 1           ...   segment n+1
@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from torch_engine.errors import ConfigError, require
-from torch_engine.layout import TokenLayout
+from xgr_common.errors import ConfigError, require
+from xgr_common.layout import TokenLayout
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from torch_engine.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require
 
 PAD_SEGMENT = -1
 PROFILE_SEGMENT = 0

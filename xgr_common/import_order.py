@@ -13,7 +13,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 
-from torch_engine.errors import XgrError
+from xgr_common.errors import XgrError
 
 
 def preload_triton() -> None:
