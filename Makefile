@@ -9,13 +9,21 @@ PYTEST_ARGS ?=
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
-.PHONY: demo test test-gpu install bench-bridge clean
+.PHONY: demo test test-quick test-gpu install bench-bridge clean
 
 demo: $(VENV)/.built
 	$(VENV)/bin/xgr demo
 
+# The full gate (CI runs this); prints its wall time.
 test: $(VENV)/.built
-	$(PY) -m pytest tests $(PYTEST_ARGS)
+	@start=$$(date +%s); $(PY) -m pytest tests $(PYTEST_ARGS); status=$$?; \
+	echo "make test: $$(( $$(date +%s) - start )) s wall"; exit $$status
+
+# A developer's inner loop: everything but the tests marked heavy (subprocess builds,
+# AOTInductor packages, SavedModel exports, servers); stops at the first failure.
+test-quick: $(VENV)/.built
+	@start=$$(date +%s); $(PY) -m pytest tests -m "not heavy" -x $(PYTEST_ARGS); status=$$?; \
+	echo "make test-quick: $$(( $$(date +%s) - start )) s wall"; exit $$status
 
 # The heavy cases (full shape grids, bf16 kernels, device decode) on a machine with a GPU.
 test-gpu:
