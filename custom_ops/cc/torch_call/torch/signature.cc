@@ -102,6 +102,19 @@ Status Signature::Parse(const std::string& text, Signature* out) {
         return Invalid(where + "expected 'dim NAME MIN MAX' with MIN <= MAX");
       }
       sig.ranges[name] = {lo, hi};
+    } else if (kind == "rule") {
+      ValueRule rule;
+      if (!(words >> rule.name >> rule.argument >> rule.reduction) ||
+          rule.reduction.size() < 2 || rule.reduction.back() != ':') {
+        return Invalid(where + "expected 'rule NAME ARGUMENT REDUCTION: TEXT'");
+      }
+      rule.reduction.pop_back();
+      if (rule.reduction != "any" && rule.reduction != "max") {
+        return Invalid(where + "rule reduction must be 'any' or 'max', got '" +
+                       rule.reduction + "'");
+      }
+      std::getline(words >> std::ws, rule.text);
+      sig.rules.push_back(std::move(rule));
     } else {
       return Invalid(where + "unknown entry '" + kind + "'");
     }
@@ -161,7 +174,12 @@ std::string Signature::Describe() const {
   for (size_t i = 0; i < inputs.size(); ++i) s += (i ? ", " : "") + SpecText(inputs[i]);
   s += ") -> (";
   for (size_t i = 0; i < outputs.size(); ++i) s += (i ? ", " : "") + SpecText(outputs[i]);
-  return s + ") on " + device;
+  s += ") on " + device;
+  if (!rules.empty()) {
+    s += "; value rules:";
+    for (const ValueRule& rule : rules) s += " " + rule.name;
+  }
+  return s;
 }
 
 }  // namespace torch_call

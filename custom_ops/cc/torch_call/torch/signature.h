@@ -8,6 +8,9 @@
 //   in int64 batch len        (dims: a literal size or a symbol shared across tensors)
 //   out float32 batch 300
 //   dim batch 1 4096          (inclusive range of a symbol)
+//   rule token_range token_ids any: token_ids must lie in [0, vocab_size) within each length
+//                             (a value rule of the program's inputs, in the order of its flag
+//                             vector: name, argument, reduction, text; xgr_common.value_rules)
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 
@@ -27,11 +30,20 @@ struct TensorSpec {
   std::vector<std::string> dims;  // "8" or a symbol name
 };
 
+// A value rule the program's inputs obey (recorded, in flag order; the program computes it).
+struct ValueRule {
+  std::string name;
+  std::string argument;
+  std::string reduction;  // "any" or "max"
+  std::string text;
+};
+
 struct Signature {
   std::string device = "cpu";
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   std::map<std::string, std::pair<int64_t, int64_t>> ranges;
+  std::vector<ValueRule> rules;
 
   // Parses the text form; errors name the offending line.
   static Status Parse(const std::string& text, Signature* out);
