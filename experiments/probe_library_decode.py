@@ -1,6 +1,6 @@
 """The decode step's shared stage through library attention kernels, beside the xAttention op.
 
-    python3 benchmarks/probe_library_decode.py --out=benchmarks/results
+    python -m experiments.probe_library_decode --out=experiments/results
 
 The shared stage of one decode step is a dense (unmasked) attention of W x G query rows per
 (request, KV head) over that request's prompt. SDPA's backends can run it when every prompt
@@ -25,19 +25,15 @@ records why.
 
 from __future__ import annotations
 
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
 from absl import app
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import bench_attention as ba  # noqa: E402
-from benchmarks import results_file as rf  # noqa: E402
-from torch_engine.kernels import decode_attention  # noqa: E402
+from benchmarks import bench_attention as ba
+from benchmarks import results_file as rf
+from torch_engine.kernels import decode_attention
 
 FLAGS = ba.FLAGS
 SHAPES = [(name, batch, 256, length) for name in ba.HEADS for batch in (1, 16)

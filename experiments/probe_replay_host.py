@@ -1,6 +1,6 @@
 """Where a replayed batch-1 search spends host time before its graph runs, per model.
 
-    python3 benchmarks/probe_replay_host.py --out=benchmarks/results
+    python -m experiments.probe_replay_host --replay_out=experiments/results
 
 ``bench_engine.py --stages=host`` found the whole call ~25 us over the graph at qwen2-0.5b
 (prompt 1024) but ~260 us at qwen3-1.7b (context 1000), with the replay step (input copies,
@@ -20,25 +20,21 @@ Writes ``replay_host_<date>.json``.
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 
 import torch
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import engine_analysis as ea  # noqa: E402
-from benchmarks import results_file as rf  # noqa: E402
-from benchmarks.bench_engine import (BEAM, TOP_K, engine_for, make_catalog,  # noqa: E402
+from benchmarks import engine_analysis as ea
+from benchmarks import results_file as rf
+from benchmarks.bench_engine import (BEAM, TOP_K, engine_for, make_catalog,
                                      prompts, random_model)
-from torch_engine.inputs import check_arguments  # noqa: E402
-from torch_engine.padded_inputs import PaddedInputs  # noqa: E402
+from torch_engine.inputs import check_arguments
+from torch_engine.padded_inputs import PaddedInputs
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("replay_out", "benchmarks/results", "folder for replay_host_<date>.json")
+flags.DEFINE_string("replay_out", "experiments/results", "folder for replay_host_<date>.json")
 flags.DEFINE_integer("calls", 200, "timed calls per step")
 
 

@@ -1,6 +1,6 @@
 """The least a qwen3-1.7b search could take here with every lever the engine notes name.
 
-    python3 benchmarks/probe_search_bound.py --bound_out=benchmarks/results
+    python -m experiments.probe_search_bound --bound_out=experiments/results
 
 ``bench_engine.py --stages=floor`` shows a search's matrix products alone at the board's
 sustained power. This probe adds only the work a search cannot drop, each step in the fastest
@@ -23,25 +23,21 @@ the products alone and the case's target. Writes ``search_bound_<date>.json``.
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import torch
 import torch.nn.functional as F
 import triton
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import engine_analysis as ea  # noqa: E402
-from benchmarks import results_file as rf  # noqa: E402
-from torch_engine.config import preset  # noqa: E402
-from torch_engine.kernels import layer_ops  # noqa: E402
-from torch_engine.kernels.decode_attention import decode_attention  # noqa: E402
-from torch_engine.padded_inputs import bucket_size  # noqa: E402
+from benchmarks import engine_analysis as ea
+from benchmarks import results_file as rf
+from torch_engine.config import preset
+from torch_engine.kernels import layer_ops
+from torch_engine.kernels.decode_attention import decode_attention
+from torch_engine.padded_inputs import bucket_size
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("bound_out", "benchmarks/results", "folder for search_bound_<date>.json")
+flags.DEFINE_string("bound_out", "experiments/results", "folder for search_bound_<date>.json")
 flags.DEFINE_string("preset", "qwen3-1.7b", "model shapes")
 flags.DEFINE_list("cases", ["8:1000:60", "1:5000:35", "1:1000:10"],
                   "batch:prompt tokens:target ms per case")

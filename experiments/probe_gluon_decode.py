@@ -3,12 +3,12 @@ score product of key tile j issued together with the P V product of tile j - 1, 
 softmax runs while P V does (asynchronous warpgroup products), against the xAttention op's
 shared stage.
 
-    python3 benchmarks/probe_gluon_decode.py --out=benchmarks/results      # on a Hopper GPU
-    python3 benchmarks/probe_gluon_decode.py --compile_only                # sm_90 compile, no GPU
+    python -m experiments.probe_gluon_decode --out=experiments/results     # on a Hopper GPU
+    python -m experiments.probe_gluon_decode --compile_only                # sm_90 compile, no GPU
 
 ``triton.language``'s ``tl.dot`` waits for each product before the next instruction, so the
 xAttention kernel's softmax never runs beside a product of the same program
-(``notes/attention.md`` v8, v13). Gluon exposes ``warpgroup_mma(..., is_async=True)`` and
+(``docs/notes/attention.md`` v8, v13). Gluon exposes ``warpgroup_mma(..., is_async=True)`` and
 ``warpgroup_mma_wait(num_outstanding)``, so one warpgroup can keep the tensor cores busy with
 the next tile's scores and the last tile's P V while it computes the current softmax (the
 intra-warpgroup overlap of FlashAttention-3). This probe asks whether that pays at the decode
@@ -23,8 +23,6 @@ run under ``TRITON_INTERPRET``.
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import torch
 import triton
@@ -36,11 +34,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import bench_attention as ba  # noqa: E402 - also defines --out
-from benchmarks import results_file as rf  # noqa: E402
-from torch_engine import reference  # noqa: E402
+from benchmarks import bench_attention as ba
+from benchmarks import results_file as rf
+from torch_engine import reference
 
 FLAGS = flags.FLAGS
 flags.DEFINE_bool("compile_only", False, "compile the variants for sm_90 and print their "

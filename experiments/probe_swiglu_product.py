@@ -1,12 +1,12 @@
 """Whether a gate/up product with SwiGLU in its epilogue beats the library product + ``silu_mul``.
 
-    python3 benchmarks/probe_swiglu_product.py --swiglu_out=benchmarks/results
+    python -m experiments.probe_swiglu_product --swiglu_out=experiments/results
 
 At prefill rows the MLP's elementwise step is large: ``silu_mul`` reads the ``[M, 2 I]`` gate/up
 product and writes ``[M, I]`` (qwen3-1.7b at 8192 rows: ~335 MB, ~0.1 ms a layer, ~4 ms of a
 batch-8 search). A product that applies the row scale and SwiGLU to its two float32
 accumulators before it stores never writes the gate/up product at all. Triton 3.6's products
-from pointer loads lost to cuBLAS by more than the launch they saved (``notes/engine.md``,
+from pointer loads lost to cuBLAS by more than the launch they saved (``docs/notes/engine.md``,
 "products with their epilogues"); this probe times a persistent product with whole tiles loaded
 through TMA descriptors instead.
 
@@ -23,24 +23,20 @@ Every variant is checked against float64 first. Writes ``swiglu_product_<date>.j
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import sys
 
 import torch
 import triton
 import triton.language as tl
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import engine_analysis as ea  # noqa: E402
-from benchmarks import results_file as rf  # noqa: E402
-from torch_engine import reference as torch_reference  # noqa: E402
-from torch_engine.kernels import layer_ops  # noqa: E402
+from benchmarks import engine_analysis as ea
+from benchmarks import results_file as rf
+from torch_engine import reference as torch_reference
+from torch_engine.kernels import layer_ops
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("swiglu_out", "benchmarks/results", "folder for swiglu_product_<date>.json")
+flags.DEFINE_string("swiglu_out", "experiments/results", "folder for swiglu_product_<date>.json")
 flags.DEFINE_list("rows", ["256", "1024", "2048", "5120", "8192"], "product rows")
 flags.DEFINE_list("models", ["qwen2-0.5b", "qwen3-1.7b"], "hidden / intermediate sizes")
 flags.DEFINE_integer("layers", 8, "distinct weight sets per replay")

@@ -1,6 +1,9 @@
-"""The Gluon decode probe (``benchmarks/probe_gluon_decode.py``) compiles for sm_90 here, with no
-GPU, and keeps its registers: the kernel that ``notes/attention.md`` v14 timed stays buildable.
-Its numbers need a Hopper GPU; Gluon kernels do not run under Triton's interpreter."""
+"""The Gluon decode probe (``experiments/probe_gluon_decode.py``) compiles for sm_90 here, with
+no GPU, and keeps its registers: the kernel that ``docs/notes/attention.md`` v14 timed stays
+buildable. Its numbers need a Hopper GPU; Gluon kernels do not run under Triton's interpreter.
+
+Not part of ``make test`` (which collects ``tests/`` only): ``python -m pytest experiments/tests``.
+"""
 
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ def test_gluon_probe_compiles_for_sm90_without_spills():
         pytest.skip("a GPU is here: run the probe itself")
     env = child_env(TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     done = subprocess.run(
-        [sys.executable, "benchmarks/probe_gluon_decode.py", "--compile_only",
+        [sys.executable, "-m", "experiments.probe_gluon_decode", "--compile_only",
          "--variants=overlap_s3_n64,plain_s3_n64"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
     if "No module named 'triton.backends.nvidia" in done.stderr:
@@ -38,7 +41,7 @@ def test_gluon_probe_compiles_for_sm90_without_spills():
 def test_gluon_probe_refuses_an_unknown_variant():
     env = child_env(TRITON_INTERPRET="0")
     done = subprocess.run(
-        [sys.executable, "benchmarks/probe_gluon_decode.py", "--compile_only",
+        [sys.executable, "-m", "experiments.probe_gluon_decode", "--compile_only",
          "--variants=overlap_s9_n64"],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
     assert done.returncode != 0

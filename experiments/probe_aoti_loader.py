@@ -24,8 +24,8 @@ every step, and stops starting new steps at ``--deadline`` seconds, so a call cu
 limit still returns what was learnt. Run it without a pipe (``| tail`` dies with the command and
 takes the output with it).
 
-    python3 benchmarks/probe_aoti_loader.py --out=$OUT
-    python3 benchmarks/probe_aoti_loader.py --device=cpu     # rehearsal of the script on a CPU
+    python -m experiments.probe_aoti_loader --out=$OUT
+    python -m experiments.probe_aoti_loader --device=cpu     # rehearsal of the script on a CPU
 """
 
 from __future__ import annotations
@@ -41,11 +41,10 @@ from pathlib import Path
 
 from absl import app, flags
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from benchmarks import results_file as rf
+from torch_engine.aoti_loading import loader_environment
 
-from torch_engine.aoti_loading import loader_environment  # noqa: E402
-
+ROOT = rf.ROOT
 CHILD = ROOT / "tests" / "torch_call" / "engine_package_child.py"
 
 flags.DEFINE_string("out", "/tmp/probe_aoti", "folder for probe_aoti_loader.json")
@@ -161,7 +160,7 @@ def main(argv: list[str]) -> int:
     started = time.monotonic()
 
     def save() -> None:
-        (out / "probe_aoti_loader.json").write_text(json.dumps(report, indent=1))
+        rf.write_json(out / "probe_aoti_loader.json", report)
 
     def time_left() -> float:
         return FLAGS.deadline - (time.monotonic() - started)

@@ -1,7 +1,7 @@
 """Plain causal prefill attention: the engine's Triton kernel against the library kernels it
 could hand causal prompts to, on the packed layout the engine holds.
 
-    python3 benchmarks/probe_causal_prefill.py --out=benchmarks/results
+    python -m experiments.probe_causal_prefill --out=experiments/results
 
 For causal prompts (no segment ids) the engine's prefill could call a library kernel instead
 of its own segmented-mask kernel. This probe times, at the heads of qwen2-0.5b and qwen3-1.7b
@@ -23,24 +23,20 @@ the float32 SDPA result. Writes ``causal_prefill_<date>.json``.
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 
 import torch
 import torch.nn.functional as F
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import engine_analysis as ea  # noqa: E402
-from benchmarks import results_file as rf  # noqa: E402
-from torch_engine.config import preset  # noqa: E402
-from torch_engine.kernels.prefill_attention import prefill_attention  # noqa: E402
-from xgr_common.layout import MaskMode  # noqa: E402
+from benchmarks import engine_analysis as ea
+from benchmarks import results_file as rf
+from torch_engine.config import preset
+from torch_engine.kernels.prefill_attention import prefill_attention
+from xgr_common.layout import MaskMode
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("out", "benchmarks/results", "folder for causal_prefill_<date>.json")
+flags.DEFINE_string("out", "experiments/results", "folder for causal_prefill_<date>.json")
 SHAPES = ((1, 1000), (1, 5000), (8, 1024))
 REPEAT = 10
 

@@ -1,9 +1,9 @@
 """What programmatic dependent launch saves between the kernels of a captured graph.
 
-    python3 benchmarks/probe_dependent_launch.py --launch_out=benchmarks/results
+    python -m experiments.probe_dependent_launch --launch_out=experiments/results
 
 A search replays ~800 graph nodes at batch 1, most of them short, and the graph spends ~0.45 ms
-between them (``notes/engine.md``). A kernel launched with programmatic dependent launch (PDL,
+between them (``docs/notes/engine.md``). A kernel launched with programmatic dependent launch (PDL,
 sm_90+) may be scheduled before its predecessor has finished; its ``griddepcontrol.wait`` (first
 statement) then holds its threads until the predecessor's writes are visible, so only the
 launch latency overlaps, never the work. This probe measures that saving on the device, in
@@ -23,22 +23,18 @@ scheduled while this kernel still runs). Writes ``dependent_launch_<date>.json``
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import sys
 
 import torch
 import triton
 import triton.language as tl
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import engine_analysis as ea  # noqa: E402
-from benchmarks import results_file as rf  # noqa: E402
+from benchmarks import engine_analysis as ea
+from benchmarks import results_file as rf
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("launch_out", "benchmarks/results", "folder for dependent_launch_<date>.json")
+flags.DEFINE_string("launch_out", "experiments/results", "folder for dependent_launch_<date>.json")
 
 ROWS, HIDDEN, INTER = 256, 896, 4864
 
