@@ -250,7 +250,7 @@ def main(argv):
         # The Python column loads the CUDA package in this process, which must start with the
         # compiler's libstdc++ preloaded (torch_engine.aoti_loading): start again with it.
         os.execve(sys.executable, [sys.executable, "-m", MODULE, *sys.argv[1:]],
-                  aoti_loading.loader_environment())
+                  aoti_loading.loader_environment(_child_env()))
     torch.set_num_threads(1)
     module = _mlp()
     with tempfile.TemporaryDirectory(prefix="bench_torchcall_") as tmp_name:
