@@ -45,7 +45,7 @@ $(VENV)/.built: $(VENV)/.deps setup.py $(OP_SOURCES) custom_ops/_build.py
 	touch $@
 
 bench-bridge: $(VENV)/.built
-	$(PY) benchmarks/bench_bridge.py
+	$(PY) -m benchmarks.bench_bridge
 
 clean:
 	rm -rf build $(VENV) custom_ops/_*.so *.egg-info

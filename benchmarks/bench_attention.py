@@ -1,6 +1,6 @@
 """Attention kernels on one GPU: Triton xAttention decode and segmented-mask prefill vs anchors.
 
-    python3 benchmarks/bench_attention.py --out=benchmarks/results [--parts=sweep,decode,prefill]
+    python -m benchmarks.bench_attention --out=benchmarks/results [--parts=sweep,decode,prefill]
 
 Measures in the same run the two ceilings (device copy GB/s, bf16 GEMM TFLOP/s), then
 decode (batch 1/16, W 64/256/512, prompt 1024/4096, qwen2-0.5b and qwen3-1.7b heads) against
@@ -21,26 +21,22 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import datetime
-import json
 import math
 import multiprocessing
-import os
 import statistics
-import sys
 
 import torch
 import triton
 from absl import app, flags
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from torch_engine import reference  # noqa: E402
-from torch_engine.kernels import decode_attention, prefill_attention  # noqa: E402
-from torch_engine.kernels.decode_attention import (DecodeConfig, decode_config_for,  # noqa: E402
+from benchmarks import results_file as rf
+from torch_engine import reference
+from torch_engine.kernels import decode_attention, prefill_attention
+from torch_engine.kernels.decode_attention import (DecodeConfig, decode_config_for,
                                                    launch_decode)
-from torch_engine.kernels.prefill_attention import PrefillConfig, launch_prefill  # noqa: E402
-from xgr_common.layout import MaskMode  # noqa: E402
+from torch_engine.kernels.prefill_attention import PrefillConfig, launch_prefill
+from xgr_common.layout import MaskMode
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for attention_<date>.json")
@@ -551,15 +547,13 @@ def main(argv) -> None:
               "over >= 3x L2 per pass, per call",
               "decode": [], "prefill": [], "sweep": [], "splits": []}
     report["ceilings"] = ceilings()
-    os.makedirs(FLAGS.out, exist_ok=True)
-    path = os.path.join(FLAGS.out, f"attention_{report['date'][:16].replace(':', '')}.json")
+    path = rf.result_path(FLAGS.out, "attention", stamp=report["date"][:16].replace(":", ""))
     steps = {"sweep": (sweep_part, report["sweep"]), "decode": (decode_part, report["decode"]),
              "splits": (splits_part, report["splits"]),
              "prefill": (prefill_part, report["prefill"])}
     for run, into in (steps[part] for part in FLAGS.parts):
         run(into)
-        with open(path, "w") as handle:  # after every part, so a cut-short run keeps its data
-            json.dump(report, handle, indent=1)
+        rf.write_json(path, report)  # after every part, so a cut-short run keeps its data
     print_tables(report)
     print(f"\nwrote {path}")
 

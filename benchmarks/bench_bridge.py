@@ -11,30 +11,26 @@ Each timing is the median over many repeats (fewer for the copying routes at 400
 table and writes ``benchmarks/results/bridge_<date>.json``. Target: a bridge hand-off at most
 20 us and flat in size (400 MB over 4 KB at most 1.5x).
 
-    python benchmarks/bench_bridge.py [--repeats=2000] [--output_dir=benchmarks/results]
+    python -m benchmarks.bench_bridge [--repeats=2000] [--output_dir=benchmarks/results]
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+import numpy as np
+import tensorflow as tf
+import torch
+from absl import app, flags
+from tqdm import tqdm
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import torch  # noqa: E402
-from absl import app, flags  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-from bridge.dlpack import tf_data_pointer, to_tf, to_torch  # noqa: E402
+from benchmarks import results_file as rf
+from bridge.dlpack import tf_data_pointer, to_tf, to_torch
 
 FLAGS = flags.DEFINE_integer("repeats", 2000, "timed repeats per zero-copy case")
 COPY_BYTES = flags.DEFINE_integer("copy_repeat_bytes", 2_000_000_000,
@@ -127,11 +123,7 @@ def main(argv: list[str]) -> None:
               "environment": environment(), "dtype": "float32",
               "sizes_bytes": SIZES, "repeats": FLAGS.value, "statistic": "median",
               "unit": "us", "medians_us": medians, **summary}
-    out_dir = Path(OUTPUT_DIR.value)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    path = out_dir / f"bridge_{now:%Y-%m-%d}.json"
-    path.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {path}")
+    print(f"wrote {rf.write_result(OUTPUT_DIR.value, 'bridge', result, indent=2)}")
 
 
 if __name__ == "__main__":

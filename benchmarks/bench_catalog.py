@@ -1,6 +1,6 @@
 """Catalog construction at scale: build time, peak memory and table size on this machine's CPU.
 
-    python3 benchmarks/bench_catalog.py --items=10000000 --out=benchmarks/results
+    python -m benchmarks.bench_catalog --items=10000000 --out=benchmarks/results
 
 Items get code paths with collisions (``--paths`` distinct paths, several items each), as a
 residual quantiser produces. Each size is built in a fresh subprocess so its peak resident
@@ -19,9 +19,7 @@ import time
 import numpy as np
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import results_file as rf  # noqa: E402
+from benchmarks import results_file as rf
 
 FLAGS = flags.FLAGS
 flags.DEFINE_list("items", ["1000000", "10000000"], "catalog sizes to build")
@@ -58,9 +56,9 @@ def main(argv: list[str]) -> None:
         return
     rows = []
     for items in FLAGS.items:
-        out = subprocess.run([sys.executable, __file__, f"--child={items}",
+        out = subprocess.run([sys.executable, "-m", "benchmarks.bench_catalog", f"--child={items}",
                               f"--paths_per_item={FLAGS.paths_per_item}"],
-                             check=True, capture_output=True, text=True)
+                             check=True, capture_output=True, text=True, cwd=rf.ROOT)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(f"built {items} items in {rows[-1]['build_s']:.1f} s", flush=True)
     result = {"date": rf.utc_now(),

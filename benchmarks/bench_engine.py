@@ -1,6 +1,6 @@
 """End-to-end ``Engine.recommend`` on one GPU: latency, stages, beam widths, throughput, anchors.
 
-    python3 benchmarks/bench_engine.py --out=benchmarks/results --tag=graphs
+    python -m benchmarks.bench_engine --out=benchmarks/results --tag=graphs
 
 Random bf16 weights of a preset (made on the device), 3 levels x 256 codes, a 1M-item catalog
 on 250K random code paths, top_k 300. Stages (``--stages``):
@@ -44,9 +44,7 @@ Writes ``engine_<date>[_<tag>].json`` and prints a table per stage.
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
@@ -54,22 +52,20 @@ import torch
 from absl import app, flags
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import engine_analysis as ea  # noqa: E402
-from benchmarks.engine_anchor import hf_anchor  # noqa: E402
-from benchmarks import results_file as rf  # noqa: E402
-from benchmarks.power_sampler import PowerSampler  # noqa: E402
-from torch_engine import beam_search as bs  # noqa: E402
-from torch_engine.capacity import estimate_request  # noqa: E402
-from torch_engine.catalog import Catalog  # noqa: E402
-from torch_engine.config import EngineConfig, preset  # noqa: E402
-from torch_engine.engine import Engine  # noqa: E402
-from torch_engine.inputs import (check_arguments, check_inputs,  # noqa: E402
+from benchmarks import engine_analysis as ea
+from benchmarks.engine_anchor import hf_anchor
+from benchmarks import results_file as rf
+from benchmarks.power_sampler import PowerSampler
+from torch_engine import beam_search as bs
+from torch_engine.capacity import estimate_request
+from torch_engine.catalog import Catalog
+from torch_engine.config import EngineConfig, preset
+from torch_engine.engine import Engine
+from torch_engine.inputs import (check_arguments, check_inputs,
                                  input_rules_for, prepare_inputs, verdict_of)
-from xgr_common.layout import TokenLayout  # noqa: E402
-from torch_engine.model import Model  # noqa: E402
-from torch_engine.padded_inputs import arguments_of  # noqa: E402
+from xgr_common.layout import TokenLayout
+from torch_engine.model import Model
+from torch_engine.padded_inputs import arguments_of
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for engine_<date>[_<tag>].json")

@@ -14,28 +14,26 @@ launch cost). Rows:
 * ``torch``: ``constrain`` + ``rank`` (``keep_all`` where every prefix fits the beam).
 
 Prints a table and writes ``results/selection_<date>[_<tag>].json``. Needs CUDA.
+
+    python -m benchmarks.bench_selection --out=benchmarks/results [--widths=256,1024]
 """
 
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 
 import torch
 import triton
 from absl import app, flags
 from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks import engine_analysis as ea  # noqa: E402
-from benchmarks import results_file as rf  # noqa: E402
-from torch_engine import beam_search as bs  # noqa: E402
-from torch_engine.catalog import Catalog  # noqa: E402
-from torch_engine.kernels.constrained_topk import (RESIDENT_KEYS,  # noqa: E402
+from benchmarks import engine_analysis as ea
+from benchmarks import results_file as rf
+from torch_engine import beam_search as bs
+from torch_engine.catalog import Catalog
+from torch_engine.kernels.constrained_topk import (RESIDENT_KEYS,
                                                    launch_constrained_topk)
-from xgr_common.layout import TokenLayout  # noqa: E402
+from xgr_common.layout import TokenLayout
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for selection_<date>[_<tag>].json")

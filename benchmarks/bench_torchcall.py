@@ -22,7 +22,7 @@ the prompt hand-off alone: ``[64, 1024]`` int64 tokens TF CPU -> CUDA and ``[64,
 results CUDA -> TF through ``bridge.dlpack``, against a TorchCall round trip of the same sizes.
 Writes ``torchcall_cuda_<date>.json``.
 
-    python benchmarks/bench_torchcall.py [--repeats=300] [--loop=200] [--batches=8,1024]
+    python -m benchmarks.bench_torchcall [--repeats=300] [--loop=200] [--batches=8,1024]
                                          [--device=cuda]
 """
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,18 +38,18 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))  # run from a checkout
+import numpy as np
+import torch
+from absl import app, flags
+from tqdm import tqdm
 
-from tf_frontend import torch_package  # noqa: E402  (first: Triton before TF)
+from benchmarks import results_file as rf
+# tf_frontend imports triton on import, before main() imports tensorflow (both carry LLVM).
+from tf_frontend import torch_package
+from torch_engine import aoti_loading
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-from torch_engine import aoti_loading  # noqa: E402
-from tqdm import tqdm  # noqa: E402
+ROOT = rf.ROOT
+MODULE = "benchmarks.bench_torchcall"
 
 REPEATS = flags.DEFINE_integer("repeats", 300, "timed calls per case (median reported)")
 LOOP = flags.DEFINE_integer("loop", 200, "iterations of the tf.while_loop cases")
@@ -250,7 +249,8 @@ def main(argv):
     if device != "cpu" and not aoti_loading.preloaded():
         # The Python column loads the CUDA package in this process, which must start with the
         # compiler's libstdc++ preloaded (torch_engine.aoti_loading): start again with it.
-        os.execve(sys.executable, [sys.executable, *sys.argv], aoti_loading.loader_environment())
+        os.execve(sys.executable, [sys.executable, "-m", MODULE, *sys.argv[1:]],
+                  aoti_loading.loader_environment(_child_env()))
     torch.set_num_threads(1)
     module = _mlp()
     with tempfile.TemporaryDirectory(prefix="bench_torchcall_") as tmp_name:
@@ -259,8 +259,9 @@ def main(argv):
             package = build_package(tmp / "mlp.pt2", device)
         else:
             # Compiled in a child, so the timed process holds no Inductor compile workers.
-            subprocess.run([sys.executable, __file__, f"--build_only={tmp / 'mlp.pt2'}",
-                            f"--device={device}", f"--cache_dir={CACHE.value}"], check=True)
+            subprocess.run([sys.executable, "-m", MODULE, f"--build_only={tmp / 'mlp.pt2'}",
+                            f"--device={device}", f"--cache_dir={CACHE.value}"], check=True,
+                           cwd=ROOT)
             package = torch_package.Package.from_json(
                 json.loads((tmp / "mlp.pt2.json").read_text()))
         loader, skipped = _python_loader(package.path, device)
@@ -280,18 +281,15 @@ def main(argv):
                                                          for k, v in handoff.items()))
     record = {
         "benchmark": "torchcall", "date": datetime.datetime.now(datetime.UTC).isoformat(),
-        "machine": platform.platform(), "cpus": os.cpu_count(),
+        "cpus": os.cpu_count(),
         "load_average": os.getloadavg(), "tensorflow": tf.__version__,
         "torch": torch.__version__, "model": f"MLP {WIDTH}-{WIDTH}-{OUT} float32",
         "device": device, "gpu": torch.cuda.get_device_name() if device != "cpu" else None,
         "repeats": REPEATS.value, "loop": LOOP.value, "median_us": results,
         "handoff_median_us": handoff, "torch_python_skipped": skipped,
     }
-    kind = "" if device == "cpu" else "cuda_"
-    out = Path(OUTPUT.value) / f"torchcall_{kind}{datetime.date.today().isoformat()}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1))
-    print(f"wrote {out}")
+    prefix = "torchcall" if device == "cpu" else "torchcall_cuda"
+    print(f"wrote {rf.write_result(OUTPUT.value, prefix, record)}")
 
 
 if __name__ == "__main__":

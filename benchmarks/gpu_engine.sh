@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# One GPU call for the engine (issue 5): GPU tests of the engine and the selection kernel, then
-# bench_engine.py. Each stage runs even if an earlier one failed; logs and the JSON go to $OUT.
-#   bash benchmarks/gpu_engine.sh [test timeout s] [bench timeout s] [bench flags...]
+# One GPU call for the engine: GPU tests of the engine and the selection kernel, then
+# benchmarks.bench_engine. Each stage runs even if an earlier one failed; logs and the JSON go
+# to $OUT. The tree there is a copy without .git: pass the commit it was copied from.
+#   XGR_COMMIT=<sha> bash benchmarks/gpu_engine.sh [test timeout s] [bench timeout s] [flags...]
 set +e
 export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/engine_out}
 mkdir -p "$OUT"
 TEST_LIMIT=${1:-150}
@@ -17,6 +19,6 @@ timeout "$TEST_LIMIT" python3 -m pytest -m gpu -q --timeout=120 -p no:cacheprovi
   tests/torch_engine tests/kernels/test_constrained_topk.py 2>&1 | tee "$OUT/tests.log" | tail -30
 echo "tests: rc=${PIPESTATUS[0]} $(( $(date +%s) - start )) s"
 start=$(date +%s)
-timeout "$BENCH_LIMIT" python3 benchmarks/bench_engine.py --out="$OUT" "$@" 2>&1 \
+timeout "$BENCH_LIMIT" python3 -m benchmarks.bench_engine --out="$OUT" "$@" 2>&1 \
   | grep -v "it/s]" | tee "$OUT/bench.log" | tail -80
 echo "bench: rc=${PIPESTATUS[0]} $(( $(date +%s) - start )) s"

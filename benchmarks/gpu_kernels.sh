@@ -2,10 +2,12 @@
 # One device call for the attention kernels: their GPU tests, then benchmark parts.
 #   bash benchmarks/gpu_kernels.sh sweep            # tests + tile variants at the targets
 #   bash benchmarks/gpu_kernels.sh decode,prefill   # tests + the full grid with anchors
-# Further arguments go to bench_attention.py (e.g. --flex_batches= to skip FlexAttention).
-# Logs and the result JSON go to $OUT (default /tmp/attention_out); a summary prints last.
+# Further arguments go to benchmarks.bench_attention (e.g. --flex_batches= to skip
+# FlexAttention). Logs and the result JSON go to $OUT (default /tmp/attention_out); a summary
+# prints last. The tree there is a copy without .git: XGR_COMMIT=<sha> names its commit.
 set +e
 export PYTHONUNBUFFERED=1
+cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/attention_out}
 mkdir -p "$OUT"
 parts=${1:-sweep}
@@ -19,7 +21,7 @@ python3 -m pytest tests/kernels/test_decode_attention.py tests/kernels/test_pref
   >"$OUT/gpu_tests.log" 2>&1
 tests_rc=$?
 tests_s=$(( $(date +%s) - start ))
-python3 benchmarks/bench_attention.py --parts="$parts" --out="$OUT" "$@" >"$OUT/bench.log" 2>&1
+python3 -m benchmarks.bench_attention --parts="$parts" --out="$OUT" "$@" >"$OUT/bench.log" 2>&1
 bench_rc=$?
 echo "== gpu tests: rc=$tests_rc in ${tests_s}s"
 grep -iE "passed|failed|error" "$OUT/gpu_tests.log" | tail -30

@@ -6,9 +6,11 @@
 #      process (TF + custom_ops only) must return exactly the Python pipeline's items;
 #      meanwhile the `gpu` tests of tests/torch_call (CUDA packages, wrong-GPU errors,
 #      concurrency, a small CUDA export);
-#   3. benchmarks/bench_torchcall.py --device=cuda (TorchCall per call, prompt hand-off);
-#   4. benchmarks/load_serving.py against `xgr serve` on that SavedModel (batching, REST + gRPC,
+#   3. benchmarks.bench_torchcall --device=cuda (TorchCall per call, prompt hand-off);
+#   4. benchmarks.load_serving against `xgr serve` on that SavedModel (batching, REST + gRPC,
 #      10% malformed), open-loop rates sized from the closed loop's throughput.
+# The tree there is a copy without .git: XGR_COMMIT=<sha> names the commit every result records
+# (the export's report is stamped with it too).
 # Needs TF importable (PYTHONPATH) and the tensorflow-serving-api wheel in .whl/. Every stage
 # runs whatever the previous one did (set +e); logs and JSON go to $OUT; a summary comes last.
 # The sizes can be shrunk for a rehearsal on a CPU host: DEVICE=cpu PRESET=tiny ITEMS=3000 ...
@@ -99,20 +101,23 @@ if has export; then
     export_with torch $(( EXPORT_LIMIT - spent ))
     note "export (attention torch) rc=$? ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
   fi
-  [ -f "$OUT/export.json" ] && cp "$OUT/export.json" "$WORK/export.json"
+  if [ -f "$OUT/export.json" ]; then
+    $PY -m benchmarks.results_file "$OUT/export.json" > /dev/null
+    cp "$OUT/export.json" "$WORK/export.json"
+  fi
 fi
 wait "$background"
 
 # Timed stages run alone on the machine.
 if has bench; then
-  timeout "$BENCH_LIMIT" $PY benchmarks/bench_torchcall.py --device="$DEVICE" --repeats=100 \
+  timeout "$BENCH_LIMIT" $PY -m benchmarks.bench_torchcall --device="$DEVICE" --repeats=100 \
       --loop=50 --batches=8,1024 --cache_dir="$WORK/cache" --output_dir="$OUT" \
       > "$OUT/bench.log" 2>&1
   note "bench_torchcall rc=$?"   # the benchmark's own status (124: cut by BENCH_LIMIT)
 fi
 
 if has load && [ -d "$WORK/models/recs/1" ]; then
-  timeout "$LOAD_LIMIT" $PY benchmarks/load_serving.py --model_base_path="$WORK/models/recs" \
+  timeout "$LOAD_LIMIT" $PY -m benchmarks.load_serving --model_base_path="$WORK/models/recs" \
       --num_items="$ITEMS" --num_users="$USERS" --history_events="$EVENTS" --seed=0 \
       --users_per_request=1 --clients=8 --requests=600 --max_seconds=12 \
       --rate_fractions=0.25,0.5,0.75,1.0 --rate_seconds=5 --warmup_requests=8 \

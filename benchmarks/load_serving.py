@@ -1,7 +1,7 @@
 """Load test of ``xgr serve`` on loopback: N concurrent clients, a share of malformed requests.
 
     .venv/bin/python examples/export_serve_query.py --workdir=/tmp/recs   # exports recs/1
-    .venv/bin/python benchmarks/load_serving.py --model_base_path=/tmp/recs/models/recs
+    .venv/bin/python -m benchmarks.load_serving --model_base_path=/tmp/recs/models/recs
 
 Starts ``xgr serve`` (batching on) as a child process, precomputes every request's answer by
 calling the SavedModel in this process, then runs ``--clients`` closed-loop clients (REST and
@@ -19,7 +19,6 @@ import concurrent.futures
 import datetime
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -29,6 +28,8 @@ import time
 import numpy as np
 from absl import app, flags
 from tqdm import tqdm
+
+from benchmarks import results_file as rf
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_base_path", None, "Folder of numeric SavedModel versions to serve.")
@@ -349,7 +350,7 @@ def main(argv: list[str]) -> None:
         distinct_answers_in_pool=distinct, pool=len(pool), open_loop=sweep,
         p99_target_ms=FLAGS.p99_target_ms, highest_rate_within_p99_target=max(within, default=None),
         server_exit_code_after_sigterm=exit_code, model=FLAGS.model_label,
-        model_base_path=FLAGS.model_base_path, machine=platform.machine(), cpus=os.cpu_count(),
+        model_base_path=FLAGS.model_base_path, cpus=os.cpu_count(),
         load_average=os.getloadavg()[0], date=datetime.date.today().isoformat())
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     print(f"closed loop, {FLAGS.clients} clients, {FLAGS.malformed_share:.0%} malformed:")
@@ -369,10 +370,7 @@ def main(argv: list[str]) -> None:
         print(f"highest rate with P99 <= {FLAGS.p99_target_ms:g} ms: "
               f"{result['highest_rate_within_p99_target']}")
     print(f"server exit code after SIGTERM: {exit_code}")
-    os.makedirs(FLAGS.out_dir, exist_ok=True)
-    path = os.path.join(FLAGS.out_dir, f"serving_{FLAGS.label}_{result['date']}.json")
-    with open(path, "w") as f:
-        json.dump(result, f, indent=2)
+    path = rf.write_result(FLAGS.out_dir, f"serving_{FLAGS.label}", result, indent=2)
     print(f"wrote {path}")
     for name, run in [("closed loop", result)] + [(f"{s['offered_rps']:g} req/s", s) for s in sweep]:
         require(run["valid_ok"] == run["valid"], ParityError,

@@ -1,4 +1,4 @@
-"""The helpers behind ``bench_engine.py --stages=floor`` and ``probe_search_bound.py``: the
+"""The helpers behind ``bench_engine --stages=floor`` and ``experiments.probe_search_bound``: the
 passes of one search, the chain of its matrix products and its hooks, and the power sampler's
 parsing. CPU only (the stage and the probe time CUDA graphs)."""
 

@@ -25,7 +25,7 @@ def test_load_benchmark_small_run(tmp_path):
     export_feature_graph(FeatureGraph(PromptSpec(), world.item_ids, world.item_codes, seed=2),
                          tmp_path / "features" / "1")
     done = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "benchmarks", "load_serving.py"),
+        [sys.executable, "-m", "benchmarks.load_serving",
          f"--model_base_path={tmp_path / 'features'}", "--requests=80", "--clients=4",
          "--warmup_requests=2", "--malformed_share=0.25", "--rates=20", "--rate_fractions=0.05",
          "--rate_seconds=1",
