@@ -1,8 +1,7 @@
 """Import order between TensorFlow and Triton, which both carry their own copy of LLVM.
 
-Measured with TF 2.21 and triton 3.9: importing ``triton`` after ``tensorflow`` aborts the whole
-process (``LLVM ERROR: inconsistency in registered CommandLine options``); the other order
-works. Every package of ours that imports TensorFlow calls ``preload_triton`` first, and the
+Importing ``triton`` after ``tensorflow`` aborts the whole process (``LLVM ERROR:
+inconsistency in registered CommandLine options``); the other order works. Every package of ours that imports TensorFlow calls ``preload_triton`` first, and the
 Triton kernels call ``check_triton_importable`` so the wrong order gives an error, not an abort.
 
 Imports neither TF nor torch.
