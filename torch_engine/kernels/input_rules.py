@@ -136,7 +136,7 @@ def _input_rules_kernel(tokens_ptr, lengths_ptr, segments_ptr, exclude_ptr, flag
 
 def _warps(block: int, exclude_block: int) -> int:
     """8 warps for 1024-slot blocks: with 4, the padded form's extra live values spill to the
-    stack in an sm_90 compile (72 registers + 8 stack bytes; 58 and none with 8)."""
+    stack in an sm_90 compile; with 8 they fit in registers."""
     return 8 if max(block, exclude_block) >= 1024 else 4
 
 
