@@ -231,8 +231,8 @@ def eager_search(engine, batch, width: int = BEAM):
 def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
                   selection: str | None = None) -> dict:
     """One shape: device time of the replayed search and of prefill alone, host time of the
-    input preparation (``prepare_inputs``) and of the replay call, kernel time per stage,
-    floors."""
+    input preparation (``checked_batch``: the argument checks and the value rules) and of the
+    replay call (``runner.run``), kernel time per stage, floors."""
     tokens, lengths = prompts(batch, prompt, device)
     graphed = engine_for(model, catalog, selection)
     eager = engine_for(model, catalog, selection, cuda_graphs=False, static_shapes=True)
