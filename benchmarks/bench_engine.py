@@ -53,19 +53,19 @@ from absl import app, flags
 from tqdm import tqdm
 
 from benchmarks import engine_analysis as ea
-from benchmarks.engine_anchor import hf_anchor
 from benchmarks import results_file as rf
+from benchmarks.engine_anchor import hf_anchor
 from benchmarks.power_sampler import PowerSampler
 from torch_engine import beam_search as bs
+from torch_engine import search as search_fns
 from torch_engine.capacity import estimate_request
 from torch_engine.catalog import Catalog
+from torch_engine.checks import check_arguments
 from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
-from torch_engine.inputs import (check_arguments, check_inputs,
-                                 input_rules_for, prepare_inputs, verdict_of)
-from xgr_common.layout import TokenLayout
 from torch_engine.model import Model
-from torch_engine.padded_inputs import arguments_of
+from torch_engine.runner import rules_for
+from xgr_common.layout import TokenLayout
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", "benchmarks/results", "folder for engine_<date>[_<tag>].json")
@@ -207,28 +207,39 @@ def selection_alone(catalog, batch: int, device) -> dict[str, float]:
             "torch_ms": statistics.median(ea.device_ms(torch_path))}
 
 
-def checked_batch(engine, tokens, lengths):
-    """A sanitised batch for ``engine.search`` (which pads it to its bucket when it replays a
-    whole-search graph); the verdict is not read."""
-    batch, _ = prepare_inputs(engine, tokens, lengths, None, BEAM, TOP_K, None, None)
-    return batch
+def checked_batch(engine, tokens, lengths, width: int = BEAM):
+    """The checked arguments for ``engine.runner.run`` (which pads them to its bucket when it
+    replays a whole-search graph) and the sanitised batch an eager search runs on (the eager
+    path's input preparation); the verdict is not read."""
+    args = check_arguments(engine.limits, tokens, lengths, None, width, TOP_K, None, None)
+    batch, _ = search_fns.sanitise(args.token_ids, args.lengths, None, None, None,
+                                   engine.model.config.vocab_size,
+                                   rules_for(args.token_ids.device))
+    return args, batch.to(engine.device)
+
+
+def eager_search(engine, batch, width: int = BEAM):
+    """The search functions on a sanitised batch, eagerly, with ``engine``'s tables."""
+    return search_fns.search(engine.model, engine.catalog, batch, width, TOP_K,
+                             engine.options, engine.runner.exclusions)
 
 
 def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
                   selection: str | None = None) -> dict:
     """One shape: device time of the replayed search and of prefill alone, host time of the
-    input preparation (``prepare_inputs``) and of the replay call, kernel time per stage,
-    floors."""
+    input preparation (``checked_batch``: the argument checks and the value rules) and of the
+    replay call (``runner.run``), kernel time per stage, floors."""
     tokens, lengths = prompts(batch, prompt, device)
     graphed = engine_for(model, catalog, selection)
     eager = engine_for(model, catalog, selection, cuda_graphs=False, static_shapes=True)
 
-    checked = checked_batch(graphed, tokens, lengths)
+    args, checked = checked_batch(graphed, tokens, lengths)
     with torch.no_grad():
-        search = ea.device_ms(lambda: graphed.search(checked, BEAM, TOP_K))
-        replay_wall = timed(lambda: graphed.search(checked, BEAM, TOP_K), FLAGS.repeats)
+        search = ea.device_ms(lambda: graphed.runner.run(args, BEAM, TOP_K))
+        replay_wall = timed(lambda: graphed.runner.run(args, BEAM, TOP_K), FLAGS.repeats)
         check_wall = timed(lambda: checked_batch(graphed, tokens, lengths), FLAGS.repeats)
-        graph = ea.capture(lambda: eager.prefill(checked))
+        graph = ea.capture(lambda: search_fns.prefill(eager.model, eager.catalog, checked,
+                                                      eager.options, eager.runner.exclusions))
         prefill = statistics.median(ea.device_ms(graph.replay))
     del graph
     stages = ea.stage_breakdown(eager, checked, BEAM, TOP_K)
@@ -238,7 +249,7 @@ def breakdown_row(model, catalog, device, ceil, batch: int, prompt: int,
     floor = ea.floors(model.config, batch, prompt, BEAM, LAYOUT.levels,
                       ceil["matmul_tflops"], ceil["copy_tbps"])
     return {"system": f"breakdown {model.config.architecture} prompt {prompt}, "
-                      f"{graphed.selection} selection", "batch": batch,
+                      f"{graphed.options.selection} selection", "batch": batch,
             "search_graph_ms": total, "prefill_graph_ms": prefill,
             "replay_wall_ms": statistics.median(replay_wall),
             "prepare_inputs_wall_ms": statistics.median(check_wall),
@@ -266,15 +277,15 @@ def stage_sweep(model, catalog, device) -> list[dict]:
         for selection in FLAGS.selections:
             engine = engine_for(model, catalog, selection)
             eager = engine_for(model, catalog, selection, cuda_graphs=False, static_shapes=True)
-            checked = check_inputs(eager, tokens, lengths, None, width, TOP_K, None, None)
+            _, checked = checked_batch(eager, tokens, lengths, width)
             estimate = estimate_request(model.config, 2, 1, FLAGS.prompt, FLAGS.prompt, width,
                                         TOP_K, LAYOUT.levels, LAYOUT.codebook_size, 1,
-                                        eager.backend, eager.selection)
+                                        eager.options.attention, eager.options.selection)
             torch.cuda.synchronize()
             base = torch.cuda.memory_allocated()
             torch.cuda.reset_peak_memory_stats()
             with torch.no_grad():
-                eager.search(checked, width, TOP_K)
+                eager_search(eager, checked, width)
             peak = torch.cuda.max_memory_allocated() - base
             row = time_recommend(engine, tokens, lengths, width,
                                  f"W {width}, {selection} selection", beam=width,
@@ -313,14 +324,14 @@ def stage_selection_ab(small, large, catalog, device) -> list[dict]:
         engines = {name: engine_for(model, catalog, name) for name in ("torch", "triton")}
         for engine in engines.values():
             engine.recommend(tokens, lengths, beam_width=BEAM, top_k=TOP_K)   # capture
-        checked = checked_batch(engines["torch"], tokens, lengths)
+        args, _ = checked_batch(engines["torch"], tokens, lengths)
         graph = {name: [] for name in engines}
         wall = {name: [] for name in engines}
         with torch.no_grad():
             for _ in range(6):
                 for name, engine in engines.items():
                     graph[name] += ea.device_ms(
-                        lambda e=engine: e.search(checked, BEAM, TOP_K), 10)
+                        lambda e=engine: e.runner.run(args, BEAM, TOP_K), 10)
                     wall[name] += timed(lambda e=engine: e.recommend(
                         tokens, lengths, beam_width=BEAM, top_k=TOP_K), 5)
         row = {"system": f"selection A/B, {model.config.architecture} prompt {prompt}",
@@ -359,7 +370,7 @@ def host_steps(engine, tokens, lengths, repeats: int) -> dict[str, float]:
     calls), the whole call's wall time and the device span from its first launch to its last
     result."""
     steps: dict[str, list[float]] = {}
-    graphs = engine.graphs
+    runner = engine.runner
     names = ("event record", "check_arguments", "replay (lookup, copies, fill, launch, clones)",
              "event record 2", "verdict read")
     for _ in range(repeats + 2):
@@ -369,14 +380,15 @@ def host_steps(engine, tokens, lengths, repeats: int) -> dict[str, float]:
         last = torch.cuda.Event(enable_timing=True)
         first.record()
         marks.append(time.perf_counter_ns())
-        args = check_arguments(engine, tokens, lengths, None, BEAM, TOP_K, None, None)
+        args = check_arguments(engine.limits, tokens, lengths, None, BEAM, TOP_K, None, None)
         marks.append(time.perf_counter_ns())
         with torch.no_grad():
-            held = graphs.replay_held(args, BEAM, TOP_K)
+            assert runner.holds(runner.shape(args), BEAM, TOP_K)
+            held = runner.run(args, BEAM, TOP_K)
         marks.append(time.perf_counter_ns())
         last.record()
         marks.append(time.perf_counter_ns())
-        verdict_of(engine, args, held[2]).raise_if_invalid()
+        held[2].raise_if_invalid()
         marks.append(time.perf_counter_ns())
         assert held[0].shape[0] >= tokens.shape[0]
         for name, a, b in zip(names, marks, marks[1:]):
@@ -405,21 +417,21 @@ def stage_host(small, large, catalog, device) -> list[dict]:
         # Another length bucket in the same process: its capture alone, kernels compiled.
         other = prompt - 300
         new_bucket_ms = _first_call_ms(engine, *prompts(1, other, device))
-        checked = checked_batch(engine, tokens, lengths)
+        args, _ = checked_batch(engine, tokens, lengths)
         exclude = torch.full((1, 1), -1, dtype=torch.int64, device=device)
-        rules = input_rules_for(device)
+        rules = rules_for(device)
         cfg = model.config
         with torch.no_grad():
-            graph_ms = statistics.median(ea.device_ms(lambda: engine.search(checked, BEAM,
-                                                                            TOP_K)))
-            search_us = _host_us(lambda: engine.search(checked, BEAM, TOP_K))
+            graph_ms = statistics.median(ea.device_ms(lambda: engine.runner.run(args, BEAM,
+                                                                                TOP_K)))
+            search_us = _host_us(lambda: engine.runner.run(args, BEAM, TOP_K))
         row = {"system": f"host steps {cfg.architecture} prompt {prompt}", "batch": 1,
                "graph_ms": graph_ms, "first_call_ms": first_call_ms,
                "new_bucket_ms": new_bucket_ms, "new_bucket_prompt": other,
                "eager_rules_launch_us": _host_us(lambda: rules(tokens, lengths, None, exclude,
                                                                cfg.vocab_size, 0, True)),
-               "eager_prepare_inputs_us": _host_us(lambda: prepare_inputs(
-                   engine, tokens, lengths, None, BEAM, TOP_K, None, None)),
+               "eager_prepare_inputs_us": _host_us(lambda: checked_batch(
+                   engine, tokens, lengths)),
                "search_host_us": search_us,
                **host_steps(engine, tokens, lengths, FLAGS.repeats * 3)}
         row["wall_minus_graph_us"] = row["wall_us"] - graph_ms * 1e3
@@ -452,13 +464,13 @@ def stage_floor(model_of, catalog, device, ceil) -> list[dict]:
     for which, batch, prompt, target in FLOOR_CASES:
         cfg = model_of(which).config
         graphed = engine_for(model_of(which), catalog)
-        checked = checked_batch(graphed, *prompts(batch, prompt, device))
+        args, _ = checked_batch(graphed, *prompts(batch, prompt, device))
         with torch.no_grad():
-            graphed.search(checked, BEAM, TOP_K)           # the capture, outside the samples
+            graphed.runner.run(args, BEAM, TOP_K)          # the capture, outside the samples
             with PowerSampler() as search_power:
                 search = statistics.median(ea.device_ms(
-                    lambda: graphed.search(checked, BEAM, TOP_K), FLAGS.repeats))
-        bucket = graphed.graphs.bucket(arguments_of(checked))
+                    lambda: graphed.runner.run(args, BEAM, TOP_K), FLAGS.repeats))
+        bucket = graphed.runner.shape(args)
         graphed = None                      # its graphs and buffers go before the products'
         torch.cuda.empty_cache()
         tokens = bucket.rows * (bucket.soft + bucket.width)      # prefill rows, padding included
@@ -487,7 +499,7 @@ def stage_kernels(model_of, catalog, device, ceil) -> list[dict]:
         name = model.config.architecture
         tokens, lengths = prompts(batch, prompt, device)
         eager = engine_for(model, catalog, cuda_graphs=False, static_shapes=True)
-        checked, _ = prepare_inputs(eager, tokens, lengths, None, BEAM, TOP_K, None, None)
+        _, checked = checked_batch(eager, tokens, lengths)
         for row in ea.kernel_table(eager, checked, BEAM, TOP_K):
             rows.append({"system": f"kernel {name} b{batch} prompt {prompt}", "batch": batch,
                          **row})

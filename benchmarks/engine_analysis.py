@@ -28,6 +28,7 @@ from torch.autograd import DeviceType
 from benchmarks.power_sampler import PowerSampler
 from torch_engine import attention as attn
 from torch_engine import beam_search as bs
+from torch_engine import search as search_fns
 from torch_engine.catalog import Catalog
 from torch_engine.config import ModelConfig
 from xgr_common.layout import TokenLayout
@@ -69,7 +70,7 @@ def floors(cfg: ModelConfig, batch: int, prompt: int, width: int, levels: int,
 
 
 STAGES = {
-    "prefill": [],                       # filled with the engine's bound method below
+    "prefill": [(search_fns, "prefill")],
     "prefill attention": [(attn, "prefill_attention")],
     "decode attention": [(attn, "decode_attention")],
     "selection": [(bs, "select_fused"), (bs, "constrain"), (bs, "rank"), (bs, "keep_all"),
@@ -87,14 +88,12 @@ def _scoped(name: str, fn: Callable) -> Callable:
 
 
 @contextlib.contextmanager
-def stage_scopes(engine):
-    """Wrap the engine's stage functions in profiler ranges (module attributes the engine looks
+def stage_scopes():
+    """Wrap the search's stage functions in profiler ranges (module attributes the search looks
     up at call time), restoring them afterwards."""
     saved = []
-    targets = {name: list(pairs) for name, pairs in STAGES.items()}
-    targets["prefill"] = [(engine, "prefill")]
     try:
-        for name, pairs in targets.items():
+        for name, pairs in STAGES.items():
             for owner, attr in pairs:
                 saved.append((owner, attr, owner.__dict__.get(attr)))
                 setattr(owner, attr, _scoped(name, getattr(owner, attr)))
@@ -130,12 +129,15 @@ def profiled_search(engine, batch, width: int, top_k: int) -> list:
     activities = [torch.profiler.ProfilerActivity.CPU]
     if cuda:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
+    def run():
+        return search_fns.search(engine.model, engine.catalog, batch, width, top_k,
+                                 engine.options, engine.runner.exclusions)
     with torch.no_grad():
         for _ in range(2):
-            engine.search(batch, width, top_k)
+            run()
         sync()
-        with stage_scopes(engine), torch.profiler.profile(activities=activities) as prof:
-            engine.search(batch, width, top_k)
+        with stage_scopes(), torch.profiler.profile(activities=activities) as prof:
+            run()
             sync()
     return prof.events()
 

@@ -3,9 +3,9 @@ Inductor's CPU-ISA build probe.
 
 Before it loads a package, Inductor compares the package's recorded CPU vector ISA with this
 machine's, and finds this machine's by compiling and ``dlopen``-ing a probe C++ file for each
-ISA the CPU flags allow (AMX, AVX512-VNNI, AVX512, AVX2), once per process. On the H200 host
-that took longer than 40 s per fresh process (stacks in ``benchmarks/notes/gpu_serving.md``), so
-a Python process serving a package seemed to hang before its first call. The comparison only
+ISA the CPU flags allow (AMX, AVX512-VNNI, AVX512, AVX2), once per process. On a GPU serving
+host that took so long per fresh process that a Python process serving a package seemed to hang
+before its first call. The comparison only
 logs a warning on a mismatch, and the package's code is already compiled, so the probes are
 skipped (``cpp.vec_isa_ok = False``: no vector ISA is claimed for this machine, which costs the
 one "Device information mismatch for AOTI_CPU_ISA" warning). Claiming the ISAs from the CPU
@@ -17,18 +17,18 @@ C++ runtime of the compiler that built it (``ldd`` lists no ``libstdc++``), and 
 ``std::regex`` (parsing the device string while the model is built) ended in SIGSEGV inside
 ``std::codecvt`` while the process's own C++ objects came from the shared ``libstdc++`` that
 torch's libraries map: the two copies disagree on the locale facets. A process started with
-the compiler's own ``libstdc++.so`` preloaded loads and runs the same package
-(``benchmarks/notes/gpu_serving.md``, probe of 2026-11-29): preloaded, the shared library comes
-first in the global symbol scope and interposes the wrapper's exported C++ runtime symbols, so
-one copy serves both. Mapping the same file later (as torch's libraries do, outside the global
-scope) does not, so the preload is needed even when that file is the compiler's.
+the compiler's own ``libstdc++.so`` preloaded loads and runs the same package: preloaded, the
+shared library comes first in the global symbol scope and interposes the wrapper's exported
+C++ runtime symbols, so one copy serves both. Mapping the same file later (as torch's
+libraries do, outside the global scope) does not, so the preload is needed even when that file
+is the compiler's.
 ``loader_environment`` gives that environment for a process that will load packages (it cannot
 be changed in a running process); ``preloaded`` tells whether this process started with it.
 
 Extraction folders: a load unpacks the package into a fresh temporary folder (torch 2.13:
-``$TMPDIR/aotinductor_XXXXXX``; torch 2.11, on the H200 host: ``/tmp/XXXXXX`` whatever ``TMPDIR``
-says), a few MB each. The loader removes it when it is destroyed, so a process that ends without
-destroying it (SIGTERM, SIGKILL, a crash, ``os._exit``) leaves it behind, and a failed load
+``$TMPDIR/aotinductor_XXXXXX``; torch 2.11: ``/tmp/XXXXXX`` whatever ``TMPDIR`` says), a few
+MB each. The loader removes it when it is destroyed, so a process that ends without destroying
+it (SIGTERM, SIGKILL, a crash, ``os._exit``) leaves it behind, and a failed load
 leaves two (torch retries once). A CUDA model reads its kernel binaries from it at its first
 call, so it cannot go right after the load. ``load_package`` gives each load a private folder
 ``xgr-aoti-*`` in the temporary directory, ``flock``-ed while the model lives, and torch extracts

@@ -119,10 +119,9 @@ def _causal_rows(prompt: PackedPrompt) -> bool:
     """A causal batch packed request-major (``static=True``), or a lone causal request: its
     packed rows are ``[B, Lmax]`` rows as they stand (views, no copy), each request's padding
     after its tokens, where causal attention never lets a token see it. So the library's
-    causal kernel takes them (``padded_attention``). On the H200 SDPA's choice there (cuDNN)
-    took 211 us against the Triton kernel's 244 at qwen3-1.7b heads and 5000 tokens, 84.8
-    against 109.1 at 8 x 1024 (``results/causal_prefill_2026-11-29_h200``). Not while tracing:
-    an exported package keeps the Triton op."""
+    causal kernel takes them (``padded_attention``): SDPA's choice there (cuDNN on Hopper) is
+    faster than the Triton kernel for long prompts and for batches. Not while tracing: an
+    exported package keeps the Triton op."""
     return (prompt.mode is MaskMode.CAUSAL
             and (prompt.request_major or prompt.lengths.shape[0] == 1)
             and not torch.compiler.is_compiling())

@@ -4,9 +4,11 @@
 resident weights and catalog: the shared prompt KV, the per-beam KV (plus the copy a beam
 reorder makes), the largest layer activations of prefill and of a decode step, the attention
 scores of the plain-torch backend, the level logits and the selection buffers of the chosen
-selection backend, and the item expansion. ``check_capacity`` compares it with the free device
-memory (``torch.cuda.mem_get_info`` plus what PyTorch's allocator caches but does not use) or,
-on the CPU, ``EngineConfig.memory_budget``, and raises ``CapacityError`` with the breakdown.
+selection backend, and the item expansion. ``check_capacity`` estimates a batch of one shape
+(the ``Footprint`` holds what else the estimate depends on: the model, its dtype, the catalog's
+levels and codebook, the backends), compares it with the free device memory
+(``torch.cuda.mem_get_info`` plus what PyTorch's allocator caches but does not use) or, on the
+CPU, ``EngineConfig.memory_budget``, and raises ``CapacityError`` with the breakdown.
 ``run_contained`` turns an out-of-memory error inside a batch into ``CapacityError`` after
 releasing what the batch held, so the next request runs normally.
 """
@@ -15,24 +17,21 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import Callable, TypeVar
 
 import torch
 
 from torch_engine.config import ModelConfig
+from xgr_common.buckets import Bucket
 from xgr_common.errors import CapacityError
-
-if TYPE_CHECKING:
-    from torch_engine.engine import Engine
-    from torch_engine.inputs import RequestBatch
 
 T = TypeVar("T")
 _OOM = (getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError),
         torch.cuda.OutOfMemoryError)
 # Peak bytes per (beam, code) candidate of one level. The torch path (constrain, rank and
-# drop_exhausted) measured 24 and 52 bytes with the CPU profiler at
-# B 2, W 64, C 256: fp32 copies plus int64 child ids and search positions. The fused kernel
-# holds the fp32 logits, its fp32 totals and int32 child ids.
+# drop_exhausted) holds fp32 copies plus int64 child ids and search positions (the CPU
+# profiler's peaks stay below this bound). The fused kernel holds the fp32 logits, its fp32
+# totals and int32 child ids.
 _CANDIDATE_BYTES = {"torch": 64, "triton": 4 + 4 + 4}
 _MIB = 2.0 ** 20
 
@@ -79,7 +78,7 @@ def estimate_request(config: ModelConfig, element_size: int, batch: int, prompt_
     per_row = (4 * config.hidden_size + (config.num_heads + 2 * kv_heads) * head_dim
                + config.num_heads * head_dim + 3 * config.intermediate_size) * element_size
     # The prompt's input vectors stay alive through prefill, padded and packed (two rows):
-    # without them the estimate fell 7 KB short of the measured peak at W 64 on the H200.
+    # without them the estimate falls short of the peak at small beam widths.
     embeddings = 2 * prompt_rows * config.hidden_size * element_size
     activations = max(prompt_rows, batch * width) * per_row + embeddings
     scores = 0
@@ -130,26 +129,37 @@ def run_contained(work: Callable[[], T], device: torch.device, what: str) -> T:
                         "engine is ready for the next request")
 
 
-def check_request(engine: "Engine", batch: "RequestBatch", width: int, top_k: int
-                  ) -> MemoryEstimate:
-    """Estimate ``engine``'s search of the checked ``batch`` and refuse it with
-    ``CapacityError`` when it cannot fit; returns the estimate."""
-    rows, length = batch.token_ids.shape
-    if batch.prefix_embeds is not None:
-        length += batch.prefix_embeds.shape[1]
-    return check_shape(engine, rows, length, batch.exclude_items.shape[1], width, top_k)
+@dataclass(frozen=True)
+class Footprint:
+    """What a search's memory depends on besides the batch's shape: the model's config, the
+    bytes of its compute dtype, the catalog's levels and codebook size, and the resolved
+    attention and selection backends ("torch" | "triton")."""
+
+    config: ModelConfig
+    element_size: int
+    levels: int
+    codebook_size: int
+    attention: str = "torch"
+    selection: str = "torch"
+
+    def estimate(self, rows: int, length: int, exclude_width: int, width: int, top_k: int
+                 ) -> MemoryEstimate:
+        """``estimate_request`` of ``rows`` requests of ``length`` prompt slots (soft prefix
+        included) packed at full width (``rows * length`` rows, what the static buffers
+        hold), ``exclude_width`` exclusion columns, beam ``width`` and ``top_k``."""
+        return estimate_request(self.config, self.element_size, rows, rows * length, length,
+                                width, top_k, self.levels, self.codebook_size, exclude_width,
+                                self.attention, self.selection)
 
 
-def check_shape(engine: "Engine", rows: int, length: int, exclude_width: int, width: int,
-                top_k: int) -> MemoryEstimate:
-    """``check_request`` by shape: ``rows`` requests of ``length`` prompt slots (soft prefix
-    included) and ``exclude_width`` exclusion columns (a captured bucket's buffers)."""
-    catalog = engine.catalog
-    estimate = estimate_request(
-        engine.model.config, engine.dtype.itemsize, rows, rows * length, length, width, top_k,
-        catalog.levels, catalog.layout.codebook_size, exclude_width, engine.backend,
-        engine.selection)
-    check_fits(estimate, available_bytes(engine.device, engine.config.memory_budget),
+def check_capacity(footprint: Footprint, shape: Bucket, width: int, top_k: int,
+                   device: torch.device, budget: int | None) -> MemoryEstimate:
+    """Estimate a search of ``shape`` (rows, prompt slots with the soft prefix, exclusion
+    columns) at beam ``width`` and ``top_k``, and refuse it with ``CapacityError`` when it
+    cannot fit ``available_bytes(device, budget)``; returns the estimate."""
+    rows, length = shape.rows, shape.prompt_slots
+    estimate = footprint.estimate(rows, length, shape.excluded, width, top_k)
+    check_fits(estimate, available_bytes(device, budget),
                f"a batch of {rows} requests (beam_width {width}, top_k {top_k}, "
                f"{rows} x {length} prompt slots)")
     return estimate

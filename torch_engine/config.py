@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from xgr_common.buckets import BucketPolicy
 from xgr_common.errors import ConfigError, require
 from xgr_common.layout import TokenLayout
 from xgr_common.prompt_spec import PromptSpec
@@ -164,17 +165,18 @@ class EngineConfig:
     dtype: compute dtype name for the model weights and KV ("bfloat16" on GPU, "float32" on
         CPU); None keeps the model's dtype.
     max_exclude: widest per-request ``exclude_items`` row accepted.
-    cuda_graphs: on CUDA, replay captured graphs (see ``graphs``): the decode loop, or with
-        ``static_shapes`` the whole search.
+    cuda_graphs: on CUDA with static shapes, capture the whole search of each bucketed shape
+        (the value rules included) in one CUDA graph and replay it (see ``runner``).
     static_shapes: pack prompts into a fixed ``B * Lmax``-row buffer (see
         ``kv_cache.PackedPrompt``): no host wait anywhere, padding slots computed. None
         (default): on when the engine replays CUDA graphs (CUDA and ``cuda_graphs``), so the
-        whole search is one graph; off elsewhere (no padding computed on the CPU).
-    length_bucket: with static shapes and CUDA graphs, prompt widths (soft prefix included)
-        are padded up to a multiple of this, so prompts of different lengths replay one
-        graph (at most ``length_bucket - 1`` padding slots computed per request).
-    batch_buckets: with static shapes and CUDA graphs, batches are padded with one-token
-        requests up to the next power of two (results of the padding rows are dropped).
+        whole search is one graph; off elsewhere (no padding computed on the CPU). False on
+        CUDA runs every search eagerly (graphs need static shapes).
+    length_bucket: with captured searches, prompt widths (soft prefix included) are padded
+        up to a multiple of this, so prompts of different lengths replay one graph (at most
+        ``length_bucket - 1`` padding slots computed per request); see ``bucket_policy``.
+    batch_buckets: with captured searches, batches are padded with one-token requests up to
+        the next power of two (results of the padding rows are dropped).
     layer_kernels: on CUDA, fold each layer's elementwise steps into
         ``torch_engine.kernels.layer_ops`` launches: the norms' row scales, the bias, the
         split, Qwen3's head norms, the rotary and the KV writes in one; the post-attention
@@ -182,11 +184,11 @@ class EngineConfig:
     max_graphs: captured shapes kept (least recently used dropped first).
     selection_backend: beam selection per level: "auto" (the default: triton on CUDA, else
         torch), "torch" (plain PyTorch) or "triton" (``xgr::constrained_topk``, and the
-        exclusion and item-expansion kernels; CUDA or the CPU interpreter). On the H200 the
-        fused path's selection kernels take 0.11 ms a search against the torch path's 0.39
-        (``benchmarks/notes/engine.md`` v18). It holds a Python custom op, so an engine
-        exported for serving (AOTInductor) takes "torch".
-    memory_budget: bytes one request may use (``capacity.check_request``, before any work);
+        exclusion and item-expansion kernels; CUDA or the CPU interpreter): a few launches a
+        search instead of about a hundred small torch kernels (``benchmarks/README.md`` has
+        the figures). It holds a Python custom op, so an engine exported for serving
+        (AOTInductor) takes "torch".
+    memory_budget: bytes one request may use (``capacity.check_capacity``, before any work);
         on CUDA the free device memory caps it. None: the free device memory on CUDA, no
         check on the CPU.
     """
@@ -228,3 +230,9 @@ class EngineConfig:
                                                and self.memory_budget >= 1), ConfigError,
                 f"EngineConfig.memory_budget must be None or a positive int (bytes), got "
                 f"{self.memory_budget!r}")
+
+    @property
+    def bucket_policy(self) -> BucketPolicy:
+        """``length_bucket`` and ``batch_buckets`` as the shared bucket policy of captured
+        searches (``xgr_common.buckets``)."""
+        return BucketPolicy(length_multiple=self.length_bucket, pow2_batch=self.batch_buckets)

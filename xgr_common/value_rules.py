@@ -38,8 +38,8 @@ VALUE_RULES: tuple[ValueRule, ...] = (
     ValueRule("exclusion_ids", "exclude_items",
               "exclude_items must hold item ids >= 0 or -1 as padding"),
     ValueRule("positions", "lengths",
-              "soft tokens + max(lengths) + levels - 1 must be <= the model's max_position",
-              reduction="max"),
+              "prompt plus generated codes (soft tokens + max(lengths) + levels - 1 "
+              "positions) must not exceed the model's max_position", reduction="max"),
 )
 
 FLAG_COUNT = len(VALUE_RULES)

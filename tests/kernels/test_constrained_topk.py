@@ -285,7 +285,7 @@ def test_engine_with_fused_selection_returns_the_torch_selection_items():
     results = []
     for selection in ("torch", "triton"):
         engine = Engine(model, catalog, EngineConfig(selection_backend=selection))
-        assert engine.selection == selection
+        assert engine.options.selection == selection
         results.append(engine.recommend(tokens, lengths, beam_width=16, top_k=20,
                                         exclude_items=exclude))
     (items_t, scores_t), (items_k, scores_k) = results
@@ -305,7 +305,7 @@ def test_gpu_default_engine_takes_the_fused_selection():
     catalog = Catalog.from_arrays(np.arange(300), np.random.default_rng(4).integers(0, 12,
                                                                                     (300, 3)))
     engine = Engine(Model.from_preset("tiny", seed=3, device="cuda"), catalog)
-    assert engine.selection == "triton"
+    assert engine.options.selection == "triton"
 
 
 @pytest.mark.gpu

@@ -13,18 +13,24 @@ import pytest
 import torch
 
 from tests.sm90_compile import assert_no_spills, compiled_lines
-from torch_engine import inputs
+from torch_engine import search
 from torch_engine.catalog import Catalog
-from torch_engine.config import EngineConfig
+from torch_engine.checks import Verdict, check_arguments
+from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
-from xgr_common.errors import InvalidInputError
-from torch_engine.inputs import prepare_inputs
 from torch_engine.kernels.input_rules import input_rules
 from torch_engine.model import Model
-from torch_engine.reference.input_rules import EXTENT_LIMIT, pack_extent, unpack_extent
 from torch_engine.reference.input_rules import input_rules as reference
+from torch_engine.reference.input_rules import unpack_extent
+from torch_engine.runner import rules_for
+from xgr_common.buckets import EXTENT_LIMIT, pack_extent
+from xgr_common.errors import InvalidInputError
+from xgr_common.value_rules import FLAG_COUNT, FLAG_INDEX, VALUE_RULES
 
-SHORT, LONG, TOKENS, SEGMENTS, EXCLUDE, LONGEST = range(6)
+SHORT, LONG, TOKENS, SEGMENTS, EXCLUDE, LONGEST = (
+    FLAG_INDEX[name] for name in ("lengths_positive", "lengths_fit", "token_range",
+                                  "segment_order", "exclusion_ids", "positions"))
+ANY_RULES = [rule.name for rule in VALUE_RULES if rule.reduction == "any"]
 VOCAB = 50
 
 
@@ -91,7 +97,24 @@ def test_valid_batches_match_the_reference(device, gen, rows, width, excluded, t
     tokens, lengths, segments, exclude = valid_batch(gen, rows, width, excluded, device)
     flags = run_both(tokens.to(token_dtype), lengths.to(length_dtype), segments, exclude,
                      causal=causal)[0]
-    assert flags.tolist() == [0, 0, 0, 0, 0, width]
+    assert flags.tolist() == expected_flags([], width)
+
+
+def expected_flags(broken: list[int], longest: int) -> list[int]:
+    """The flags of a batch breaking the rules at indices ``broken``, its longest length
+    ``longest``: one entry per rule of the table."""
+    flags = [int(index in broken) for index in range(FLAG_COUNT)]
+    flags[LONGEST] = longest
+    return flags
+
+
+def test_the_flags_follow_the_table():
+    """One flag per rule, in the table's order: every ``any`` rule has a case below that
+    breaks it alone, and the one ``max`` rule is the longest length."""
+    assert len({SHORT, LONG, TOKENS, SEGMENTS, EXCLUDE, LONGEST}) == FLAG_COUNT
+    broken = {FLAG_INDEX[name] for name in ANY_RULES}
+    assert broken == {i for flags in BREAKS.values() for i in flags}
+    assert [rule.name for rule in VALUE_RULES if rule.reduction == "max"] == ["positions"]
 
 
 # (what to break, the flags it raises). Slots are of a 50-wide row whose length is 30.
@@ -165,50 +188,49 @@ def test_each_rule_broken_alone(device, case, block):
     tokens, lengths, segments, exclude = broken_batch(case, device)
     flags = run_both(tokens, lengths, segments, exclude, causal=case.startswith("causal"),
                      block=block)[0]
-    want = [int(i in BREAKS[case]) for i in range(5)] + [int(lengths.max())]
-    assert flags.tolist() == want
+    assert flags.shape == (FLAG_COUNT,)
+    assert flags.tolist() == expected_flags(BREAKS[case], int(lengths.max()))
 
 
-def test_sanitised_copy_by_hand(device):
+@pytest.mark.parametrize("length,kept", [(4, [5, 0, 0, 7, 0, 0]), (0, [5, 0, 0, 0, 0, 0]),
+                                         (9, [5, 0, 0, 7, 9, 0])])
+def test_sanitised_copy_by_hand(device, length, kept):
     """The sanitised copy spelled out on one small row: what the search runs on."""
     tokens = torch.tensor([[5, -2, VOCAB, 7, 9, -1]], dtype=torch.int32, device=device)
     segments = torch.tensor([[1, 0, 3, -5, 2, 6]], dtype=torch.int32, device=device)
     exclude = torch.tensor([[-1]], device=device)
-    for length, kept in ((4, [5, 0, 0, 7, 0, 0]), (0, [5, 0, 0, 0, 0, 0]),
-                         (9, [5, 0, 0, 7, 9, 0])):
-        lengths = torch.tensor([length], device=device)
-        _, out, total, segs, excl = run_both(tokens, lengths, segments, exclude, prefix=2,
-                                             block=16)
-        assert excl.tolist() == [[-1]]
-        assert out.tolist() == [kept]
-        assert total.tolist() == [min(max(length, 1), 6) + 2]
-        assert segs.tolist() == [[1, 1, 3, 3, 3, 6]]
+    lengths = torch.tensor([length], device=device)
+    _, out, total, segs, excl = run_both(tokens, lengths, segments, exclude, prefix=2,
+                                         block=16)
+    assert excl.tolist() == [[-1]]
+    assert out.tolist() == [kept]
+    assert total.tolist() == [min(max(length, 1), 6) + 2]
+    assert segs.tolist() == [[1, 1, 3, 3, 3, 6]]
 
 
 def test_longest_length_is_exact_when_every_length_is_negative(device):
     tokens, _, segments, exclude = valid_batch(torch.Generator().manual_seed(0), 3, 8, 2,
                                                device)
     flags = run_both(tokens, torch.tensor([-9, -4, -30], device=device), segments, exclude)[0]
-    assert flags.tolist() == [1, 0, 0, 0, 0, -4]
+    assert flags.tolist() == expected_flags([SHORT], -4)
 
 
+@pytest.mark.parametrize("make", [noisy_batch, valid_batch])
 @pytest.mark.parametrize("rows,width,excluded", [(3, 200, 70), (6, 129, 16), (2, 1000, 300)])
-def test_rows_of_many_blocks_match_the_reference(device, gen, rows, width, excluded):
+def test_rows_of_many_blocks_match_the_reference(device, gen, rows, width, excluded, make):
     """Small blocks force many loop steps per row: the carried running maximum of the segment
     ids and the left neighbour across block edges; noisy and valid batches alike."""
-    for make in (noisy_batch, valid_batch):
-        tokens, lengths, segments, exclude = make(gen, rows, width, excluded, device)
-        for causal in (False, True):
-            run_both(tokens, lengths, segments, exclude, causal=causal, block=16,
-                     exclude_block=16)
-        run_both(tokens, lengths, segments, exclude, block=64, exclude_block=32)
+    tokens, lengths, segments, exclude = make(gen, rows, width, excluded, device)
+    run_both(tokens, lengths, segments, exclude, causal=False, block=16, exclude_block=16)
+    run_both(tokens, lengths, segments, exclude, causal=True, block=16, exclude_block=16)
+    run_both(tokens, lengths, segments, exclude, block=64, exclude_block=32)
 
 
-def test_random_noisy_batches_match_the_reference(device, gen):
-    for _ in range(6):
-        rows, width, excluded = (int(v) for v in torch.randint(1, 60, (3,), generator=gen))
-        tokens, lengths, segments, exclude = noisy_batch(gen, rows, width, excluded, device)
-        run_both(tokens, lengths, segments, exclude, prefix=int(rows))
+@pytest.mark.parametrize("trial", range(6))
+def test_random_noisy_batches_match_the_reference(device, gen, trial):
+    rows, width, excluded = (int(v) for v in torch.randint(1, 60, (3,), generator=gen))
+    tokens, lengths, segments, exclude = noisy_batch(gen, rows, width, excluded, device)
+    run_both(tokens, lengths, segments, exclude, prefix=int(rows))
 
 
 def _extent(rows: int, width: int, excluded: int, device) -> torch.Tensor:
@@ -224,15 +246,15 @@ def test_extent_packs_three_fields_and_refuses_what_does_not_fit():
         pack_extent(1, EXTENT_LIMIT, 0)
 
 
+@pytest.mark.parametrize("make", [valid_batch, noisy_batch])
 @pytest.mark.parametrize("causal", [False, True])
-def test_an_extent_of_the_whole_shape_equals_the_plain_call(device, gen, causal):
-    for make in (valid_batch, noisy_batch):
-        tokens, lengths, segments, exclude = make(gen, 3, 40, 5, device)
-        plain = run_both(tokens, lengths, segments, exclude, causal=causal)
-        padded = run_both(tokens, lengths, segments, exclude, causal=causal,
-                          extent=_extent(3, 40, 5, device))
-        for name, p, q in zip(OUTPUTS, plain, padded):
-            assert torch.equal(p, q), name
+def test_an_extent_of_the_whole_shape_equals_the_plain_call(device, gen, causal, make):
+    tokens, lengths, segments, exclude = make(gen, 3, 40, 5, device)
+    plain = run_both(tokens, lengths, segments, exclude, causal=causal)
+    padded = run_both(tokens, lengths, segments, exclude, causal=causal,
+                      extent=_extent(3, 40, 5, device))
+    for name, p, q in zip(OUTPUTS, plain, padded):
+        assert torch.equal(p, q), name
 
 
 def _stale(gen, rows: int, width: int, excluded: int, device):
@@ -276,9 +298,9 @@ def test_padded_buffers_flag_a_length_past_the_request_width(device):
     segments = torch.zeros(2, 16, dtype=torch.int32, device=device)
     exclude = torch.full((2, 1), -1, device=device)
     flags = run_both(tokens, lengths, segments, exclude, extent=_extent(1, 8, 0, device))[0]
-    assert flags.tolist() == [0, 1, 0, 0, 0, 9]
+    assert flags.tolist() == expected_flags([LONG], 9)
     flags = run_both(tokens, lengths, segments, exclude, extent=_extent(1, 9, 0, device))[0]
-    assert flags.tolist() == [0, 0, 0, 0, 0, 9]
+    assert flags.tolist() == expected_flags([], 9)
 
 
 def _meta(*shape, dtype=torch.int64):
@@ -379,18 +401,19 @@ def test_kernel_compiles_for_sm90():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("make", [valid_batch, noisy_batch])
 @pytest.mark.parametrize("rows", [1, 8, 64])
 @pytest.mark.parametrize("width,excluded", [(1024, 256), (4096, 4096)])
-def test_cuda_kernel_matches_the_reference_at_serving_sizes(rows, width, excluded):
+def test_cuda_kernel_matches_the_reference_at_serving_sizes(rows, width, excluded, make,
+                                                            causal):
     gen = torch.Generator().manual_seed(rows * width + excluded)
-    for make in (valid_batch, noisy_batch):
-        tokens, lengths, segments, exclude = make(gen, rows, width, excluded, "cuda")
-        for causal in (False, True):
-            run_both(tokens.int(), lengths, segments, exclude, prefix=16, causal=causal)
-            run_both(tokens, lengths.int(), segments, exclude, prefix=0, causal=causal)
-            # As a captured search's padded buffers: a smaller request in the corner.
-            run_both(tokens, lengths, segments, exclude, prefix=16, causal=causal,
-                     extent=_extent(max(rows // 2, 1), width - 5, excluded // 3, "cuda"))
+    tokens, lengths, segments, exclude = make(gen, rows, width, excluded, "cuda")
+    run_both(tokens.int(), lengths, segments, exclude, prefix=16, causal=causal)
+    run_both(tokens, lengths.int(), segments, exclude, prefix=0, causal=causal)
+    # As a captured search's padded buffers: a smaller request in the corner.
+    run_both(tokens, lengths, segments, exclude, prefix=16, causal=causal,
+             extent=_extent(max(rows // 2, 1), width - 5, excluded // 3, "cuda"))
 
 
 @pytest.fixture(scope="module")
@@ -440,52 +463,63 @@ def request_cases(vocab: int):
                torch.zeros(rows, 2, 64) if trial % 3 == 1 else None)
 
 
-def _prepared(engine, device, tokens, lengths, segments, exclude, prefix):
-    """``prepare_inputs`` on inputs placed on ``device``: the batch, the flags and the
-    message of the rule broken (None when valid)."""
+TINY_VOCAB = preset("tiny").vocab_size
+REQUESTS = list(request_cases(TINY_VOCAB))
+
+
+def _prepared(engine, device, rules, tokens, lengths, segments, exclude, prefix):
+    """The engine's checks on inputs placed on ``device`` with the value rules ``rules``:
+    the sanitised batch, the flags and the message of the rule broken (None when valid)."""
     def put(t):
         return t if t is None else t.to(device)
     exclude = [put(row) for row in exclude] if isinstance(exclude, list) else put(exclude)
-    batch, verdict = prepare_inputs(engine, put(tokens), put(lengths), put(segments), 8, 10,
-                                    put(prefix), exclude)
+    args = check_arguments(engine.limits, put(tokens), put(lengths), put(segments), 8, 10,
+                           put(prefix), exclude)
+    cfg = engine.model.config
+    batch, flags = search.sanitise(args.token_ids, args.lengths, args.segment_ids,
+                                   args.prefix_embeds, args.exclude_items, cfg.vocab_size,
+                                   rules)
     try:
-        verdict.raise_if_invalid()
+        Verdict.of(args, flags, cfg.vocab_size, engine.catalog.levels,
+                   cfg.max_position).raise_if_invalid()
         message = None
     except InvalidInputError as error:
         message = str(error)
-    return batch, verdict.flags.cpu(), message
+    return batch, flags.cpu(), message
 
 
 def _same_batch(got, want) -> None:
     for name in ("token_ids", "total_lengths", "segment_ids", "exclude_items"):
-        g, w = getattr(got, name), getattr(want, name)
-        assert g.dtype == w.dtype and g.device == w.device, name
+        g, w = getattr(got, name).cpu(), getattr(want, name)
+        assert g.dtype == w.dtype, name
         assert torch.equal(g, w), f"{name}\n{g.tolist()}\n{w.tolist()}"
     assert got.causal == want.causal
 
 
-def test_prepare_inputs_through_the_kernel_equals_the_torch_path(engine, device, monkeypatch):
-    """The engine's input preparation with the kernel in place of the torch ops: the same
-    sanitised batch, flags and error message for every request."""
-    assert inputs.input_rules_for(torch.device("cpu")) is reference
-    vocab = engine.model.config.vocab_size
-    cases = list(request_cases(vocab))
-    want = [_prepared(engine, "cpu", *case) for case in cases]
-    monkeypatch.setattr(inputs, "input_rules_for", lambda home: input_rules)
-    messages = 0
-    for case, (want_batch, want_flags, want_message) in zip(cases, want):
-        batch, flags, message = _prepared(engine, device, *case)
-        _same_batch(batch, want_batch)
-        assert torch.equal(flags, want_flags)
-        assert message == want_message
-        messages += message is not None
-    assert 10 <= messages < len(cases)         # both valid and invalid requests were seen
+def test_the_requests_hold_valid_and_invalid_ones(engine):
+    assert engine.model.config.vocab_size == TINY_VOCAB  # what REQUESTS were drawn for
+    messages = [_prepared(engine, "cpu", reference, *case)[2] for case in REQUESTS]
+    assert 10 <= sum(m is not None for m in messages) < len(REQUESTS)
+
+
+@pytest.mark.parametrize("case", range(len(REQUESTS)))
+def test_the_checks_through_the_kernel_equal_the_torch_path(engine, device, case):
+    """The engine's checks with the kernel in place of the torch ops: the same sanitised
+    batch, flags and error message for every request."""
+    assert rules_for(torch.device("cpu")) is reference
+    want_batch, want_flags, want_message = _prepared(engine, "cpu", reference,
+                                                     *REQUESTS[case])
+    batch, flags, message = _prepared(engine, device, input_rules, *REQUESTS[case])
+    _same_batch(batch, want_batch)
+    assert torch.equal(flags, want_flags)
+    assert message == want_message
 
 
 @pytest.mark.gpu
-def test_cuda_prepare_inputs_runs_the_kernel_and_equals_the_cpu_path(engine):
-    assert inputs.input_rules_for(torch.device("cuda")) is input_rules
-    for case in request_cases(engine.model.config.vocab_size):
-        got, want = _prepared(engine, "cuda", *case), _prepared(engine, "cpu", *case)
-        _same_batch(got[0], want[0])
-        assert torch.equal(got[1], want[1]) and got[2] == want[2]
+@pytest.mark.parametrize("case", range(len(REQUESTS)))
+def test_cuda_checks_run_the_kernel_and_equal_the_cpu_path(engine, case):
+    assert rules_for(torch.device("cuda")) is input_rules
+    got = _prepared(engine, "cuda", rules_for(torch.device("cuda")), *REQUESTS[case])
+    want = _prepared(engine, "cpu", reference, *REQUESTS[case])
+    _same_batch(got[0], want[0])
+    assert torch.equal(got[1], want[1]) and got[2] == want[2]

@@ -24,3 +24,24 @@ def prompts(seed, lengths, width=None, segmented=True):
         steps[0] = 0
         segs[row] = torch.cumsum(steps, 0)
     return tokens, torch.tensor(lengths), (segs if segmented else None)
+
+
+def checked_batch(engine, token_ids, lengths, segment_ids, beam_width, top_k,
+                  prefix_embeds=None, exclude_items=None):
+    """What the eager runner searches: the arguments checked on the host
+    (``checks.check_arguments``), the value rules on the tokens' device
+    (``search.sanitise`` with ``runner.rules_for``) and their verdict read (raising for an
+    invalid batch). Returns the sanitised ``search.RequestBatch`` on the engine's device."""
+    from torch_engine import search
+    from torch_engine.checks import Verdict, check_arguments
+    from torch_engine.runner import rules_for
+
+    args = check_arguments(engine.limits, token_ids, lengths, segment_ids, beam_width, top_k,
+                           prefix_embeds, exclude_items)
+    cfg = engine.model.config
+    batch, flags = search.sanitise(args.token_ids, args.lengths, args.segment_ids,
+                                   args.prefix_embeds, args.exclude_items, cfg.vocab_size,
+                                   rules_for(args.token_ids.device))
+    Verdict.of(args, flags, cfg.vocab_size, engine.catalog.levels,
+               cfg.max_position).raise_if_invalid()
+    return batch.to(engine.device)

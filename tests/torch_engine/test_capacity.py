@@ -8,15 +8,17 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from torch_engine.capacity import check_request, estimate_request
+from tests.torch_engine.engine_worlds import checked_batch
+from torch_engine import search
+from torch_engine.capacity import check_capacity, estimate_request
 from torch_engine.catalog import Catalog
+from torch_engine.checks import check_arguments
 from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
-from xgr_common.errors import CapacityError
-from torch_engine.inputs import check_inputs
 from torch_engine.kv_cache import BeamKV
-from xgr_common.layout import TokenLayout
 from torch_engine.model import Model
+from xgr_common.errors import CapacityError, InvalidInputError
+from xgr_common.layout import TokenLayout
 from xgr_common.tolerances import tolerance_for
 
 FP32 = tolerance_for(torch.float32)
@@ -52,13 +54,20 @@ def peak_cpu_bytes(work) -> int:
     return peak
 
 
+def estimate_of(engine, tokens, lengths, width, top_k):
+    """The engine's memory check of a request (``check_capacity`` of its shape)."""
+    args = check_arguments(engine.limits, tokens, lengths, None, width, top_k, None, None)
+    return check_capacity(engine.footprint, engine.runner.shape(args), width, top_k,
+                          engine.device, engine.config.memory_budget)
+
+
 def test_estimate_matches_the_tensors_of_a_tiny_run(model, catalog):
     engine = Engine(model, catalog)
     tokens, lengths = prompts(2, 24)
-    batch = check_inputs(engine, tokens, lengths, None, 64, 50, None, None)
-    estimate = check_request(engine, batch, 64, 50)
+    batch = checked_batch(engine, tokens, lengths, None, 64, 50)
+    estimate = estimate_of(engine, tokens, lengths, 64, 50)
     with torch.no_grad():
-        state = engine.prefill(batch)
+        state = search.prefill(engine.model, engine.catalog, batch, engine.options)
     shared = sum(t.numel() * t.element_size() for t in state.shared.keys + state.shared.values)
     assert estimate.shared_kv == shared
     cfg = model.config
@@ -87,15 +96,13 @@ def test_estimate_of_the_benchmark_shape_by_hand():
 def test_precheck_refuses_a_request_over_the_budget_and_names_the_numbers(model, catalog,
                                                                           monkeypatch):
     tokens, lengths = prompts(2, 24)
-    probe = Engine(model, catalog)
-    batch = check_inputs(probe, tokens, lengths, None, 128, 50, None, None)
-    need = check_request(probe, batch, 128, 50).total
+    need = estimate_of(Engine(model, catalog), tokens, lengths, 128, 50).total
     tight = Engine(model, catalog, EngineConfig(memory_budget=need - 1))
     started = []
-    monkeypatch.setattr(tight, "prefill", lambda *args: started.append(args))
+    monkeypatch.setattr(tight.runner, "run", lambda *args: started.append(args))
     with pytest.raises(CapacityError, match=r"beam_width 128.*MiB.*beam_kv"):
         tight.recommend(tokens, lengths, beam_width=128, top_k=50)
-    assert started == [], "the refused request reached prefill"
+    assert started == [], "the refused request reached the runner"
     exact = Engine(model, catalog, EngineConfig(memory_budget=need))
     items, _ = exact.recommend(tokens, lengths, beam_width=128, top_k=50)
     assert bool((items >= 0).all())
@@ -105,22 +112,44 @@ def test_out_of_memory_fails_one_batch_and_the_next_runs_normally(model, catalog
     engine = Engine(model, catalog)
     tokens, lengths = prompts(2, 16, seed=3)
     want_items, want_scores = engine.recommend(tokens, lengths, beam_width=32, top_k=40)
-    decode = engine.decode
+    decode = search.decode
     calls = []
 
-    def failing_once(state, width, top_k):
+    def failing_once(model, catalog, state, width, *args):
         calls.append(width)
         if len(calls) == 1:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return decode(state, width, top_k)
+        return decode(model, catalog, state, width, *args)
 
-    monkeypatch.setattr(engine, "decode", failing_once)
+    monkeypatch.setattr(search, "decode", failing_once)
     with pytest.raises(CapacityError, match="ran out of device memory.*ready for the next"):
         engine.recommend(tokens, lengths, beam_width=32, top_k=40)
     items, scores = engine.recommend(tokens, lengths, beam_width=32, top_k=40)
     assert calls == [32, 32]
     assert torch.equal(items, want_items)
     torch.testing.assert_close(scores, want_scores, atol=0.0, rtol=0.0)
+
+
+@pytest.mark.parametrize("failure", ["precheck", "out_of_memory"])
+def test_an_invalid_input_outranks_the_capacity_error_of_its_batch(model, catalog, monkeypatch,
+                                                                   failure):
+    """A batch that breaks a value rule and cannot fit (refused before any work, or out of
+    memory during its search) raises the rule's ``InvalidInputError``."""
+    tokens, lengths = prompts(2, 24)
+    budget = None
+    if failure == "precheck":
+        budget = estimate_of(Engine(model, catalog), tokens, lengths, 128, 50).total - 1
+    else:
+        def out_of_memory(*args):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        monkeypatch.setattr(search, "decode", out_of_memory)
+    engine = Engine(model, catalog, EngineConfig(memory_budget=budget))
+    with pytest.raises(CapacityError):
+        engine.recommend(tokens, lengths, beam_width=128, top_k=50)
+    bad = tokens.clone()
+    bad[1, 3] = model.config.vocab_size
+    with pytest.raises(InvalidInputError, match="token_ids must lie in"):
+        engine.recommend(bad, lengths, beam_width=128, top_k=50)
 
 
 def exhaustive_top(model, catalog, tokens, top_k):

@@ -4,17 +4,19 @@ import numpy as np
 import pytest
 import torch
 
-from tests.torch_engine.engine_worlds import prompts, small_world
+from tests.torch_engine.engine_worlds import checked_batch, prompts, small_world
+from torch_engine import search
 from torch_engine.catalog import Catalog
+from torch_engine.checks import Verdict, check_arguments
 from torch_engine.config import EngineConfig
 from torch_engine.engine import Engine
-from xgr_common.errors import InvalidInputError
-from torch_engine.inputs import (RequestBatch, apply_rules, check_arguments, check_inputs,
-                                 verdict_of)
-from xgr_common.layout import MaskMode, TokenLayout
 from torch_engine.model import Model
-from torch_engine.padded_inputs import PaddedInputs, bucket_of, search_padded
+from torch_engine.runner import Runner, StaticInputs
+from xgr_common.buckets import BucketPolicy, bucket_of
+from xgr_common.errors import ConfigError, InvalidInputError
+from xgr_common.layout import MaskMode, TokenLayout
 from xgr_common.tolerances import tolerance_for
+from xgr_common.value_rules import FLAG_COUNT, FLAG_INDEX
 
 FP32 = tolerance_for(torch.float32)
 LAYOUT = TokenLayout()
@@ -137,8 +139,10 @@ def test_ranked_beams_equal_python_beam_search(world, width, top_k):
     assert_same(items[0], scores[0], expected)
 
 
+@pytest.mark.parametrize("as_list", [False, True], ids=["table", "list"])
 @pytest.mark.parametrize("width,top_k", [(1, 1), (4, 6)])
-def test_excluded_items_never_returned_and_exhausted_paths_never_expanded(world, width, top_k):
+def test_excluded_items_never_returned_and_exhausted_paths_never_expanded(world, width, top_k,
+                                                                          as_list):
     ids, codes, engine = world
     tokens, lengths, segs = prompts(3, [11])
     best, _ = engine.recommend(tokens, lengths, segs, beam_width=width, top_k=top_k)
@@ -146,14 +150,14 @@ def test_excluded_items_never_returned_and_exhausted_paths_never_expanded(world,
     best_path = codes[ids == int(best[0, 0])][0]
     whole_path = ids[(codes == best_path).all(axis=1)].tolist()
     exclude = whole_path + [int(best[0, -1]), 999_999]
-    for given in (torch.tensor([exclude + [-1, -1]]), [torch.tensor(exclude)]):
-        items, scores = engine.recommend(tokens, lengths, segs, beam_width=width, top_k=top_k,
-                                         exclude_items=given)
-        assert not set(items[0].tolist()) & set(exclude)
-        assert int(items[0, 0]) >= 0  # the beam moved to a path with items left
-        expected = python_beam_search(engine.model, tokens[0], segs[0], ids, codes, width,
-                                      top_k, exclude=exclude)
-        assert_same(items[0], scores[0], expected)
+    given = [torch.tensor(exclude)] if as_list else torch.tensor([exclude + [-1, -1]])
+    items, scores = engine.recommend(tokens, lengths, segs, beam_width=width, top_k=top_k,
+                                     exclude_items=given)
+    assert not set(items[0].tolist()) & set(exclude)
+    assert int(items[0, 0]) >= 0  # the beam moved to a path with items left
+    expected = python_beam_search(engine.model, tokens[0], segs[0], ids, codes, width,
+                                  top_k, exclude=exclude)
+    assert_same(items[0], scores[0], expected)
 
 
 @pytest.mark.parametrize("selection", ["torch", "triton"])
@@ -175,7 +179,8 @@ def test_a_prefix_whose_items_are_all_excluded_takes_no_beam_at_any_level(world,
     assert_same(items[0], scores[0], expected)
 
 
-def test_results_exist_are_unique_and_sorted_when_top_k_exceeds_beam_width(model):
+@pytest.mark.parametrize("row", range(3))
+def test_results_exist_are_unique_and_sorted_when_top_k_exceeds_beam_width(model, row):
     ids, codes = small_world(seed=5, n=400, used_codes=4)  # about 6 items per path
     catalog = Catalog.from_arrays(ids, codes)
     engine = Engine(model, catalog)
@@ -183,23 +188,22 @@ def test_results_exist_are_unique_and_sorted_when_top_k_exceeds_beam_width(model
     items, scores = engine.recommend(tokens, lengths, segs, beam_width=5, top_k=25)
     assert items.shape == (3, 25) and items.dtype == torch.int64
     assert scores.dtype == torch.float32
-    for row in range(3):
-        got = items[row].tolist()
-        assert len(set(got)) == 25 and set(got) <= set(ids.tolist())
-        assert bool((scores[row][1:] <= scores[row][:-1]).all())
+    got = items[row].tolist()
+    assert len(set(got)) == 25 and set(got) <= set(ids.tolist())
+    assert bool((scores[row][1:] <= scores[row][:-1]).all())
 
 
-def test_batched_equals_one_by_one(world):
+@pytest.mark.parametrize("row", range(4))
+def test_batched_equals_one_by_one(world, row):
     _, _, engine = world
     tokens, lengths, segs = prompts(5, [14, 6, 10, 1])
     items, scores = engine.recommend(tokens, lengths, segs, beam_width=6, top_k=12)
-    for row in range(4):
-        n = int(lengths[row])
-        alone_items, alone_scores = engine.recommend(tokens[row:row + 1, :n], lengths[row:row + 1],
-                                                     segs[row:row + 1, :n], beam_width=6,
-                                                     top_k=12)
-        assert torch.equal(items[row], alone_items[0])
-        torch.testing.assert_close(scores[row], alone_scores[0], rtol=FP32.rtol, atol=FP32.atol)
+    n = int(lengths[row])
+    alone_items, alone_scores = engine.recommend(tokens[row:row + 1, :n], lengths[row:row + 1],
+                                                 segs[row:row + 1, :n], beam_width=6,
+                                                 top_k=12)
+    assert torch.equal(items[row], alone_items[0])
+    torch.testing.assert_close(scores[row], alone_scores[0], rtol=FP32.rtol, atol=FP32.atol)
 
 
 @pytest.mark.parametrize("segmented", [False, True])
@@ -219,45 +223,54 @@ def test_static_packing_equals_dynamic_packing(world, segmented):
 
 @pytest.mark.parametrize("segmented", [False, True])
 def test_padded_buffers_give_each_request_its_own_result(world, segmented):
-    """What a whole-search graph runs (``padded_inputs.search_padded``), eagerly: a request of
-    3 rows in the buffers of its bucket (4 rows, width 22, 4 exclusion columns) that an
-    earlier, wider and invalid request left full of stale values. Each real row equals the
-    eager engine's result, the flags equal the eager rules' flags, and the padding row runs
-    as a one-token request."""
+    """What a whole-search graph runs (``Runner._search_buffers``), eagerly: a request of 3
+    rows in the buffers of its bucket (4 rows, width 22, 4 exclusion columns) that an earlier,
+    wider and invalid request left full of stale values. Each real row equals the eager engine's
+    result, the flags equal the eager rules' flags, and the padding row runs as a one-token
+    request."""
     _, _, engine = world
-    static = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=True,
-                                                               length_bucket=8))
+    static = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=True))
+    runner = static.runner
     tokens, lengths, segs = prompts(16, [3, 15, 8], segmented=segmented)
     soft = torch.randn(3, 2, 64, generator=torch.Generator().manual_seed(17))
     exclude = torch.tensor([[-1, -1, -1], [int(engine.catalog.path_items[0]), -1, -1],
                             [-1, int(engine.catalog.path_items[1]), -1]])
     want = engine.recommend(tokens, lengths, segs, beam_width=7, top_k=12, prefix_embeds=soft,
                             exclude_items=exclude)
-    args = check_arguments(static, tokens, lengths, segs, 7, 12, soft, exclude)
-    bucket = bucket_of(args, 8, True)
+    args = check_arguments(static.limits, tokens, lengths, segs, 7, 12, soft, exclude)
+    policy = BucketPolicy(length_multiple=8)
+    bucket = bucket_of(3, 15, 2, 3, segs is None, policy)
     assert (bucket.rows, bucket.width, bucket.soft, bucket.excluded) == (4, 22, 2, 4)
-    padded = PaddedInputs.allocate(bucket, 64, static.dtype, static.device)
+    padded = StaticInputs.allocate(bucket, 64, static.dtype, static.device)
     # An earlier request of the same bucket: 4 rows, ids past the vocabulary, lengths past
     # the width, falling segments, exclusion ids < -1.
     stale = torch.full((4, 22), 10 ** 6)
     stale_segments = None if segs is None else torch.full((4, 22), -3, dtype=torch.int32)
-    old = check_arguments(static, stale, torch.full((4,), 30), stale_segments, 7, 12,
+    old = check_arguments(static.limits, stale, torch.full((4,), 30), stale_segments, 7, 12,
                           torch.full((4, 2, 64), 9.0), torch.full((4, 4), -7))
-    assert bucket_of(old, 8, True) == bucket
+    assert bucket_of(4, 22, 2, 4, segs is None, policy) == bucket
     padded.load(old)
     padded.load(args)
     with torch.no_grad():
-        items, scores, flags = search_padded(static, padded, 7, 12)
-    _, verdict = apply_rules(static, args)
-    assert torch.equal(flags, verdict.flags)
+        items, scores, flags = runner._search_buffers(padded, 7, 12)
+    assert torch.equal(flags, runner.verdict(args).flags)
     assert torch.equal(items[:3], want[0])
     torch.testing.assert_close(scores[:3], want[1], rtol=FP32.rtol, atol=FP32.atol)
     assert bool((items[3] >= 0).any())                       # the padding row ran normally
     padded.load(old)
     with torch.no_grad():
-        flags = search_padded(static, padded, 7, 12)[2]
+        flags = runner._search_buffers(padded, 7, 12)[2]
+    cfg = static.model.config
+    verdict = Verdict.of(old, flags, cfg.vocab_size, static.catalog.levels, cfg.max_position)
     with pytest.raises(InvalidInputError, match="lengths must be <= token_ids.shape"):
-        verdict_of(static, old, flags).raise_if_invalid()
+        verdict.raise_if_invalid()
+
+
+def test_a_runner_captures_only_on_cuda_with_static_shapes(world):
+    _, _, engine = world
+    options = search.SearchOptions(static_shapes=True)
+    with pytest.raises(ConfigError, match="captured searches need CUDA and static shapes"):
+        Runner(engine.model, engine.catalog, options, BucketPolicy())
 
 
 class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
@@ -278,23 +291,23 @@ class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("selection", ["torch", "triton"])
-def test_static_search_never_reads_device_values_on_the_host(world, selection):
+@pytest.mark.parametrize("static,selection,reads", [
+    (True, "torch", []), (True, "triton", []),
+    (False, "torch", ["aten::nonzero"]),                    # the probe does see host reads
+])
+def test_static_search_never_reads_device_values_on_the_host(world, static, selection, reads):
     """What the CPU can check of the CUDA-graph contract: the static search (prefill, decode,
     selection, expansion) calls no op that reads a value back or copies host data in."""
     _, _, engine = world
-    static = Engine(engine.model, engine.catalog,
-                    EngineConfig(static_shapes=True, selection_backend=selection))
+    engine = Engine(engine.model, engine.catalog,
+                    EngineConfig(static_shapes=static, selection_backend=selection))
     tokens, lengths, segs = prompts(18, [9, 4])
     exclude = torch.tensor([[int(engine.catalog.path_items[2])], [-1]])
-    batch = check_inputs(static, tokens, lengths, segs, 6, 10, None, exclude)
-    with torch.no_grad(), _HostReads() as reads:
-        static.search(batch, 6, 10)
-    assert reads.seen == []
-    dynamic = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=False))
-    with torch.no_grad(), _HostReads() as reads:
-        dynamic.search(batch, 6, 10)
-    assert reads.seen == ["aten::nonzero"]                   # the probe does see host reads
+    batch = checked_batch(engine, tokens, lengths, segs, 6, 10, None, exclude)
+    with torch.no_grad(), _HostReads() as seen:
+        search.search(engine.model, engine.catalog, batch, 6, 10, engine.options,
+                      engine.runner.exclusions)
+    assert seen.seen == reads
 
 
 @pytest.mark.parametrize("segmented", [False, True])
@@ -345,23 +358,26 @@ def test_bad_inputs_raise_clear_value_errors(model, change, match):
     assert isinstance(info.value, ValueError)
 
 
-class _Search(torch.nn.Module):
-    """Engine.search with tensors in and out, as an exporter wraps it."""
+class _Features(torch.nn.Module):
+    """``search.search_features`` with tensors in and out, as an exported program calls it:
+    the catalog's tables stay arguments of the call, not state of a closure."""
 
     def __init__(self, engine):
         super().__init__()
-        self.engine, self.model = engine, engine.model
+        self.model, self.catalog, self.options = engine.model, engine.catalog, engine.options
 
-    def forward(self, token_ids, total_lengths, segment_ids, exclude_items):
-        batch = RequestBatch(token_ids, total_lengths, segment_ids, False, None, exclude_items)
-        return self.engine.search(batch, 6, 10)
+    def forward(self, token_ids, lengths, segment_ids, exclude_items):
+        items, scores, _ = search.search_features(self.model, self.catalog, token_ids,
+                                                  lengths, segment_ids, None, exclude_items,
+                                                  6, 10, self.options)
+        return items, scores
 
 
 @pytest.mark.parametrize("static", [False, True])
 def test_search_exports_with_dynamic_batch_and_length(world, static):
     _, _, engine = world
     engine = Engine(engine.model, engine.catalog, EngineConfig(static_shapes=static))
-    wrapper = _Search(engine)
+    wrapper = _Features(engine)
     tokens, lengths, segs = prompts(12, [12, 7])
     batch_dim = torch.export.Dim("batch", min=1, max=64)
     length_dim = torch.export.Dim("length", min=2, max=4096)
@@ -377,3 +393,29 @@ def test_search_exports_with_dynamic_batch_and_length(world, static):
                                 exclude_items=exclude)
     assert torch.equal(got[0], want[0])
     torch.testing.assert_close(got[1], want[1], rtol=FP32.rtol, atol=FP32.atol)
+
+
+def test_search_features_sanitises_by_the_value_rules(world):
+    """Values the rules forbid (ids past the vocabulary outside the length, a falling segment
+    id there) change nothing: the features search equals the engine on the valid copy, and
+    its flags name the broken rule."""
+    _, _, engine = world
+    tokens, lengths, segs = prompts(19, [12, 7])
+    want = engine.recommend(tokens, lengths, segs, beam_width=6, top_k=10)
+    noisy = tokens.clone()
+    noisy[1, 7:] = engine.model.config.vocab_size + 5          # past row 1's length
+    with torch.no_grad():
+        items, scores, flags = search.search_features(
+            engine.model, engine.catalog, noisy.int(), lengths.int(), segs, None, None, 6, 10,
+            engine.options)
+    assert torch.equal(items, want[0])
+    torch.testing.assert_close(scores, want[1], rtol=FP32.rtol, atol=FP32.atol)
+    expected = [0] * FLAG_COUNT
+    expected[FLAG_INDEX["positions"]] = 12                      # the longest length
+    assert flags.tolist() == expected
+    noisy[0, 3] = -4                                             # inside row 0's length
+    with torch.no_grad():
+        flags = search.search_features(engine.model, engine.catalog, noisy, lengths, segs,
+                                       None, None, 6, 10, engine.options)[2]
+    expected[FLAG_INDEX["token_range"]] = 1
+    assert flags.tolist() == expected

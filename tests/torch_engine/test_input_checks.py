@@ -1,6 +1,8 @@
-"""``inputs.check_inputs`` reads the inputs' values back to the host once per call (one device
-synchronisation on CUDA), whatever rules apply, and still names the rule that failed;
-``Engine.recommend`` makes that one read after the search, on a sanitised copy meanwhile."""
+"""The checks of ``Engine.recommend``'s arguments: ``check_arguments`` and the value rules'
+verdict read the inputs' values back to the host once per batch (one device synchronisation
+on CUDA), whatever rules apply, and still name the rule that failed (each rule of
+``xgr_common.value_rules``, in the table's order); ``Engine.recommend`` makes that one read
+after the search, on a sanitised copy meanwhile."""
 
 import contextlib
 
@@ -9,12 +11,15 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.torch_engine.engine_worlds import checked_batch
+from torch_engine import search
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig
+from torch_engine.checks import check_arguments
 from torch_engine.engine import Engine
-from xgr_common.errors import InvalidInputError
-from torch_engine.inputs import check_inputs
 from torch_engine.model import Model
+from xgr_common.errors import InvalidInputError
+from xgr_common.value_rules import FLAG_COUNT, VALUE_RULES
 
 READERS = ("tolist", "item", "cpu", "numpy")
 
@@ -73,8 +78,9 @@ def test_valid_inputs_are_read_once(engine, monkeypatch, batch, segmented, liste
     tokens, lengths, segments, exclude = request(batch, batch + 2 * segmented)
     rows = list(exclude) if listed else exclude
     with host_reads(monkeypatch) as reads:
-        checked = check_inputs(engine, tokens.int(), lengths, segments if segmented else None,
-                               8, 10, torch.zeros(batch, 2, 64), rows)
+        checked = checked_batch(engine, tokens.int(), lengths,
+                                segments if segmented else None, 8, 10,
+                                torch.zeros(batch, 2, 64), rows)
         assert reads() == 1
     valid = torch.arange(20)[None, :] < lengths[:, None]
     assert torch.equal(checked.token_ids, torch.where(valid, tokens, 0))
@@ -89,7 +95,7 @@ def test_uneven_exclusion_rows_are_padded(engine):
     tokens, lengths, _, _ = request(3, 0)
     rows = [torch.tensor([5, 7], dtype=torch.int32), torch.tensor([], dtype=torch.int64),
             torch.tensor([9])]
-    checked = check_inputs(engine, tokens, lengths, None, 8, 10, None, rows)
+    checked = checked_batch(engine, tokens, lengths, None, 8, 10, None, rows)
     assert checked.exclude_items.tolist() == [[5, 7], [-1, -1], [9, -1]]
 
 
@@ -98,7 +104,8 @@ def test_uneven_exclusion_rows_are_padded(engine):
     ("bad_token_and_segments", "token_ids must lie in"),
     ("segments_and_exclusion", "non-decreasing"),
     ("exclusion", "exclude_items must hold item ids"),
-    ("too_long", r"prompt plus generated codes \(\d+ positions\) exceed"),
+    ("too_long", r"prompt plus generated codes .* must not exceed the model's max_position; "
+                 r"got \d+ positions"),
 ])
 def test_first_failing_value_rule_is_named(engine, case, match):
     tokens, lengths, segments, exclude = request(2, 5)
@@ -118,26 +125,60 @@ def test_first_failing_value_rule_is_named(engine, case, match):
         tokens = torch.full((2, engine.model.config.max_position), 9)
         segments, lengths = None, torch.tensor([5, engine.model.config.max_position])
     with pytest.raises(InvalidInputError, match=match):
-        check_inputs(engine, tokens, lengths, segments, 8, 10, None, exclude)
+        checked_batch(engine, tokens, lengths, segments, 8, 10, None, exclude)
+
+
+def broken(engine, rule: str):
+    """A valid request of two rows, then ``rule`` (a ``VALUE_RULES`` name) broken alone."""
+    tokens, lengths, segments, exclude = request(2, 6)
+    lengths = torch.tensor([20, 13])
+    if rule == "lengths_positive":
+        lengths[1] = 0
+    if rule == "lengths_fit":
+        lengths[1] = 21
+    if rule == "token_range":
+        tokens[1, 12] = engine.model.config.vocab_size
+    if rule == "segment_order":
+        segments[0, 7] = segments[0, 6] - 1
+    if rule == "exclusion_ids":
+        exclude[1, 2] = -2
+    if rule == "positions":
+        longest = engine.model.config.max_position
+        tokens = torch.full((2, longest), 9)
+        segments, lengths = None, torch.tensor([5, longest])
+    return tokens, lengths, segments, exclude
+
+
+@pytest.mark.parametrize("rule", VALUE_RULES, ids=[rule.name for rule in VALUE_RULES])
+def test_each_value_rule_raises_its_own_message(engine, rule):
+    """Every rule of the table, broken alone, raises a message that starts with that rule's
+    text (``test_invalid_values_search_safely_then_raise_and_the_engine_goes_on`` runs such
+    requests through ``recommend``); the flags hold one entry per rule."""
+    tokens, lengths, segments, exclude = broken(engine, rule.name)
+    args = check_arguments(engine.limits, tokens, lengths, segments, 8, 10, None, exclude)
+    verdict = engine.runner.verdict(args)
+    assert verdict.flags.shape == (FLAG_COUNT,)
+    with pytest.raises(InvalidInputError) as info:
+        verdict.raise_if_invalid()
+    assert str(info.value).startswith(rule.text), str(info.value)
 
 
 def test_recommend_reads_the_host_once_and_after_the_search(engine, monkeypatch):
     tokens, lengths, segments, exclude = request(3, 7)
     order = []
-    search = engine.search
+    plain = search.search
 
     def recording_search(*args, **kwargs):
         order.append("search")
-        return search(*args, **kwargs)
-    monkeypatch.setattr(engine, "search", recording_search)
+        return plain(*args, **kwargs)
     want = engine.recommend(tokens, lengths, segments, beam_width=8, top_k=10,
                             exclude_items=exclude)
     with host_reads(monkeypatch) as reads:
-        monkeypatch.setattr(engine, "search", recording_search)
+        monkeypatch.setattr(search, "search", recording_search)
         got = engine.recommend(tokens, lengths, segments, beam_width=8, top_k=10,
                                exclude_items=exclude)
         assert reads() == 1
-    assert order == ["search", "search"]
+    assert order == ["search"]
     assert torch.equal(got[0], want[0])
 
 
@@ -221,7 +262,7 @@ def test_cuda_inputs_cost_one_device_sync(segmented):
     device once."""
     engine = _cuda_engine(1)
     tokens, lengths, segments, exclude = (t.cuda() for t in request(8, 4))
-    syncs, checked = _synchronising_calls(lambda: check_inputs(
+    syncs, checked = _synchronising_calls(lambda: checked_batch(
         engine, tokens, lengths, segments if segmented else None, 8, 10, None, exclude))
     assert len(syncs) == 1, syncs
     assert checked.token_ids.device == engine.device

@@ -160,7 +160,8 @@ def multiprocessors(device: torch.device) -> int:
 
 
 def l2_bytes(device: torch.device) -> int:
-    """The GPU's L2 cache size (a 50 MB H200 figure under the interpreter or on the CPU)."""
+    """The GPU's L2 cache size (a nominal 50 MiB, a datacenter GPU's size, under the
+    interpreter or on the CPU)."""
     if device.type != "cuda":
         return 50 * 2 ** 20
     return torch.cuda.get_device_properties(device).L2_cache_size

@@ -23,10 +23,9 @@ in flat-index order, i.e. sorted by parent beam). Launches:
 
 A program whose candidates fit ``RESIDENT_KEYS`` loads them once and keeps them in registers
 through its four passes (``_radix_select_resident``); larger ones stream them through blocks
-once per pass. On the H200 that took one W 256 x C 256 level from 99 to 57 us at batch 1
-(``benchmarks/results/selection_2026-11-30_h200_resident.json``): a select's time is its chain
-of block-wide scans and reductions, not its loads, and streaming multiplied that chain by the
-number of blocks.
+once per pass. Keeping them resident nearly halves a level's selection at batch 1: a select's
+time is its chain of block-wide scans and reductions, not its loads, and streaming multiplies
+that chain by the number of blocks.
 
 Shapes only decide the launch (no device reads), so it captures in a CUDA graph. Registered as
 ``xgr::constrained_topk`` with a shape-only fake.
@@ -385,8 +384,8 @@ def _select_block(keys: int, resident_keys: int) -> tuple[int, bool, int]:
     """Block size of a program selecting among ``keys`` candidates, whether they all stay in
     registers (one block) or are streamed through blocks once per radix pass, and its warps.
     Streamed, the interpreter pays per block and the GPU per register: larger blocks only on
-    the CPU. Resident, 16 warps from 4096 keys on (H200: 54 against 57 us a 4096-key level
-    at 8 warps; at 256 keys 8 warps are faster)."""
+    the CPU. Resident, 16 warps from 4096 keys on (slightly faster there than 8 warps; at a
+    few hundred keys 8 warps are faster)."""
     block = triton.next_power_of_2(keys)
     if block <= resident_keys:
         return block, True, 16 if block >= 4096 else 8

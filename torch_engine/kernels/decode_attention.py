@@ -293,11 +293,10 @@ class DecodeTile:
 
 
 # Head dim -> (tile when the row tiles alone fill the GPU, tile when the prompt is split).
-# From the tile sweeps at W 256, prompt 1024 on an H200 (benchmarks/notes/attention.md): 64-row
-# tiles x 4 warps for both head dims, at batch 16 and at batch 1. ``per_sm`` of the split tiles
-# (sm_90 compile, Triton 3.6): d64 with the merge code holds 134 registers per thread, so
-# three programs per multiprocessor (four without it); d128 takes 112 KB of shared memory, so
-# two. The batch-1 split sweep (notes/attention.md v10) slows past exactly these counts.
+# From the tile sweeps (``docs/performance.md``): 64-row tiles x 4 warps for both head dims,
+# at large batches and at batch 1. ``per_sm`` of the split tiles is how many programs fit a
+# multiprocessor in an sm_90 compile: d64 with the merge code is bound by its registers per
+# thread, d128 by its shared memory. The batch-1 split sweep slows past exactly these counts.
 DECODE_TILES = {
     64: (DecodeTile(64, 64, 4, 3, acc_in_dot=False),
          DecodeTile(64, 64, 4, 3, acc_in_dot=False, per_sm=3)),
@@ -306,9 +305,9 @@ DECODE_TILES = {
 _INTERPRETER_TILE = DecodeTile(16, 16, 4, 1)
 # Cost model of a split prompt, in key-tile steps of one program: a program's fixed work
 # (prologue, own stage, epilogue) and what each split adds to the merge (the last program
-# reads every split's partial rows). Fitted to the batch-1 split sweep (v10 in
-# notes/attention.md: within 1% of the best forced count on average over 18 shapes, at worst
-# 7%, where the earlier rule averaged 13% and lost up to 45%).
+# reads every split's partial rows). Fitted to the batch-1 split sweep: close to the best
+# forced split count on every shape swept, where a rule without the merge term lost badly on
+# some.
 _FIXED_STEPS = 2.0
 _MERGE_STEPS_PER_SPLIT = 1.0
 

@@ -1,9 +1,9 @@
 """The value rules and the sanitised copy of ``Engine.recommend``'s inputs in one Triton launch,
 for the serving path on CUDA.
 
-With plain torch ops ``inputs.prepare_inputs`` spends about 30 small launches per request on
-these (0.55-0.76 ms of host time on the H200 at batch 1, about a tenth of a whole request whose
-search replays as one CUDA graph). Here one program per request row:
+With plain torch ops the rules take about 30 small launches per request, whose host time is a
+noticeable share of a whole request that replays as one CUDA graph. Here one program per
+request row:
 
 * loops over its row in blocks of ``BLOCK`` slots: token ids out of range within the length,
   segment ids negative or falling within the length (the left neighbour is a second, cached
@@ -11,19 +11,20 @@ search replays as one CUDA graph). Here one program per request row:
   and the running maximum of the clamped segment ids (``tl.associative_scan`` with a max
   combine inside a block, plus the maximum carried from the blocks before);
 * loops over its exclusion row in blocks of ``EXCLUDE_BLOCK`` ids (ids < -1);
-* combines its six flags into the batch's ``[6]`` int64 flags with ``atomic_max``. The buffer
-  starts at the smallest int64 (one fill), so every entry is the exact maximum over the rows,
-  the longest length included when every length is negative.
+* combines its flags, one per rule of ``xgr_common.value_rules.VALUE_RULES`` in its order,
+  into the batch's ``[FLAG_COUNT]`` int64 flags with ``atomic_max``. The buffer starts at the
+  smallest int64 (one fill), so every entry is the exact maximum over the rows, the longest
+  length included when every length is negative.
 
-With ``EXTENT`` (padded buffers of a captured search, ``inputs.PaddedInputs``) each program
+With ``EXTENT`` (padded buffers of a captured search, ``runner.StaticInputs``) each program
 first reads the packed extent: a padding row becomes a one-token request and raises no flag,
 slots past the real width and exclusion columns past the real count are written as padding.
 
 Same function, bit for bit, as ``torch_engine.reference.input_rules`` (read its docstring for
 the rules). The launcher checks shapes, dtypes, contiguity and devices (never values, which
 would cost a host synchronisation) and raises ``InvalidInputError`` naming the argument and
-the rule. A plain launch (no custom op): ``prepare_inputs`` runs it before an eager search, and
-the captured whole-search graphs run it as their first kernel (outside tracing either way).
+the rule. A plain launch (no custom op): the runner calls it before an eager search, and the
+captured whole-search graphs run it as their first kernel (outside tracing either way).
 """
 
 from __future__ import annotations
@@ -34,12 +35,22 @@ import triton.language as tl
 
 from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.reference.input_rules import EXTENT_BITS
+from xgr_common.buckets import EXTENT_BITS
+from xgr_common.value_rules import FLAG_COUNT, FLAG_INDEX
 
 _OP = "input_rules"
 _INT64_MIN = -(2**63)
 # Slots per block of a row: a 16K-token row takes 16 steps of one program.
 _MAX_BLOCK = 1024
+# Where each rule's flag goes (the table's order), as constants the kernel reads.
+_FLAGS = tl.constexpr(FLAG_COUNT)
+_FLAG_SLOTS = tl.constexpr(triton.next_power_of_2(FLAG_COUNT))
+_SHORT = tl.constexpr(FLAG_INDEX["lengths_positive"])
+_LONG = tl.constexpr(FLAG_INDEX["lengths_fit"])
+_TOKENS = tl.constexpr(FLAG_INDEX["token_range"])
+_SEGMENTS = tl.constexpr(FLAG_INDEX["segment_order"])
+_EXCLUDE = tl.constexpr(FLAG_INDEX["exclusion_ids"])
+_POSITIONS = tl.constexpr(FLAG_INDEX["positions"])
 
 
 @triton.jit
@@ -113,18 +124,19 @@ def _input_rules_kernel(tokens_ptr, lengths_ptr, segments_ptr, exclude_ptr, flag
             tl.store(exclude_out_ptr + exclude_base + slot, tl.where(counted, item, -1),
                      mask=inside)
 
-    entry = tl.arange(0, 8)
-    value = tl.where(entry == 0, (length < 1).to(tl.int64),
-            tl.where(entry == 1, (length > limit).to(tl.int64),
-            tl.where(entry == 2, bad_token.to(tl.int64),
-            tl.where(entry == 3, bad_segment.to(tl.int64),
-            tl.where(entry == 4, bad_exclude.to(tl.int64), length)))))
-    tl.atomic_max(flags_ptr + entry, value, mask=(entry < 6) & real)
+    entry = tl.arange(0, _FLAG_SLOTS)
+    value = tl.where(entry == _SHORT, (length < 1).to(tl.int64),
+            tl.where(entry == _LONG, (length > limit).to(tl.int64),
+            tl.where(entry == _TOKENS, bad_token.to(tl.int64),
+            tl.where(entry == _SEGMENTS, bad_segment.to(tl.int64),
+            tl.where(entry == _EXCLUDE, bad_exclude.to(tl.int64),
+            tl.where(entry == _POSITIONS, length, 0))))))
+    tl.atomic_max(flags_ptr + entry, value, mask=(entry < _FLAGS) & real)
 
 
 def _warps(block: int, exclude_block: int) -> int:
     """8 warps for 1024-slot blocks: with 4, the padded form's extra live values spill to the
-    stack in an sm_90 compile (72 registers + 8 stack bytes; 58 and none with 8)."""
+    stack in an sm_90 compile; with 8 they fit in registers."""
     return 8 if max(block, exclude_block) >= 1024 else 4
 
 
@@ -186,7 +198,7 @@ def _check_inputs(tokens, lengths, segments, exclude, vocab_size, prefix, causal
         tensors["segments"] = segments
     if extent is not None:
         _integer("extent", extent, (torch.int64,))
-        c.check_rank(_OP, "extent", extent, 1, "[1] (reference.input_rules.pack_extent)")
+        c.check_rank(_OP, "extent", extent, 1, "[1] (xgr_common.buckets.pack_extent)")
         c.check_dim(_OP, "extent", extent, 0, 1, "1, the packed extent")
         tensors["extent"] = extent
     c.check_devices(_OP, tensors)
@@ -202,11 +214,11 @@ def input_rules(tokens: torch.Tensor, lengths: torch.Tensor, segments: torch.Ten
     dtypes widened first); lengths: ``[B]`` integer (likewise); segments: ``[B, L]`` int32
     contiguous, or None exactly when ``causal``; exclude: ``[B, X]`` int64 contiguous (-1 =
     padding); extent: None, or for padded buffers a ``[1]`` int64 tensor
-    ``reference.input_rules.pack_extent(rows, width, excluded)``; all on one device (CUDA, or
+    ``xgr_common.buckets.pack_extent(rows, width, excluded)``; all on one device (CUDA, or
     the CPU under ``TRITON_INTERPRET=1``). block, exclude_block: slots per loop step (powers of
     two >= 16; default: the row rounded up, at most 1024).
 
-    Returns (flags ``[6]`` int64, tokens_out ``[B, L]`` int64, total_lengths ``[B]`` int64,
+    Returns (flags ``[FLAG_COUNT]`` int64, tokens_out ``[B, L]`` int64, total_lengths ``[B]`` int64,
     segments_out ``[B, L]`` int32, exclude_out ``[B, X]`` int64: ``exclude`` itself without an
     extent), as ``torch_engine.reference.input_rules``. No host read.
     """
@@ -219,7 +231,7 @@ def input_rules(tokens: torch.Tensor, lengths: torch.Tensor, segments: torch.Ten
     device = tokens.device
     block = _pick_block(width, block, "block")
     exclude_block = _pick_block(exclude.shape[1], exclude_block, "exclude_block")
-    flags = torch.full((6,), _INT64_MIN, dtype=torch.int64, device=device)
+    flags = torch.full((FLAG_COUNT,), _INT64_MIN, dtype=torch.int64, device=device)
     tokens_out = torch.empty((batch, width), dtype=torch.int64, device=device)
     total = torch.empty((batch,), dtype=torch.int64, device=device)
     segments_out = torch.empty((batch, width), dtype=torch.int32, device=device)

@@ -1,8 +1,9 @@
 """The final path -> item expansion of a beam search in one Triton launch.
 
 ``torch_engine.beam_search.expand_items`` spends about 38 small torch kernels (sort, gathers,
-cumsums, two searchsorted, two scatters) at the end of every search, each 2-3 us inside the
-search's CUDA graph. Here one program per request does all of it:
+cumsums, two searchsorted, two scatters) at the end of every search, each a launch of its own
+inside the search's CUDA graph, however little it computes. Here one program per request does
+all of it:
 
 1. sorts the request's W beam scores in registers: one descending ``tl.sort`` of int64 keys,
    the order-preserving int32 key of the score in the upper half and ``BLOCK_W - 1 - beam`` in

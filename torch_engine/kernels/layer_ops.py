@@ -16,8 +16,8 @@ elementwise launches (``qkv_rotary``, ``silu_mul``) instead of 4.
   (Qwen2) or 11 (Qwen3) plus the KV copies.
 * ``silu_mul``: ``silu(gate) * up`` from the fused gate/up product, after the post-attention
   norm's row scale: 1 launch instead of 4.
-* ``rms_norm``: RMSNorm alone (the model's final norm): one row per program, about 1 us less
-  than torch's kernel.
+* ``rms_norm``: RMSNorm alone (the model's final norm): one row per program, a shorter
+  kernel than torch's.
 * ``rotary_cos_sin``: the rotary cos and signed sin rows of a pass's positions (each repeated
   for the beams of a decode step), from the model's frequencies: 1 launch instead of about 13
   (``layers.rotary_cos_sin``: the frequencies, the products, cos, sin, the concatenations,

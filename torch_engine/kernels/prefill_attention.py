@@ -335,13 +335,13 @@ def _check_inputs(q, k, v, cu_seqlens, segment_ids, mode, scale,
     return mode, c.resolve_scale(_OP, scale, dim)
 
 
-# Head dim -> tile, from the tile sweeps (item-level causal, batch 1-16 x L 1024-8192, H200;
-# benchmarks/notes/attention.md). Since the masks come from per-row windows (v8), one tile
-# serves every batch and length: d64 64 x 64 with registers capped at 128, so that four
-# programs share a multiprocessor (v8 sweep: up to 6% faster than uncapped, and ahead of the
-# earlier 128-row and 128-key tiles); d128 64 x 64 loading whole key tiles through TMA
-# descriptors (v7: 12-17%). fp32 inputs take FP32_TILE: pointer loads and no register cap
-# (fp32 tiles take twice the shared memory and registers; the GPU grid tests run fp32 on it).
+# Head dim -> tile, from the tile sweeps (item-level causal, batches of 1 to 16 long prompts;
+# ``docs/performance.md``). Since the masks come from per-row windows, one tile serves every
+# batch and length: d64 64 x 64 with registers capped at 128, so that four programs share a
+# multiprocessor (faster than uncapped, and ahead of the earlier 128-row and 128-key tiles);
+# d128 64 x 64 loading whole key tiles through TMA descriptors (faster than pointer loads).
+# fp32 inputs take FP32_TILE: pointer loads and no register cap (fp32 tiles take twice the
+# shared memory and registers; the GPU grid tests run fp32 on it).
 PREFILL_TILES = {
     64: PrefillConfig(64, 64, 4, 3, maxnreg=128),
     128: PrefillConfig(64, 64, 4, 3, tma=True),
