@@ -25,7 +25,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 import torch
 
-from bridge.dlpack import to_tf, to_torch
+from bridge import to_tf, to_torch
 from tf_frontend.rules import BusinessRules, PostProcessor, engine_feeds
 from torch_engine.engine import Engine
 from xgr_common.errors import ConfigError, InvalidInputError, require

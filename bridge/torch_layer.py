@@ -25,7 +25,7 @@ import tensorflow as tf
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import gen_script_ops, script_ops
 
-from bridge.dlpack import to_tf, to_torch
+from bridge import to_tf, to_torch
 from xgr_common.errors import BridgeError, require
 
 NOT_PORTABLE = ("NOT PORTABLE: this graph calls Torch through tf.py_function, whose Python "
