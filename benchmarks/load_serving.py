@@ -86,7 +86,7 @@ def build_pool(base: str, rows: int):
 
     from tf_frontend.serving.server import load_op_libraries
     from tf_frontend.feature_graph import features_from_world
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     load_op_libraries()
     newest = max(int(v) for v in os.listdir(base) if v.isdigit())

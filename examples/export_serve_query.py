@@ -35,7 +35,7 @@ from torch_engine.engine import Engine  # noqa: E402
 from xgr_common.errors import ParityError, require  # noqa: E402
 from torch_engine.model import Model  # noqa: E402
 from xgr_common.prompt_spec import PromptSpec  # noqa: E402
-from torch_engine.synthetic import WorldConfig, make_world  # noqa: E402
+from xgr_world.synthetic import WorldConfig, make_world  # noqa: E402
 from xgr_common.tolerances import tolerance_for  # noqa: E402
 
 FLAGS = flags.FLAGS

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 # Import the project's Torch side before TensorFlow: TF and Triton both bundle LLVM, and
 # Triton (which torch imports when it trains) must be loaded first.
-from bridge import default_model
+from xgr_world import default_model
 
 import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 
-from bridge.evaluation import popularity_lists, popularity_ranking, recall_at  # noqa: E402
+from xgr_world.evaluation import popularity_lists, popularity_ranking, recall_at  # noqa: E402
 from bridge.pipeline import BusinessRules, RecommendPipeline  # noqa: E402
 from tf_frontend.feature_graph import features_from_world  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402

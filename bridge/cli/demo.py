@@ -17,13 +17,13 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from bridge import default_model as dm
+from xgr_world import default_model as dm
 
 import numpy as np  # noqa: E402
 from absl import flags  # noqa: E402
 from tqdm.auto import tqdm  # noqa: E402
 
-from bridge.evaluation import Evaluation, evaluate, popularity_ranking  # noqa: E402
+from xgr_world.evaluation import Evaluation, evaluate, popularity_ranking  # noqa: E402
 from bridge.pipeline import BusinessRules, RecommendPipeline  # noqa: E402
 from torch_engine.catalog import Catalog  # noqa: E402
 from torch_engine.engine import Engine  # noqa: E402
@@ -43,7 +43,7 @@ flags.DEFINE_integer("max_per_category", 0, "Business rule: at most this many it
 flags.DEFINE_bool("refit", False, "Fit the default model again even when a cached fit exists.")
 flags.DEFINE_string("cache_dir", None, "Where fits are cached (default $XGR_CACHE_DIR or "
                     "~/.cache/xgr-bridge).")
-flags.DEFINE_bool("quick", False, "A small world and a short fit (bridge.default_model.QUICK): "
+flags.DEFINE_bool("quick", False, "A small world and a short fit (xgr_world.default_model.QUICK): "
                   "a first look in under a minute, and what CI runs.")
 flags.DEFINE_integer("fit_steps", None, "Training steps of a fresh fit (default: the settings').")
 flags.DEFINE_integer("seed", 0, "Seed of the world and of the fit.")

@@ -82,7 +82,7 @@ def main(argv: list[str]) -> int:
     from torch_engine.engine import Engine
     from torch_engine.model import Model
     from xgr_common.prompt_spec import PromptSpec
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     engine_config = EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch,
                                        FLAGS.device)

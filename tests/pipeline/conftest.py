@@ -46,7 +46,7 @@ def quick_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def quick_model(quick_run):
     """The quick fit, loaded from the cache the demo wrote."""
-    from bridge import default_model
+    from xgr_world import default_model
 
     fitted = default_model.fit_or_load(default_model.QUICK, quick_run[0], progress=False)
     assert fitted.loaded

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from torch_engine.synthetic import WorldConfig  # noqa: E402
+from xgr_world.synthetic import WorldConfig  # noqa: E402
 
 MAX_BATCH, MAX_LEN, TOP_K, ITEMS = 4096, 512, 5, 40
 WORLD = WorldConfig(num_items=300, num_users=20)
@@ -42,7 +42,7 @@ class ToyRecommender(torch.nn.Module):
     def __init__(self):
         super().__init__()
         from xgr_common.layout import TokenLayout
-        from torch_engine.synthetic import make_world
+        from xgr_world.synthetic import make_world
 
         torch.manual_seed(1)
         self.tokens = torch.nn.Embedding(TokenLayout().code_end, 8)

@@ -58,7 +58,7 @@ def export(out: Path, device: str, attention: str) -> None:
     from torch_engine.engine import Engine
     from torch_engine.model import Model
     from xgr_common.prompt_spec import PromptSpec
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     out.mkdir(parents=True, exist_ok=True)
     world = make_world(WorldConfig(num_items=ITEMS, num_users=USERS, history_events=EVENTS,

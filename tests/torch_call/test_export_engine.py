@@ -22,7 +22,7 @@ from torch_engine.catalog import Catalog
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.prompt_spec import PromptSpec
-from torch_engine.synthetic import WorldConfig, make_world
+from xgr_world.synthetic import WorldConfig, make_world
 from xgr_common.tolerances import TOLERANCES
 
 HERE = Path(__file__).resolve().parent

@@ -19,7 +19,7 @@ from tf_frontend.rules import PostProcessor
 from tf_frontend.feature_graph import INPUTS, FeatureGraph, features_from_world
 from xgr_common.errors import ExportError
 from xgr_common.prompt_spec import PromptSpec
-from torch_engine.synthetic import make_world
+from xgr_world.synthetic import make_world
 
 HERE = Path(__file__).resolve().parent
 TOY_INPUTS = ("token_ids", "lengths")

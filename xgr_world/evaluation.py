@@ -15,7 +15,7 @@ import tensorflow as tf
 from bridge.pipeline import RecommendPipeline, StageTimings
 from tf_frontend.feature_graph import features_from_world
 from xgr_common.errors import InvalidInputError, require
-from torch_engine.synthetic import World
+from xgr_world.synthetic import World
 
 
 def popularity_ranking(world: World, users: np.ndarray) -> np.ndarray:
