@@ -43,7 +43,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # run from a checkout
 
-from tf_frontend import torch_package  # noqa: E402  (first: Triton before TF)
+from xgr_export import torch_package  # noqa: E402  (first: Triton before TF)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402

@@ -66,7 +66,7 @@ def start_server(base: str) -> tuple[subprocess.Popen, int, int]:
     path = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path, PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
-        [sys.executable, "-m", "bridge.cli.main", "serve", "--model_name=recs",
+        [sys.executable, "-m", "xgr_cli.main", "serve", "--model_name=recs",
          f"--model_base_path={base}", "--port=0", "--rest_api_port=0",
          "--bind_address=127.0.0.1", "--enable_batching", "--log_level=WARNING",
          f"--max_batch_size={FLAGS.max_batch_size}",

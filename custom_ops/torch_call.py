@@ -3,7 +3,7 @@
 Imports TensorFlow only. The package is usually a ``tf.saved_model.Asset``, so a SavedModel
 that calls it carries the file and loads anywhere ``custom_ops`` is importable: no Python
 engine code and no torch Python package are needed at load time (libtorch comes with the op
-library). Packages are made by ``tf_frontend.torch_package`` and carry their calling contract;
+library). Packages are made by ``xgr_export.torch_package`` and carry their calling contract;
 the op checks every call against it and raises ``InvalidArgumentError`` (bad dtype, shape,
 count), ``NotFoundError`` (missing file) or ``FailedPreconditionError`` (a CUDA package on a
 host without CUDA) instead of crashing the process.

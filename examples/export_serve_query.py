@@ -4,7 +4,7 @@
 
 1. Export: a tiny engine (random weights, the synthetic catalog) is packaged with AOTInductor
    and embedded with the TF feature graph and post-processing into ``<workdir>/models/recs/1``
-   (``tf_frontend.export.export_pipeline``).
+   (``xgr_export.saved_model.export_pipeline``).
 2. Serve: ``ModelServer`` (what ``xgr serve`` runs) on free loopback ports, with batching.
 3. Query: the same users through ``PredictionServiceStub.Predict`` (gRPC) and ``:predict``
    (REST, row format), checked against the SavedModel called in this process.
@@ -12,8 +12,8 @@
 
 from __future__ import annotations
 
-# First: the engine export takes Triton before TensorFlow is imported (tf_frontend.torch_package).
-from tf_frontend import engine_package  # noqa: I001
+# First: the engine export takes Triton before TensorFlow is imported (xgr_export.torch_package).
+from xgr_export import engine_package  # noqa: I001
 
 import json  # noqa: E402
 import os  # noqa: E402
@@ -26,7 +26,7 @@ import tensorflow as tf  # noqa: E402
 from absl import app, flags  # noqa: E402
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
-from tf_frontend.export import PipelineConfig, export_pipeline  # noqa: E402
+from xgr_export.saved_model import PipelineConfig, export_pipeline  # noqa: E402
 from tf_frontend.feature_graph import FeatureGraph, features_from_world  # noqa: E402
 from tf_frontend.serving.config import BatchingConfig, ServerConfig  # noqa: E402
 from tf_frontend.serving.server import ModelServer, load_op_libraries  # noqa: E402

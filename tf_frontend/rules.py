@@ -1,7 +1,7 @@
 """The business rules of a recommendation list: one rule set for every pipeline.
 
-Both the exported SavedModel (``tf_frontend.export``) and the in-process pipelines
-(``tf_frontend.export.PythonPipeline``, ``bridge.pipeline.RecommendPipeline``) apply them the same
+Both the exported SavedModel (``xgr_export.saved_model``) and the in-process pipelines
+(``xgr_export.saved_model.PythonPipeline``, ``bridge.pipeline.RecommendPipeline``) apply them the same
 way:
 
 * on the device, before items are ranked: the engine never returns an item of the request's

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_xgr(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """``xgr ARGS`` in a fresh interpreter at the repository root."""
     env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "bridge.cli.main", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "xgr_cli.main", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -141,12 +141,12 @@ def test_bad_inputs_raise_named_errors(pipeline, quick_model, users):
 
 
 def test_one_rule_set_for_both_in_process_pipelines(make_pipeline, quick_model, users):
-    """``RecommendPipeline`` and ``tf_frontend.export.PythonPipeline`` (the exported
+    """``RecommendPipeline`` and ``xgr_export.saved_model.PythonPipeline`` (the exported
     SavedModel's reference) apply the same rules the same way: history excluded on the device,
     blocked items and the category cap after the engine."""
     import torch
 
-    from tf_frontend.export import PipelineConfig, PythonPipeline
+    from xgr_export.saved_model import PipelineConfig, PythonPipeline
 
     world = quick_model.world
     plain = make_pipeline().recommend(features_from_world(world, users), BEAM, TOP_K)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.child_env import child_env
-from tf_frontend.export import PipelineConfig, PythonPipeline
+from xgr_export.saved_model import PipelineConfig, PythonPipeline
 from tf_frontend.feature_graph import FeatureGraph, features_from_world
 from torch_engine.catalog import Catalog
 from torch_engine.engine import Engine
@@ -44,7 +44,7 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def saved_model(tmp_path_factory):
     out = tmp_path_factory.mktemp("xgr_export") / "pipeline"
-    done = _run(["-m", "bridge.cli.main", "export", f"--out={out}", f"--seed={SEED}",
+    done = _run(["-m", "xgr_cli.main", "export", f"--out={out}", f"--seed={SEED}",
                  f"--num_items={ITEMS}", f"--beam_width={BEAMS}", f"--top_k={TOP_K}",
                  f"--top_n={TOP_N}", f"--cache_dir={CACHE}"], timeout=900)
     assert "saved" in done.stdout
@@ -87,7 +87,7 @@ def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path)
 
 def test_export_rejects_sizes_the_search_cannot_serve(tmp_path):
     env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-m", "bridge.cli.main", "export",
+    done = subprocess.run([sys.executable, "-m", "xgr_cli.main", "export",
                            f"--out={tmp_path / 'never'}", f"--num_items={ITEMS}",
                            "--beam_width=4", "--top_k=50"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -14,7 +14,7 @@ import tensorflow as tf
 import torch
 
 from tests.child_env import child_env
-from tf_frontend.export import OUTPUTS, SIGNATURE, PipelineConfig, PythonPipeline, export_pipeline
+from xgr_export.saved_model import OUTPUTS, SIGNATURE, PipelineConfig, PythonPipeline, export_pipeline
 from tf_frontend.rules import PostProcessor
 from tf_frontend.feature_graph import INPUTS, FeatureGraph, features_from_world
 from xgr_common.errors import ExportError

@@ -29,7 +29,7 @@ def _require_traceable() -> None:
     require(triton_importable(), ExportError,
             "cannot trace or compile torch code in this process: tensorflow was imported before "
             "triton, and importing triton now would abort the process (both bundle LLVM). "
-            "Import tf_frontend.torch_package (or triton) before tensorflow, or build the "
+            "Import xgr_export.torch_package (or triton) before tensorflow, or build the "
             "package in a separate process (`xgr export` imports torch first)")
 
 

@@ -4,7 +4,7 @@ AOTInductor (or TorchScript) for the target device.
 The host checks of ``Engine.recommend`` (``torch_engine.inputs.check_inputs``) read values and
 cannot be traced; the exported program takes what the feature graph emits, which satisfies
 them by construction (``xgr_common.prompt_spec``), and runs ``Engine.search``. Import this
-module before tensorflow (see ``tf_frontend.torch_package``).
+module before tensorflow (see ``xgr_export.torch_package``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from tf_frontend import torch_package
+from xgr_export import torch_package
 
 import torch  # noqa: E402
 

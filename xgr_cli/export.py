@@ -63,7 +63,7 @@ def resolve_attention(requested: str, device: str) -> str:
     if not device.startswith("cuda"):
         return "torch"
     import torch_engine.kernels  # noqa: F401  (registers the xgr:: ops)
-    from tf_frontend.torch_package import is_triton_op
+    from xgr_export.torch_package import is_triton_op
 
     embeddable = all(is_triton_op(name) for name in
                      ("xgr::decode_attention", "xgr::prefill_attention"))
@@ -73,7 +73,7 @@ def resolve_attention(requested: str, device: str) -> str:
 def main(argv: list[str]) -> int:
     del argv
     # The torch side first: Triton (pulled in by torch.export) aborts once TF is loaded.
-    from tf_frontend.engine_package import EngineExportConfig, export_engine
+    from xgr_export.engine_package import EngineExportConfig, export_engine
 
     import torch
 
@@ -114,7 +114,7 @@ def main(argv: list[str]) -> int:
                                 FLAGS.cache_dir or None)
         report["package_seconds"] = time.perf_counter() - started
         report["package_bytes"] = package.path.stat().st_size
-        from tf_frontend import export as pipeline_export
+        from xgr_export import saved_model as pipeline_export
         from tf_frontend.feature_graph import FeatureGraph
 
         config = pipeline_export.PipelineConfig(top_n=FLAGS.top_n)
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
           f".signatures['serving_default'](**features)", flush=True)
     ok = True
     if FLAGS.verify_requests:
-        from bridge.cli.export_check import verify_against_python
+        from xgr_export.check import verify_against_python
 
         verdict = verify_against_python(out, graph, engine, config, world, FLAGS.verify_requests,
                                         FLAGS.beam_width, FLAGS.top_k)

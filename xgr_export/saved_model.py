@@ -5,14 +5,14 @@
 ``item_ids`` int64 [B, top_n], ``scores`` float32 [B, top_n] and ``num_items`` int32 [B]. The
 business rules are ``tf_frontend.rules``: the engine gets the cleaned history as
 ``exclude_items`` and never returns it; blocked and over-cap items are dropped after it. The
-engine package (``tf_frontend.engine_package``) travels as an asset; loading needs only
+engine package (``xgr_export.engine_package``) travels as an asset; loading needs only
 TensorFlow and ``custom_ops`` (which links libtorch), never ``torch_engine`` or Python torch.
 
 ``PythonPipeline`` is the same pipeline in process, with the engine called from Python through
 ``bridge.dlpack``: the reference a reloaded SavedModel must match item for item.
 
 Import this module before tensorflow when the same process also exports torch programs
-(``tf_frontend.torch_package`` explains why).
+(``xgr_export.torch_package`` explains why).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from tf_frontend import torch_package
+from xgr_export import torch_package
 
 import tensorflow as tf  # noqa: E402
 

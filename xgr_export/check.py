@@ -1,9 +1,9 @@
 """``xgr export --verify_requests N``: the saved pipeline against the in-process one.
 
-The same synthetic requests go through ``tf_frontend.export.PythonPipeline`` (feature graph ->
+The same synthetic requests go through ``xgr_export.saved_model.PythonPipeline`` (feature graph ->
 DLPack -> ``Engine.recommend`` on the engine's device -> the rules) in this process and through
 the SavedModel in a fresh process with TensorFlow and ``custom_ops`` alone
-(``tf_frontend.verify``). The items must be equal; the report also times both.
+(``xgr_export.verify``). The items must be equal; the report also times both.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ import time
 
 import torch
 
-from tf_frontend.export import PythonPipeline
+from xgr_export.saved_model import PythonPipeline
 from tf_frontend.feature_graph import features_from_world
-from tf_frontend.verify import verify_saved_model
+from xgr_export.verify import verify_saved_model
 
 REFERENCE_REPEATS = 3   # timed in-process calls after the first
 SAVED_REPEATS = 10      # timed fresh-process calls after the first

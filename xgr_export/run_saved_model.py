@@ -1,12 +1,12 @@
 """Run a SavedModel with TensorFlow and ``custom_ops`` alone, as a serving host would.
 
-    python -m custom_ops.run_saved_model SAVED_MODEL FEATURES.npz OUT.npz [--repeats N]
+    python -m xgr_export.run_saved_model SAVED_MODEL FEATURES.npz OUT.npz [--repeats N]
 
 Loads the SavedModel in this (fresh) process, calls ``serving_default`` on the features of
 ``FEATURES.npz`` (one array per input; byte strings for string inputs) and writes its outputs
 to ``OUT.npz``, with ``modules`` (the names of every module this process imported: proof that
 no Python torch or engine code was needed) and ``seconds`` (load, first call, then the median
-of ``--repeats`` further calls). ``tf_frontend.verify`` compares the outputs with the
+of ``--repeats`` further calls). ``xgr_export.verify`` compares the outputs with the
 in-process pipeline.
 """
 

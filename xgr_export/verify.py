@@ -1,9 +1,9 @@
 """Check an exported SavedModel against the in-process pipeline, in a fresh process.
 
 ``verify_saved_model(saved_model, features, reference)`` runs the SavedModel with TensorFlow
-and ``custom_ops`` alone (``python -m custom_ops.run_saved_model`` in a child process: no Python
+and ``custom_ops`` alone (``python -m xgr_export.run_saved_model`` in a child process: no Python
 torch, no engine code) on ``features`` and compares its outputs with ``reference`` (what
-``tf_frontend.export.PythonPipeline`` returned for the same features): item ids and counts
+``xgr_export.saved_model.PythonPipeline`` returned for the same features): item ids and counts
 exactly, scores within the float32 tolerance of ``xgr_common.tolerances``.
 """
 
@@ -65,14 +65,14 @@ def _features_npz(features: dict, path: Path) -> None:
 def run_fresh(saved_model: str | os.PathLike, features: dict, repeats: int = 0,
               timeout: float = 900.0) -> dict[str, np.ndarray]:
     """The SavedModel's outputs on ``features`` from a fresh process (TF + custom_ops only),
-    with ``modules`` and ``seconds`` (see ``custom_ops.run_saved_model``)."""
+    with ``modules`` and ``seconds`` (see ``xgr_export.run_saved_model``)."""
     with tempfile.TemporaryDirectory(prefix="xgr_verify_") as tmp:
         feats, out = Path(tmp) / "features.npz", Path(tmp) / "outputs.npz"
         _features_npz(features, feats)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                    TF_CPP_MIN_LOG_LEVEL="3")
-        done = subprocess.run([sys.executable, "-m", "custom_ops.run_saved_model",
+        done = subprocess.run([sys.executable, "-m", "xgr_export.run_saved_model",
                                str(saved_model), str(feats), str(out), f"--repeats={repeats}"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         require(done.returncode == 0, ExportError,
