@@ -11,7 +11,7 @@ The callback key carries that explanation, so the error in the other process rea
 (Choosing the key uses TF's private ``script_ops`` registry; ``tf.py_function`` offers no
 public way to name it.)
 
-Inputs cross to Torch without a copy (``bridge.dlpack.to_torch``) and results come back the
+Inputs cross to Torch without a copy (``bridge.to_torch``) and results come back the
 same way (``bridge.dlpack.to_tf``, one copy only when TF cannot use the torch memory).
 """
 

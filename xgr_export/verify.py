@@ -3,7 +3,7 @@
 ``verify_saved_model(saved_model, features, reference)`` runs the SavedModel with TensorFlow
 and ``custom_ops`` alone (``python -m xgr_export.run_saved_model`` in a child process: no Python
 torch, no engine code) on ``features`` and compares its outputs with ``reference`` (what
-``xgr_export.saved_model.PythonPipeline`` returned for the same features): item ids and counts
+``bridge.pipeline.RecommendPipeline`` returned for the same features): item ids and counts
 exactly, scores within the float32 tolerance of ``xgr_common.tolerances``.
 """
 
@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # AOTInductor fuses and reorders float work: its scores may differ from eager torch's by a few
 # float32 roundings per layer, so the table's float32 atol is scaled for a whole model.
 SCORE_ATOL_SCALE = 10.0
-# Modules whose presence in the child would mean the SavedModel needed Python engine code.
-FORBIDDEN_MODULES = ("torch", "torch_engine.engine", "torch_engine.model", "tf_frontend")
+# Top-level packages whose presence in the child would mean the SavedModel needed Python
+# torch, engine code or our TF-side Python (the feature graph lives in the SavedModel).
+FORBIDDEN_PACKAGES = ("torch", "torch_engine", "tf_frontend", "bridge", "xgr_world")
 
 
 @dataclass(frozen=True)
@@ -101,8 +102,7 @@ def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
     same_inf = np.array_equal(np.isfinite(want["scores"]), np.isfinite(got["scores"]))
     error = float(np.abs(got["scores"][finite] - want["scores"][finite]).max(initial=0.0))
     tol = tolerance_for(np.float32)
-    forbidden = tuple(sorted(m for m in modules if m in FORBIDDEN_MODULES
-                             or m.startswith("torch.")))
+    forbidden = tuple(sorted(m for m in modules if m.split(".")[0] in FORBIDDEN_PACKAGES))
     return VerifyReport(
         requests=len(want["item_ids"]), rows_exact=len(want["item_ids"]) - len(mismatched),
         num_items_exact=bool(np.array_equal(got["num_items"], want["num_items"])),

@@ -55,10 +55,14 @@ def quick_model(quick_run):
 
 @pytest.fixture(scope="session")
 def make_pipeline(quick_model):
-    """Builds a ``RecommendPipeline`` over the quick model with the given rules."""
-    from bridge.pipeline import BusinessRules, RecommendPipeline
+    """Builds a ``RecommendPipeline`` over the quick model's engine: beam width and top_k of
+    the search, the rules, the prefill mask (default: item-causal, not the model's own)."""
+    from bridge.pipeline import RecommendPipeline
+    from tf_frontend.pipeline_spec import PipelineConfig
+    from tf_frontend.rules import BusinessRules
     from torch_engine.catalog import Catalog
     from torch_engine.engine import Engine
+    from xgr_common.layout import MaskMode
 
     world = quick_model.world
     catalog = Catalog.from_arrays(world.item_ids, world.item_codes,
@@ -66,7 +70,11 @@ def make_pipeline(quick_model):
     engine = Engine(quick_model.model, catalog)
     graph = quick_model.feature_graph()
 
-    def build(rules: BusinessRules = BusinessRules()) -> RecommendPipeline:
-        return RecommendPipeline(graph, engine, world.item_ids, world.item_codes, rules)
+    def build(beam_width: int, top_k: int, rules: BusinessRules = BusinessRules(),
+              prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> RecommendPipeline:
+        return RecommendPipeline.for_engine(graph, engine, beam_width, top_k,
+                                            PipelineConfig(top_n=top_k, rules=rules),
+                                            catalog=(world.item_ids, world.item_codes),
+                                            prefill_mask=prefill_mask)
 
     return build

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from xgr_world.synthetic import WorldConfig  # noqa: E402
+from xgr_world.synthetic import WorldConfig
 
 MAX_BATCH, MAX_LEN, TOP_K, ITEMS = 4096, 512, 5, 40
 WORLD = WorldConfig(num_items=300, num_users=20)
