@@ -2,13 +2,15 @@
 
 Training prompts come from the same TF ``FeatureGraph`` that serves (no train/serve skew): each
 training user yields ``cuts_per_user`` requests, "the history up to event k, asked at event k's
-time, should produce event k", for its latest events. The graph's token ids, segment ids and hashed profile ids cross the
-DLPack bridge; ``xgr_world.train`` fits the decoder and a Torch twin of the profile tower;
-the learned sparse table and tower then go back into the TF graph, where they run at inference.
+time, should produce event k", for its latest events. The graph's token ids, segment ids and
+hashed profile ids cross the DLPack bridge; ``xgr_world.train`` fits the decoder and a Torch
+twin of the profile tower; the learned sparse table and tower then go back into the TF graph,
+where they run at inference.
 
 A fit is cached under ``<cache_dir>/demo-<key>``, ``key`` hashing the settings and the source
-of the code that shapes the weights, so a later run loads in about a second and a code change
-refits. The held-out users (the last ``holdout_users`` of the world) never reach the trainer.
+of the code that shapes the weights, so a later run loads instead of fitting and a code
+change refits. The held-out users (the last ``holdout_users`` of the world) never reach the
+trainer.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ REPORT_FILE = "fit.json"
 
 def _default_training() -> TrainConfig:
     # Causal mask, every code of every history item a target: ~30 targets per prompt instead
-    # of one, which is what lets a two-minute fit beat popularity.
+    # of one, which is what lets a short fit beat popularity.
     return TrainConfig(steps=700, batch_size=32, objective="all_codes", mask_mode=MaskMode.CAUSAL)
 
 
@@ -96,7 +98,7 @@ class DefaultModelSettings:
         return digest.hexdigest()[:12]
 
 
-# A small world and a short fit, for a first look and for CI: about 20 s on two cores.
+# A small world and a short fit, for a first look and for CI.
 QUICK = DefaultModelSettings(
     world=WorldConfig(num_items=1000, num_users=1500, history_events=20),
     train=replace(_default_training(), steps=400, warmup_steps=40), holdout_users=300)
