@@ -44,9 +44,9 @@ from absl import app, flags
 from tqdm import tqdm
 
 from benchmarks import results_file as rf
-# tf_frontend imports triton on import, before main() imports tensorflow (both carry LLVM).
-from tf_frontend import torch_package
 from torch_engine import aoti_loading
+# xgr_export imports triton on import, before main() imports tensorflow (both carry LLVM).
+from xgr_export import torch_package
 
 ROOT = rf.ROOT
 MODULE = "benchmarks.bench_torchcall"

@@ -82,7 +82,7 @@ background=$!
 export_with() {  # attention backend, seconds
   rm -rf "$WORK/models"
   echo "$(date +%T) export with $1 attention" >> "$OUT/export.log"
-  timeout "$2" $PY -m bridge.cli.main export --out="$WORK/models/recs/1" \
+  timeout "$2" $PY -m xgr_cli.main export --out="$WORK/models/recs/1" \
       --preset="$PRESET" --device="$DEVICE" --num_items="$ITEMS" --num_users="$USERS" \
       --history_events="$EVENTS" --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" \
       --top_k="$TOPK" --top_n="$TOPN" --max_batch=64 --verify_requests="$VERIFY" \

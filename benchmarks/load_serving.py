@@ -67,7 +67,7 @@ def start_server(base: str) -> tuple[subprocess.Popen, int, int]:
     path = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path, PYTHONUNBUFFERED="1")
     process = subprocess.Popen(
-        [sys.executable, "-m", "bridge.cli.main", "serve", "--model_name=recs",
+        [sys.executable, "-m", "xgr_cli.main", "serve", "--model_name=recs",
          f"--model_base_path={base}", "--port=0", "--rest_api_port=0",
          "--bind_address=127.0.0.1", "--enable_batching", "--log_level=WARNING",
          f"--max_batch_size={FLAGS.max_batch_size}",
@@ -87,7 +87,7 @@ def build_pool(base: str, rows: int):
 
     from tf_frontend.serving.server import load_op_libraries
     from tf_frontend.feature_graph import features_from_world
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     load_op_libraries()
     newest = max(int(v) for v in os.listdir(base) if v.isdigit())

@@ -1,7 +1,7 @@
 """Hand tensors between TF and Torch over DLPack: zero-copy where possible, one copy otherwise.
 
 ``to_torch(tf_tensor, device=None)`` and ``to_tf(torch_tensor)`` share the buffer when the
-dtype and device allow it (a few microseconds, flat in size). Everything else follows the
+dtype and device allow it (a cost flat in the tensor's size). Everything else follows the
 support table in ``bridge/dtypes.py``:
 
 * rejected dtypes (TF strings, resources, float8, quantized) raise ``BridgeError`` *before*
@@ -32,7 +32,8 @@ from xgr_common.errors import BridgeError, InvalidInputError
 
 TF_ALIGNMENT = 64  # bytes; EIGEN_MAX_ALIGN_BYTES of TF's CPU kernels (tf.sysconfig flags)
 _CPU = torch.device("cpu")
-# Enum members as plain names: attribute lookups on the Enum class cost ~0.3 us each here.
+# Enum members as plain names: an attribute lookup on the Enum class is a measurable share of
+# a hand-off.
 _ZERO_COPY, _COPY, _REJECTED = Mode.ZERO_COPY, Mode.COPY, Mode.REJECTED
 
 
@@ -41,7 +42,7 @@ class HandOff(NamedTuple):
     ``"host_staging"`` for a dtype rule that forces a copy); ``reasons`` explain them.
 
     A NamedTuple, not a frozen dataclass: it is built on every hand-off, and a frozen
-    dataclass's ``__init__`` alone would cost a microsecond of the few a hand-off takes.
+    dataclass's ``__init__`` alone would be a large share of what a hand-off takes.
     """
 
     direction: str

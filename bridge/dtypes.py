@@ -178,8 +178,9 @@ def render_markdown() -> str:
         "",
         "Generated from `bridge/dtypes.py` by `python -m bridge.dlpack --markdown`; do not edit.",
         "",
-        "`bridge.dlpack.to_torch(tf_tensor, device=None)` and `bridge.dlpack.to_tf(torch_tensor)`"
-        " hand tensors over through DLPack. *zero-copy*: both sides share one buffer (a later "
+        "`bridge.to_torch(tf_tensor, device=None)` and `bridge.to_tf(torch_tensor)` (`from "
+        "bridge import to_torch, to_tf`; defined in `bridge/dlpack.py`) hand tensors over "
+        "through DLPack. *zero-copy*: both sides share one buffer (a later "
         "in-place write on the Torch side is visible to TF). *copy*: exactly one explicit copy. "
         "*rejected*: a `xgr_common.errors.BridgeError` naming the reason, raised before DLPack "
         "is touched.",

@@ -1,42 +1,45 @@
-"""The in-process pipeline: TF feature graph -> DLPack -> Torch engine -> DLPack -> TF rules.
+"""The in-process pipeline: TF feature graph -> DLPack -> a Torch engine -> DLPack -> TF rules.
 
-This is the reference the exported SavedModel and the server are compared with, so every step
-is deterministic: the same features give the same items and scores, bit for bit.
+The one pipeline that runs in a Python process: the development path, the demo's, and the
+reference an exported SavedModel (``xgr_export``) must match item for item. So it runs the
+SavedModel's TF halves (``tf_frontend.pipeline_spec``): the feature graph traced the same way,
+the same engine feeds, the same rules (``tf_frontend.rules``: the engine never returns an item
+of the request's cleaned history; blocked and over-cap items are dropped after it).
 
 Stages, each timed (``StageTimings``, milliseconds):
 
     feature_graph  the team's TF graph: prompt tokens, soft profile vectors, cleaned history
     bridge_in      TF -> Torch hand-off (zero-copy on the CPU; one copy onto a GPU)
-    engine         ``Engine.recommend``: input checks, prefill (shared prompt KV), constrained
-                   beam search over the code levels, item expansion (CUDA graphs on a GPU)
+    engine         the engine call, e.g. ``Engine.recommend`` (``EngineSearch``): input
+                   checks, prefill, constrained beam search over the code levels, item expansion
     bridge_out     Torch -> TF hand-off of the items and scores
-    post_process   business rules in TF (``tf_frontend.rules``)
-
-The rules are the ones the exported SavedModel applies (``tf_frontend.rules``): the engine never
-returns an item of the request's cleaned history (``exclude_items``, a recommender should not
-offer what the user just took); blocked and over-cap items are dropped after it.
+    post_process   business rules in TF
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import torch
 
-from bridge.dlpack import to_tf, to_torch
-from tf_frontend.rules import BusinessRules, PostProcessor, engine_feeds
-from torch_engine.engine import Engine
+from bridge import to_tf, to_torch
+from tf_frontend.feature_graph import INPUTS
+from tf_frontend.pipeline_spec import (ENGINE_INPUTS, PipelineConfig, post_processor,
+                                       seen_items, traced_feeds)
 from xgr_common.errors import ConfigError, InvalidInputError, require
 from xgr_common.layout import MaskMode
 
-__all__ = ["BusinessRules", "PostProcessor", "RecommendPipeline", "StageTimings"]
+if TYPE_CHECKING:
+    from torch_engine.engine import Engine
+
+__all__ = ["EngineSearch", "RecommendPipeline", "StageTimings"]
 
 
 @dataclass(frozen=True)
 class StageTimings:
-    """Wall time of each stage of one ``recommend`` call, in milliseconds."""
+    """Wall time of each stage of one pipeline call, in milliseconds."""
 
     feature_graph: float
     bridge_in: float
@@ -53,36 +56,77 @@ class StageTimings:
         return [(f.name, getattr(self, f.name)) for f in fields(self)] + [("total", self.total)]
 
 
-class RecommendPipeline:
-    """Features in, recommended items out, in one process.
+@dataclass(frozen=True)
+class EngineSearch:
+    """``Engine.recommend`` with fixed ``beam_width`` and ``top_k``, called with the pipeline's
+    ``ENGINE_INPUTS`` (token_ids int32 [B, L], lengths int32 [B], segment_ids int32 [B, L],
+    profile_embeds float32 [B, S, hidden], exclude_items int64 [B, X]); returns item_ids int64
+    [B, top_k] and scores [B, top_k].
 
-    feature_graph: a ``tf_frontend.feature_graph.FeatureGraph`` (or any Keras model with its
-    inputs and outputs); engine: a ``torch_engine.Engine`` over the same catalog; rules: the
-    TF post-processing; item_ids/item_codes: the catalog (for the rules' category lookup);
     prefill_mask: the mask the model was trained with. ``ITEM_CAUSAL`` hands the graph's
     segment ids to the engine (hybrid-mask prefill); ``CAUSAL`` leaves them out.
     """
 
-    def __init__(self, feature_graph, engine: Engine, item_ids: np.ndarray,
-                 item_codes: np.ndarray, rules: BusinessRules = BusinessRules(),
-                 prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL):
-        require(MaskMode(prefill_mask) in (MaskMode.ITEM_CAUSAL, MaskMode.CAUSAL), ConfigError,
-                f"prefill_mask must be item_causal or causal (the engine's two prompt masks), "
-                f"got {prefill_mask!r}")
-        self.feature_graph = feature_graph
-        self.engine = engine
-        self.rules = rules
-        self.prefill_mask = MaskMode(prefill_mask)
-        self.post_process = PostProcessor(rules, None, item_ids, item_codes)
+    engine: "Engine"
+    beam_width: int
+    top_k: int
+    prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL
+
+    def __post_init__(self) -> None:
+        require(MaskMode(self.prefill_mask) in (MaskMode.ITEM_CAUSAL, MaskMode.CAUSAL),
+                ConfigError, f"prefill_mask must be item_causal or causal (the engine's two "
+                             f"prompt masks), got {self.prefill_mask!r}")
+        object.__setattr__(self, "prefill_mask", MaskMode(self.prefill_mask))
+
+    def __call__(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items):
+        engine = self.engine
+        if self.prefill_mask is MaskMode.CAUSAL:
+            segment_ids = None
+        with torch.no_grad():
+            return engine.recommend(token_ids, lengths, segment_ids, self.beam_width, self.top_k,
+                                    prefix_embeds=profile_embeds.to(engine.dtype),
+                                    exclude_items=exclude_items)
+
+
+class RecommendPipeline:
+    """Features in, recommended items out, in one process.
+
+    feature_graph: a ``tf_frontend.feature_graph.FeatureGraph`` (or any Keras model with its
+    inputs and outputs); recommend: the engine, called with torch tensors named by
+    ``engine_inputs`` on ``device`` and returning (item_ids, scores) (an ``EngineSearch``, a
+    packaged torch module, ...); config: ``top_n`` and the business rules; catalog:
+    ``(item_ids, item_codes)``, needed only for ``rules.max_per_category``.
+    """
+
+    def __init__(self, feature_graph, recommend: Callable,
+                 config: PipelineConfig = PipelineConfig(),
+                 engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None,
+                 device: str | torch.device = "cpu"):
+        require(isinstance(config, PipelineConfig), ConfigError,
+                f"config must be a PipelineConfig, got {type(config).__name__}")
+        self.feature_graph, self.recommend, self.config = feature_graph, recommend, config
+        self.engine_inputs = tuple(engine_inputs)
+        self.device = torch.device(device)
+        self.post_process = post_processor(config, catalog)
+        self._feeds = traced_feeds(feature_graph, config.rules)
+
+    @classmethod
+    def for_engine(cls, feature_graph, engine: "Engine", beam_width: int, top_k: int,
+                   config: PipelineConfig | None = None, catalog=None,
+                   prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> "RecommendPipeline":
+        """The pipeline over ``Engine.recommend`` on the engine's device; ``config`` defaults
+        to lists of ``top_k`` items under the default rules."""
+        return cls(feature_graph, EngineSearch(engine, beam_width, top_k, prefill_mask),
+                   config or PipelineConfig(top_n=top_k), catalog=catalog, device=engine.device)
 
     def _sync(self) -> None:
-        if self.engine.device.type == "cuda":
-            torch.cuda.synchronize(self.engine.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
-    def recommend(self, features: dict, beam_width: int = 256, top_k: int = 300) -> dict:
+    def __call__(self, features: dict) -> dict:
         """Top items for each request of ``features`` (``FeatureGraph``'s input dict, B rows).
 
-        Returns ``item_ids`` int64 ``[B, top_k]`` and ``scores`` float32 ``[B, top_k]`` (TF
+        Returns ``item_ids`` int64 ``[B, top_n]`` and ``scores`` float32 ``[B, top_n]`` (TF
         tensors; best first, -1 / -inf after the last kept item), ``num_items`` int32 ``[B]``,
         ``prompt_lengths`` int32 ``[B]``, the cleaned history the engine excluded
         (``history_values`` int64 ``[E']``, ``history_splits`` int64 ``[B+1]``) and ``timings``
@@ -90,37 +134,29 @@ class RecommendPipeline:
         """
         require(isinstance(features, dict), InvalidInputError,
                 f"features must be a dict of tensors, got {type(features).__name__}")
+        missing = sorted(set(INPUTS) - set(features))
+        require(not missing, InvalidInputError,
+                f"features lack {missing}; the feature graph needs {sorted(INPUTS)}")
         clock = [time.perf_counter()]
 
         def lap() -> float:
             clock.append(time.perf_counter())
             return (clock[-1] - clock[-2]) * 1e3
 
-        graph = engine_feeds(self.feature_graph(features), self.rules)
+        feeds = self._feeds({name: features[name] for name in INPUTS})
         t_graph = lap()
-
-        device = self.engine.device
-        token_ids = to_torch(graph["token_ids"], device)
-        lengths = to_torch(graph["lengths"], device)
-        segment_ids = to_torch(graph["segment_ids"], device)
-        profile = to_torch(graph["profile_embeds"], device).to(self.engine.dtype)
-        excluded = to_torch(graph["exclude_items"], device)
+        args = [to_torch(feeds[name], self.device) for name in self.engine_inputs]
         self._sync()
         t_in = lap()
-
-        if self.prefill_mask is MaskMode.CAUSAL:
-            segment_ids = None
-        items, scores = self.engine.recommend(token_ids, lengths, segment_ids, beam_width,
-                                              top_k, prefix_embeds=profile,
-                                              exclude_items=excluded)
+        item_ids, scores = self.recommend(*args)
         self._sync()
         t_engine = lap()
-
-        items_tf, scores_tf = to_tf(items.contiguous()), to_tf(scores.float().contiguous())
+        items_tf = to_tf(item_ids.cpu().contiguous())
+        scores_tf = to_tf(scores.float().cpu().contiguous())
         t_out = lap()
-        out = self.post_process(items_tf, scores_tf)
+        out = self.post_process(items_tf, scores_tf, seen_items(feeds, self.engine_inputs))
         t_post = lap()
-        return {**out, "prompt_lengths": graph["lengths"],
-                "history_values": graph["history_values"],
-                "history_splits": graph["history_splits"],
+        return {**out, "prompt_lengths": feeds["lengths"],
+                "history_values": feeds["history_values"],
+                "history_splits": feeds["history_splits"],
                 "timings": StageTimings(t_graph, t_in, t_engine, t_out, t_post)}

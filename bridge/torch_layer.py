@@ -3,7 +3,7 @@
 NOT PORTABLE. The graph holds only a key to a Python callback registered in this process; a
 SavedModel made with it loads elsewhere but every call there fails. For anything that leaves
 the process (TF Serving, another host, a fresh process), export with ``xgr export`` or
-``tf_frontend.export.export_pipeline``: they compile the Torch code into a package that the
+``xgr_export.saved_model.export_pipeline``: they compile the Torch code into a package that the
 ``TorchCall`` op (``custom_ops.torch_call``) runs from a SavedModel asset.
 
 The callback key carries that explanation, so the error in the other process reads, e.g.:
@@ -11,7 +11,7 @@ The callback key carries that explanation, so the error in the other process rea
 (Choosing the key uses TF's private ``script_ops`` registry; ``tf.py_function`` offers no
 public way to name it.)
 
-Inputs cross to Torch without a copy (``bridge.dlpack.to_torch``) and results come back the
+Inputs cross to Torch without a copy (``bridge.to_torch``) and results come back the
 same way (``bridge.dlpack.to_tf``, one copy only when TF cannot use the torch memory).
 """
 
@@ -25,12 +25,12 @@ import tensorflow as tf
 from tensorflow.python.framework import ops
 from tensorflow.python.ops import gen_script_ops, script_ops
 
-from bridge.dlpack import to_tf, to_torch
+from bridge import to_tf, to_torch
 from xgr_common.errors import BridgeError, require
 
 NOT_PORTABLE = ("NOT PORTABLE: this graph calls Torch through tf.py_function, whose Python "
                 "callback exists only in the process that built it. Export portably with "
-                "`xgr export --out DIR` or tf_frontend.export.export_pipeline, which embed the "
+                "`xgr export --out DIR` or xgr_export.saved_model.export_pipeline, which embed the "
                 "Torch code through the TorchCall op")
 _KEYS = itertools.count()  # callback keys must be unique in the process, like TF's own
 

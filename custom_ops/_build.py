@@ -137,7 +137,7 @@ def build_library(lib: OpLibrary, root: Path, output: Path, cache: Path, log=pri
         jobs += [(root / s, [*th_compile, *includes, "-DNDEBUG"], versions)
                  for s in lib.torch_sources]
         link += th_link
-    # One g++ per source at once (each is single-threaded; the torch half takes ~30 s alone).
+    # One g++ per source at once (each is single-threaded; the torch half takes longest).
     workers = max(1, min(len(jobs), os.cpu_count() or 1))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         objects = list(pool.map(lambda job: _compile(*job, headers, cache, log), jobs))

@@ -3,7 +3,7 @@
 Imports TensorFlow only. The package is usually a ``tf.saved_model.Asset``, so a SavedModel
 that calls it carries the file and loads anywhere ``custom_ops`` is importable: no Python
 engine code and no torch Python package are needed at load time (libtorch comes with the op
-library). Packages are made by ``tf_frontend.torch_package`` and carry their calling contract;
+library). Packages are made by ``xgr_export.torch_package`` and carry their calling contract;
 the op checks every call against it and raises ``InvalidArgumentError`` (bad dtype, shape,
 count), ``NotFoundError`` (missing file) or ``FailedPreconditionError`` (a CUDA package on a
 host without CUDA) instead of crashing the process.
@@ -43,7 +43,8 @@ def _attrs(output_dtypes: tuple, output_shapes: tuple | None) -> tuple[list, lis
 
 @functools.lru_cache(maxsize=64)
 def _path_tensor(path: str) -> tf.Tensor:
-    """An eager string tensor of ``path``: building one from a str costs ~60 us per call."""
+    """An eager string tensor of ``path``, built once per path: ``tf.constant`` on every call
+    would be a measurable part of a small call's cost."""
     return tf.constant(path, tf.string)
 
 

@@ -4,7 +4,7 @@
 
 1. Export: a tiny engine (random weights, the synthetic catalog) is packaged with AOTInductor
    and embedded with the TF feature graph and post-processing into ``<workdir>/models/recs/1``
-   (``tf_frontend.export.export_pipeline``).
+   (``xgr_export.export_saved_model``, what ``xgr export`` runs).
 2. Serve: ``ModelServer`` (what ``xgr serve`` runs) on free loopback ports, with batching.
 3. Query: the same users through ``PredictionServiceStub.Predict`` (gRPC) and ``:predict``
    (REST, row format), checked against the SavedModel called in this process.
@@ -12,31 +12,27 @@
 
 from __future__ import annotations
 
-# First: the engine export takes Triton before TensorFlow is imported (tf_frontend.torch_package).
-from tf_frontend import engine_package  # noqa: I001
+# The project's packages first: importing one loads Triton, which torch.export needs, before
+# TensorFlow (the two bundle LLVM; see xgr_common/import_order.py).
+from tf_frontend.feature_graph import features_from_world  # noqa: I001
+from tf_frontend.serving.config import BatchingConfig, ServerConfig
+from tf_frontend.serving.server import ModelServer, load_op_libraries
+from xgr_common.errors import ParityError, require
+from xgr_common.serving_names import SERVING_SIGNATURE
+from xgr_common.tolerances import tolerance_for
+from xgr_export import EngineExportConfig, ExportConfig, export_saved_model
+from xgr_world.synthetic import WorldConfig, make_world
 
-import json  # noqa: E402
-import os  # noqa: E402
-import tempfile  # noqa: E402
-import urllib.request  # noqa: E402
+import json
+import os
+import tempfile
+import urllib.request
 
-import grpc  # noqa: E402
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
-from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
-
-from tf_frontend.export import PipelineConfig, export_pipeline  # noqa: E402
-from tf_frontend.feature_graph import FeatureGraph, features_from_world  # noqa: E402
-from tf_frontend.serving.config import BatchingConfig, ServerConfig  # noqa: E402
-from tf_frontend.serving.server import ModelServer, load_op_libraries  # noqa: E402
-from torch_engine.catalog import Catalog  # noqa: E402
-from torch_engine.engine import Engine  # noqa: E402
-from xgr_common.errors import ParityError, require  # noqa: E402
-from torch_engine.model import Model  # noqa: E402
-from xgr_common.prompt_spec import PromptSpec  # noqa: E402
-from torch_engine.synthetic import WorldConfig, make_world  # noqa: E402
-from xgr_common.tolerances import tolerance_for  # noqa: E402
+import grpc
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Folder for the SavedModel (default: a new temp folder).")
@@ -51,25 +47,18 @@ WORLD = WorldConfig(num_items=300, num_users=40)
 
 def export(models_dir: str) -> tuple[str, object]:
     """Exports version 1 of the pipeline; returns its folder and the synthetic world."""
-    world = make_world(WORLD)
-    spec = PromptSpec()
-    engine = Engine(Model.from_preset("tiny", seed=0),
-                    Catalog.from_arrays(world.item_ids, world.item_codes))
-    package = engine_package.export_engine(
-        engine, spec, os.path.join(models_dir, "engine.pt2"),
-        engine_package.EngineExportConfig(beam_width=FLAGS.beam_width, top_k=2 * FLAGS.top_n,
-                                          max_batch=64),
-        cache_dir=FLAGS.cache_dir)
-    graph = FeatureGraph(spec, world.item_ids, world.item_codes, seed=0)
     version_dir = os.path.join(models_dir, "recs", "1")
-    export_pipeline(version_dir, graph, package, PipelineConfig(top_n=FLAGS.top_n))
-    return version_dir, world
+    export_saved_model(ExportConfig(
+        out=version_dir, world=WORLD, top_n=FLAGS.top_n, cache_dir=FLAGS.cache_dir,
+        engine=EngineExportConfig(beam_width=FLAGS.beam_width, top_k=2 * FLAGS.top_n,
+                                  max_batch=64)))
+    return version_dir, make_world(WORLD)
 
 
 def query_grpc(port: int, features: dict) -> dict:
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "recs"
-    request.model_spec.signature_name = "serving_default"
+    request.model_spec.signature_name = SERVING_SIGNATURE
     for name, value in features.items():
         request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -116,7 +105,7 @@ def main(argv: list[str]) -> None:
     load_op_libraries()
     features = features_from_world(world, slice(0, FLAGS.users))
     loaded = tf.saved_model.load(version_dir)  # kept alive: it owns the tables' resources
-    want = {k: v.numpy() for k, v in loaded.signatures["serving_default"](**features).items()}
+    want = {k: v.numpy() for k, v in loaded.signatures[SERVING_SIGNATURE](**features).items()}
 
     server = ModelServer(ServerConfig(
         model_name="recs", model_base_path=os.path.join(models_dir, "recs"), port=0,

@@ -1,6 +1,6 @@
 """Example (a): generative retrieval end to end, through the Python API.
 
-    python examples/generative_retrieval.py            # the default model (fit once, ~2 min)
+    python examples/generative_retrieval.py            # the default model (fitted once)
     python examples/generative_retrieval.py --quick    # a small world and a short fit
 
 A TF feature graph turns raw request features into a prompt of semantic-ID tokens; the Torch
@@ -10,18 +10,19 @@ the business rules. Tensors cross between TF and Torch through DLPack without co
 
 from __future__ import annotations
 
-# Import the project's Torch side before TensorFlow: TF and Triton both bundle LLVM, and
-# Triton (which torch imports when it trains) must be loaded first.
-from bridge import default_model
+# The project's packages first: importing one loads Triton (which torch's trainer imports)
+# before TensorFlow, as it must be (the two bundle LLVM; see xgr_common/import_order.py).
+from bridge.pipeline import RecommendPipeline  # noqa: I001
+from tf_frontend.feature_graph import features_from_world
+from tf_frontend.pipeline_spec import PipelineConfig
+from tf_frontend.rules import BusinessRules
+from torch_engine.catalog import Catalog
+from torch_engine.engine import Engine
+from xgr_world import default_model
+from xgr_world.evaluation import popularity_lists, popularity_ranking, recall_at
 
-import tensorflow as tf  # noqa: E402
-from absl import app, flags  # noqa: E402
-
-from bridge.evaluation import popularity_lists, popularity_ranking, recall_at  # noqa: E402
-from bridge.pipeline import BusinessRules, RecommendPipeline  # noqa: E402
-from tf_frontend.feature_graph import features_from_world  # noqa: E402
-from torch_engine.catalog import Catalog  # noqa: E402
-from torch_engine.engine import Engine  # noqa: E402
+import tensorflow as tf
+from absl import app, flags
 
 flags.DEFINE_bool("quick", False, "Use the small world and short fit of default_model.QUICK.")
 flags.DEFINE_string("cache_dir", None, "Where the fitted model is cached.")
@@ -48,15 +49,18 @@ def main(argv: list[str]) -> None:
     # 4. One pipeline: TF graph -> DLPack -> engine -> DLPack -> TF rules. Here the rules
     #    block two "withdrawn" items and show at most 20 items of one top-level category.
     withdrawn = tuple(int(i) for i in world.item_ids[:2])
-    #    The pipeline serves the model with the attention mask it was trained with.
-    pipeline = RecommendPipeline(feature_graph, engine, world.item_ids, world.item_codes,
-                                 BusinessRules(blocked_items=withdrawn, max_per_category=20),
-                                 prefill_mask=settings.train.mask_mode)
+    #    The engine keeps 64 beams and returns 50 items; the pipeline serves the model with
+    #    the attention mask it was trained with.
+    rules = BusinessRules(blocked_items=withdrawn, max_per_category=20)
+    pipeline = RecommendPipeline.for_engine(feature_graph, engine, beam_width=64, top_k=50,
+                                            config=PipelineConfig(top_n=50, rules=rules),
+                                            catalog=(world.item_ids, world.item_codes),
+                                            prefill_mask=settings.train.mask_mode)
 
     # 5. Requests are dicts of dense TF tensors (what TF Serving would receive): here the
     #    first 32 users the model never saw in training.
     users = settings.eval_users[:32]
-    out = pipeline.recommend(features_from_world(world, users), beam_width=64, top_k=50)
+    out = pipeline(features_from_world(world, users))
     items = out["item_ids"].numpy()          # [32, 50] int64, best first, -1 = nothing more
     scores = out["scores"].numpy()           # [32, 50] float32 log-probabilities
 

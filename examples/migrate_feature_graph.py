@@ -47,7 +47,7 @@ def feature_graph():
     """The plan's model factory: the reference feature graph over a small synthetic world."""
     from tf_frontend.feature_graph import FeatureGraph
     from xgr_common.prompt_spec import PromptSpec
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     world = make_world(WorldConfig(num_items=400, num_users=64))
     return FeatureGraph(PromptSpec(), world.item_ids, world.item_codes, seed=0)
@@ -67,7 +67,7 @@ class Step:
 def write_batches(path: Path, batches: int, rows: int) -> None:
     from tf_frontend.feature_graph import features_from_world
     from bridge.parity.data import save_npz
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     world = make_world(WorldConfig(num_items=400, num_users=64))
     save_npz(path, [features_from_world(world, slice(i * rows, (i + 1) * rows))

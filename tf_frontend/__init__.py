@@ -1,4 +1,6 @@
-"""TF feature graphs, Keras layers, SavedModel export and the TF-Serving-compatible server."""
+"""TF feature graphs, Keras layers, business rules, the feature graph's SavedModel and the
+TF-Serving-compatible server (`serving/`). Never torch: the engine is reached through the
+`TorchCall` op or, in process, through `bridge`."""
 
 from xgr_common.import_order import preload_triton
 

@@ -175,7 +175,7 @@ def _set_tower_weights(graph: FeatureGraph, weights: dict) -> None:
 
 
 def features_from_world(world, rows: Sequence[int] | np.ndarray | slice) -> dict[str, tf.Tensor]:
-    """The input dict for users ``rows`` of a ``torch_engine.synthetic.World``.
+    """The input dict for users ``rows`` of a ``xgr_world.synthetic.World``.
 
     Returns dense tensors as listed in ``INPUTS``; histories keep their chronological order and
     ``history_splits`` starts at 0.

@@ -1,8 +1,8 @@
 """The business rules of a recommendation list: one rule set for every pipeline.
 
-Both the exported SavedModel (``tf_frontend.export``) and the in-process pipelines
-(``tf_frontend.export.PythonPipeline``, ``bridge.pipeline.RecommendPipeline``) apply them the same
-way:
+The exported SavedModel (``xgr_export.saved_model``) and the in-process pipeline
+(``bridge.pipeline.RecommendPipeline``) apply them the same way (``tf_frontend.pipeline_spec``
+holds the halves both run):
 
 * on the device, before items are ranked: the engine never returns an item of the request's
   cleaned history (``exclude_items``, built by ``history_exclusion``), so a list of ``top_n``

@@ -19,8 +19,8 @@ from pathlib import Path
 import tensorflow as tf
 
 from xgr_common.errors import ExportError, OpLibraryError
+from xgr_common.serving_names import SERVING_SIGNATURE
 
-SIGNATURE = "serving_default"
 _OPS_DIR = Path(__file__).resolve().parent.parent / "custom_ops"
 _UNREGISTERED = re.compile(r"Op type not registered '([^']+)'")
 
@@ -62,7 +62,7 @@ def export_feature_graph(graph, path: str | os.PathLike) -> Path:
     servable = _Servable(graph)
     try:
         signature = servable.serve.get_concrete_function()
-        tf.saved_model.save(servable, str(path), signatures={SIGNATURE: signature})
+        tf.saved_model.save(servable, str(path), signatures={SERVING_SIGNATURE: signature})
     except (tf.errors.OpError, ValueError, TypeError) as err:
         raise ExportError(f"could not export the feature graph to {path}: {err}") from err
     return path

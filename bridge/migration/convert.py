@@ -21,7 +21,7 @@ import tensorflow as tf
 import torch
 from tqdm import tqdm
 
-from bridge.dlpack import to_torch
+from bridge import to_torch
 from bridge.migration.onnx_export import first_line, to_onnx, validate_onnx
 from bridge.migration.stages import StagedModel
 from bridge.migration.unconvertible import known_layer_reason

@@ -15,7 +15,7 @@ import tensorflow as tf
 import torch
 from torch import nn
 
-from bridge.dlpack import to_tf, to_torch
+from bridge import to_tf, to_torch
 from bridge.migration.stages import Outputs, Replacement, StagedModel, build_model, import_object
 from bridge.migration.plan import MigrationPlan, StagePlan
 from bridge.onnx_torch.module import OnnxGraphModule

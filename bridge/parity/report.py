@@ -1,4 +1,4 @@
-"""Write a parity result as Markdown and HTML, with error histograms (matplotlib, Agg).
+"""Write a parity result as Markdown and HTML, with error histograms (matplotlib).
 
 ``<dir>/parity_report.md`` and ``<dir>/parity_report.html`` hold the same table (one row per
 stage output, execution order, the first failure marked); ``<dir>/histograms/*.png`` show
@@ -11,15 +11,14 @@ import html
 import re
 from pathlib import Path
 
-import matplotlib
+import numpy as np
+# A bare Figure, not pyplot: saving it picks the Agg renderer, so no display backend is chosen
+# or needed (CI machines and servers have none).
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")  # no display on CI machines and servers
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-
-from bridge.parity.compare import Comparison  # noqa: E402
-from bridge.parity.harness import ParityResult  # noqa: E402
-from xgr_common.tolerances import tolerance_for  # noqa: E402
+from bridge.parity.compare import Comparison
+from bridge.parity.harness import ParityResult
+from xgr_common.tolerances import tolerance_for
 
 HEADERS = ("", "stage", "output", "dtype", "shape", "max abs err", "max rel err", "rel norm",
            "tolerance", "result")
@@ -47,7 +46,8 @@ def plot_histogram(row: Comparison, path: Path) -> None:
     errors = row.abs_errors
     zeros = int(np.count_nonzero(errors == 0))
     nonzero = errors[errors > 0]
-    fig, ax = plt.subplots(figsize=(5, 3))
+    fig = Figure(figsize=(5, 3))
+    ax = fig.subplots()
     if nonzero.size:
         logs = np.log10(nonzero)
         # Explicit edges: errors that are all (nearly) equal still get a visible bar.
@@ -61,7 +61,6 @@ def plot_histogram(row: Comparison, path: Path) -> None:
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=80)
-    plt.close(fig)
 
 
 def write_report(result: ParityResult, directory: str | Path, title: str) -> Path:

@@ -250,3 +250,12 @@ def test_any_strided_view_reaches_tf_with_its_values_and_aligned(dtype, shape, o
         assert tf_data_pointer(x) % 64 == 0
         shared = tf_data_pointer(x) == view.data_ptr()
         assert shared == (plan_to_tf(view).mode is Mode.ZERO_COPY)
+
+
+def test_the_hand_off_is_at_the_top_of_bridge():
+    import bridge
+    import bridge.dlpack
+
+    assert bridge.to_torch is bridge.dlpack.to_torch and bridge.to_tf is bridge.dlpack.to_tf
+    back = bridge.to_tf(bridge.to_torch(tf.constant([1.5, -2.0])))
+    np.testing.assert_array_equal(back.numpy(), [1.5, -2.0])

@@ -25,7 +25,7 @@ def twins():
 
 @pytest.fixture(scope="session")
 def world():
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
     return make_world(WorldConfig(num_items=600, num_users=64, history_events=30, seed=3))
 
 

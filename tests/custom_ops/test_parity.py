@@ -6,7 +6,7 @@ import torch
 from absl.testing import parameterized
 
 from xgr_common.prompt_spec import PromptSpec
-from torch_engine.synthetic import COUNTRIES
+from xgr_world.synthetic import COUNTRIES
 
 SPEC = PromptSpec(keep_last=12)
 LAYOUT = SPEC.layout

@@ -28,8 +28,8 @@ DRIVER = """
 import contextlib, io, json, sys
 from absl.testing import flagsaver
 from absl import app  # noqa: F401  (absl.app and the subcommand define flags once,
-import bridge.cli.migrate  # outside flagsaver, which would drop them after a command)
-from bridge.cli.main import run
+import xgr_cli.migrate  # outside flagsaver, which would drop them after a command)
+from xgr_cli.main import run
 results = []
 for args in json.loads(sys.argv[1]):
     out, err = io.StringIO(), io.StringIO()
@@ -106,7 +106,7 @@ def test_broken_torch_module_fails_parity_and_the_report_names_its_stage(plan_pa
                   ["migrate", "swap", "middle", "--module", "toy_models:BrokenDense", *p])
     assert [r[0] for r in results] == [0, 0, 0], results
     report_dir = plan_path.parent / "report"
-    proc = subprocess.run([sys.executable, "-m", "bridge.cli.main", "parity", *p, "--data",
+    proc = subprocess.run([sys.executable, "-m", "xgr_cli.main", "parity", *p, "--data",
                            str(plan_path.parent / "batches.npz"), "--report_dir", str(report_dir)],
                           cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -125,5 +125,5 @@ def test_subcommand_help_lists_the_subcommands_own_flags():
     [(code, out, err)] = xgr(["migrate", "--help"])
     assert code == 0, err
     assert out.startswith("usage: xgr migrate [--flags]")
-    assert "--plan" in out and "bridge.cli.migrate" in out
+    assert "--plan" in out and "xgr_cli.migrate" in out
     assert "--only_check_args" not in out  # absl's own flags stay behind --helpfull

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_xgr(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
     """``xgr ARGS`` in a fresh interpreter at the repository root."""
     env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
-    return subprocess.run([sys.executable, "-m", "bridge.cli.main", *args], cwd=ROOT, env=env,
+    return subprocess.run([sys.executable, "-m", "xgr_cli.main", *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -46,7 +46,7 @@ def quick_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def quick_model(quick_run):
     """The quick fit, loaded from the cache the demo wrote."""
-    from bridge import default_model
+    from xgr_world import default_model
 
     fitted = default_model.fit_or_load(default_model.QUICK, quick_run[0], progress=False)
     assert fitted.loaded
@@ -55,10 +55,14 @@ def quick_model(quick_run):
 
 @pytest.fixture(scope="session")
 def make_pipeline(quick_model):
-    """Builds a ``RecommendPipeline`` over the quick model with the given rules."""
-    from bridge.pipeline import BusinessRules, RecommendPipeline
+    """Builds a ``RecommendPipeline`` over the quick model's engine: beam width and top_k of
+    the search, the rules, the prefill mask (default: item-causal, not the model's own)."""
+    from bridge.pipeline import RecommendPipeline
+    from tf_frontend.pipeline_spec import PipelineConfig
+    from tf_frontend.rules import BusinessRules
     from torch_engine.catalog import Catalog
     from torch_engine.engine import Engine
+    from xgr_common.layout import MaskMode
 
     world = quick_model.world
     catalog = Catalog.from_arrays(world.item_ids, world.item_codes,
@@ -66,7 +70,11 @@ def make_pipeline(quick_model):
     engine = Engine(quick_model.model, catalog)
     graph = quick_model.feature_graph()
 
-    def build(rules: BusinessRules = BusinessRules()) -> RecommendPipeline:
-        return RecommendPipeline(graph, engine, world.item_ids, world.item_codes, rules)
+    def build(beam_width: int, top_k: int, rules: BusinessRules = BusinessRules(),
+              prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> RecommendPipeline:
+        return RecommendPipeline.for_engine(graph, engine, beam_width, top_k,
+                                            PipelineConfig(top_n=top_k, rules=rules),
+                                            catalog=(world.item_ids, world.item_codes),
+                                            prefill_mask=prefill_mask)
 
     return build

@@ -1,4 +1,7 @@
-"""The in-process pipeline on the quick model: valid items, rules, determinism, batching."""
+"""The in-process pipeline on the quick model: valid items, rules, determinism, batching.
+
+That it returns what a reloaded SavedModel returns, item for item, is tested where SavedModels
+are exported (``tests/torch_call/test_pipeline.py``, ``test_export_engine.py``)."""
 
 from __future__ import annotations
 
@@ -6,8 +9,10 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from bridge.pipeline import BusinessRules, PostProcessor, RecommendPipeline
+from bridge.pipeline import EngineSearch, RecommendPipeline
 from tf_frontend.feature_graph import features_from_world
+from tf_frontend.pipeline_spec import PipelineConfig
+from tf_frontend.rules import BusinessRules, PostProcessor
 from xgr_common.errors import ConfigError, InvalidInputError
 from xgr_common.layout import MaskMode
 from xgr_common.tolerances import tolerance_for
@@ -22,10 +27,8 @@ def users(quick_model):
 
 @pytest.fixture(scope="module")
 def pipeline(make_pipeline, quick_model) -> RecommendPipeline:
-    built = make_pipeline()
-    return RecommendPipeline(built.feature_graph, built.engine, quick_model.world.item_ids,
-                             quick_model.world.item_codes,
-                             prefill_mask=quick_model.settings.train.mask_mode)
+    """The pipeline as the demo builds it: the mask the quick model was trained with."""
+    return make_pipeline(BEAM, TOP_K, prefill_mask=quick_model.settings.train.mask_mode)
 
 
 def _history(out) -> list[set[int]]:
@@ -35,7 +38,7 @@ def _history(out) -> list[set[int]]:
 
 def test_items_exist_are_unseen_and_best_first(pipeline, quick_model, users):
     world = quick_model.world
-    out = pipeline.recommend(features_from_world(world, users), BEAM, TOP_K)
+    out = pipeline(features_from_world(world, users))
     items, scores, count = out["item_ids"].numpy(), out["scores"].numpy(), out["num_items"].numpy()
     assert items.shape == scores.shape == (len(users), TOP_K)
     catalog = set(world.item_ids.tolist())
@@ -50,18 +53,18 @@ def test_items_exist_are_unseen_and_best_first(pipeline, quick_model, users):
 
 def test_same_features_give_identical_results(pipeline, quick_model, users):
     features = features_from_world(quick_model.world, users)
-    first = pipeline.recommend(features, BEAM, TOP_K)
-    second = pipeline.recommend(features, BEAM, TOP_K)
+    first = pipeline(features)
+    second = pipeline(features)
     np.testing.assert_array_equal(first["item_ids"].numpy(), second["item_ids"].numpy())
     np.testing.assert_array_equal(first["scores"].numpy(), second["scores"].numpy())
 
 
 def test_batched_equals_one_by_one(pipeline, quick_model, users):
     world = quick_model.world
-    batched = pipeline.recommend(features_from_world(world, users), BEAM, TOP_K)
+    batched = pipeline(features_from_world(world, users))
     tol = tolerance_for("float32")
     for row, user in enumerate(users):
-        single = pipeline.recommend(features_from_world(world, [user]), BEAM, TOP_K)
+        single = pipeline(features_from_world(world, [user]))
         np.testing.assert_array_equal(single["item_ids"].numpy()[0],
                                       batched["item_ids"].numpy()[row])
         np.testing.assert_allclose(single["scores"].numpy()[0], batched["scores"].numpy()[row],
@@ -73,9 +76,9 @@ def test_item_causal_pipeline_hands_segment_ids_to_the_engine(make_pipeline, pip
     """The quick model is trained causal; an item-causal pipeline over it must still return
     valid lists, with other scores (the hybrid mask changes the prompt's attention)."""
     features = features_from_world(quick_model.world, users)
-    hybrid = make_pipeline().recommend(features, BEAM, TOP_K)        # default: ITEM_CAUSAL
-    causal = pipeline.recommend(features, BEAM, TOP_K)
-    assert pipeline.prefill_mask is MaskMode.CAUSAL
+    hybrid = make_pipeline(BEAM, TOP_K)(features)        # default: ITEM_CAUSAL
+    causal = pipeline(features)
+    assert pipeline.recommend.prefill_mask is MaskMode.CAUSAL
     assert not np.array_equal(hybrid["scores"].numpy(), causal["scores"].numpy())
     assert np.all(hybrid["num_items"].numpy() > 0)
 
@@ -83,20 +86,34 @@ def test_item_causal_pipeline_hands_segment_ids_to_the_engine(make_pipeline, pip
 def test_rules_drop_blocked_items_and_cap_categories(make_pipeline, quick_model, users):
     world = quick_model.world
     features = features_from_world(world, users)
-    plain = make_pipeline().recommend(features, BEAM, TOP_K)["item_ids"].numpy()
+    plain = make_pipeline(BEAM, TOP_K)(features)["item_ids"].numpy()
     blocked = tuple(int(i) for i in plain[:, 0])                  # everyone's first choice
-    ruled = make_pipeline(BusinessRules(blocked_items=blocked, max_per_category=3))
-    out = ruled.recommend(features, BEAM, TOP_K)
+    ruled = make_pipeline(BEAM, TOP_K, BusinessRules(blocked_items=blocked, max_per_category=3))
+    out = ruled(features)
     items, count = out["item_ids"].numpy(), out["num_items"].numpy()
     category = dict(zip(world.item_ids.tolist(), world.item_codes[:, 0].tolist()))
-    for row in range(len(users)):
+    for row, seen in enumerate(_history(out)):
         kept = items[row, :count[row]].tolist()
         assert not set(kept) & set(blocked)
+        assert not set(kept) & seen
         per_category = np.bincount([category[i] for i in kept])
         assert per_category.max() <= 3
         # The survivors keep the engine's order.
         order = [plain[row].tolist().index(i) for i in kept]
         assert order == sorted(order)
+
+
+def test_lists_are_cut_to_top_n(make_pipeline, quick_model, users):
+    """The engine's top_k and the list's top_n are apart: the rules cut to top_n."""
+    full = make_pipeline(BEAM, TOP_K)
+    short = RecommendPipeline(full.feature_graph, full.recommend, PipelineConfig(top_n=5),
+                              device=full.device)
+    features = features_from_world(quick_model.world, users)
+    want, got = full(features), short(features)
+    assert got["item_ids"].shape == (len(users), 5)
+    np.testing.assert_array_equal(got["item_ids"].numpy(), want["item_ids"].numpy()[:, :5])
+    np.testing.assert_array_equal(got["num_items"].numpy(),
+                                  np.minimum(want["num_items"].numpy(), 5))
 
 
 def test_post_processor_against_a_hand_case(quick_model):
@@ -116,7 +133,7 @@ def test_post_processor_against_a_hand_case(quick_model):
 
 
 def test_timings_cover_every_stage(pipeline, quick_model, users):
-    out = pipeline.recommend(features_from_world(quick_model.world, users), BEAM, TOP_K)
+    out = pipeline(features_from_world(quick_model.world, users))
     rows = dict(out["timings"].rows())
     assert list(rows) == ["feature_graph", "bridge_in", "engine", "bridge_out", "post_process",
                           "total"]
@@ -124,50 +141,28 @@ def test_timings_cover_every_stage(pipeline, quick_model, users):
     assert rows["total"] == pytest.approx(sum(v for k, v in rows.items() if k != "total"))
 
 
-def test_bad_inputs_raise_named_errors(pipeline, quick_model, users):
+def test_features_must_be_a_dict(pipeline, quick_model, users):
     features = features_from_world(quick_model.world, users)
     with pytest.raises(InvalidInputError, match="dict"):
-        pipeline.recommend(list(features.values()), BEAM, TOP_K)
+        pipeline(list(features.values()))
+
+
+def test_a_missing_feature_is_named(pipeline, quick_model, users):
+    features = features_from_world(quick_model.world, users)
     with pytest.raises(InvalidInputError, match="request_time"):
-        pipeline.recommend({k: v for k, v in features.items() if k != "request_time"},
-                           BEAM, TOP_K)
+        pipeline({k: v for k, v in features.items() if k != "request_time"})
+
+
+def test_a_top_k_beyond_the_reachable_items_is_refused(make_pipeline, quick_model, users):
     with pytest.raises(InvalidInputError, match="top_k"):
-        pipeline.recommend(features, 4, 10_000)
+        make_pipeline(4, 10_000)(features_from_world(quick_model.world, users))
+
+
+def test_bad_rules_and_masks_are_config_errors(pipeline):
     with pytest.raises(ConfigError, match="max_per_category"):
         BusinessRules(max_per_category=0)
     with pytest.raises(ConfigError, match="prefill_mask"):
-        RecommendPipeline(pipeline.feature_graph, pipeline.engine, quick_model.world.item_ids,
-                          quick_model.world.item_codes, prefill_mask=MaskMode.SEGMENT_BIDIRECTIONAL)
-
-
-def test_one_rule_set_for_both_in_process_pipelines(make_pipeline, quick_model, users):
-    """``RecommendPipeline`` and ``tf_frontend.export.PythonPipeline`` (the exported
-    SavedModel's reference) apply the same rules the same way: history excluded on the device,
-    blocked items and the category cap after the engine."""
-    import torch
-
-    from tf_frontend.export import PipelineConfig, PythonPipeline
-
-    world = quick_model.world
-    plain = make_pipeline().recommend(features_from_world(world, users), BEAM, TOP_K)
-    blocked = tuple(int(i) for i in plain["item_ids"].numpy()[:, 0] if i >= 0)
-    rules = BusinessRules(blocked_items=blocked, max_per_category=4)
-    ruled = make_pipeline(rules)
-    engine = ruled.engine
-
-    def recommend(token_ids, lengths, segment_ids, profile_embeds, exclude_items):
-        with torch.no_grad():
-            return engine.recommend(token_ids, lengths, segment_ids, BEAM, TOP_K,
-                                    prefix_embeds=profile_embeds.to(engine.dtype),
-                                    exclude_items=exclude_items)
-
-    features = features_from_world(world, users)
-    want = ruled.recommend(features, BEAM, TOP_K)
-    got = PythonPipeline(ruled.feature_graph, recommend, PipelineConfig(top_n=TOP_K, rules=rules),
-                         catalog=(world.item_ids, world.item_codes))(features)
-    np.testing.assert_array_equal(got["item_ids"].numpy(), want["item_ids"].numpy())
-    np.testing.assert_array_equal(got["num_items"].numpy(), want["num_items"].numpy())
-    items = got["item_ids"].numpy()
-    assert not set(blocked) & set(items.ravel().tolist())
-    for row, seen in zip(items, _history(want)):
-        assert not set(row.tolist()) & seen
+        EngineSearch(pipeline.recommend.engine, BEAM, TOP_K,
+                     prefill_mask=MaskMode.SEGMENT_BIDIRECTIONAL)
+    with pytest.raises(ConfigError, match="PipelineConfig"):
+        RecommendPipeline(pipeline.feature_graph, pipeline.recommend, config={"top_n": 3})

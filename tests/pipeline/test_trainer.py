@@ -13,7 +13,7 @@ from xgr_common.layout import MaskMode
 from torch_engine.model import Model
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import tolerance_for
-from torch_engine.train import (ProfileTower, TrainConfig, TrainingExamples, code_loss,
+from xgr_world.train import (ProfileTower, TrainConfig, TrainingExamples, code_loss,
                                 teacher_forced_batch)
 
 SPEC = PromptSpec()
@@ -131,7 +131,7 @@ _TWO_FITS = """
 import torch
 from torch_engine.model import Model
 from xgr_common.prompt_spec import PromptSpec
-from torch_engine.train import ProfileTower, TrainConfig, TrainingExamples, fit
+from xgr_world.train import ProfileTower, TrainConfig, TrainingExamples, fit
 
 spec = PromptSpec()
 gen = torch.Generator().manual_seed(0)

@@ -2,19 +2,19 @@
 
 import os
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+import pytest
 
-import pytest  # noqa: E402
+from xgr_common.serving_names import SERVING_SIGNATURE
 
-pytest.importorskip("tensorflow", reason="the server needs TensorFlow")  # not on the GPU machine
-
-from tf_frontend.serving.config import BatchingConfig  # noqa: E402
-from tests.serving.helpers import save_history_model, start_server  # noqa: E402
+# TensorFlow is imported inside the fixtures: on a machine without it (the GPU machine) the
+# test modules here are skipped (tests/conftest.py), and this file must still import.
 
 
 @pytest.fixture(scope="session")
 def model_base(tmp_path_factory) -> str:
     """``<base>/1`` (scale 1.0) of the history model; tests copy it to add versions."""
+    from tests.serving.helpers import save_history_model
+
     base = tmp_path_factory.mktemp("models") / "recs"
     save_history_model(str(base / "1"), 1.0)
     return str(base)
@@ -23,6 +23,9 @@ def model_base(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def server(model_base):
     """A batching server on loopback for the history model."""
+    from tests.serving.helpers import start_server
+    from tf_frontend.serving.config import BatchingConfig
+
     running = start_server(model_base, file_system_poll_wait_seconds=0,
                            batching=BatchingConfig(max_batch_size=16, batch_timeout_micros=20_000,
                                                    max_enqueued_batches=50, num_batch_threads=1),
@@ -38,7 +41,7 @@ def in_process(model_base):
 
     loaded = tf.saved_model.load(os.path.join(model_base, "1"))
 
-    def call(request: dict, signature: str = "serving_default") -> dict:
+    def call(request: dict, signature: str = SERVING_SIGNATURE) -> dict:
         outputs = loaded.signatures[signature](**{k: tf.constant(v) for k, v in request.items()})
         return {k: v.numpy() for k, v in outputs.items()}
 

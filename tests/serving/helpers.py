@@ -17,6 +17,7 @@ from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tf_frontend.serving.config import ServerConfig
 from tf_frontend.serving.server import ModelServer
+from xgr_common.serving_names import SERVING_SIGNATURE
 
 
 
@@ -87,7 +88,7 @@ def save_history_model(path: str, scale: float) -> str:
 
     module.dense, module.total = dense, total
     tf.saved_model.save(module, path, signatures={
-        "serving_default": module.serve.get_concrete_function(),
+        SERVING_SIGNATURE: module.serve.get_concrete_function(),
         "dense": dense.get_concrete_function(), "total": total.get_concrete_function()})
     return path
 

@@ -18,7 +18,7 @@ custom_ops = pytest.importorskip("custom_ops")
 
 @pytest.fixture(scope="module")
 def world():
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     return make_world(WorldConfig(num_items=300, num_users=16, history_events=12, seed=5))
 

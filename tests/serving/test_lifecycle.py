@@ -159,7 +159,7 @@ def test_xgr_serve_subprocess_json_logs_and_sigterm(model_base, tmp_path):
     batching = tmp_path / "batching.config"
     batching.write_text("max_batch_size { value: 4 }\nbatch_timeout_micros { value: 1000 }\n")
     process = subprocess.Popen(
-        [sys.executable, "-m", "bridge.cli.main", "serve", "--model_name=recs",
+        [sys.executable, "-m", "xgr_cli.main", "serve", "--model_name=recs",
          f"--model_base_path={model_base}", "--port=0", "--rest_api_port=0",
          "--bind_address=127.0.0.1", "--enable_batching", f"--batching_parameters_file={batching}",
          "--max_history_events=3"],
@@ -195,7 +195,7 @@ def test_xgr_serve_refuses_a_bad_batching_file_with_a_message(model_base, tmp_pa
     batching = tmp_path / "batching.config"
     batching.write_text("max_batch { value: 3 }\n")
     done = subprocess.run(
-        [sys.executable, "-m", "bridge.cli.main", "serve", f"--model_base_path={model_base}",
+        [sys.executable, "-m", "xgr_cli.main", "serve", f"--model_base_path={model_base}",
          "--enable_batching", f"--batching_parameters_file={batching}"],
         capture_output=True, text=True, timeout=120,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),

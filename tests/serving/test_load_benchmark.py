@@ -19,7 +19,7 @@ def test_load_benchmark_small_run(tmp_path):
     from tf_frontend.feature_graph import FeatureGraph
     from tf_frontend.saved_model import export_feature_graph
     from xgr_common.prompt_spec import PromptSpec
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     world = make_world(WorldConfig(num_items=300, num_users=40))  # the benchmark's world
     export_feature_graph(FeatureGraph(PromptSpec(), world.item_ids, world.item_codes, seed=2),

@@ -5,7 +5,7 @@ import pytest
 
 from xgr_common.layout import TokenLayout
 from xgr_common.prompt_spec import PromptSpec
-from torch_engine.synthetic import WorldConfig, make_world
+from xgr_world.synthetic import WorldConfig, make_world
 
 # A short window and keep_last so that the window filter and the truncation both have work.
 SPEC = PromptSpec(layout=TokenLayout(codebook_size=64, code_base=128), window_seconds=20 * 86400,

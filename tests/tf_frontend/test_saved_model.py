@@ -12,8 +12,9 @@ import tensorflow as tf
 
 from tests.child_env import child_env
 from tf_frontend.feature_graph import INPUTS, OUTPUTS, features_from_world
-from tf_frontend.saved_model import (SIGNATURE, export_feature_graph, load_saved_model,
+from tf_frontend.saved_model import (export_feature_graph, load_saved_model,
                                      op_library_of, serving_function)
+from xgr_common.serving_names import SERVING_SIGNATURE
 from xgr_common.tolerances import tolerance_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +43,7 @@ def exported(graph, world, tmp_path_factory):
 
 def test_signature_names_every_input_and_output(exported):
     model = load_saved_model(exported[0])  # custom_ops is loaded in this process
-    signature = model.signatures[SIGNATURE]
+    signature = model.signatures[SERVING_SIGNATURE]
     inputs = signature.structured_input_signature[1]
     assert {k: (v.dtype, v.shape.as_list()) for k, v in inputs.items()} == \
         {k: (dtype, [None]) for k, dtype in INPUTS.items()}
@@ -63,7 +64,7 @@ def test_fresh_process_with_only_tf_and_custom_ops_reproduces_outputs_exactly(ex
         loaded = sorted({{m.split('.')[0] for m in sys.modules}} & {{'tf_frontend', 'bridge',
                                                                    'torch'}})
         features = {{k: tf.constant(v) for k, v in np.load({str(features_file)!r}).items()}}
-        out = model.signatures['serving_default'](**features)
+        out = model.signatures[{SERVING_SIGNATURE!r}](**features)
         np.savez({str(tmp_path / 'out.npz')!r}, **{{k: v.numpy() for k, v in out.items()}})
         print('python modules of the project loaded:', loaded)
     """)

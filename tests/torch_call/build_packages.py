@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from torch_engine.synthetic import WorldConfig  # noqa: E402
+from xgr_world.synthetic import WorldConfig
 
 MAX_BATCH, MAX_LEN, TOP_K, ITEMS = 4096, 512, 5, 40
 WORLD = WorldConfig(num_items=300, num_users=20)
@@ -42,7 +42,7 @@ class ToyRecommender(torch.nn.Module):
     def __init__(self):
         super().__init__()
         from xgr_common.layout import TokenLayout
-        from torch_engine.synthetic import make_world
+        from xgr_world.synthetic import make_world
 
         torch.manual_seed(1)
         self.tokens = torch.nn.Embedding(TokenLayout().code_end, 8)
@@ -144,7 +144,7 @@ def _export_aoti(torch_package, module, example, dynamic, out, cache):
 
 
 def main(out: Path, cache: Path) -> None:
-    from tf_frontend import torch_package  # first: it takes Triton before anything else
+    from xgr_export import torch_package  # first: it takes Triton before anything else
 
     out.mkdir(parents=True, exist_ok=True)
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)
@@ -197,7 +197,7 @@ def main(out: Path, cache: Path) -> None:
 def main_cuda(out: Path, cache: Path) -> None:
     """The GPU set: TwoHeads as AOTInductor and TorchScript packages for cuda:0, and a package
     whose contract names a GPU this host does not have."""
-    from tf_frontend import torch_package
+    from xgr_export import torch_package
 
     out.mkdir(parents=True, exist_ok=True)
     batch = torch.export.Dim("batch", min=1, max=MAX_BATCH)

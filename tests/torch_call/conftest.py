@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.child_env import child_env
-from tf_frontend.torch_package import Package
+from xgr_export.torch_package import Package
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent

@@ -4,7 +4,7 @@
     python engine_package_child.py run OUT                        # the package, freshly loaded
 
 ``export`` builds the tiny engine over a small synthetic world on DEVICE, exports
-``Engine.recommend`` with ``tf_frontend.engine_package.export_engine`` (AOTInductor), writes
+``Engine.recommend`` with ``xgr_export.engine_package.export_engine`` (AOTInductor), writes
 full-length prompts built from the world's histories (the feature graph's layout) and the eager
 ``Engine.recommend`` answer on them. ``run`` loads the package in a process that never compiled
 anything and runs it on the same inputs. ``test_gpu_engine_package.py`` compares the two.
@@ -52,13 +52,13 @@ def prompts(world, spec, users: np.ndarray) -> tuple[torch.Tensor, ...]:
 
 
 def export(out: Path, device: str, attention: str) -> None:
-    from tf_frontend.engine_package import EngineExportConfig, export_engine  # before TF
+    from xgr_export.engine_package import EngineExportConfig, export_engine  # before TF
     from torch_engine.catalog import Catalog
     from torch_engine.config import EngineConfig
     from torch_engine.engine import Engine
     from torch_engine.model import Model
     from xgr_common.prompt_spec import PromptSpec
-    from torch_engine.synthetic import WorldConfig, make_world
+    from xgr_world.synthetic import WorldConfig, make_world
 
     out.mkdir(parents=True, exist_ok=True)
     world = make_world(WorldConfig(num_items=ITEMS, num_users=USERS, history_events=EVENTS,

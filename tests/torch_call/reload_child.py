@@ -10,11 +10,12 @@ import numpy as np
 import tensorflow as tf
 
 import custom_ops  # noqa: F401  (registers TorchCall and the feature ops)
+from xgr_common.serving_names import SERVING_SIGNATURE
 
 
 def main(saved_model: str, features_path: str, out_path: str) -> None:
     loaded = tf.saved_model.load(saved_model)
-    serve = loaded.signatures["serving_default"]
+    serve = loaded.signatures[SERVING_SIGNATURE]
     with np.load(features_path) as data:
         features = {name: tf.constant(data[name]) for name in data.files}
     outputs = {name: value.numpy() for name, value in serve(**features).items()}

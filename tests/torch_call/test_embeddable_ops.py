@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
-from tf_frontend.torch_package import is_triton_op
+from xgr_export.torch_package import is_triton_op
 
 
 @triton.jit

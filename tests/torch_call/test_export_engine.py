@@ -7,23 +7,24 @@ The first run compiles the engine (~2 min on 2 cores); later runs reuse
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
+from bridge.pipeline import RecommendPipeline
 from tests.child_env import child_env
-from tf_frontend.export import PipelineConfig, PythonPipeline
 from tf_frontend.feature_graph import FeatureGraph, features_from_world
+from tf_frontend.pipeline_spec import PipelineConfig
 from torch_engine.catalog import Catalog
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.prompt_spec import PromptSpec
-from torch_engine.synthetic import WorldConfig, make_world
 from xgr_common.tolerances import TOLERANCES
+from xgr_world.synthetic import WorldConfig, make_world
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
@@ -41,14 +42,35 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
     return done
 
 
+VERIFIED = 4   # requests `xgr export --verify_requests` checks in a fresh process
+
+
 @pytest.fixture(scope="module")
-def saved_model(tmp_path_factory):
-    out = tmp_path_factory.mktemp("xgr_export") / "pipeline"
-    done = _run(["-m", "bridge.cli.main", "export", f"--out={out}", f"--seed={SEED}",
+def exported(tmp_path_factory):
+    """(SavedModel folder, stdout, JSON report) of one `xgr export --verify_requests`."""
+    folder = tmp_path_factory.mktemp("xgr_export")
+    out, report = folder / "pipeline", folder / "report.json"
+    done = _run(["-m", "xgr_cli.main", "export", f"--out={out}", f"--seed={SEED}",
                  f"--num_items={ITEMS}", f"--beam_width={BEAMS}", f"--top_k={TOP_K}",
-                 f"--top_n={TOP_N}", f"--cache_dir={CACHE}"], timeout=900)
-    assert "saved" in done.stdout
-    return out
+                 f"--top_n={TOP_N}", f"--cache_dir={CACHE}", f"--verify_requests={VERIFIED}",
+                 f"--report_json={report}"], timeout=900)
+    return out, done.stdout, json.loads(report.read_text())
+
+
+@pytest.fixture(scope="module")
+def saved_model(exported):
+    return exported[0]
+
+
+def test_export_verifies_its_saved_model_in_a_fresh_process(exported):
+    out, stdout, report = exported
+    assert f"saved {out}" in stdout
+    assert f"verify: {VERIFIED} requests" in stdout and "items equal" in stdout
+    verify = report["verify"]
+    assert verify["ok"] and verify["rows_exact"] == verify["requests"] == VERIFIED
+    assert verify["num_items_exact"] and not verify["forbidden_modules"]
+    assert report["top_n"] == TOP_N and report["saved_model"] == str(out)
+    assert len(verify["items_per_request"]) == VERIFIED
 
 
 def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path):
@@ -70,12 +92,8 @@ def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path)
     spec = PromptSpec(model_hidden=model.config.hidden_size)
     graph = FeatureGraph(spec, world.item_ids, world.item_codes, seed=SEED)
 
-    def recommend(token_ids, lengths, segment_ids, profile_embeds, exclude_items):
-        return engine.recommend(token_ids, lengths, segment_ids, beam_width=BEAMS, top_k=TOP_K,
-                                prefix_embeds=profile_embeds, exclude_items=exclude_items)
-
-    with torch.no_grad():
-        want = PythonPipeline(graph, recommend, PipelineConfig(top_n=TOP_N))(features)
+    want = RecommendPipeline.for_engine(graph, engine, BEAMS, TOP_K,
+                                        PipelineConfig(top_n=TOP_N))(features)
     np.testing.assert_array_equal(got["item_ids"], want["item_ids"].numpy())
     np.testing.assert_array_equal(got["num_items"], want["num_items"].numpy())
     tol = TOLERANCES["float32"]
@@ -87,7 +105,7 @@ def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path)
 
 def test_export_rejects_sizes_the_search_cannot_serve(tmp_path):
     env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, "-m", "bridge.cli.main", "export",
+    done = subprocess.run([sys.executable, "-m", "xgr_cli.main", "export",
                            f"--out={tmp_path / 'never'}", f"--num_items={ITEMS}",
                            "--beam_width=4", "--top_k=50"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=300)

@@ -30,7 +30,7 @@ def test_cuda_export_matches_the_python_pipeline_on_the_gpu(tmp_path):
     report = tmp_path / "report.json"
     env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(
-        [sys.executable, "-m", "bridge.cli.main", "export", f"--out={tmp_path / 'recs' / '1'}",
+        [sys.executable, "-m", "xgr_cli.main", "export", f"--out={tmp_path / 'recs' / '1'}",
          "--device=cuda:0", "--num_items=2000", "--num_users=16", "--history_events=60",
          "--keep_last=40", "--window_days=3650", "--beam_width=32", "--top_k=24", "--top_n=16",
          "--max_batch=64", "--verify_requests=8", f"--report_json={report}",

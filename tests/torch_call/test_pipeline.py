@@ -13,13 +13,16 @@ import pytest
 import tensorflow as tf
 import torch
 
+from bridge.pipeline import RecommendPipeline
 from tests.child_env import child_env
-from tf_frontend.export import OUTPUTS, SIGNATURE, PipelineConfig, PythonPipeline, export_pipeline
-from tf_frontend.rules import PostProcessor
 from tf_frontend.feature_graph import INPUTS, FeatureGraph, features_from_world
+from tf_frontend.pipeline_spec import OUTPUTS, PipelineConfig
+from tf_frontend.rules import PostProcessor
 from xgr_common.errors import ExportError
 from xgr_common.prompt_spec import PromptSpec
-from torch_engine.synthetic import make_world
+from xgr_common.serving_names import SERVING_SIGNATURE
+from xgr_export.saved_model import export_pipeline
+from xgr_world.synthetic import make_world
 
 HERE = Path(__file__).resolve().parent
 TOY_INPUTS = ("token_ids", "lengths")
@@ -63,7 +66,7 @@ def _reload_in_fresh_process(saved_model: Path, features: dict, tmp_path: Path) 
 
 
 def test_signature_names_every_input_and_output(saved_model):
-    serve = tf.saved_model.load(str(saved_model)).signatures[SIGNATURE]
+    serve = tf.saved_model.load(str(saved_model)).signatures[SERVING_SIGNATURE]
     assert set(serve.structured_input_signature[1]) == set(INPUTS)
     assert set(serve.structured_outputs) == set(OUTPUTS)
     assert (saved_model / "assets" / "recommender.pt").exists()
@@ -73,7 +76,7 @@ def test_fresh_process_matches_the_python_pipeline(saved_model, feature_graph, f
                                                    builder, tmp_path):
     toy = builder.ToyRecommender().eval()
     with torch.no_grad():
-        want = PythonPipeline(feature_graph, toy, CONFIG, TOY_INPUTS)(features)
+        want = RecommendPipeline(feature_graph, toy, CONFIG, TOY_INPUTS)(features)
     got = _reload_in_fresh_process(saved_model, features, tmp_path)
     modules = set(got.pop("modules").tolist())
     assert "torch" not in modules and not any(m.startswith("torch.") for m in modules)
@@ -140,8 +143,8 @@ def test_the_engine_gets_the_history_and_lists_stay_full(packages, feature_graph
     saved = export_pipeline(tmp_path / "excluding", feature_graph, packages["excluder"], CONFIG,
                             EXCLUDER_INPUTS)
     with torch.no_grad():
-        want = PythonPipeline(feature_graph, builder.ToyExcluder().eval(), CONFIG,
-                              EXCLUDER_INPUTS)(features)
+        want = RecommendPipeline(feature_graph, builder.ToyExcluder().eval(), CONFIG,
+                                 EXCLUDER_INPUTS)(features)
     got = _reload_in_fresh_process(saved, features, tmp_path)
     np.testing.assert_array_equal(got["item_ids"], want["item_ids"].numpy())
     np.testing.assert_allclose(got["scores"], want["scores"].numpy(), rtol=1e-5, atol=1e-5)

@@ -20,6 +20,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
 from xgr_common.errors import ExportError, InvalidInputError, ServingError
+from xgr_common.serving_names import SERVING_SIGNATURE
 from tf_frontend.serving.batch_merge import UnsplittableOutput, merge_inputs, split_outputs
 from tf_frontend.serving.batching import BatchScheduler, BatchTask, SchedulerClosed
 from tf_frontend.serving.config import BatchingConfig
@@ -27,7 +28,6 @@ from tf_frontend.serving.signature import ServingSpec, SignatureInfo, describe_s
 from tf_frontend.serving.validation import prepare
 
 LOG = logging.getLogger("xgr.serving")
-DEFAULT_SIGNATURE = "serving_default"
 
 
 class ModelExecutionError(ServingError):
@@ -79,7 +79,7 @@ class ServableVersion:
 
     # -- request path -------------------------------------------------------------------------
     def signature(self, name: str) -> SignatureInfo:
-        name = name or DEFAULT_SIGNATURE
+        name = name or SERVING_SIGNATURE
         if name not in self.signatures:
             raise InvalidInputError(f"signature {name!r} not found in model {self.model_name!r} "
                                     f"version {self.version}; available: {sorted(self.signatures)}")

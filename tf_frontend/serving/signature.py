@@ -31,8 +31,8 @@ from typing import Mapping
 import tensorflow as tf
 
 from xgr_common.errors import ExportError, require
+from xgr_common.serving_names import SERVING_SPEC_FILE
 
-SERVING_SPEC_FILE = os.path.join("assets.extra", "xgr_serving.json")
 _SPLITS_SUFFIXES = ("_row_splits", "_splits")
 
 

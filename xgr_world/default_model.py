@@ -2,13 +2,15 @@
 
 Training prompts come from the same TF ``FeatureGraph`` that serves (no train/serve skew): each
 training user yields ``cuts_per_user`` requests, "the history up to event k, asked at event k's
-time, should produce event k", for its latest events. The graph's token ids, segment ids and hashed profile ids cross the
-DLPack bridge; ``torch_engine.train`` fits the decoder and a Torch twin of the profile tower;
-the learned sparse table and tower then go back into the TF graph, where they run at inference.
+time, should produce event k", for its latest events. The graph's token ids, segment ids and
+hashed profile ids cross the DLPack bridge; ``xgr_world.train`` fits the decoder and a Torch
+twin of the profile tower; the learned sparse table and tower then go back into the TF graph,
+where they run at inference.
 
 A fit is cached under ``<cache_dir>/demo-<key>``, ``key`` hashing the settings and the source
-of the code that shapes the weights, so a later run loads in about a second and a code change
-refits. The held-out users (the last ``holdout_users`` of the world) never reach the trainer.
+of the code that shapes the weights, so a later run loads instead of fitting and a code
+change refits. The held-out users (the last ``holdout_users`` of the world) never reach the
+trainer.
 """
 
 from __future__ import annotations
@@ -21,30 +23,29 @@ import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-# Fitting imports triton lazily (torch's optimisers, through torch._dynamo); `bridge` loads it
-# before TF, see xgr_common/import_order.py.
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
-import torch  # noqa: E402
-from safetensors.numpy import load_file, save_file  # noqa: E402
-from safetensors.torch import load_file as load_torch_file  # noqa: E402
+# Fitting imports triton lazily (torch's optimisers, through torch._dynamo); the package
+# (xgr_world/__init__.py) loads it before TF, see xgr_common/import_order.py.
+import numpy as np
+import tensorflow as tf
+import torch
+from safetensors.numpy import load_file, save_file
+from safetensors.torch import load_file as load_torch_file
 
-from bridge.dlpack import to_torch  # noqa: E402
-from tf_frontend.feature_graph import FeatureGraph  # noqa: E402
-from torch_engine.config import ModelConfig  # noqa: E402
-from xgr_common.errors import ConfigError, OpLibraryError, require  # noqa: E402
-from xgr_common.import_order import triton_importable  # noqa: E402
-from xgr_common.layout import MaskMode  # noqa: E402
-from torch_engine.model import Model  # noqa: E402
-from xgr_common.prompt_spec import PromptSpec  # noqa: E402
-from torch_engine.synthetic import World, WorldConfig, make_world  # noqa: E402
-from torch_engine.train import (FitResult, ProfileTower, TrainConfig,  # noqa: E402
-                                TrainingExamples, fit)
+from bridge import to_torch
+from tf_frontend.feature_graph import FeatureGraph
+from torch_engine.config import ModelConfig
+from torch_engine.model import Model
+from xgr_common.errors import ConfigError, OpLibraryError, require
+from xgr_common.import_order import triton_importable
+from xgr_common.layout import MaskMode
+from xgr_common.prompt_spec import PromptSpec
+from xgr_world.synthetic import World, WorldConfig, make_world
+from xgr_world.train import FitResult, ProfileTower, TrainConfig, TrainingExamples, fit
 
 # Source files whose change alters the fitted weights: part of the cache key.
-_KEYED_SOURCES = ("bridge/default_model.py", "torch_engine/train.py", "torch_engine/model.py",
+_KEYED_SOURCES = ("xgr_world/default_model.py", "xgr_world/train.py", "torch_engine/model.py",
                   "torch_engine/layers.py", "torch_engine/attention.py",
-                  "torch_engine/synthetic.py", "tf_frontend/feature_graph.py",
+                  "xgr_world/synthetic.py", "tf_frontend/feature_graph.py",
                   "tf_frontend/layers.py")
 _ROOT = Path(__file__).resolve().parent.parent
 TOWER_FILE = "profile_tower.safetensors"
@@ -53,7 +54,7 @@ REPORT_FILE = "fit.json"
 
 def _default_training() -> TrainConfig:
     # Causal mask, every code of every history item a target: ~30 targets per prompt instead
-    # of one, which is what lets a two-minute fit beat popularity.
+    # of one, which is what lets a short fit beat popularity.
     return TrainConfig(steps=700, batch_size=32, objective="all_codes", mask_mode=MaskMode.CAUSAL)
 
 
@@ -97,7 +98,7 @@ class DefaultModelSettings:
         return digest.hexdigest()[:12]
 
 
-# A small world and a short fit, for a first look and for CI: about 20 s on two cores.
+# A small world and a short fit, for a first look and for CI.
 QUICK = DefaultModelSettings(
     world=WorldConfig(num_items=1000, num_users=1500, history_events=20),
     train=replace(_default_training(), steps=400, warmup_steps=40), holdout_users=300)
@@ -211,7 +212,7 @@ def fit_or_load(settings: DefaultModelSettings = DefaultModelSettings(),
     require(triton_importable(), OpLibraryError,
             "cannot fit in this process: tensorflow was imported before triton "
             "and torch's optimiser would import triton now, which aborts the process (both "
-            "bundle LLVM). Import bridge.default_model before tensorflow, or fit in a fresh "
+            "bundle LLVM). Import xgr_world.default_model before tensorflow, or fit in a fresh "
             "process (`xgr demo` does)")
     torch.manual_seed(settings.train.seed)
     features, targets = cut_features(world, settings.train_users, settings.cuts_per_user)

@@ -1,9 +1,9 @@
 """Check an exported SavedModel against the in-process pipeline, in a fresh process.
 
 ``verify_saved_model(saved_model, features, reference)`` runs the SavedModel with TensorFlow
-and ``custom_ops`` alone (``python -m custom_ops.run_saved_model`` in a child process: no Python
+and ``custom_ops`` alone (``python -m xgr_export.run_saved_model`` in a child process: no Python
 torch, no engine code) on ``features`` and compares its outputs with ``reference`` (what
-``tf_frontend.export.PythonPipeline`` returned for the same features): item ids and counts
+``bridge.pipeline.RecommendPipeline`` returned for the same features): item ids and counts
 exactly, scores within the float32 tolerance of ``xgr_common.tolerances``.
 """
 
@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 # AOTInductor fuses and reorders float work: its scores may differ from eager torch's by a few
 # float32 roundings per layer, so the table's float32 atol is scaled for a whole model.
 SCORE_ATOL_SCALE = 10.0
-# Modules whose presence in the child would mean the SavedModel needed Python engine code.
-FORBIDDEN_MODULES = ("torch", "torch_engine.engine", "torch_engine.model", "tf_frontend")
+# Top-level packages whose presence in the child would mean the SavedModel needed Python
+# torch, engine code or our TF-side Python (the feature graph lives in the SavedModel).
+FORBIDDEN_PACKAGES = ("torch", "torch_engine", "tf_frontend", "bridge", "xgr_world")
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,14 @@ def _features_npz(features: dict, path: Path) -> None:
 def run_fresh(saved_model: str | os.PathLike, features: dict, repeats: int = 0,
               timeout: float = 900.0) -> dict[str, np.ndarray]:
     """The SavedModel's outputs on ``features`` from a fresh process (TF + custom_ops only),
-    with ``modules`` and ``seconds`` (see ``custom_ops.run_saved_model``)."""
+    with ``modules`` and ``seconds`` (see ``xgr_export.run_saved_model``)."""
     with tempfile.TemporaryDirectory(prefix="xgr_verify_") as tmp:
         feats, out = Path(tmp) / "features.npz", Path(tmp) / "outputs.npz"
         _features_npz(features, feats)
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                    TF_CPP_MIN_LOG_LEVEL="3")
-        done = subprocess.run([sys.executable, "-m", "custom_ops.run_saved_model",
+        done = subprocess.run([sys.executable, "-m", "xgr_export.run_saved_model",
                                str(saved_model), str(feats), str(out), f"--repeats={repeats}"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         require(done.returncode == 0, ExportError,
@@ -101,8 +102,7 @@ def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
     same_inf = np.array_equal(np.isfinite(want["scores"]), np.isfinite(got["scores"]))
     error = float(np.abs(got["scores"][finite] - want["scores"][finite]).max(initial=0.0))
     tol = tolerance_for(np.float32)
-    forbidden = tuple(sorted(m for m in modules if m in FORBIDDEN_MODULES
-                             or m.startswith("torch.")))
+    forbidden = tuple(sorted(m for m in modules if m.split(".")[0] in FORBIDDEN_PACKAGES))
     return VerifyReport(
         requests=len(want["item_ids"]), rows_exact=len(want["item_ids"]) - len(mismatched),
         num_items_exact=bool(np.array_equal(got["num_items"], want["num_items"])),

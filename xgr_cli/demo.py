@@ -1,7 +1,7 @@
-"""``xgr demo``: the whole pipeline on the embedded default model, on the CPU, in minutes.
+"""``xgr demo``: the whole pipeline on the embedded default model, on the CPU.
 
-Builds the synthetic world, fits the ``tiny`` decoder and its profile tower on the training
-users (about two minutes the first time, then loaded from the cache in seconds), and runs
+Builds the synthetic world (``xgr_world``), fits the ``tiny`` decoder and its profile tower on
+the training users (the first time; later runs load the fit from the cache), and runs
 TF feature graph -> DLPack -> Torch engine -> TF rules for the held-out users. Prints
 
   (a) the top items of a few users, with their semantic IDs and scores;
@@ -17,16 +17,17 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from bridge import default_model as dm
+import numpy as np
+from absl import flags
+from tqdm.auto import tqdm
 
-import numpy as np  # noqa: E402
-from absl import flags  # noqa: E402
-from tqdm.auto import tqdm  # noqa: E402
-
-from bridge.evaluation import Evaluation, evaluate, popularity_ranking  # noqa: E402
-from bridge.pipeline import BusinessRules, RecommendPipeline  # noqa: E402
-from torch_engine.catalog import Catalog  # noqa: E402
-from torch_engine.engine import Engine  # noqa: E402
+from bridge.pipeline import RecommendPipeline
+from tf_frontend.pipeline_spec import PipelineConfig
+from tf_frontend.rules import BusinessRules
+from torch_engine.catalog import Catalog
+from torch_engine.engine import Engine
+from xgr_world import default_model as dm
+from xgr_world.evaluation import Evaluation, evaluate, popularity_ranking
 
 FLAGS = flags.FLAGS
 flags.DEFINE_integer("users", 500, "Held-out users to recommend for (at most the settings' "
@@ -43,8 +44,8 @@ flags.DEFINE_integer("max_per_category", 0, "Business rule: at most this many it
 flags.DEFINE_bool("refit", False, "Fit the default model again even when a cached fit exists.")
 flags.DEFINE_string("cache_dir", None, "Where fits are cached (default $XGR_CACHE_DIR or "
                     "~/.cache/xgr-bridge).")
-flags.DEFINE_bool("quick", False, "A small world and a short fit (bridge.default_model.QUICK): "
-                  "a first look in under a minute, and what CI runs.")
+flags.DEFINE_bool("quick", False, "A small world and a short fit "
+                  "(xgr_world.default_model.QUICK): a quick first look, and what CI runs.")
 flags.DEFINE_integer("fit_steps", None, "Training steps of a fresh fit (default: the settings').")
 flags.DEFINE_integer("seed", 0, "Seed of the world and of the fit.")
 flags.DEFINE_string("report_json", None, "Also write recall and timings to this JSON file.")
@@ -101,12 +102,13 @@ def main(argv: list[str]) -> None:
     catalog = Catalog.from_arrays(world.item_ids, world.item_codes, settings.spec.layout)
     rules = BusinessRules(blocked_items=tuple(int(i) for i in FLAGS.blocked_items),
                           max_per_category=FLAGS.max_per_category or None)
-    pipeline = RecommendPipeline(fitted.feature_graph(), Engine(fitted.model, catalog),
-                                 world.item_ids, world.item_codes, rules,
-                                 prefill_mask=settings.train.mask_mode)
+    pipeline = RecommendPipeline.for_engine(
+        fitted.feature_graph(), Engine(fitted.model, catalog), FLAGS.beam_width, FLAGS.top_k,
+        PipelineConfig(top_n=FLAGS.top_k, rules=rules),
+        catalog=(world.item_ids, world.item_codes), prefill_mask=settings.train.mask_mode)
     users = settings.eval_users[:FLAGS.users]
     result = evaluate(pipeline, world, users, popularity_ranking(world, settings.train_users),
-                      FLAGS.beam_width, FLAGS.top_k, FLAGS.batch_size,
+                      FLAGS.batch_size,
                       progress=lambda it: tqdm(it, desc="recommend", unit="batch", leave=False))
 
     print(f"\n(a) top items of {min(FLAGS.show_users, len(users))} held-out users "

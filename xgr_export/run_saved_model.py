@@ -1,13 +1,14 @@
 """Run a SavedModel with TensorFlow and ``custom_ops`` alone, as a serving host would.
 
-    python -m custom_ops.run_saved_model SAVED_MODEL FEATURES.npz OUT.npz [--repeats N]
+    python -m xgr_export.run_saved_model SAVED_MODEL FEATURES.npz OUT.npz [--repeats N]
 
 Loads the SavedModel in this (fresh) process, calls ``serving_default`` on the features of
 ``FEATURES.npz`` (one array per input; byte strings for string inputs) and writes its outputs
 to ``OUT.npz``, with ``modules`` (the names of every module this process imported: proof that
 no Python torch or engine code was needed) and ``seconds`` (load, first call, then the median
-of ``--repeats`` further calls). ``tf_frontend.verify`` compares the outputs with the
-in-process pipeline.
+of ``--repeats`` further calls). ``xgr_export.verify`` compares the outputs with the
+in-process pipeline. Importing ``xgr_export`` loads none of its heavy modules, so this child
+needs only TensorFlow, NumPy and ``custom_ops``.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import numpy as np
 import tensorflow as tf
 
 import custom_ops  # noqa: F401  (registers TorchCall and the feature ops)
+from xgr_common.serving_names import SERVING_SIGNATURE
 
 
 def run(saved_model: str, features_path: str, out_path: str, repeats: int = 0) -> None:
     """Loads ``saved_model``, runs it on the features, writes outputs and timings."""
     started = time.perf_counter()
     loaded = tf.saved_model.load(saved_model)
-    serve = loaded.signatures["serving_default"]
+    serve = loaded.signatures[SERVING_SIGNATURE]
     with np.load(features_path) as data:
         features = {name: tf.constant(data[name]) for name in data.files}
     load_seconds = time.perf_counter() - started

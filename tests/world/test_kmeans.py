@@ -5,7 +5,7 @@ import pytest
 
 from torch_engine.catalog import Catalog
 from xgr_common.errors import ConfigError, InvalidInputError
-from torch_engine.kmeans import KMeansConfig, residual_kmeans
+from xgr_world.kmeans import KMeansConfig, residual_kmeans
 from xgr_common.layout import TokenLayout
 
 

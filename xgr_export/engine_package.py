@@ -3,43 +3,22 @@ AOTInductor (or TorchScript) for the target device.
 
 The host checks of ``Engine.recommend`` (``torch_engine.inputs.check_inputs``) read values and
 cannot be traced; the exported program takes what the feature graph emits, which satisfies
-them by construction (``xgr_common.prompt_spec``), and runs ``Engine.search``. Import this
-module before tensorflow (see ``tf_frontend.torch_package``).
+them by construction (``xgr_common.prompt_spec``), and runs ``Engine.search``. Needs torch,
+never TensorFlow: a GPU machine without TF packages engines too.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-from tf_frontend import torch_package
+import torch
 
-import torch  # noqa: E402
+from torch_engine.inputs import RequestBatch
+from xgr_common.errors import ConfigError, require
+from xgr_export import torch_package
+from xgr_export.config import EngineExportConfig
 
-from xgr_common.errors import ConfigError, require  # noqa: E402
-from torch_engine.inputs import RequestBatch  # noqa: E402
-
-
-@dataclass(frozen=True)
-class EngineExportConfig:
-    """What the exported engine serves.
-
-    beam_width, top_k: fixed at export (they size the search); max_batch: largest batch the
-    package accepts; device: "cpu" or "cuda[:i]" (the engine's device at run time).
-    """
-
-    beam_width: int = 16
-    top_k: int = 10
-    max_batch: int = 1024
-    device: str = "cpu"
-
-    def __post_init__(self) -> None:
-        for name in ("beam_width", "top_k", "max_batch"):
-            value = getattr(self, name)
-            require(isinstance(value, int) and value >= 1, ConfigError,
-                    f"EngineExportConfig.{name} must be a positive int, got {value!r}")
-        require(self.device == "cpu" or self.device.startswith("cuda"), ConfigError,
-                f"EngineExportConfig.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
+__all__ = ["EngineExportConfig", "RecommendProgram", "example_inputs", "export_engine"]
 
 
 class RecommendProgram(torch.nn.Module):

@@ -12,11 +12,11 @@ import sys
 
 # subcommand -> (module, one-line help). Modules are imported only when chosen.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("bridge.cli.demo", "TF feature graph -> bridge -> engine on the embedded default"),
-    "export": ("bridge.cli.export", "export the pipeline as one TF SavedModel with the Torch call"),
-    "serve": ("tf_frontend.serving.cli", "serve a SavedModel over TF Serving's REST and gRPC APIs"),
-    "migrate": ("bridge.cli.migrate", "show or change a migration plan (init, status, swap, auto, revert)"),
-    "parity": ("bridge.cli.parity", "run TF and the migrated plan side by side; report parity"),
+    "demo": ("xgr_cli.demo", "TF feature graph -> bridge -> engine on the embedded default"),
+    "export": ("xgr_cli.export", "export the pipeline as one TF SavedModel with the Torch call"),
+    "serve": ("xgr_cli.serve", "serve a SavedModel over TF Serving's REST and gRPC APIs"),
+    "migrate": ("xgr_cli.migrate", "show or change a migration plan (init, status, swap, auto, revert)"),
+    "parity": ("xgr_cli.parity", "run TF and the migrated plan side by side; report parity"),
 }
 
 

@@ -5,9 +5,9 @@ input dtypes and dims (literal sizes or named symbols shared across inputs, with
 dtypes, and the device. The op checks each call against it, because compiled code trusts its
 inputs and would read out of bounds on a wrong batch or dtype instead of raising.
 
-AOTInductor compiles for ~40 s on this CPU even for a small model, so ``package_aoti`` keeps
-compiled packages in a cache folder keyed by a hash of the exported graph, its weights, the
-torch version and the device.
+AOTInductor takes a long while even for a small model, so ``package_aoti`` keeps compiled
+packages in a cache folder keyed by a hash of the exported graph, its weights, the torch
+version and the device.
 """
 
 from __future__ import annotations
@@ -20,8 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import torch
+
 from xgr_common.errors import ExportError, InvalidInputError, require
 from xgr_common.import_order import triton_importable
+
+SIGNATURE_KEY = "xgr_signature"          # AOTInductor metadata key (torch_call packages.cc)
+SIGNATURE_FILE = "xgr_signature.txt"     # TorchScript extra file (torch_call packages.cc)
+_INT64_MAX = 2**63 - 1
+_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")
 
 
 def _require_traceable() -> None:
@@ -29,16 +36,8 @@ def _require_traceable() -> None:
     require(triton_importable(), ExportError,
             "cannot trace or compile torch code in this process: tensorflow was imported before "
             "triton, and importing triton now would abort the process (both bundle LLVM). "
-            "Import tf_frontend.torch_package (or triton) before tensorflow, or build the "
-            "package in a separate process (`xgr export` imports torch first)")
-
-
-import torch  # noqa: E402
-
-SIGNATURE_KEY = "xgr_signature"          # AOTInductor metadata key (torch_call packages.cc)
-SIGNATURE_FILE = "xgr_signature.txt"     # TorchScript extra file (torch_call packages.cc)
-_INT64_MAX = 2**63 - 1
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int32", "int64", "bool")
+            "Import xgr_export (or triton) before tensorflow, or build the package in a "
+            "separate process")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Fit a decoder and its profile tower on semantic-ID prompts by next-token cross entropy.
 
 Torch only. The prompts come in as tensors (``TrainingExamples``), produced by whoever owns the
-feature processing (the TF feature graph in ``bridge.default_model``), so training sees exactly
+feature processing (the TF feature graph in ``xgr_world.default_model``), so training sees exactly
 the prompts that serving sees.
 
 One training example is a request's prompt followed by the item the user took next::
@@ -31,10 +31,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from torch_engine.attention import padded_attention
-from xgr_common.errors import ConfigError, InvalidInputError, require
 from torch_engine.layers import rotary_cos_sin
-from xgr_common.layout import PAD_SEGMENT, MaskMode, TokenLayout
 from torch_engine.model import Model
+from xgr_common.errors import ConfigError, InvalidInputError, require
+from xgr_common.layout import PAD_SEGMENT, MaskMode, TokenLayout
 from xgr_common.prompt_spec import PromptSpec
 
 

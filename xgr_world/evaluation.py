@@ -15,7 +15,7 @@ import tensorflow as tf
 from bridge.pipeline import RecommendPipeline, StageTimings
 from tf_frontend.feature_graph import features_from_world
 from xgr_common.errors import InvalidInputError, require
-from torch_engine.synthetic import World
+from xgr_world.synthetic import World
 
 
 def popularity_ranking(world: World, users: np.ndarray) -> np.ndarray:
@@ -74,18 +74,19 @@ class Evaluation:
 
 
 def evaluate(pipeline: RecommendPipeline, world: World, users: np.ndarray,
-             popularity: np.ndarray, beam_width: int, top_k: int, batch_size: int = 64,
-             progress=None) -> Evaluation:
-    """Run the pipeline over ``users`` (world rows) in batches; rank popularity alongside.
+             popularity: np.ndarray, batch_size: int = 64, progress=None) -> Evaluation:
+    """Run the pipeline over ``users`` (world rows) in batches; rank popularity alongside, as
+    many items per user as the pipeline returns (its ``config.top_n``).
 
     progress: optional callable wrapping the batch iterator (e.g. ``tqdm``).
     """
     require(len(users) > 0, InvalidInputError, "evaluate needs at least one user")
+    top_k = pipeline.config.top_n
     starts = range(0, len(users), batch_size)
     items, scores, popular, timings = [], [], [], []
     for start in (progress(starts) if progress else starts):
         rows = users[start:start + batch_size]
-        out = pipeline.recommend(features_from_world(world, rows), beam_width, top_k)
+        out = pipeline(features_from_world(world, rows))
         items.append(out["item_ids"].numpy())
         scores.append(out["scores"].numpy())
         timings.append(out["timings"])

@@ -1,1 +1,0 @@
-"""The ``xgr`` command: one absl entry point per subcommand (see ``main.py``)."""

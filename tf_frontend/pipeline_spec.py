@@ -1,0 +1,72 @@
+"""The TF halves of the recommend pipeline, shared by the SavedModel and the in-process pipeline.
+
+Both run: request features (``INPUTS``, 1-D, batch dynamic) -> the feature graph, traced with
+``feature_signature()`` -> ``engine_feeds`` (its outputs plus ``exclude_items``) -> the engine,
+fed the feeds named by ``engine_inputs`` (``ENGINE_INPUTS``) -> ``post_processor`` (the rules of
+``tf_frontend.rules``) -> ``OUTPUTS``. ``xgr_export.saved_model`` puts the engine behind
+``TorchCall``; ``bridge.pipeline`` calls it from Python over DLPack. Written once here, the two
+cannot apply different rules or see different feature values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from tf_frontend.feature_graph import INPUTS
+from tf_frontend.rules import BusinessRules, PostProcessor, engine_feeds
+from xgr_common.errors import ConfigError, require
+
+# The engine's inputs, in order: what the feature graph emits plus the history to exclude.
+ENGINE_INPUTS = ("token_ids", "lengths", "segment_ids", "profile_embeds", "exclude_items")
+OUTPUTS = ("item_ids", "scores", "num_items")
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """TF-side settings: ``top_n`` items returned per request after the business rules
+    (``rules``, ``tf_frontend.rules``); torch threads per calling TF thread; AOTInductor model
+    instances that may run at once."""
+
+    top_n: int = 10
+    intra_op_threads: int = 1
+    concurrency: int = 1
+    # Longest raw history row a server accepts (before cleaning keeps the last N): a guard
+    # against oversized requests, written to assets.extra/xgr_serving.json for `xgr serve`.
+    max_history_events: int = 4096
+    rules: BusinessRules = BusinessRules()
+
+    def __post_init__(self) -> None:
+        for name in ("top_n", "intra_op_threads", "concurrency", "max_history_events"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 1, ConfigError,
+                    f"PipelineConfig.{name} must be a positive int, got {value!r}")
+        require(isinstance(self.rules, BusinessRules), ConfigError,
+                f"PipelineConfig.rules must be a BusinessRules, got {type(self.rules).__name__}")
+
+
+def feature_signature() -> dict[str, tf.TensorSpec]:
+    """The request features as the SavedModel's signature takes them: 1-D, any length."""
+    return {name: tf.TensorSpec([None], dtype, name=name) for name, dtype in INPUTS.items()}
+
+
+def post_processor(config: PipelineConfig, catalog=None) -> PostProcessor:
+    """The rules of ``config`` cutting lists to ``config.top_n``; ``catalog``
+    (``(item_ids, item_codes)``) is needed only for ``rules.max_per_category``."""
+    item_ids, item_codes = catalog if catalog is not None else (None, None)
+    return PostProcessor(config.rules, config.top_n, item_ids, item_codes)
+
+
+def traced_feeds(feature_graph, rules: BusinessRules) -> tf.types.experimental.PolymorphicFunction:
+    """features -> engine feeds, traced as the SavedModel's ``serve`` traces them: graph mode
+    may fuse kernels and round floats unlike eager ``feature_graph(features)``, so an
+    in-process reference must run the graph this way to match the SavedModel exactly."""
+    return tf.function(lambda features: engine_feeds(feature_graph(features), rules),
+                       input_signature=[feature_signature()])
+
+
+def seen_items(feeds: dict[str, tf.Tensor], engine_inputs: tuple[str, ...]) -> tf.Tensor | None:
+    """The history the post-processor must drop: none when the engine took ``exclude_items``
+    (it never returns them), else the history itself."""
+    return None if "exclude_items" in engine_inputs else feeds["exclude_items"]

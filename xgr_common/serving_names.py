@@ -1,0 +1,10 @@
+"""Names a SavedModel and its server agree on, written once.
+
+``SERVING_SIGNATURE`` is TF Serving's default signature key: every SavedModel we export names
+its pipeline by it, and ``xgr serve`` answers a request that names no signature with it.
+``SERVING_SPEC_FILE`` (relative to a version folder) holds the serving hints an export leaves
+for ``xgr serve``: which inputs are ragged, the longest history it accepts.
+"""
+
+SERVING_SIGNATURE = "serving_default"
+SERVING_SPEC_FILE = "assets.extra/xgr_serving.json"

@@ -1,0 +1,90 @@
+"""The saved pipeline against the in-process one, on the same synthetic requests.
+
+``check_against_python`` sends the world's first users through ``bridge.pipeline.
+RecommendPipeline`` (feature graph -> DLPack -> ``Engine.recommend`` on the engine's device ->
+the rules) in this process, and through the SavedModel in a fresh process with TensorFlow and
+``custom_ops`` alone (``xgr_export.verify``). The items must be equal; the result also times
+both.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+from bridge.pipeline import RecommendPipeline
+from tf_frontend.feature_graph import features_from_world
+from tf_frontend.pipeline_spec import PipelineConfig
+from xgr_export.verify import VerifyReport, verify_saved_model
+
+REFERENCE_REPEATS = 3   # timed in-process calls after the first
+SAVED_REPEATS = 10      # timed fresh-process calls after the first
+
+
+@dataclass(frozen=True)
+class PipelineCheck:
+    """The fresh-process comparison (``report``) plus what the requests were and how long each
+    side took (seconds; the in-process side on ``device``)."""
+
+    report: VerifyReport
+    device: str
+    prompt_tokens_min: int
+    prompt_tokens_max: int
+    python_first_call_seconds: float
+    python_call_seconds: float
+    items_per_request: tuple[int, ...]
+
+    @property
+    def ok(self) -> bool:
+        return self.report.ok
+
+    def to_json(self) -> dict:
+        return {**self.report.to_json(), "prompt_tokens_min": self.prompt_tokens_min,
+                "prompt_tokens_max": self.prompt_tokens_max,
+                "python_first_call_seconds": self.python_first_call_seconds,
+                "python_call_seconds": self.python_call_seconds,
+                "items_per_request": list(self.items_per_request)}
+
+    def summary(self) -> str:
+        """What ``xgr export --verify_requests`` prints: the verdict, timings, first mismatches."""
+        report = self.report
+        verdict = "equal" if report.ok else "DIFFERENT"
+        lines = [
+            f"verify: {report.requests} requests (prompts {self.prompt_tokens_min}-"
+            f"{self.prompt_tokens_max} tokens): fresh-process SavedModel vs Python pipeline on "
+            f"{self.device}: items {verdict} ({report.rows_exact}/{report.requests} rows exact, "
+            f"num_items {'equal' if report.num_items_exact else 'DIFFERENT'}, max score error "
+            f"{report.max_score_error:.2e} <= {report.score_atol:.2e}); modules "
+            f"{'clean' if not report.forbidden_modules else report.forbidden_modules}",
+            f"  batch of {report.requests}: SavedModel {report.call_seconds * 1e3:.1f} ms per "
+            f"call (load {report.load_seconds:.1f} s, first call "
+            f"{report.first_call_seconds:.1f} s); Python pipeline "
+            f"{self.python_call_seconds * 1e3:.1f} ms"]
+        lines += [f"  row {row['row']} differs first at {row['position']}: got {row['got']} "
+                  f"({row['got_score']:.6f}), want {row['want']} ({row['want_score']:.6f})"
+                  for row in report.mismatched_rows[:5]]
+        return "\n".join(lines)
+
+
+def _timed(call) -> tuple[object, float]:
+    started = time.perf_counter()
+    value = call()
+    return value, time.perf_counter() - started
+
+
+def check_against_python(saved_model, graph, engine, config: PipelineConfig, world,
+                         requests: int, beam_width: int, top_k: int) -> PipelineCheck:
+    """Compares the world's first ``requests`` users through both pipelines (the engine
+    searching with ``beam_width`` and ``top_k``, the lists cut by ``config``)."""
+    features = features_from_world(world, slice(0, requests))
+    python = RecommendPipeline.for_engine(graph, engine, beam_width, top_k, config)
+    want, first = _timed(lambda: python(features))
+    again = [_timed(lambda: python(features))[1] for _ in range(REFERENCE_REPEATS)]
+    report = verify_saved_model(saved_model, features, want, repeats=SAVED_REPEATS)
+    prompt = want["prompt_lengths"].numpy()
+    return PipelineCheck(report=report, device=str(engine.device),
+                         prompt_tokens_min=int(prompt.min()), prompt_tokens_max=int(prompt.max()),
+                         python_first_call_seconds=first,
+                         python_call_seconds=statistics.median(again),
+                         items_per_request=tuple(int(n) for n in want["num_items"].numpy()))

@@ -1,0 +1,92 @@
+"""One SavedModel for the whole pipeline: TF feature graph -> TorchCall(engine) -> TF rules.
+
+``export_pipeline(out_dir, feature_graph, package)`` saves a SavedModel whose
+``serving_default`` takes the feature graph's six request features by name and returns
+``item_ids`` int64 [B, top_n], ``scores`` float32 [B, top_n] and ``num_items`` int32 [B]. The
+TF halves (feature signature, engine feeds, business rules) are ``tf_frontend.pipeline_spec``'s,
+the same the in-process ``bridge.pipeline.RecommendPipeline`` runs: the engine gets the cleaned
+history as ``exclude_items`` and never returns it; blocked and over-cap items are dropped after
+it. The engine package (``xgr_export.engine_package``) travels as an asset; loading needs only
+TensorFlow and ``custom_ops`` (which links libtorch), never ``torch_engine`` or Python torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import tensorflow as tf
+
+from custom_ops.torch_call import torch_call
+from tf_frontend.pipeline_spec import (ENGINE_INPUTS, PipelineConfig, feature_signature,
+                                       post_processor, seen_items)
+from tf_frontend.rules import engine_feeds
+from xgr_common.errors import ExportError, require
+from xgr_common.serving_names import SERVING_SIGNATURE, SERVING_SPEC_FILE
+from xgr_export.torch_package import Package
+
+
+class Pipeline(tf.Module):
+    """What the SavedModel holds: the feature graph, the engine asset, the rules and ``serve``."""
+
+    def __init__(self, feature_graph, package: Package,
+                 config: PipelineConfig = PipelineConfig(),
+                 engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None):
+        super().__init__(name="xgr_pipeline")
+        require(len(engine_inputs) == len(package.inputs), ExportError,
+                f"the package takes {len(package.inputs)} inputs, engine_inputs names "
+                f"{len(engine_inputs)}: {engine_inputs}")
+        require([s.dtype for s in package.outputs] == ["int64", "float32"], ExportError,
+                f"the engine package must return (item_ids int64, scores float32), got "
+                f"{[s.dtype for s in package.outputs]}")
+        self.graph = feature_graph
+        self.engine = tf.saved_model.Asset(str(package.path))
+        self.post_process = post_processor(config, catalog)
+        self._input_dtypes = [tf.as_dtype(s.dtype) for s in package.inputs]
+        self._output_shapes = [s.static_shape() for s in package.outputs]
+        self._engine_inputs, self._config = tuple(engine_inputs), config
+        self.serve = tf.function(self._serve, input_signature=[feature_signature()])
+
+    def _serve(self, features):
+        feeds = engine_feeds(self.graph(features), self._config.rules)
+        args = [tf.cast(feeds[name], dtype) for name, dtype in zip(self._engine_inputs,
+                                                                    self._input_dtypes)]
+        item_ids, scores = torch_call(self.engine, args, [tf.int64, tf.float32],
+                                      output_shapes=self._output_shapes,
+                                      intra_op_threads=self._config.intra_op_threads,
+                                      concurrency=self._config.concurrency, name="engine")
+        return self.post_process(item_ids, scores, seen_items(feeds, self._engine_inputs))
+
+
+def require_empty_folder(out_dir: str | os.PathLike) -> Path:
+    """``out_dir`` as a Path, refused when it exists with files in it (a SavedModel is never
+    written over another)."""
+    out_dir = Path(out_dir)
+    require(not out_dir.exists() or not any(out_dir.iterdir()), ExportError,
+            f"{out_dir} exists and is not empty; choose a new folder")
+    return out_dir
+
+
+def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
+                    config: PipelineConfig = PipelineConfig(),
+                    engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None) -> Path:
+    """Saves feature graph + engine package + business rules as one SavedModel in ``out_dir``;
+    returns it. The package file is copied into the SavedModel's assets. ``catalog``
+    (``(item_ids, item_codes)``) is needed only for ``rules.max_per_category``."""
+    out_dir = require_empty_folder(out_dir)
+    module = Pipeline(feature_graph, package, config, engine_inputs, catalog)
+    concrete = module.serve.get_concrete_function()
+    tf.saved_model.save(module, str(out_dir), signatures={SERVING_SIGNATURE: concrete})
+    _write_serving_spec(out_dir, config)
+    return out_dir
+
+
+def _write_serving_spec(out_dir: Path, config: PipelineConfig) -> None:
+    """Tells ``xgr serve`` which inputs are ragged and the history limit (see
+    ``tf_frontend/serving/signature.py``), so serving needs no extra flags."""
+    spec = {"ragged": {"history_splits": ["history_items", "history_times"]},
+            "max_history_events": config.max_history_events}
+    path = out_dir / SERVING_SPEC_FILE
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(spec, indent=2) + "\n")
