@@ -1,10 +1,11 @@
 """Package ``Engine.recommend`` for the TorchCall op: ``torch.export`` of its device part, then
 AOTInductor (or TorchScript) for the target device.
 
-The host checks of ``Engine.recommend`` (``torch_engine.inputs.check_inputs``) read values and
-cannot be traced; the exported program takes what the feature graph emits, which satisfies
-them by construction (``xgr_common.prompt_spec``), and runs ``Engine.search``. Needs torch,
-never TensorFlow: a GPU machine without TF packages engines too.
+The exported program is ``torch_engine.search.search_features``: the feature graph's tensors
+sanitised by the value rules (``xgr_common.value_rules``), then the same search functions
+``Engine.recommend`` runs. The host checks of shapes and the one read of the rules' verdict
+are not traced; the package's contract records the rules (``rule`` lines) beside its shapes.
+Needs torch, never TensorFlow: a GPU machine without TF packages engines too.
 """
 
 from __future__ import annotations
@@ -13,8 +14,9 @@ import os
 
 import torch
 
-from torch_engine.inputs import RequestBatch
+from torch_engine.search import search_features
 from xgr_common.errors import ConfigError, require
+from xgr_common.value_rules import contract_lines
 from xgr_export import torch_package
 from xgr_export.config import EngineExportConfig
 
@@ -37,18 +39,11 @@ class RecommendProgram(torch.nn.Module):
         self.beam_width, self.top_k = beam_width, top_k
 
     def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items):
-        device = self.engine.device
-        tokens = token_ids.to(torch.int64)
-        lens = lengths.to(torch.int64)
-        valid = torch.arange(tokens.shape[1], device=device)[None, :] < lens[:, None]
-        batch = RequestBatch(
-            token_ids=torch.where(valid, tokens, 0),
-            total_lengths=lens + profile_embeds.shape[1],
-            segment_ids=segment_ids.to(torch.int32),
-            causal=False,
-            prefix_embeds=profile_embeds.to(self.engine.dtype),
-            exclude_items=exclude_items.to(torch.int64))
-        item_ids, scores = self.engine.search(batch, self.beam_width, self.top_k)
+        engine = self.engine
+        item_ids, scores, _ = search_features(
+            self.model, engine.catalog, token_ids, lengths, segment_ids, profile_embeds,
+            exclude_items, self.beam_width, self.top_k, engine.options,
+            engine.runner.exclusions)
         return item_ids, scores.to(torch.float32)
 
 
@@ -111,4 +106,4 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     # token_ids and segment_ids share their length; the trace names them apart (Dim.DYNAMIC),
     # so the contract ties them: a mismatch is refused instead of read out of bounds.
     return torch_package.package_aoti(exported, out_path, config.device, cache_dir,
-                                      same_dims=[((0, 1), (2, 1))])
+                                      same_dims=[((0, 1), (2, 1))], rules=contract_lines())

@@ -71,7 +71,8 @@ class ExportReport:
                   "max_prompt_tokens": self.max_prompt_tokens, "beam_width": self.beam_width,
                   "top_k": self.top_k, "top_n": self.top_n, "torch": self.torch_version,
                   "setup_seconds": self.setup_seconds, "package_seconds": self.package_seconds,
-                  "package_bytes": self.package_bytes}
+                  "package_bytes": self.package_bytes,
+                  "engine_signature": self.engine_signature}
         if self.check is not None:
             report["verify"] = self.check.to_json()
         return report

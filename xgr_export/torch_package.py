@@ -16,7 +16,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -54,7 +54,9 @@ class TensorSpec:
 
 @dataclass(frozen=True)
 class Package:
-    """A package file and its contract. ``format`` is ``"aoti"`` or ``"torchscript"``."""
+    """A package file and its contract. ``format`` is ``"aoti"`` or ``"torchscript"``;
+    ``rules``: the value rules the program's inputs obey, as contract lines
+    (``xgr_common.value_rules.contract_lines``), empty for a program without any."""
 
     path: Path
     format: str
@@ -62,20 +64,22 @@ class Package:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     ranges: tuple[tuple[str, int, int], ...]
+    rules: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         """Plain data (for manifests written by a packaging process)."""
         return {"path": str(self.path), "format": self.format, "device": self.device,
                 "inputs": [[t.dtype, list(t.dims)] for t in self.inputs],
                 "outputs": [[t.dtype, list(t.dims)] for t in self.outputs],
-                "ranges": [list(r) for r in self.ranges]}
+                "ranges": [list(r) for r in self.ranges], "rules": list(self.rules)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Package":
         def specs(items):
             return tuple(TensorSpec(dtype, tuple(dims)) for dtype, dims in items)
         return cls(Path(data["path"]), data["format"], data["device"], specs(data["inputs"]),
-                   specs(data["outputs"]), tuple(tuple(r) for r in data["ranges"]))
+                   specs(data["outputs"]), tuple(tuple(r) for r in data["ranges"]),
+                   tuple(data.get("rules", ())))
 
     @property
     def signature(self) -> str:
@@ -84,6 +88,7 @@ class Package:
         lines += [f"in {s.dtype} {' '.join(map(str, s.dims))}".rstrip() for s in self.inputs]
         lines += [f"out {s.dtype} {' '.join(map(str, s.dims))}".rstrip() for s in self.outputs]
         lines += [f"dim {name} {lo} {hi}" for name, lo, hi in self.ranges]
+        lines += list(self.rules)
         return "\n".join(lines) + "\n"
 
 
@@ -192,14 +197,14 @@ def _unify_dims(contract: Package, pairs) -> Package:
                 f"same_dims pair {((i, d), (j, e))} names a dim the program does not have")
         inputs[j][e] = inputs[i][d]
     specs = tuple(TensorSpec(s.dtype, tuple(dims)) for s, dims in zip(contract.inputs, inputs))
-    return Package(contract.path, contract.format, contract.device, specs, contract.outputs,
-                   contract.ranges)
+    return replace(contract, inputs=specs)
 
 
 def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathLike,
                  device: str = "cpu", cache_dir: str | os.PathLike | None = None,
                  runtime_ops: tuple[str, ...] = (),
-                 same_dims: Sequence[tuple[tuple[int, int], tuple[int, int]]] = ()) -> Package:
+                 same_dims: Sequence[tuple[tuple[int, int], tuple[int, int]]] = (),
+                 rules: Sequence[str] = ()) -> Package:
     """Compile ``program`` with AOTInductor into ``out_path`` (a ``.pt2``) with its contract.
 
     With ``cache_dir``, a package compiled before from the same graph, weights, torch version
@@ -207,7 +212,8 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
     serving process registers itself (C++ libraries linked beside TorchCall); any other op that
     only Python can run is refused, because a TorchCall process has no Python torch.
     ``same_dims`` pairs ``((input, dim), (input, dim))`` that the caller must keep equal
-    although the program traced them apart; the op then checks them as one.
+    although the program traced them apart; the op then checks them as one. ``rules``:
+    the value rules of the program's inputs, recorded in the contract (``Package.rules``).
     """
     out_path = Path(out_path)
     require(out_path.suffix == ".pt2", InvalidInputError,
@@ -220,7 +226,8 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
             f"with torch.library.triton_op (AOTInductor then embeds them), or export the plain "
             f"torch path (e.g. EngineConfig(attention_backend='torch', "
             f"selection_backend='torch'))")
-    contract = _unify_dims(contract_of(program, device), same_dims)
+    contract = replace(_unify_dims(contract_of(program, device), same_dims),
+                       rules=tuple(rules))
     key = _cache_key(program, device, contract.signature)
     cached = Path(cache_dir) / f"{key}.pt2" if cache_dir else None
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -243,7 +250,7 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
                 shutil.copyfile(built, tmp_cached)
                 os.replace(tmp_cached, cached)  # atomic: concurrent builders never see half
             shutil.copyfile(built, out_path)
-    return Package(out_path, "aoti", device, contract.inputs, contract.outputs, contract.ranges)
+    return replace(contract, path=out_path)
 
 
 def package_torchscript(module: torch.nn.Module, example_inputs: Sequence[torch.Tensor],

@@ -187,6 +187,16 @@ def main(out: Path, cache: Path) -> None:
     torch.jit.save(torch.jit.script(Identity()), str(out / "garbled.pt"),
                    _extra_files={torch_package.SIGNATURE_FILE: "device cpu\nin float32 n\n"
                                                                "sideways float32 n\n"})
+    # A contract whose value rule names no reduction the op knows.
+    torch.jit.save(torch.jit.script(Identity()), str(out / "bad_rule.pt"),
+                   _extra_files={torch_package.SIGNATURE_FILE: "device cpu\nin float32 n\n"
+                                                               "out float32 n\n"
+                                                               "rule r x some: text\n"})
+    # The same contract with a well-formed rule: recorded, and the package runs.
+    torch.jit.save(torch.jit.script(Identity()), str(out / "with_rule.pt"),
+                   _extra_files={torch_package.SIGNATURE_FILE: "device cpu\nin float32 n\n"
+                                                               "out float32 n\n"
+                                                               "rule r x any: x must be finite\n"})
     # A TorchScript file made without torch_package: no contract.
     torch.jit.save(torch.jit.script(Identity()), str(out / "bare.pt"))
     manifest = {name: package.to_json() for name, package in built.items()}

@@ -94,3 +94,12 @@ def test_unreadable_contract_names_its_line(packages):
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="signature line 3 \\('sideways float32 n'\\): unknown entry"):
         torch_call(str(garbled), [np.ones(3, np.float32)], [tf.float32])
+
+
+def test_value_rules_in_a_contract_are_parsed(packages):
+    folder = packages["identity"].path.parent
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="signature line 4 .*rule reduction must be 'any' or 'max'"):
+        torch_call(str(folder / "bad_rule.pt"), [np.ones(3, np.float32)], [tf.float32])
+    out = torch_call(str(folder / "with_rule.pt"), [np.ones(3, np.float32)], [tf.float32])
+    np.testing.assert_array_equal(out[0], np.ones(3, np.float32))

@@ -24,6 +24,7 @@ from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import TOLERANCES
+from xgr_common.value_rules import contract_lines
 from xgr_world.synthetic import WorldConfig, make_world
 
 HERE = Path(__file__).resolve().parent
@@ -71,6 +72,10 @@ def test_export_verifies_its_saved_model_in_a_fresh_process(exported):
     assert verify["num_items_exact"] and not verify["forbidden_modules"]
     assert report["top_n"] == TOP_N and report["saved_model"] == str(out)
     assert len(verify["items_per_request"]) == VERIFIED
+    # The package's contract records the value rules of its inputs, in flag order, and the
+    # op that ran the fresh-process check parsed it.
+    contract = report["engine_signature"].splitlines()
+    assert [line for line in contract if line.startswith("rule ")] == contract_lines()
 
 
 def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path):
