@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from tests.child_env import child_env
+from torch_engine.aoti_loading import loader_environment
 
 HERE = Path(__file__).resolve().parent
 
@@ -23,8 +24,11 @@ pytestmark = pytest.mark.gpu
 
 
 def _child(*args: str, timeout: int) -> None:
+    # A Python process that loads CUDA packages needs the compiler's libstdc++ first
+    # (torch_engine.aoti_loading explains why); without it the load crashes the child.
+    env = loader_environment(child_env())
     done = subprocess.run([sys.executable, str(HERE / "engine_package_child.py"), *args],
-                          env=child_env(), capture_output=True, text=True, timeout=timeout)
+                          env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, (args[0], done.stdout[-2000:], done.stderr[-4000:])
 
 
