@@ -4,7 +4,7 @@
 #   bash benchmarks/gpu_kernels.sh decode,prefill   # tests + the full grid with anchors
 # Further arguments go to benchmarks.bench_attention (e.g. --flex_batches= to skip
 # FlexAttention). Logs and the result JSON go to $OUT (default /tmp/attention_out); a summary
-# prints last. The tree there is a copy without .git: XGR_COMMIT=<sha> names its commit.
+# prints last. The tree there is a copy: XGR_COMMIT=<sha> names its commit (it outranks git).
 set +e
 export PYTHONUNBUFFERED=1
 cd "$(dirname "$0")/.." || exit 1

@@ -9,7 +9,7 @@
 #   3. benchmarks.bench_torchcall --device=cuda (TorchCall per call, prompt hand-off);
 #   4. benchmarks.load_serving against `xgr serve` on that SavedModel (batching, REST + gRPC,
 #      10% malformed), open-loop rates sized from the closed loop's throughput.
-# The tree there is a copy without .git: XGR_COMMIT=<sha> names the commit every result records
+# The tree there is a copy: XGR_COMMIT=<sha> names the commit every result records (over git)
 # (the export's report is stamped with it too).
 # Needs TF importable (PYTHONPATH) and the tensorflow-serving-api wheel in .whl/. Every stage
 # runs whatever the previous one did (set +e); logs and JSON go to $OUT; a summary comes last.

@@ -3,8 +3,9 @@
 with the UTC time of the run in the result's ``date`` field and the run's provenance beside it:
 ``commit`` (and ``dirty``), ``machine`` and ``versions``.
 
-The commit comes from git when the tree is a checkout; a copy without ``.git`` (the GPU
-machine's) takes it from the ``XGR_COMMIT`` environment variable, else records ``"unknown"``.
+The commit comes from the ``XGR_COMMIT`` environment variable when it is set (a copy of the
+tree on another machine says what it is a copy of: its ``.git``, if any, may be stale), else
+from git when the tree is a checkout, else ``"unknown"``.
 
     python -m benchmarks.results_file FILE.json   # stamps a JSON written elsewhere (xgr export)
 """
@@ -47,6 +48,9 @@ def commit(root: Path = ROOT) -> dict:
     """``{"commit": sha or "unknown", "dirty": bool or None}``. ``dirty``: tracked files differ
     from the commit (untracked ones, such as fresh result files, do not count); None where
     git cannot tell."""
+    named = os.environ.get(COMMIT_VARIABLE)
+    if named:
+        return {"commit": named, "dirty": None}
     # A copy of the tree without its .git could sit inside another repository: ask git only
     # where this tree is itself a checkout (.git is a folder, or a file in a worktree).
     if (root / ".git").exists():
@@ -54,7 +58,7 @@ def commit(root: Path = ROOT) -> dict:
         if sha:
             status = _git(root, "status", "--porcelain", "--untracked-files=no")
             return {"commit": sha, "dirty": None if status is None else bool(status)}
-    return {"commit": os.environ.get(COMMIT_VARIABLE) or "unknown", "dirty": None}
+    return {"commit": "unknown", "dirty": None}
 
 
 def _cpu_name() -> str:

@@ -45,11 +45,13 @@ def test_write_result_names_the_file_and_records_the_provenance(tmp_path):
     assert path == str(tmp_path / "out" / f"engine_{today}_main.json")
     result = json.loads(open(path).read())
     assert list(result)[:4] == ["commit", "dirty", "machine", "versions"]
-    if (rf.ROOT / ".git").exists():
+    if os.environ.get(rf.COMMIT_VARIABLE):
+        assert result["commit"] == os.environ[rf.COMMIT_VARIABLE]
+    elif (rf.ROOT / ".git").exists():
         assert result["commit"] == _git(rf.ROOT, "rev-parse", "HEAD")
         assert isinstance(result["dirty"], bool)
     else:  # a copy of the tree (the GPU machine's)
-        assert result["commit"] == (os.environ.get(rf.COMMIT_VARIABLE) or "unknown")
+        assert result["commit"] == "unknown"
     assert result["rows"] == [1.5]
     versions = result["versions"]
     assert versions["python"] == platform.python_version()
@@ -66,7 +68,8 @@ def test_write_result_names_the_file_and_records_the_provenance(tmp_path):
     ("tracked.txt", True),        # a tracked file edited
     ("new_result.json", False),   # an untracked file (a fresh result) does not count
 ])
-def test_commit_of_a_checkout_and_its_dirty_flag(checkout, change, dirty):
+def test_commit_of_a_checkout_and_its_dirty_flag(checkout, change, dirty, monkeypatch):
+    monkeypatch.delenv(rf.COMMIT_VARIABLE, raising=False)
     if change:
         (checkout / change).write_text("two\n")
     assert rf.commit(checkout) == {"commit": _git(checkout, "rev-parse", "HEAD"), "dirty": dirty}
@@ -84,6 +87,13 @@ def test_commit_of_a_copy_without_git(tmp_path, monkeypatch, variable, expected)
     else:
         monkeypatch.setenv(rf.COMMIT_VARIABLE, variable)
     assert rf.commit(copy) == {"commit": expected, "dirty": None}
+
+
+@needs_git
+def test_a_named_commit_outranks_a_stale_git(checkout, monkeypatch):
+    """A copy of the tree shipped with an old ``.git``: the commit it names is the truth."""
+    monkeypatch.setenv(rf.COMMIT_VARIABLE, "0123abc")
+    assert rf.commit(checkout) == {"commit": "0123abc", "dirty": None}
 
 
 @needs_git
