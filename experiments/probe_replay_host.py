@@ -30,8 +30,8 @@ from benchmarks import engine_analysis as ea
 from benchmarks import results_file as rf
 from benchmarks.bench_engine import (BEAM, TOP_K, engine_for, make_catalog,
                                      prompts, random_model)
-from torch_engine.inputs import check_arguments
-from torch_engine.padded_inputs import PaddedInputs
+from torch_engine.checks import check_arguments
+from torch_engine.runner import StaticInputs
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("replay_out", "experiments/results", "folder for replay_host_<date>.json")
@@ -54,16 +54,16 @@ def probe(preset: str, prompt: int, catalog, device) -> dict:
     engine = engine_for(model, catalog)
     tokens, lengths = prompts(1, prompt, device)
     engine.recommend(tokens, lengths, beam_width=BEAM, top_k=TOP_K)      # capture
-    args = check_arguments(engine, tokens, lengths, None, BEAM, TOP_K, None, None)
-    graphs = engine.graphs
-    captured = graphs._graphs[graphs.key(args, BEAM, TOP_K)]
+    args = check_arguments(engine.limits, tokens, lengths, None, BEAM, TOP_K, None, None)
+    runner = engine.runner
+    captured = runner._graphs[(runner.shape(args), BEAM, TOP_K)]
     graph_ms = statistics.median(ea.device_ms(captured.graph.replay))
     row = {"preset": preset, "prompt": prompt, "graph_ms": graph_ms,
-           "load_us": host_us(lambda: PaddedInputs.load(captured.inputs, args), FLAGS.calls),
+           "load_us": host_us(lambda: StaticInputs.load(captured.inputs, args), FLAGS.calls),
            "replay_us": host_us(captured.graph.replay, FLAGS.calls),
            "clones_us": host_us(lambda: (captured.items.clone(), captured.scores.clone()),
                                 FLAGS.calls),
-           "key_us": host_us(lambda: graphs.key(args, BEAM, TOP_K), FLAGS.calls)}
+           "key_us": host_us(lambda: (runner.shape(args), BEAM, TOP_K), FLAGS.calls)}
     # Wall time of one replay on an idle device against the graph's device time.
     walls = []
     for _ in range(FLAGS.calls // 4):

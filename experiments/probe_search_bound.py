@@ -34,7 +34,7 @@ from benchmarks import results_file as rf
 from torch_engine.config import preset
 from torch_engine.kernels import layer_ops
 from torch_engine.kernels.decode_attention import decode_attention
-from torch_engine.padded_inputs import bucket_size
+from xgr_common.buckets import round_up
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("bound_out", "experiments/results", "folder for search_bound_<date>.json")
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
     for case in FLAGS.cases:
         batch, prompt, target = case.split(":")
         batch, prompt, target = int(batch), int(prompt), float(target)
-        width = bucket_size(prompt, LENGTH_BUCKET)
+        width = round_up(prompt, LENGTH_BUCKET)
         shape = (cfg, batch, batch * width, BEAM, LEVELS, FLAGS.repeats, device)
         products, _, products_power = ea.time_products_chain(*shape)
         bound, _, bound_power = ea.time_products_chain(

@@ -1,4 +1,4 @@
-"""Known reasons a Keras layer or TF op cannot move to Torch, measured on tf2onnx 1.17.
+"""Known reasons a Keras layer or TF op cannot move to Torch through tf2onnx.
 
 Data, not logic: :mod:`bridge.migration.convert` looks stages up here first so the report says
 *why* in the user's terms, and still runs every check for layers not listed.
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# Keras layer class name -> reason (each measured: see PROBES.md).
+# Keras layer class name -> reason (each found by converting that layer with tf2onnx).
 LAYER_REASONS: dict[str, str] = {
     "StringLookup": "StringLookup maps strings through a lookup table: strings cannot enter "
                     "Torch (it converts to ONNX CategoryMapper only via from_keras, and Torch "
