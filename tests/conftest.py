@@ -60,7 +60,17 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
+# Session fixtures that build in a child process: the quick demo fit (``tests/pipeline``) and
+# the TorchCall test packages, AOTInductor among them (``tests/torch_call``). A test that uses
+# one is heavy: ``make test-quick`` leaves it out.
+HEAVY_FIXTURES = frozenset({"quick_run", "packages", "cuda_packages"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.heavy)
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; runs with `make test-gpu` on the GPU machine")

@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# Heavy (fresh interpreters for each import order): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

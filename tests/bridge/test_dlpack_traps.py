@@ -14,6 +14,9 @@ import pytest
 
 from tests.child_env import child_env
 
+# Heavy (child processes that are meant to abort): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[2]
 
 GUARDED = textwrap.dedent("""

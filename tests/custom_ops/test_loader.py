@@ -10,6 +10,9 @@ import pytest
 from tests.child_env import child_env
 from xgr_common.errors import OpLibraryError
 
+# Heavy (fresh interpreters loading the op libraries): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 REPO = Path(__file__).resolve().parents[2]
 
 

@@ -7,6 +7,11 @@ crash would kill the child; the test asserts it exited with 0 and reports its ou
 import subprocess
 from pathlib import Path
 
+import pytest
+
+# Heavy (hostile inputs in child processes): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 SCRIPT = Path(__file__).with_name("fuzz_feature_ops.py")
 
 

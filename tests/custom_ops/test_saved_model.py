@@ -12,9 +12,13 @@ import textwrap
 
 import keras
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from xgr_common.layout import TokenLayout
+
+# Heavy (a SavedModel reloaded in a fresh process): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
 
 LAYOUT = TokenLayout(levels=3, codebook_size=8, code_base=16)
 IDS = np.array([101, 205, 309, 412], np.int64)

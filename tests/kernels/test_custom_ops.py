@@ -78,6 +78,7 @@ def test_export_traces_decode_op_and_runs_it(kt, gen):
              gen.initial_seed())
 
 
+@pytest.mark.heavy
 def test_decode_op_with_seq_lens_passes_opcheck_and_exports(kt, gen):
     q, k, v, _, bk, bv = _decode_args(kt, gen)[:6]
     starts = torch.tensor([0, 9, 17], dtype=torch.int32, device=gen.device)

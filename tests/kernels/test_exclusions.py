@@ -117,6 +117,7 @@ for block in (2, 1024, 4096):
 """
 
 
+@pytest.mark.heavy
 def test_kernels_compile_for_sm90():
     assert_no_spills(compiled_lines(_COMPILE, 6))
 

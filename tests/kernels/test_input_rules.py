@@ -395,6 +395,7 @@ print("COMPILED width 1, one exclusion column")
 """
 
 
+@pytest.mark.heavy
 def test_kernel_compiles_for_sm90():
     lines = compiled_lines(_COMPILE, 5)
     assert_no_spills(lines[:4])

@@ -313,6 +313,7 @@ print("COMPILED W1 X1 top_k1")
 """
 
 
+@pytest.mark.heavy
 def test_kernel_compiles_for_sm90():
     lines = compiled_lines(_COMPILE, 6)
     assert_no_spills(lines[:5])

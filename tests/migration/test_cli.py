@@ -22,6 +22,9 @@ from bridge.parity.data import save_npz
 from bridge.parity.pytest_helper import assert_parity
 from tests.child_env import child_env
 
+# Heavy (runs `xgr migrate` and `xgr parity` in fresh processes): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[2]
 ENV = child_env(Path(__file__).parent)  # toy_models
 DRIVER = """

@@ -4,6 +4,7 @@ unconvertible stages are all reported together, each with its reason, and stay i
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import toy_models
 
 from bridge.migration.auto import auto_migrate
@@ -12,6 +13,9 @@ from bridge.migration.plan import MigrationPlan, load_plan, save_plan
 from bridge.migration.runner import PlanRunner
 from bridge.onnx_torch.module import OnnxGraphModule
 from bridge.parity.harness import run_parity
+
+# Heavy (tf2onnx conversions of whole models): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
 
 
 def test_auto_converted_mlp_stages_match_tf(tmp_path):

@@ -6,6 +6,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
+# Heavy (runs the migration example in a fresh process): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 

@@ -7,7 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.child_env import child_env
+
+# Heavy (runs `xgr demo` and the examples in fresh processes): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -16,6 +16,9 @@ from xgr_common.tolerances import tolerance_for
 from xgr_world.train import (ProfileTower, TrainConfig, TrainingExamples, code_loss,
                                 teacher_forced_batch)
 
+# Heavy (model fits): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 SPEC = PromptSpec()
 LAYOUT = SPEC.layout
 

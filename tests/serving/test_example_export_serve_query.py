@@ -14,6 +14,9 @@ import pytest
 
 from tests.child_env import child_env
 
+# Heavy (exports a SavedModel, starts a server): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 

@@ -18,6 +18,9 @@ from tf_frontend.serving.config import BatchingConfig
 from tests.serving.helpers import (columnar, history_reference, http, random_request,
                                    save_history_model, start_server)
 
+# Heavy (`xgr serve` in a subprocess): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 PREDICT = "/v1/models/recs:predict"
 
 

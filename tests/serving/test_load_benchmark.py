@@ -11,6 +11,9 @@ import pytest
 
 from tests.child_env import child_env
 
+# Heavy (the load benchmark against a served model): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 pytest.importorskip("custom_ops")
 

@@ -5,7 +5,12 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 from tests.child_env import child_env
+
+# Heavy (fresh interpreters without TensorFlow): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -17,6 +17,9 @@ from tf_frontend.saved_model import (export_feature_graph, load_saved_model,
 from xgr_common.serving_names import SERVING_SIGNATURE
 from xgr_common.tolerances import tolerance_for
 
+# Heavy (SavedModels reloaded in fresh processes): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

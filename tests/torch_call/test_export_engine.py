@@ -32,7 +32,8 @@ ROOT = HERE.parents[1]
 CACHE = ROOT / "build" / "torch_call_cache"
 SEED, ITEMS, BEAMS, TOP_K, TOP_N = 0, 300, 16, 12, 8
 
-pytestmark = pytest.mark.slow
+# Heavy (an AOTInductor export of the engine and fresh processes): left out of `make test-quick`.
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
 
 def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:

@@ -20,7 +20,8 @@ from torch_engine.aoti_loading import loader_environment
 
 HERE = Path(__file__).resolve().parent
 
-pytestmark = pytest.mark.gpu
+# Heavy (an AOTInductor export in child processes): left out of `make test-quick`.
+pytestmark = [pytest.mark.gpu, pytest.mark.heavy]
 
 
 def _child(*args: str, timeout: int) -> None:

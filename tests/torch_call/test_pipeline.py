@@ -24,6 +24,9 @@ from xgr_common.serving_names import SERVING_SIGNATURE
 from xgr_export.saved_model import export_pipeline
 from xgr_world.synthetic import make_world
 
+# Heavy (SavedModel exports reloaded in fresh processes): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 HERE = Path(__file__).resolve().parent
 TOY_INPUTS = ("token_ids", "lengths")
 CONFIG = PipelineConfig(top_n=4)

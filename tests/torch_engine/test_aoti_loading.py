@@ -15,6 +15,9 @@ import torch
 from tests.child_env import child_env
 from torch_engine.aoti_loading import loader_environment
 
+# Heavy (AOTInductor packages loaded in child processes): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 # A fresh process: Inductor remembers each ISA's probe result per process.
 _CHILD = textwrap.dedent("""
     import sys, torch

@@ -373,6 +373,7 @@ class _Features(torch.nn.Module):
         return items, scores
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("static", [False, True])
 def test_search_exports_with_dynamic_batch_and_length(world, static):
     _, _, engine = world

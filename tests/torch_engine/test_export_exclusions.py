@@ -14,6 +14,9 @@ from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.tolerances import tolerance_for
 
+# Heavy (torch.export of the search): left out of `make test-quick`.
+pytestmark = pytest.mark.heavy
+
 FP32 = tolerance_for(torch.float32)
 BEAMS, TOP_K = 8, 10
 
