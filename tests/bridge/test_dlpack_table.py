@@ -72,9 +72,10 @@ def test_unknown_dtypes_are_rejected_not_guessed():
     assert rule.mode is Mode.REJECTED and "support table" in rule.reason
 
 
-def test_every_condition_has_a_reason_and_a_known_direction():
-    for entry in CONDITIONS:
-        assert entry.direction in (TO_TORCH, TO_TF) and len(entry.reason) > 20, entry
+@pytest.mark.parametrize("entry", CONDITIONS,
+                         ids=[f"{entry.key}-{entry.direction}" for entry in CONDITIONS])
+def test_every_condition_has_a_reason_and_a_known_direction(entry):
+    assert entry.direction in (TO_TORCH, TO_TF) and len(entry.reason) > 20, entry
 
 
 # Plans for devices this CPU machine lacks: pure functions of the tensor's properties.

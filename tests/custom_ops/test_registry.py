@@ -21,12 +21,15 @@ def test_registry_covers_exactly_the_library_ops(ops):
     assert exported == {_snake(op.tf_op) for op in registry.OPS}
 
 
-def test_every_twin_and_onnx_twin_resolves():
-    for op in registry.OPS:
-        assert callable(op.load_torch_twin()), op.tf_op
-        if op.onnx is not None:
-            assert op.onnx.domain == "xgr.custom" and op.onnx.op_type == op.tf_op
-            assert registry.torch_twin_for_onnx(op.tf_op) is op.load_onnx_twin()
+OP_IDS = [op.tf_op for op in registry.OPS]
+
+
+@pytest.mark.parametrize("op", registry.OPS, ids=OP_IDS)
+def test_every_twin_and_onnx_twin_resolves(op):
+    assert callable(op.load_torch_twin()), op.tf_op
+    if op.onnx is not None:
+        assert op.onnx.domain == "xgr.custom" and op.onnx.op_type == op.tf_op
+        assert registry.torch_twin_for_onnx(op.tf_op) is op.load_onnx_twin()
 
 
 def test_lookup_and_unknown_op():
@@ -56,11 +59,20 @@ def test_onnx_twin_follows_the_node_signature(ops):
         np.testing.assert_array_equal(g.numpy(), w.numpy())
 
 
-def test_markdown_table_lists_every_op():
-    table = registry.support_table_markdown()
-    lines = table.strip().splitlines()
+def _table_lines():
+    return registry.support_table_markdown().strip().splitlines()
+
+
+def test_markdown_table_has_a_header_and_one_row_per_op():
+    lines = _table_lines()
     assert lines[0].startswith("| TF op |") and len(lines) == 2 + len(registry.OPS)
-    for op, line in zip(registry.OPS, lines[2:]):
-        assert line.startswith(f"| `{op.tf_op}` |") and line.count("|") == 6
-        if op.onnx is not None:
-            assert all(name in line for name in op.onnx.inputs + op.onnx.attributes)
+
+
+@pytest.mark.parametrize("row", range(len(registry.OPS)), ids=OP_IDS)
+def test_markdown_table_lists_every_op(row):
+    """Row ``row`` of the table (in registry order) is that op's, with its ONNX node's inputs
+    and attributes."""
+    op, line = registry.OPS[row], _table_lines()[2 + row]
+    assert line.startswith(f"| `{op.tf_op}` |") and line.count("|") == 6
+    if op.onnx is not None:
+        assert all(name in line for name in op.onnx.inputs + op.onnx.attributes)

@@ -80,31 +80,37 @@ class SemanticIdLookupTest(parameterized.TestCase):
         with self.assertRaisesRegex(CatalogError, message):
             self.ops.write_catalog(self.tmp / "bad.bin", ids, codes, codebook)
 
-    def test_file_init_rejects_corrupt_files(self):
-        good = (self.tmp / "catalog.bin").read_bytes()
-        cases = {"truncated": good[:-3], "bad_magic": b"NOTMAGIC" + good[8:], "short": good[:10]}
-        for name, data in cases.items():
-            path = self.tmp / f"{name}.bin"
-            path.write_bytes(data)
-            with self.subTest(name), self.assertRaises(tf.errors.InvalidArgumentError):
-                self.ops.SemanticIdTable(path, levels=3, codebook_size=CODEBOOK)
-            with self.subTest(name), self.assertRaises(CatalogError):
-                self.twins.TorchSemanticIdTable.from_file(path)
+    @parameterized.named_parameters(
+        ("truncated", lambda good: good[:-3]),
+        ("bad_magic", lambda good: b"NOTMAGIC" + good[8:]),
+        ("short", lambda good: good[:10]),
+    )
+    def test_file_init_rejects_corrupt_files(self, corrupt):
+        path = self.tmp / "corrupt.bin"
+        path.write_bytes(corrupt((self.tmp / "catalog.bin").read_bytes()))
+        with self.assertRaises(tf.errors.InvalidArgumentError):
+            self.ops.SemanticIdTable(path, levels=3, codebook_size=CODEBOOK)
+        with self.assertRaises(CatalogError):
+            self.twins.TorchSemanticIdTable.from_file(path)
+
+    def test_file_init_rejects_levels_that_disagree_with_the_file(self):
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "levels=3"):
             self.ops.SemanticIdTable(self.tmp / "catalog.bin", levels=2, codebook_size=CODEBOOK)
 
-    def test_lookup_rejects_bad_input(self):
+    @parameterized.named_parameters(
+        ("splits_end", [1, 2], [0, 1], "row_splits must end"),
+        ("splits_start", [1, 2], [1, 2], "row_splits must start at 0"),
+        ("splits_decrease", [1, 2], [0, 2, 1, 2], "non-decreasing"),
+    )
+    def test_lookup_rejects_bad_row_splits(self, items, splits, message):
+        with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
+            self.both_tf(items, splits)
+        with self.assertRaisesRegex(InvalidInputError, message):
+            self.twins.semantic_id_lookup(self.twin_table, torch.tensor(items),
+                                          torch.tensor(splits), code_base=CODE_BASE)
+
+    def test_lookup_rejects_bad_attributes_and_items(self):
         lib = self.ops.load_library("feature_ops")
-        bad = {"splits_end": ([1, 2], [0, 1], "row_splits must end"),
-               "splits_start": ([1, 2], [1, 2], "row_splits must start at 0"),
-               "splits_decrease": ([1, 2], [0, 2, 1, 2], "non-decreasing")}
-        for name, (items, splits, message) in bad.items():
-            with self.subTest(name):
-                with self.assertRaisesRegex(tf.errors.InvalidArgumentError, message):
-                    self.both_tf(items, splits)
-                with self.assertRaisesRegex(InvalidInputError, message):
-                    self.twins.semantic_id_lookup(self.twin_table, torch.tensor(items),
-                                                  torch.tensor(splits), code_base=CODE_BASE)
         with self.assertRaisesRegex(tf.errors.InvalidArgumentError, "do not match the table"):
             lib.xgr_semantic_id_lookup(table=self.table.resource_handle, items=[1],
                                        row_splits=[0, 1], code_base=0, codebook_size=5, levels=3)

@@ -91,18 +91,24 @@ def test_equal_lengths_run_longest_first_in_every_chunking(kt, gen, mode, chunk)
 def test_chunks_keep_keys_and_values_within_a_third_of_l2():
     # (requests, KV heads) per chunk on the CPU's nominal 50 MB L2, for bf16 qwen3-1.7b heads
     # (8 KV heads of 128): a request's keys and values take 0.5 MB per KV head per 1024 tokens.
-    from torch_engine.kernels import _common
     cpu = torch.device("cpu")
-    budget = _common.l2_bytes(cpu) // 3
     assert lpt_chunk(1, 1024, 8, 128, 2, cpu) == (1, 8)          # 4 MB: one chunk
     assert lpt_chunk(16, 16 * 1024, 8, 128, 2, cpu) == (16, 2)   # 8 MB a KV head
     assert lpt_chunk(16, 16 * 4096, 8, 128, 2, cpu) == (8, 1)    # 32 MB a KV head
     assert lpt_chunk(6, 6 * 8192, 8, 128, 2, cpu) == (3, 1)      # divisors of the batch
     assert lpt_chunk(1, 65536, 8, 128, 2, cpu) == (1, 1)         # one request overflows
-    for batch, length in ((4, 4096), (16, 8192), (3, 1000)):
-        requests, heads = lpt_chunk(batch, batch * length, 8, 128, 2, cpu)
-        assert batch % requests == 0 and 8 % heads == 0
-        assert requests * heads * length * 128 * 4 <= budget
+
+
+@pytest.mark.parametrize("batch,length", [(4, 4096), (16, 8192), (3, 1000)],
+                         ids=["4x4096", "16x8192", "3x1000"])
+def test_chunks_divide_the_batch_and_heads_and_fit_the_budget(batch, length):
+    # Equal lengths of bf16 qwen3-1.7b heads (8 KV heads of 128) on the CPU's nominal L2.
+    from torch_engine.kernels import _common
+    cpu = torch.device("cpu")
+    budget = _common.l2_bytes(cpu) // 3
+    requests, heads = lpt_chunk(batch, batch * length, 8, 128, 2, cpu)
+    assert batch % requests == 0 and 8 % heads == 0
+    assert requests * heads * length * 128 * 4 <= budget
 
 
 def test_public_op_single_token_requests_and_custom_scale(kt, gen):
@@ -124,14 +130,19 @@ def test_batch_over_one_offset_load_with_empty_requests(kt, gen):
 
 def test_config_table_picks_tiles_by_head_dim_and_dtype(monkeypatch):
     # The rule the GPU runs by (outside the interpreter): one tile per head size, whatever the
-    # batch and lengths; fp32 inputs take pointer loads without a register cap.
+    # batch and lengths.
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert prefill_config_for(64) == PREFILL_TILES[64] and PREFILL_TILES[64].maxnreg == 128
     assert prefill_config_for(128) == PREFILL_TILES[128] and PREFILL_TILES[128].tma
     assert prefill_config_for(256) == PREFILL_TILES[128]
-    for dim in (64, 128):
-        fp32 = prefill_config_for(dim, element_size=4)
-        assert fp32 == FP32_TILE and not fp32.tma and fp32.maxnreg is None
+
+
+@pytest.mark.parametrize("dim", [64, 128], ids=["D64", "D128"])
+def test_config_table_gives_fp32_pointer_loads_without_a_register_cap(monkeypatch, dim):
+    # The GPU's rule (outside the interpreter): fp32 inputs take pointer loads, no cap.
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    fp32 = prefill_config_for(dim, element_size=4)
+    assert fp32 == FP32_TILE and not fp32.tma and fp32.maxnreg is None
 
 
 def _needed_tiles(cu, seg, mode, block_m, block_n, num_tiles):

@@ -20,8 +20,12 @@ def test_committed_support_tables_match_the_registries():
     committed = (ROOT / "migration_guide" / "support_tables.md").read_text()
     assert committed == render(), ("regenerate: python -m bridge.onnx_torch.support_table "
                                    "> migration_guide/support_tables.md")
-    for op in ("MatMul", "Gemm", "LayerNormalization", "Softmax", "XgrAssemblePrompt", "Erfc"):
-        assert f"`{op}`" in committed
+
+
+@pytest.mark.parametrize("op", ["MatMul", "Gemm", "LayerNormalization", "Softmax",
+                                "XgrAssemblePrompt", "Erfc"])
+def test_committed_support_tables_list_the_core_ops(op):
+    assert f"`{op}`" in (ROOT / "migration_guide" / "support_tables.md").read_text()
 
 
 def test_npz_round_trip_with_strings_and_ragged(tmp_path):

@@ -81,10 +81,12 @@ def test_silu_mul_equals_torch_with_and_without_the_row_scale():
     assert rel_error(got, F.silu(gate * scale) * (up * scale)) <= FP32.rel_norm
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_kernels_match_the_float64_references(dtype):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+@pytest.mark.parametrize("folded", [False, True], ids=["plain", "folded"])
+def test_qkv_rotary_matches_the_float64_reference(dtype, folded):
     """Fresh random inputs in each dtype; outputs poisoned first; against
-    ``torch_engine.reference.layer_ops`` on the same inputs in float64."""
+    ``torch_engine.reference.layer_ops`` on the same inputs in float64. ``folded``: the
+    product came from norm-folded weights (row scale from ``inputs``, then ``bias``)."""
     gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
     tol = tolerance_for(dtype)
     hq, hkv, dim, rows = 4, 2, 16, 7
@@ -95,21 +97,27 @@ def test_kernels_match_the_float64_references(dtype):
                                                                + 0.5).to(dtype)
     k_out = torch.full((rows, hkv, dim), float("nan"), dtype=dtype)
     v_out = torch.full_like(k_out, float("nan"))
-    inputs = (torch.randn(rows, 48, generator=gen) * 4.0).to(dtype)
-    bias = torch.randn(qkv.shape[-1], generator=gen).to(dtype)
-    for folded in (dict(), dict(inputs=inputs, input_eps=1e-5, bias=bias)):
-        k_out.fill_(float("nan"))
-        v_out.fill_(float("nan"))
-        q = layer_ops.qkv_rotary(qkv, cos, sin, hq, hkv, k_out, v_out, *norms, eps=1e-6,
-                                 **folded)
-        want = reference.qkv_rotary(qkv.double(), cos.double(), sin.double(), hq, hkv,
-                                    *(n.double() for n in norms), eps=1e-6,
-                                    **{k: v.double() if isinstance(v, torch.Tensor) else v
-                                       for k, v in folded.items()})
-        for got, ref in zip((q, k_out, v_out), want):
-            assert not got.isnan().any()
-            assert rel_error(got, ref) <= tol.rel_norm
+    extra = {}
+    if folded:
+        inputs = (torch.randn(rows, 48, generator=gen) * 4.0).to(dtype)
+        bias = torch.randn(qkv.shape[-1], generator=gen).to(dtype)
+        extra = dict(inputs=inputs, input_eps=1e-5, bias=bias)
+    q = layer_ops.qkv_rotary(qkv, cos, sin, hq, hkv, k_out, v_out, *norms, eps=1e-6, **extra)
+    want = reference.qkv_rotary(qkv.double(), cos.double(), sin.double(), hq, hkv,
+                                *(n.double() for n in norms), eps=1e-6,
+                                **{k: v.double() if isinstance(v, torch.Tensor) else v
+                                   for k, v in extra.items()})
+    for name, got, ref in zip(("q", "k_out", "v_out"), (q, k_out, v_out), want):
+        assert not got.isnan().any(), name
+        assert rel_error(got, ref) <= tol.rel_norm, name
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["fp32", "fp16"])
+def test_norm_and_swiglu_match_the_float64_references(dtype):
+    """``rms_norm`` and ``silu_mul`` (with and without the row scale) on fresh random inputs
+    in each dtype, against their float64 references."""
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31 - 1, ())))
+    tol = tolerance_for(dtype)
     x = torch.randn(5, 48, generator=gen).to(dtype)
     weight = torch.rand(48, generator=gen).to(dtype)
     before = x.clone()
@@ -207,9 +215,10 @@ def test_rotary_kernel_rejects_bad_inputs_by_name():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gpu_rotary_kernel_equals_the_torch_rows(dtype):
-    for dim, theta, repeat in ((64, 1e6, 256), (128, 1e6, 1)):
-        _rotary_case("cuda", dtype, dim, theta, repeat)
+@pytest.mark.parametrize("dim,theta,repeat", [(64, 1e6, 256), (128, 1e6, 1)],
+                         ids=["D64-repeat256", "D128"])
+def test_gpu_rotary_kernel_equals_the_torch_rows(dtype, dim, theta, repeat):
+    _rotary_case("cuda", dtype, dim, theta, repeat)
 
 
 @pytest.mark.gpu

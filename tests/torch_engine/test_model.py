@@ -292,36 +292,41 @@ def test_request_major_decode_attends_each_requests_tokens_only():
     assert rel_error(got.double(), want) <= FP32.rel_norm
 
 
-@pytest.mark.parametrize("static", [False, True])
-@pytest.mark.parametrize("heads", [(4, 2), (3, 3)])
-def test_causal_rows_take_the_library_kernel_and_equal_the_reference(static, heads,
+# (lengths, mask rule, takes the library kernel when compact, when packed request-major)
+LIBRARY_ROUTING = {"lone-causal": ([11], MaskMode.CAUSAL, True, True),
+                   "batch-causal": ([11, 6, 16], MaskMode.CAUSAL, False, True),
+                   "lone-item-causal": ([11], MaskMode.ITEM_CAUSAL, False, False)}
+
+
+@pytest.mark.parametrize("case", LIBRARY_ROUTING)
+@pytest.mark.parametrize("static", [False, True], ids=["compact", "request-major"])
+@pytest.mark.parametrize("heads", [(4, 2), (3, 3)], ids=["grouped", "mha"])
+def test_causal_rows_take_the_library_kernel_and_equal_the_reference(case, static, heads,
                                                                      monkeypatch):
     """With the "triton" backend a causal batch packed request-major, or a lone causal
     request, goes to SDPA's causal kernel (grouped heads included); its real rows equal the
     float64 reference. A compact batch of two, or a segmented rule, keeps the Triton kernel."""
     gen = torch.Generator().manual_seed(12)
     hq, hkv = heads
+    lengths, mode, library_compact, library_static = LIBRARY_ROUTING[case]
+    library = library_static if static else library_compact
     launched = []
     kernel = attn._kernel("prefill_attention")
     monkeypatch.setattr(attn, "_kernel",
                         lambda name: lambda *a: launched.append(name) or kernel(*a))
-    for lengths, mode, library in (([11], MaskMode.CAUSAL, True),
-                                   ([11, 6, 16], MaskMode.CAUSAL, static),
-                                   ([11], MaskMode.ITEM_CAUSAL, False)):
-        lengths = torch.tensor(lengths)
-        valid = torch.arange(16)[None] < lengths[:, None]
-        segs = torch.stack([_segments(16, gen) for _ in lengths])
-        prompt = PackedPrompt.from_padded(valid, segs, mode, static=static)
-        rows = prompt.segment_ids.shape[0]
-        q, k, v = (torch.randn(rows, h, 16, generator=gen, dtype=torch.float64)
-                   for h in (hq, hkv, hkv))
-        launched.clear()
-        got = attn.prefill_attention(q.float(), k.float(), v.float(), prompt, "triton")
-        assert launched == ([] if library else ["prefill_attention"])
-        real = valid.flatten() if static else slice(None)
-        want = reference.prefill_attention(q, k, v, prompt.prefill_cu_seqlens,
-                                           prompt.segment_ids, mode)
-        assert rel_error(got[real].double(), want[real]) <= FP32.rel_norm, (lengths, mode)
+    lengths = torch.tensor(lengths)
+    valid = torch.arange(16)[None] < lengths[:, None]
+    segs = torch.stack([_segments(16, gen) for _ in lengths])
+    prompt = PackedPrompt.from_padded(valid, segs, mode, static=static)
+    rows = prompt.segment_ids.shape[0]
+    q, k, v = (torch.randn(rows, h, 16, generator=gen, dtype=torch.float64)
+               for h in (hq, hkv, hkv))
+    got = attn.prefill_attention(q.float(), k.float(), v.float(), prompt, "triton")
+    assert launched == ([] if library else ["prefill_attention"])
+    real = valid.flatten() if static else slice(None)
+    want = reference.prefill_attention(q, k, v, prompt.prefill_cu_seqlens,
+                                       prompt.segment_ids, mode)
+    assert rel_error(got[real].double(), want[real]) <= FP32.rel_norm
 
 
 @pytest.mark.gpu
