@@ -20,9 +20,11 @@ test: $(VENV)/.built
 	echo "make test: $$(( $$(date +%s) - start )) s wall"; exit $$status
 
 # A developer's inner loop: everything but the tests marked heavy (subprocess builds,
-# AOTInductor packages, SavedModel exports, servers); stops at the first failure.
+# AOTInductor packages, SavedModel exports, servers) or slow (the larger cases of the
+# interpreter grids); stops at the first failure.
 test-quick: $(VENV)/.built
-	@start=$$(date +%s); $(PY) -m pytest tests -m "not heavy" -x $(PYTEST_ARGS); status=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest tests -m "not heavy and not slow" -x $(PYTEST_ARGS); \
+	status=$$?; \
 	echo "make test-quick: $$(( $$(date +%s) - start )) s wall"; exit $$status
 
 # The heavy cases (full shape grids, bf16 kernels, device decode) on a machine with a GPU.

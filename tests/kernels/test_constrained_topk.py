@@ -70,9 +70,14 @@ def check_equal(out, ref, what: str) -> None:
     torch.testing.assert_close(scores[finite], ref[0][finite], atol=FP32.atol, rtol=FP32.rtol)
 
 
+_WIDE = pytest.mark.slow   # 64 beams under the interpreter: the slow part of the grid
+
+
 @pytest.mark.parametrize("beams,size,level,dtype", [
     (1, 16, 1, torch.float32), (4, 16, 2, torch.float32), (4, 256, 1, torch.bfloat16),
-    (64, 16, 0, torch.float32), (64, 16, 2, torch.float32), (64, 256, 1, torch.float32)])
+    pytest.param(64, 16, 0, torch.float32, marks=_WIDE),
+    pytest.param(64, 16, 2, torch.float32, marks=_WIDE),
+    pytest.param(64, 256, 1, torch.float32, marks=_WIDE)])
 def test_kernel_matches_reference(beams, size, level, dtype):
     gen = torch.Generator().manual_seed(torch.seed() % 2**31)
     rng = np.random.default_rng(int(torch.randint(0, 2**31, (1,), generator=gen)))
@@ -99,8 +104,9 @@ def tied_level_inputs(gen: torch.Generator, catalog: Catalog, level: int, batch:
 
 @pytest.mark.parametrize("width,chunk", [(1, 16), (5, 13), (7, 23), (16, 32), (40, 97),
                                          (100, 200)])
-@pytest.mark.parametrize("dead", [0.25, 0.97])
-@pytest.mark.parametrize("resident_keys", [RESIDENT_KEYS, 0])
+@pytest.mark.parametrize("dead", [0.25, pytest.param(0.97, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("resident_keys", [RESIDENT_KEYS,
+                                           pytest.param(0, marks=pytest.mark.slow)])
 def test_chunked_select_matches_reference(width, chunk, dead, resident_keys):
     """Small chunks force several reduction steps (short last chunks, padded segments); with
     97% dead beams fewer candidates than ``width`` are finite (the -inf tail). Each select

@@ -67,7 +67,9 @@ def test_fp16_matches_reference(kt, gen, mode, acc_in_dot, tma, maxnreg):
 
 
 @pytest.mark.parametrize("mode", MODES, ids=[m.value for m in MODES])
-@pytest.mark.parametrize("chunk", [None, (1, 1), (2, 1), (4, 2), (3, 1)],
+# The rule's own chunking runs in every loop; the forced chunkings are the slow part of the grid.
+@pytest.mark.parametrize("chunk", [None, *(pytest.param(c, marks=pytest.mark.slow)
+                                          for c in ((1, 1), (2, 1), (4, 2), (3, 1)))],
                          ids=["rule", "request-head", "two-requests", "all", "uneven-fallback"])
 def test_equal_lengths_run_longest_first_in_every_chunking(kt, gen, mode, chunk):
     # Equal lengths take the longest-first order, chunk after chunk (requests x KV heads); a
