@@ -102,8 +102,9 @@ def tied_level_inputs(gen: torch.Generator, catalog: Catalog, level: int, batch:
     return logits, scores, prefixes
 
 
-@pytest.mark.parametrize("width,chunk", [(1, 16), (5, 13), (7, 23), (16, 32), (40, 97),
-                                         (100, 200)])
+@pytest.mark.parametrize("width,chunk", [(1, 16), (5, 13), *(
+    pytest.param(w, c, marks=pytest.mark.slow) for w, c in ((7, 23), (16, 32), (40, 97),
+                                                            (100, 200)))])
 @pytest.mark.parametrize("dead", [0.25, pytest.param(0.97, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("resident_keys", [RESIDENT_KEYS,
                                            pytest.param(0, marks=pytest.mark.slow)])

@@ -121,6 +121,7 @@ print(json.dumps({op: sorted(k.fn.__name__ if hasattr(k, "fn") else k.__name__
 """
 
 
+@pytest.mark.heavy  # a fresh interpreter
 def test_ops_are_triton_ops_that_name_their_kernels():
     # What AOTInductor embeds, and what the export of a TorchCall package checks for. Kernels
     # compiled for a device (not interpreted ones), so a process without TRITON_INTERPRET.

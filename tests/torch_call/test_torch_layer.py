@@ -49,6 +49,7 @@ def test_wrong_output_dtype_is_reported():
         torch_function(lambda x: x, [tf.constant([1.0])], [])
 
 
+@pytest.mark.heavy  # a SavedModel loaded in a fresh process
 def test_saved_model_fails_elsewhere_with_an_explanation(tmp_path):
     module = tf.Module()
     module.layer = TorchLayer(lambda x: x + 1.0, [tf.float32], [[None]])
