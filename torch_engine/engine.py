@@ -115,7 +115,7 @@ class Engine:
                     check_capacity(self.footprint, shape, beam_width, top_k, self.device,
                                    self.config.memory_budget)
                 items, scores, verdict = run_contained(
-                    lambda: runner.run(args, beam_width, top_k), self.device,
+                    lambda: runner.run(args, beam_width, top_k, shape), self.device,
                     f"a batch of {rows} requests")
             except CapacityError:
                 runner.verdict(args).raise_if_invalid()     # an invalid input outranks it

@@ -175,23 +175,21 @@ class Runner:
         results (every intermediate lives in the graph's pool)."""
         return (shape, beam_width, top_k) in self._graphs
 
-    def run(self, args: Arguments, beam_width: int, top_k: int
+    def run(self, args: Arguments, beam_width: int, top_k: int, shape: Bucket | None = None
             ) -> tuple[torch.Tensor, torch.Tensor, Verdict]:
         """Items ``[R, top_k]`` int64 and scores float32 of the ``R`` rows of ``shape(args)``
         (the first B are the request's, the rest padding), and the value rules' ``Verdict``,
         not yet read (a replay's flags live in its graph's buffer: read them before the next
-        call). Device work only (besides a first capture), no host wait.
+        call). ``shape``: ``shape(args)`` when the caller has it already. Device work only
+        (besides a first capture), no host wait.
         """
         if self.policy is None:
-            batch, flags = search.sanitise(
-                args.token_ids, args.lengths, args.segment_ids, args.prefix_embeds,
-                args.exclude_items, self.model.config.vocab_size,
-                rules_for(args.token_ids.device))
             # The rules run where the tokens are; the search on the model's device.
+            batch, flags = self._sanitised(args)
             items, scores = search.search(self.model, self.catalog, batch.to(self.device),
                                           beam_width, top_k, self.options, self.exclusions)
             return items, scores, self._verdict(args, flags)
-        key = (self.shape(args), beam_width, top_k)
+        key = (shape or self.shape(args), beam_width, top_k)
         captured = self._graphs.get(key)
         if captured is None:
             captured = self._capture(key[0], args, beam_width, top_k)
@@ -207,11 +205,13 @@ class Runner:
     def verdict(self, args: Arguments) -> Verdict:
         """The value rules of ``args`` alone, computed eagerly: the verdict of a batch whose
         search did not finish (an invalid input outranks its capacity error)."""
-        _, flags = search.sanitise(args.token_ids, args.lengths, args.segment_ids,
-                                   args.prefix_embeds, args.exclude_items,
-                                   self.model.config.vocab_size,
-                                   rules_for(args.token_ids.device))
-        return self._verdict(args, flags)
+        return self._verdict(args, self._sanitised(args)[1])
+
+    def _sanitised(self, args: Arguments) -> tuple[search.RequestBatch, torch.Tensor]:
+        """``search.sanitise`` of the arguments where their tokens are (eager)."""
+        return search.sanitise(args.token_ids, args.lengths, args.segment_ids,
+                               args.prefix_embeds, args.exclude_items,
+                               self.model.config.vocab_size, rules_for(args.token_ids.device))
 
     def _verdict(self, args: Arguments, flags: torch.Tensor) -> Verdict:
         cfg = self.model.config
