@@ -44,7 +44,7 @@ setup(
     version="0.1.0",
     description="Run TF feature graphs unchanged in front of a Torch generative-retrieval engine",
     packages=find_packages(include=["xgr_common*", "custom_ops*", "tf_frontend*", "torch_engine*",
-                                    "bridge*", "xgr_export*", "xgr_world*", "xgr_cli*"]),
+                                    "bridge*", "xgr_checkpoint*", "xgr_export*", "xgr_world*", "xgr_cli*"]),
     package_data={"custom_ops": ["cc/**/*.cc", "cc/**/*.h"]},
     ext_modules=[Extension(name, sources=[]) for name in LIBRARIES],
     cmdclass={"build_ext": BuildOpLibraries},

@@ -69,18 +69,23 @@ LAYERS = (
           "reports",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine"),
           ("tensorflow", "torch", "numpy")),
+    Layer("xgr_checkpoint", "a team's model files made ready for export: the catalog file "
+          "(Parquet, `.npz`) and its checks, the layout's tokens added after a checkpoint's "
+          "text vocabulary (transformers), the model card beside it",
+          ("xgr_common", "torch_engine"), ("torch", "numpy"), "never TensorFlow"),
     Layer("xgr_world", "the demo world: synthetic catalog and users, training, residual "
           "k-means, the embedded default model, offline evaluation",
-          ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge"),
-          ("tensorflow", "torch", "numpy")),
+          ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
+           "xgr_checkpoint"), ("tensorflow", "torch", "numpy")),
     Layer("xgr_export", "SavedModel export of the whole pipeline and its fresh-process "
           "verification, behind `export_saved_model(ExportConfig) -> ExportReport`",
-          ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge", "xgr_world"),
-          ("tensorflow", "torch", "numpy"),
+          ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge", "xgr_checkpoint",
+           "xgr_world"), ("tensorflow", "torch", "numpy"),
           "`run_saved_model` (the reload child) needs only TF + `custom_ops`"),
     Layer("xgr_cli", "the `xgr` command: flags -> configs -> one library call per subcommand",
-          ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge", "xgr_world",
-           "xgr_export"), ("tensorflow", "torch", "numpy"), "imported by nobody"),
+          ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
+           "xgr_checkpoint", "xgr_world", "xgr_export"), ("tensorflow", "torch", "numpy"),
+          "imported by nobody"),
 )
 NON_PACKAGES = (
     ("benchmarks", "benchmarks run as modules (`python -m benchmarks.bench_engine`) that time "
