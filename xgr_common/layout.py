@@ -4,12 +4,15 @@ Pure Python (no torch): the TF side (``custom_ops``, ``tf_frontend``) imports it
 
 Vocabulary layout (all ids are int64 at the boundaries, int32 inside kernels)::
 
-    [0, num_special)                         special tokens (PAD, BOS, EOS, SEP, ...)
+    [0, base)                                a checkpoint's text vocabulary (none: base = 0)
+    [base, base + num_special)               special tokens (PAD, BOS, EOS, SEP, ...)
     [profile_base, profile_base + profile_vocab)   profile/context feature tokens
     [code_base + l*C, code_base + (l+1)*C)   semantic-ID code c of level l is code_base + l*C + c
 
-``code_base`` is configurable so a real checkpoint can keep its text vocabulary below the
-code tokens (added tokens at the end of the vocabulary).
+A model trained from scratch owns its whole vocabulary (``base`` 0, the default layout). A
+real checkpoint keeps its text vocabulary below ``base`` and gets the layout's tokens added
+after it (``TokenLayout.after_text``; ``xgr_checkpoint.vocabulary`` resizes the checkpoint).
+``token_names`` gives each layout token the name its tokenizer entry carries.
 
 Segment ids (the hybrid attention layout, ``segment_ids [B, L]`` int32):
     0          the profile segment (soft-prompt vectors and profile/context tokens)
@@ -22,7 +25,7 @@ Segments are contiguous and non-decreasing along a row.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from xgr_common.errors import ConfigError, require
 
@@ -62,26 +65,92 @@ class TokenLayout:
     sep_id: int = 3
     item_start_id: int = 4
     profile_start_id: int = 5
+    base: int = 0
 
     def __post_init__(self) -> None:
+        for name in ("levels", "codebook_size", "code_base", "num_special", "pad_id", "bos_id",
+                     "eos_id", "sep_id", "item_start_id", "profile_start_id", "base"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and not isinstance(value, bool), ConfigError,
+                    f"TokenLayout.{name} must be an int, got {value!r}")
         require(self.levels >= 1, ConfigError, f"levels must be >= 1, got {self.levels}")
         require(self.codebook_size >= 1, ConfigError,
                 f"codebook_size must be >= 1, got {self.codebook_size}")
-        specials = (self.pad_id, self.bos_id, self.eos_id, self.sep_id,
-                    self.item_start_id, self.profile_start_id)
-        require(all(0 <= s < self.num_special for s in specials), ConfigError,
-                f"special ids {specials} must lie in [0, num_special={self.num_special})")
-        require(self.code_base >= self.num_special, ConfigError,
-                f"code_base ({self.code_base}) must be >= num_special ({self.num_special})")
+        require(self.base >= 0, ConfigError, f"base must be >= 0, got {self.base}")
+        specials = self.special_ids
+        end = self.base + self.num_special
+        require(all(self.base <= s < end for s in specials.values()), ConfigError,
+                f"special ids {tuple(specials.values())} must lie in [base, base + num_special) "
+                f"= [{self.base}, {end})")
+        require(len(set(specials.values())) == len(specials), ConfigError,
+                f"special ids must be distinct, got {specials}")
+        require(self.code_base >= end, ConfigError,
+                f"code_base ({self.code_base}) must be >= base + num_special ({end})")
+
+    @classmethod
+    def after_text(cls, text_vocab: int, levels: int = 3, codebook_size: int = 256,
+                   profile_vocab: int = 248, num_special: int = 8) -> "TokenLayout":
+        """The layout of a checkpoint whose text vocabulary holds ids ``[0, text_vocab)``:
+        specials (in the default order), then ``profile_vocab`` profile tokens, then the codes,
+        all after the text."""
+        require(isinstance(text_vocab, int) and text_vocab >= 0, ConfigError,
+                f"text_vocab must be an int >= 0, got {text_vocab!r}")
+        require(isinstance(profile_vocab, int) and profile_vocab >= 1, ConfigError,
+                f"profile_vocab must be an int >= 1, got {profile_vocab!r}")
+        base = text_vocab
+        return cls(levels=levels, codebook_size=codebook_size,
+                   code_base=base + num_special + profile_vocab, num_special=num_special,
+                   pad_id=base, bos_id=base + 1, eos_id=base + 2, sep_id=base + 3,
+                   item_start_id=base + 4, profile_start_id=base + 5, base=base)
+
+    @property
+    def special_ids(self) -> dict[str, int]:
+        """Name -> id of each special token the prompt contract uses."""
+        return {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id, "sep": self.sep_id,
+                "item_start": self.item_start_id, "profile_start": self.profile_start_id}
 
     @property
     def profile_base(self) -> int:
-        return self.num_special
+        return self.base + self.num_special
 
     @property
     def profile_vocab(self) -> int:
         """Ids available for profile/context tokens: between the specials and the codes."""
-        return self.code_base - self.num_special
+        return self.code_base - self.profile_base
+
+    @property
+    def num_tokens(self) -> int:
+        """How many ids the layout owns: ``[base, code_end)``."""
+        return self.code_end - self.base
+
+    def token_names(self) -> list[str]:
+        """The name of each id in ``[base, code_end)``, in id order: ``<|xgr_bos|>`` and the
+        other specials (``<|xgr_special_k|>`` for the unused ones), ``<|xgr_profile_k|>``,
+        ``<|xgr_sid_l_c|>`` for code c of level l. A tokenizer of a resized checkpoint maps
+        these names to these ids."""
+        by_id = {value: name for name, value in self.special_ids.items()}
+        names = [f"<|xgr_{by_id.get(self.base + k, f'special_{k}')}|>"
+                 for k in range(self.num_special)]
+        names += [f"<|xgr_profile_{k}|>" for k in range(self.profile_vocab)]
+        names += [f"<|xgr_sid_{level}_{code}|>" for level in range(self.levels)
+                  for code in range(self.codebook_size)]
+        return names
+
+    def to_dict(self) -> dict[str, int]:
+        """The fields as JSON-ready ints (``from_dict`` reads them back)."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TokenLayout":
+        """A layout from ``to_dict``'s output; ConfigError names an unknown or missing key."""
+        require(isinstance(data, dict), ConfigError,
+                f"a token layout must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown, missing = sorted(set(data) - known), sorted(known - set(data))
+        require(not unknown, ConfigError, f"unknown token layout fields {unknown}; known: "
+                                          f"{sorted(known)}")
+        require(not missing, ConfigError, f"token layout lacks fields {missing}")
+        return cls(**data)
 
     @property
     def code_end(self) -> int:

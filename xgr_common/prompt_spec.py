@@ -18,7 +18,7 @@ passed through the profile tower; they are prepended by the engine (``prefix_emb
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from xgr_common.errors import ConfigError, require
 from xgr_common.layout import TokenLayout
@@ -56,3 +56,31 @@ class PromptSpec:
     def context_token(self, index: int) -> int:
         """Token id of context value ``index`` in ``context_vocab`` (index -1 = out of vocabulary)."""
         return self.layout.profile_base + 1 + index
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields, the layout nested (``from_dict`` reads them back)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["layout"] = self.layout.to_dict()
+        data["context_vocab"] = list(self.context_vocab)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "PromptSpec":
+        """A spec from ``to_dict``'s output; ConfigError names an unknown or missing key."""
+        require(isinstance(data, dict), ConfigError,
+                f"a prompt spec must be a JSON object, got {type(data).__name__}")
+        known = {f.name for f in fields(cls)}
+        unknown, missing = sorted(set(data) - known), sorted(known - set(data))
+        require(not unknown, ConfigError,
+                f"unknown prompt spec fields {unknown}; known: {sorted(known)}")
+        require(not missing, ConfigError, f"prompt spec lacks fields {missing}")
+        context = data["context_vocab"]
+        require(isinstance(context, list) and all(isinstance(v, str) for v in context),
+                ConfigError, f"prompt spec context_vocab must be a list of strings, got "
+                             f"{context!r}")
+        for name in known - {"layout", "context_vocab"}:
+            value = data[name]
+            require(isinstance(value, int) and not isinstance(value, bool), ConfigError,
+                    f"prompt spec {name} must be an int, got {value!r}")
+        return cls(**{**data, "layout": TokenLayout.from_dict(data["layout"]),
+                      "context_vocab": tuple(context)})
