@@ -30,6 +30,7 @@ from tf_frontend.pipeline_spec import (ENGINE_INPUTS, PipelineConfig, post_proce
                                        seen_items, traced_feeds)
 from xgr_common.errors import ConfigError, InvalidInputError, require
 from xgr_common.layout import MaskMode
+from xgr_common.model_card import served_mask
 
 if TYPE_CHECKING:
     from torch_engine.engine import Engine
@@ -73,10 +74,7 @@ class EngineSearch:
     prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL
 
     def __post_init__(self) -> None:
-        require(MaskMode(self.prefill_mask) in (MaskMode.ITEM_CAUSAL, MaskMode.CAUSAL),
-                ConfigError, f"prefill_mask must be item_causal or causal (the engine's two "
-                             f"prompt masks), got {self.prefill_mask!r}")
-        object.__setattr__(self, "prefill_mask", MaskMode(self.prefill_mask))
+        object.__setattr__(self, "prefill_mask", served_mask(self.prefill_mask))
 
     def __call__(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items):
         engine = self.engine

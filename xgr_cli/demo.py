@@ -97,6 +97,9 @@ def main(argv: list[str]) -> None:
     print(f"default model ({settings.preset}): {how} in {seconds:.1f} s from {fitted.directory}\n"
           f"  fit: {len(fit.losses)} steps in {fit.seconds:.1f} s, code cross entropy "
           f"{fit.mean_loss(first=True):.3f} -> {fit.mean_loss(first=False):.3f}")
+    files = fitted.export_files()
+    print(f"  export it as one SavedModel: xgr export --model {files['model']} "
+          f"--catalog {files['catalog']} --feature_graph {files['feature_graph']} --out DIR")
 
     world = fitted.world
     catalog = Catalog.from_arrays(world.item_ids, world.item_codes, settings.spec.layout)

@@ -1,10 +1,15 @@
 """``xgr export --out DIR``: the whole pipeline as one TF SavedModel that embeds the engine.
 
-Turns the flags into an ``xgr_export.ExportConfig`` and runs ``xgr_export.export_saved_model``
-(the synthetic world's catalog and feature graph, an engine from ``--model`` or ``--preset``,
-``torch.export`` + AOTInductor for ``--device``, feature graph -> TorchCall -> post-processing
-saved in ``--out``, and with ``--verify_requests`` the fresh-process check); prints what it
-built and exits 1 when the check finds different items.
+A team's export::
+
+    xgr export --model CHECKPOINT --catalog catalog.parquet \
+        --feature_graph feature_graph.safetensors --device cuda --out DIR
+
+(CHECKPOINT: a Qwen2/Qwen3 folder with its ``xgr_model.json``; the feature graph: the trained
+reference graph's weights or a SavedModel folder.) Without ``--model``/``--catalog`` it
+exports the synthetic world with a ``--preset``. Turns the flags into an
+``xgr_export.ExportConfig`` and runs ``xgr_export.export_saved_model``; prints what it built
+and exits 1 when ``--verify_requests`` finds different items.
 """
 
 from __future__ import annotations
@@ -14,29 +19,41 @@ from pathlib import Path
 
 from absl import flags
 
-from xgr_export.config import ATTENTION_BACKENDS, DTYPES, EngineExportConfig, ExportConfig
+from xgr_export.config import ATTENTION_BACKENDS, DTYPES, MASKS, EngineExportConfig, \
+    ExportConfig
 from xgr_world.synthetic import WorldConfig
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "Folder for the SavedModel (must not exist or be empty).")
-flags.DEFINE_string("model", None, "Hugging Face Qwen2/Qwen3 directory; default: --preset.")
+flags.DEFINE_string("model", None, "Hugging Face Qwen2/Qwen3 folder with its xgr_model.json "
+                    "(written by training and by `xgr extend_vocab`); needs --catalog and "
+                    "--feature_graph. Unset: the synthetic world with --preset.")
+flags.DEFINE_string("catalog", None, "The catalog file (.parquet or .npz: item_id and the "
+                    "semantic-ID code columns, see docs/catalog_file.md).")
+flags.DEFINE_string("feature_graph", None, "The trained feature graph: the reference graph's "
+                    "weights (.safetensors, as training writes them) or a SavedModel folder "
+                    "of any TF/Keras graph emitting the prompt contract.")
+flags.DEFINE_enum("mask", None, list(MASKS), "Prefill mask; default: the model card's "
+                  "(item_causal for a preset). Given, it must equal the card's.")
 flags.DEFINE_string("preset", "tiny", "Randomly initialised model preset when --model is unset.")
 flags.DEFINE_integer("seed", 0, "Seed of the synthetic world, model and feature graph.")
 flags.DEFINE_integer("num_items", 3000, "Catalog size of the synthetic world.")
 flags.DEFINE_integer("num_users", 2000, "Users of the synthetic world (requests for --verify).")
 flags.DEFINE_integer("history_events", 40, "History events per synthetic user.")
-flags.DEFINE_integer("keep_last", 50, "History items kept per prompt: the prompt holds "
-                     "4 + 4 x keep_last tokens at most (255 -> 1024).")
-flags.DEFINE_integer("window_days", 90, "History events older than this are dropped.")
+flags.DEFINE_integer("keep_last", None, "Preset export: history items kept per prompt (the "
+                     "prompt holds 4 + 4 x keep_last tokens at most; default 50). A model's "
+                     "comes from its xgr_model.json.")
+flags.DEFINE_integer("window_days", None, "Preset export: history events older than this are "
+                     "dropped (default 90). A model's comes from its xgr_model.json.")
 flags.DEFINE_integer("beam_width", 16, "Beams of the exported search.")
 flags.DEFINE_integer("top_k", 12, "Items the engine returns per request (<= beam_width x "
                      "items per code path).")
 flags.DEFINE_integer("top_n", 8, "Items per request after the business rules.")
 flags.DEFINE_integer("max_batch", 1024, "Largest batch the exported engine accepts.")
 flags.DEFINE_string("device", "cpu", "Device the engine runs on when served: cpu or cuda[:i].")
-flags.DEFINE_enum("dtype", "float32", list(DTYPES),
-                  "Engine weights and activations. float32 keeps the SavedModel's items equal to "
-                  "the Python pipeline's (--verify_requests); 16-bit is faster on a GPU.")
+flags.DEFINE_enum("dtype", None, list(DTYPES),
+                  "Engine weights and activations; default bfloat16 on CUDA, float32 on the "
+                  "CPU. --verify_requests compares with the Python engine in the same dtype.")
 flags.DEFINE_enum("attention_backend", "auto", list(ATTENTION_BACKENDS),
                   "Engine attention in the package. 'auto': the Triton kernels on CUDA when they "
                   "are registered with torch.library.triton_op (AOTInductor then compiles them "
@@ -45,16 +62,20 @@ flags.DEFINE_enum("attention_backend", "auto", list(ATTENTION_BACKENDS),
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
                     "Compiled packages by content hash (AOTInductor is slow even for a small "
                     "model); empty: no cache.")
-flags.DEFINE_integer("verify_requests", 0, "After saving, run this many synthetic requests "
-                     "through the SavedModel in a fresh process (TF + custom_ops only) and "
-                     "through the in-process Python pipeline; fail unless the items are equal.")
+flags.DEFINE_integer("verify_requests", 0, "After saving, run this many requests (the "
+                     "synthetic users, or requests drawn from --catalog) through the SavedModel "
+                     "in a fresh process (TF + custom_ops only) and through the in-process "
+                     "Python pipeline in the same dtype; fail unless the items agree (16-bit: "
+                     "exactly, except inside score ties).")
 flags.DEFINE_string("report_json", None, "Write the export and verification report here.")
 flags.mark_flag_as_required("out")
 
 
 def config_from_flags() -> ExportConfig:
     return ExportConfig(
-        out=FLAGS.out, model=FLAGS.model, preset=FLAGS.preset, seed=FLAGS.seed,
+        out=FLAGS.out, model=FLAGS.model, catalog=FLAGS.catalog,
+        feature_graph=FLAGS.feature_graph, mask=FLAGS.mask, preset=FLAGS.preset,
+        seed=FLAGS.seed,
         world=WorldConfig(num_items=FLAGS.num_items, num_users=FLAGS.num_users,
                           history_events=FLAGS.history_events, seed=FLAGS.seed),
         keep_last=FLAGS.keep_last, window_days=FLAGS.window_days,

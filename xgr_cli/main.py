@@ -46,7 +46,22 @@ def run(argv: list[str] | None = None) -> None:
               f"{flags.FLAGS.module_help(module)}\n\n"
               f"`xgr {name} --helpfull` adds the flags of the libraries it uses.")
         sys.exit(0)
-    app.run(module.main, argv=[f"xgr {name}", *argv[2:]])
+    app.run(_reporting(name, module.main), argv=[f"xgr {name}", *argv[2:]])
+
+
+def _reporting(name: str, main):
+    """``main`` with our errors (bad files, flags, inputs) printed as one message and exit
+    code 1 instead of a traceback; anything else is a fault and keeps its traceback."""
+    from xgr_common.errors import XgrError
+
+    def run_main(argv):
+        try:
+            return main(argv)
+        except XgrError as error:
+            print(f"xgr {name}: {type(error).__name__}: {error}", file=sys.stderr)
+            return 1
+
+    return run_main
 
 
 if __name__ == "__main__":

@@ -49,21 +49,21 @@ class ModelCard:
     hidden_size: int
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "prefill_mask", _mask(self.prefill_mask))
+        object.__setattr__(self, "prefill_mask", served_mask(self.prefill_mask))
         require(self.architecture in ARCHITECTURES, ConfigError,
-                f"{MODEL_CARD_FILE} architecture must be one of {ARCHITECTURES}, got "
+                f"architecture must be one of {ARCHITECTURES}, got "
                 f"{self.architecture!r}")
         for name in ("vocab_size", "hidden_size"):
             value = getattr(self, name)
             require(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                    ConfigError, f"{MODEL_CARD_FILE} {name} must be a positive int, got "
+                    ConfigError, f"{name} must be a positive int, got "
                                  f"{value!r}")
         layout = self.spec.layout
         require(layout.code_end <= self.vocab_size, ConfigError,
-                f"{MODEL_CARD_FILE}: prompt_spec.layout ends at id {layout.code_end} "
+                f"prompt_spec.layout ends at id {layout.code_end} "
                 f"(code_end), beyond vocab_size {self.vocab_size}")
         require(self.spec.model_hidden == self.hidden_size, ConfigError,
-                f"{MODEL_CARD_FILE}: prompt_spec.model_hidden {self.spec.model_hidden} (the "
+                f"prompt_spec.model_hidden {self.spec.model_hidden} (the "
                 f"soft-prompt vector width) differs from hidden_size {self.hidden_size}")
 
     def to_json(self) -> dict:
@@ -118,13 +118,15 @@ class ModelCard:
         return card
 
 
-def _mask(value) -> MaskMode:
+def served_mask(value) -> MaskMode:
+    """``value`` (a MaskMode or its name) as one of the masks the engine serves; ConfigError
+    otherwise."""
     try:
         mask = MaskMode(value)
     except ValueError:
         mask = None
     require(mask in SERVED_MASKS, ConfigError,
-            f"{MODEL_CARD_FILE} prefill_mask must be one of "
+            f"prefill_mask must be one of "
             f"{[m.value for m in SERVED_MASKS]} (the masks the engine serves), got {value!r}")
     return mask
 

@@ -6,6 +6,11 @@ HF parity tests. Integer and boolean dtypes (ids, tokens, masks) must match exac
 The metric for floating point is the relative Frobenius error ``||out - ref|| / ||ref||``
 (robust to individual tiny reference values), plus an elementwise check with ``atol``/``rtol``
 for small outputs where a norm hides a single wrong element.
+
+Ranked lists (the engine's items and scores) of a 16-bit search follow ``RANKED_LIST_RULE``:
+16-bit rounding can reorder items whose scores are within the dtype's tolerance of each other,
+and such a tie at the cut-off can swap which of them is returned, so items are compared
+exactly everywhere except inside such ties. ``scores_tied`` is the one test of a tie.
 """
 
 from __future__ import annotations
@@ -56,3 +61,19 @@ def tolerance_for(dtype: object) -> Tolerance:
     if key not in TOLERANCES:
         raise KeyError(f"no tolerance for dtype {key!r}; known: {sorted(TOLERANCES)}")
     return TOLERANCES[key]
+
+
+# The dtypes whose ranked lists are compared by RANKED_LIST_RULE (float32 and float64: exact).
+TIE_DTYPES = ("bfloat16", "float16")
+RANKED_LIST_RULE = (
+    "scores agree position by position within the dtype's atol + rtol x |reference|; where "
+    "the item ids differ, the item returned must sit in the reference list at a score tied "
+    "with the reference score of that position, or (a tie cut by top_k) that score must be "
+    "tied with the reference list's last score; -1 padding must match exactly")
+
+
+def scores_tied(a: float, b: float, dtype: object) -> bool:
+    """Whether scores ``a`` and ``b`` are within ``dtype``'s tolerance of each other (atol +
+    rtol x the larger magnitude): the tie test of ``RANKED_LIST_RULE``."""
+    tol = tolerance_for(dtype)
+    return abs(a - b) <= tol.atol + tol.rtol * max(abs(a), abs(b))

@@ -1,10 +1,11 @@
 """The saved pipeline against the in-process one, on the same synthetic requests.
 
-``check_against_python`` sends the world's first users through ``bridge.pipeline.
-RecommendPipeline`` (feature graph -> DLPack -> ``Engine.recommend`` on the engine's device ->
-the rules) in this process, and through the SavedModel in a fresh process with TensorFlow and
-``custom_ops`` alone (``xgr_export.verify``). The items must be equal; the result also times
-both.
+``check_against_python`` sends the same requests through ``bridge.pipeline.
+RecommendPipeline`` (feature graph -> DLPack -> ``Engine.recommend`` on the engine's device, in
+the package's dtype -> the rules) in this process, and through the SavedModel in a fresh
+process with TensorFlow and ``custom_ops`` alone (``xgr_export.verify``). The items must be
+equal (at 16 bits: equal but inside score ties, ``xgr_common.tolerances.RANKED_LIST_RULE``);
+the result also times both.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ import time
 from dataclasses import dataclass
 
 from bridge.pipeline import RecommendPipeline
-from tf_frontend.feature_graph import features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
+from xgr_common.layout import MaskMode
 from xgr_export.verify import VerifyReport, verify_saved_model
 
 REFERENCE_REPEATS = 3   # timed in-process calls after the first
@@ -29,6 +30,7 @@ class PipelineCheck:
 
     report: VerifyReport
     device: str
+    reference: str
     prompt_tokens_min: int
     prompt_tokens_max: int
     python_first_call_seconds: float
@@ -40,7 +42,8 @@ class PipelineCheck:
         return self.report.ok
 
     def to_json(self) -> dict:
-        return {**self.report.to_json(), "prompt_tokens_min": self.prompt_tokens_min,
+        return {**self.report.to_json(), "reference": self.reference,
+                "prompt_tokens_min": self.prompt_tokens_min,
                 "prompt_tokens_max": self.prompt_tokens_max,
                 "python_first_call_seconds": self.python_first_call_seconds,
                 "python_call_seconds": self.python_call_seconds,
@@ -50,13 +53,16 @@ class PipelineCheck:
         """What ``xgr export --verify_requests`` prints: the verdict, timings, first mismatches."""
         report = self.report
         verdict = "equal" if report.ok else "DIFFERENT"
+        ties = (f", {report.rows_within_ties} differing only inside score ties"
+                if report.rows_within_ties else "")
         lines = [
             f"verify: {report.requests} requests (prompts {self.prompt_tokens_min}-"
-            f"{self.prompt_tokens_max} tokens): fresh-process SavedModel vs Python pipeline on "
-            f"{self.device}: items {verdict} ({report.rows_exact}/{report.requests} rows exact, "
-            f"num_items {'equal' if report.num_items_exact else 'DIFFERENT'}, max score error "
-            f"{report.max_score_error:.2e} <= {report.score_atol:.2e}); modules "
-            f"{'clean' if not report.forbidden_modules else report.forbidden_modules}",
+            f"{self.prompt_tokens_max} tokens): fresh-process SavedModel vs {self.reference} "
+            f"on {self.device}: items {verdict} ({report.rows_exact}/{report.requests} rows "
+            f"exact{ties}, num_items {'equal' if report.num_items_exact else 'different'}, max "
+            f"score error {report.max_score_error:.2e}, tolerance {report.score_atol:.2e}); "
+            f"modules {'clean' if not report.forbidden_modules else report.forbidden_modules}",
+            f"  rule ({report.dtype}): {report.rule}",
             f"  batch of {report.requests}: SavedModel {report.call_seconds * 1e3:.1f} ms per "
             f"call (load {report.load_seconds:.1f} s, first call "
             f"{report.first_call_seconds:.1f} s); Python pipeline "
@@ -73,17 +79,21 @@ def _timed(call) -> tuple[object, float]:
     return value, time.perf_counter() - started
 
 
-def check_against_python(saved_model, graph, engine, config: PipelineConfig, world,
-                         requests: int, beam_width: int, top_k: int) -> PipelineCheck:
-    """Compares the world's first ``requests`` users through both pipelines (the engine
-    searching with ``beam_width`` and ``top_k``, the lists cut by ``config``)."""
-    features = features_from_world(world, slice(0, requests))
-    python = RecommendPipeline.for_engine(graph, engine, beam_width, top_k, config)
+def check_against_python(saved_model, graph, engine, config: PipelineConfig, features: dict,
+                         beam_width: int, top_k: int,
+                         prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> PipelineCheck:
+    """Compares ``features`` (a request batch) through both pipelines (the engine searching
+    with ``beam_width``, ``top_k`` and ``prefill_mask``, the lists cut by ``config``)."""
+    python = RecommendPipeline.for_engine(graph, engine, beam_width, top_k, config,
+                                          prefill_mask=prefill_mask)
     want, first = _timed(lambda: python(features))
     again = [_timed(lambda: python(features))[1] for _ in range(REFERENCE_REPEATS)]
-    report = verify_saved_model(saved_model, features, want, repeats=SAVED_REPEATS)
+    dtype = str(engine.dtype).removeprefix("torch.")
+    report = verify_saved_model(saved_model, features, want, repeats=SAVED_REPEATS,
+                                dtype=dtype)
     prompt = want["prompt_lengths"].numpy()
     return PipelineCheck(report=report, device=str(engine.device),
+                         reference=f"the Python pipeline (Engine.recommend in {dtype})",
                          prompt_tokens_min=int(prompt.min()), prompt_tokens_max=int(prompt.max()),
                          python_first_call_seconds=first,
                          python_call_seconds=statistics.median(again),

@@ -12,6 +12,7 @@ from xgr_world.synthetic import WorldConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch", "triton", "auto")
+MASKS = ("item_causal", "causal")
 
 
 def _positive(owner: str, name: str, value) -> None:
@@ -41,35 +42,44 @@ class EngineExportConfig:
 
 @dataclass(frozen=True)
 class ExportConfig:
-    """One SavedModel of the whole pipeline over the synthetic world's catalog.
+    """One SavedModel of the whole pipeline: feature graph -> engine package -> rules.
+
+    A team's export names its files: ``model`` (a Hugging Face Qwen2/Qwen3 folder with its
+    ``xgr_model.json``: layout, prompt contract, prefill mask), ``catalog`` (a catalog file,
+    ``xgr_checkpoint.catalog_file``) and ``feature_graph`` (the trained reference graph's
+    ``.safetensors`` weights or a SavedModel folder, ``xgr_export.feature_graphs``). Without
+    ``model`` and ``catalog`` the export is of the synthetic world (``world``) with a randomly
+    initialised ``preset``: a smoke test of the toolchain, not a model.
 
     out: the SavedModel folder (must not exist or be empty).
-    model: a Hugging Face Qwen2/Qwen3 directory; None: a randomly initialised ``preset``.
-    seed: seeds the model and the feature graph (the world has its own, ``world.seed``).
-    world: the synthetic catalog, and the users whose requests ``verify_requests`` sends.
-    keep_last, window_days: the prompt contract (``PromptSpec``): history items kept per
-        prompt (4 + 4 x keep_last tokens at most) and the age beyond which events drop.
+    mask: the prefill mask; None takes the model card's (item-causal for a preset); given, it
+        must equal the card's.
+    keep_last, window_days: the prompt contract of a preset export (None: 50 items, 90 days);
+        a model's come from its card.
     engine: the search the package serves (beam width, top_k, largest batch, device).
     top_n: items per request after the business rules.
-    dtype: engine weights and activations; float32 keeps the SavedModel's items equal to the
-        in-process pipeline's.
+    dtype: engine weights and activations; None: bfloat16 on CUDA, float32 on the CPU.
     attention_backend: "auto" takes the Triton kernels on CUDA when AOTInductor can embed
         them (registered with ``torch.library.triton_op``), else plain torch; "triton" insists.
     cache_dir: compiled packages by content hash (None: no cache).
-    verify_requests: after saving, send this many of the world's users through the SavedModel
-        in a fresh process (TF + custom_ops only) and through the in-process pipeline.
+    verify_requests: after saving, send this many requests (the world's users, or requests
+        drawn from the catalog) through the SavedModel in a fresh process (TF + custom_ops
+        only) and through the in-process pipeline with the engine in the same dtype.
     """
 
     out: str | os.PathLike
     model: str | None = None
+    catalog: str | None = None
+    feature_graph: str | None = None
+    mask: str | None = None
     preset: str = "tiny"
     seed: int = 0
     world: WorldConfig = field(default_factory=WorldConfig)
-    keep_last: int = 50
-    window_days: int = 90
+    keep_last: int | None = None
+    window_days: int | None = None
     engine: EngineExportConfig = field(default_factory=lambda: EngineExportConfig(top_k=12))
     top_n: int = 8
-    dtype: str = "float32"
+    dtype: str | None = None
     attention_backend: str = "auto"
     cache_dir: str | None = None
     verify_requests: int = 0
@@ -77,19 +87,44 @@ class ExportConfig:
     def __post_init__(self) -> None:
         require(isinstance(self.out, (str, os.PathLike)) and str(self.out) != "", ConfigError,
                 f"ExportConfig.out must name a folder, got {self.out!r}")
-        for name in ("keep_last", "window_days", "top_n"):
-            _positive("ExportConfig", name, getattr(self, name))
-        require(self.dtype in DTYPES, ConfigError,
+        _positive("ExportConfig", "top_n", self.top_n)
+        for name in ("keep_last", "window_days"):
+            if getattr(self, name) is not None:
+                _positive("ExportConfig", name, getattr(self, name))
+                require(self.model is None, ConfigError,
+                        f"ExportConfig.{name} is the model's, from its xgr_model.json: leave it "
+                        f"unset with model")
+        require((self.model is None) == (self.catalog is None), ConfigError,
+                "ExportConfig.model and ExportConfig.catalog go together: a team's checkpoint "
+                "serves its own catalog file (neither: the synthetic world and a preset)")
+        require(self.feature_graph is None or self.model is not None, ConfigError,
+                "ExportConfig.feature_graph needs model and catalog (the synthetic world's "
+                "graph is built with it)")
+        require(self.model is None or self.feature_graph is not None, ConfigError,
+                "ExportConfig.feature_graph must name the trained feature graph (its "
+                ".safetensors weights or a SavedModel folder): an untrained profile tower "
+                "would serve noise as the soft prompt")
+        require(self.mask is None or self.mask in MASKS, ConfigError,
+                f"ExportConfig.mask must be one of {MASKS}, got {self.mask!r}")
+        require(self.dtype is None or self.dtype in DTYPES, ConfigError,
                 f"ExportConfig.dtype must be one of {DTYPES}, got {self.dtype!r}")
         require(self.attention_backend in ATTENTION_BACKENDS, ConfigError,
                 f"ExportConfig.attention_backend must be one of {ATTENTION_BACKENDS}, got "
                 f"{self.attention_backend!r}")
+        limit = self.world.num_users if self.model is None else 100_000
         require(isinstance(self.verify_requests, int) and
-                0 <= self.verify_requests <= self.world.num_users, ConfigError,
-                f"ExportConfig.verify_requests must be in [0, world.num_users="
-                f"{self.world.num_users}], got {self.verify_requests!r}")
+                0 <= self.verify_requests <= limit, ConfigError,
+                f"ExportConfig.verify_requests must be in [0, {limit}], got "
+                f"{self.verify_requests!r}")
 
     @property
     def model_name(self) -> str:
         """The Hugging Face directory, else the preset."""
         return self.model or self.preset
+
+    @property
+    def resolved_dtype(self) -> str:
+        """``dtype``, or the device's default: bfloat16 on CUDA, float32 on the CPU."""
+        if self.dtype is not None:
+            return self.dtype
+        return "bfloat16" if self.engine.device.startswith("cuda") else "float32"

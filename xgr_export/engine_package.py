@@ -16,6 +16,8 @@ import torch
 
 from torch_engine.search import search_features
 from xgr_common.errors import ConfigError, require
+from xgr_common.layout import MaskMode
+from xgr_common.model_card import served_mask
 from xgr_common.value_rules import contract_lines
 from xgr_export import torch_package
 from xgr_export.config import EngineExportConfig
@@ -30,16 +32,23 @@ class RecommendProgram(torch.nn.Module):
     segment_ids int32 [B, L], profile_embeds float32 [B, S, hidden], exclude_items int64
     [B, X] (items the engine must not return, -1 = padding; ``tf_frontend.rules``).
     Returns item_ids int64 [B, top_k] (-1 = no item) and scores float32 [B, top_k].
+
+    prefill_mask: the mask the model was trained with (``xgr_model.json``). Under the causal
+    mask the segment ids are taken (the signature stays one for every model) but not read.
     """
 
-    def __init__(self, engine, beam_width: int, top_k: int):
+    def __init__(self, engine, beam_width: int, top_k: int,
+                 prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL):
         super().__init__()
         self.engine = engine
         self.model = engine.model  # registered, so its weights become package constants
         self.beam_width, self.top_k = beam_width, top_k
+        self.prefill_mask = served_mask(prefill_mask)
 
     def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items):
         engine = self.engine
+        if self.prefill_mask is MaskMode.CAUSAL:
+            segment_ids = None
         item_ids, scores, _ = search_features(
             self.model, engine.catalog, token_ids, lengths, segment_ids, profile_embeds,
             exclude_items, self.beam_width, self.top_k, engine.options,
@@ -76,10 +85,11 @@ def example_inputs(engine, spec, batch: int = 2) -> tuple[torch.Tensor, ...]:
 
 def export_engine(engine, spec, out_path: str | os.PathLike,
                   config: EngineExportConfig = EngineExportConfig(),
-                  cache_dir: str | os.PathLike | None = None) -> torch_package.Package:
+                  cache_dir: str | os.PathLike | None = None,
+                  prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> torch_package.Package:
     """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
     dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.keep_last + 1,
-    what ``tf_frontend.rules.history_exclusion`` emits)."""
+    what ``tf_frontend.rules.history_exclusion`` emits), prefilling with ``prefill_mask``."""
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
@@ -93,7 +103,7 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
             f"top_k {config.top_k} exceeds the {reachable} items beam_width "
             f"{config.beam_width} can reach (catalog of {catalog.num_items} items, at most "
             f"{catalog.max_items_per_path} per path)")
-    program = RecommendProgram(engine, config.beam_width, config.top_k)
+    program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask)
     # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
     # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)

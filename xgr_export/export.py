@@ -1,13 +1,15 @@
 """``export_saved_model``: the whole pipeline as one TF SavedModel that embeds the engine.
 
-Builds the synthetic world's catalog and feature graph and an engine (a Hugging Face
-directory, else a randomly initialised preset), packages ``Engine.recommend`` with
-``torch.export`` + AOTInductor for the target device (``xgr_export.engine_package``), saves
-feature graph -> TorchCall -> post-processing as one SavedModel (``xgr_export.saved_model``)
-and, with ``verify_requests``, checks it in a fresh process against the in-process pipeline
-(``xgr_export.check``). Serve the result with ``xgr serve`` or TF Serving (op linked in, see
-``migration_guide/tf_serving.md``), or load it anywhere with ``import custom_ops`` +
-``tf.saved_model.load``.
+What a team owns goes in: its checkpoint with ``xgr_model.json`` (``xgr_common.model_card``),
+its catalog file (``xgr_checkpoint.catalog_file``) and its trained feature graph
+(``xgr_export.feature_graphs``); each is read and checked before the long compile starts. (No
+files: the synthetic world and a randomly initialised preset.) Then ``Engine.recommend`` is
+packaged with ``torch.export`` + AOTInductor for the target device (``engine_package``, with
+the card's prefill mask), feature graph -> TorchCall -> post-processing saved as one
+SavedModel (``saved_model``) and, with ``verify_requests``, checked in a fresh process against
+the in-process pipeline in the same dtype (``check``). Serve the result with ``xgr serve`` or
+TF Serving (op linked in, see ``migration_guide/tf_serving.md``), or load it anywhere with
+``import custom_ops`` + ``tf.saved_model.load``.
 """
 
 from __future__ import annotations
@@ -18,18 +20,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
-from tf_frontend.feature_graph import FeatureGraph
+from tf_frontend.feature_graph import features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
 from torch_engine.catalog import Catalog
-from torch_engine.config import EngineConfig
+from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
 from torch_engine.model import Model
+from xgr_checkpoint.catalog_file import read_catalog
+from xgr_common.errors import ConfigError, require
+from xgr_common.layout import MaskMode
+from xgr_common.model_card import ModelCard
 from xgr_common.prompt_spec import PromptSpec
 from xgr_export.check import PipelineCheck, check_against_python
 from xgr_export.config import ExportConfig
 from xgr_export.engine_package import export_engine
+from xgr_export.feature_graphs import check_contract, load_feature_graph
+from xgr_export.probe_requests import probe_features
 from xgr_export.saved_model import export_pipeline, require_empty_folder
 from xgr_export.torch_package import is_triton_op
 from xgr_world.synthetic import make_world
@@ -45,6 +54,9 @@ class ExportReport:
     saved_model: Path
     engine_signature: str     # the package's calling contract, as TorchCall reads it
     model: str
+    catalog: str              # the catalog file, or "synthetic"
+    feature_graph: str        # the trained graph's file or folder, or "untrained reference"
+    prefill_mask: str
     device: str
     attention_backend: str
     dtype: str
@@ -65,7 +77,9 @@ class ExportReport:
         return self.check is None or self.check.ok
 
     def to_json(self) -> dict:
-        report = {"saved_model": str(self.saved_model), "preset": self.model,
+        report = {"saved_model": str(self.saved_model), "model": self.model,
+                  "catalog": self.catalog, "feature_graph": self.feature_graph,
+                  "prefill_mask": self.prefill_mask,
                   "device": self.device, "attention_backend": self.attention_backend,
                   "dtype": self.dtype, "num_items": self.num_items,
                   "max_prompt_tokens": self.max_prompt_tokens, "beam_width": self.beam_width,
@@ -76,6 +90,59 @@ class ExportReport:
         if self.check is not None:
             report["verify"] = self.check.to_json()
         return report
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What an export serves, read and checked before anything compiles: the prompt contract,
+    the prefill mask, the catalog arrays, the feature graph and the requests to verify with
+    (None when not asked)."""
+
+    spec: PromptSpec
+    prefill_mask: MaskMode
+    item_ids: np.ndarray
+    item_codes: np.ndarray
+    graph: object
+    requests: dict | None
+    catalog: str
+    feature_graph: str
+
+
+def team_sources(config: ExportConfig) -> Sources:
+    """The team's files of ``config``: the model card, the catalog file and the feature graph,
+    each refused with an error naming the file and the field or row at fault."""
+    card = ModelCard.read(config.model)
+    if config.mask is not None:
+        require(MaskMode(config.mask) is card.prefill_mask, ConfigError,
+                f"mask {config.mask!r} contradicts {config.model}/xgr_model.json prefill_mask "
+                f"{card.prefill_mask.value!r}: a model is served with the mask it was trained "
+                f"with")
+    spec, layout = card.spec, card.spec.layout
+    catalog = read_catalog(config.catalog, layout.levels, layout.codebook_size)
+    graph = load_feature_graph(config.feature_graph, spec, catalog.item_ids,
+                               catalog.item_codes, seed=config.seed)
+    probes = probe_features(catalog.item_ids, spec, max(8, config.verify_requests), config.seed)
+    check_contract(graph, probes, spec, card.vocab_size, f"feature graph {config.feature_graph}")
+    return Sources(spec=spec, prefill_mask=card.prefill_mask, item_ids=catalog.item_ids,
+                   item_codes=catalog.item_codes, graph=graph,
+                   requests=probes if config.verify_requests else None,
+                   catalog=str(config.catalog), feature_graph=str(config.feature_graph))
+
+
+def synthetic_sources(config: ExportConfig) -> Sources:
+    """The synthetic world's catalog and users, the reference graph with an untrained tower."""
+    world = make_world(config.world)
+    default = PromptSpec()
+    spec = PromptSpec(model_hidden=preset(config.preset).hidden_size,
+                      keep_last=config.keep_last or default.keep_last,
+                      window_seconds=(config.window_days * 86400 if config.window_days
+                                      else default.window_seconds))
+    graph = load_feature_graph(None, spec, world.item_ids, world.item_codes, seed=config.seed)
+    requests = (features_from_world(world, slice(0, config.verify_requests))
+                if config.verify_requests else None)
+    return Sources(spec=spec, prefill_mask=MaskMode(config.mask or "item_causal"),
+                   item_ids=world.item_ids, item_codes=world.item_codes, graph=graph,
+                   requests=requests, catalog="synthetic", feature_graph="untrained reference")
 
 
 def resolve_attention(requested: str, device: str) -> str:
@@ -94,50 +161,55 @@ def resolve_attention(requested: str, device: str) -> str:
     return "triton" if embeddable else "torch"
 
 
-def _build_engine(config: ExportConfig, world, attention: str) -> Engine:
-    device, dtype = torch.device(config.engine.device), getattr(torch, config.dtype)
+def _build_engine(config: ExportConfig, sources: Sources, attention: str) -> Engine:
+    device, dtype = torch.device(config.engine.device), getattr(torch, config.resolved_dtype)
     model = (Model.from_pretrained(config.model, dtype=dtype, device=device) if config.model
              else Model.from_preset(config.preset, seed=config.seed, dtype=dtype, device=device))
     # The plain-torch selection: the fused one is a Python custom op, which AOTInductor cannot
     # put in the package.
-    return Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes),
+    catalog = Catalog.from_arrays(sources.item_ids, sources.item_codes, sources.spec.layout)
+    return Engine(model, catalog,
                   EngineConfig(attention_backend=attention, selection_backend="torch"))
 
 
 def export_saved_model(config: ExportConfig,
                        progress: Callable[[str], None] = lambda line: None) -> ExportReport:
-    """Builds, packages, saves and (with ``config.verify_requests``) checks one SavedModel in
-    ``config.out``; ``progress`` hears one line before the long compile. Raises ``ExportError``
-    or ``ConfigError`` (naming the size or setting at fault) before anything is saved."""
+    """Reads and checks the sources, builds, packages, saves and (with
+    ``config.verify_requests``) checks one SavedModel in ``config.out``; ``progress`` hears a
+    line per phase. Raises ``ExportError``, ``ConfigError`` or ``CatalogError`` (naming the
+    file, field or size at fault) before anything is saved."""
     out = require_empty_folder(config.out)
     started = time.perf_counter()
     attention = resolve_attention(config.attention_backend, config.engine.device)
-    world = make_world(config.world)
-    engine = _build_engine(config, world, attention)
-    spec = PromptSpec(model_hidden=engine.model.config.hidden_size, keep_last=config.keep_last,
-                      window_seconds=config.window_days * 86400)
+    progress(f"reading {'the team files' if config.model else 'the synthetic world'} ...")
+    sources = team_sources(config) if config.model else synthetic_sources(config)
+    engine = _build_engine(config, sources, attention)
+    spec = sources.spec
     setup_seconds = time.perf_counter() - started
     search = config.engine
-    progress(f"exporting Engine.recommend ({config.model_name}, {attention} attention, "
-             f"beam_width {search.beam_width}, top_k {search.top_k}) for {search.device}; "
-             f"AOTInductor takes a while ...")
+    progress(f"exporting Engine.recommend ({config.model_name}, {engine.dtype}, {attention} "
+             f"attention, {sources.prefill_mask.value} mask, beam_width {search.beam_width}, "
+             f"top_k {search.top_k}) for {search.device}; AOTInductor takes a while ...")
     pipeline_config = PipelineConfig(top_n=config.top_n)
-    graph = FeatureGraph(spec, world.item_ids, world.item_codes, seed=config.seed)
     with tempfile.TemporaryDirectory(prefix="xgr_export_") as tmp:
         started = time.perf_counter()
-        package = export_engine(engine, spec, Path(tmp) / "engine.pt2", search, config.cache_dir)
+        package = export_engine(engine, spec, Path(tmp) / "engine.pt2", search, config.cache_dir,
+                                sources.prefill_mask)
         package_seconds = time.perf_counter() - started
         package_bytes = package.path.stat().st_size
-        saved = export_pipeline(out, graph, package, pipeline_config)
+        saved = export_pipeline(out, sources.graph, package, pipeline_config)
     check = None
-    if config.verify_requests:
-        check = check_against_python(saved, graph, engine, pipeline_config, world,
-                                     config.verify_requests, search.beam_width, search.top_k)
+    if sources.requests is not None:
+        progress(f"verifying {config.verify_requests} requests in a fresh process ...")
+        check = check_against_python(saved, sources.graph, engine, pipeline_config,
+                                     sources.requests, search.beam_width, search.top_k,
+                                     sources.prefill_mask)
     return ExportReport(
         saved_model=saved, engine_signature=package.signature, model=config.model_name,
-        device=search.device, attention_backend=attention,
-        dtype=str(engine.dtype).removeprefix("torch."), num_items=config.world.num_items,
-        max_prompt_tokens=spec.max_prompt_tokens, beam_width=search.beam_width,
-        top_k=search.top_k, top_n=config.top_n, torch_version=torch.__version__,
-        setup_seconds=setup_seconds, package_seconds=package_seconds,
-        package_bytes=package_bytes, check=check)
+        catalog=sources.catalog, feature_graph=sources.feature_graph,
+        prefill_mask=sources.prefill_mask.value, device=search.device,
+        attention_backend=attention, dtype=str(engine.dtype).removeprefix("torch."),
+        num_items=len(sources.item_ids), max_prompt_tokens=spec.max_prompt_tokens,
+        beam_width=search.beam_width, top_k=search.top_k, top_n=config.top_n,
+        torch_version=torch.__version__, setup_seconds=setup_seconds,
+        package_seconds=package_seconds, package_bytes=package_bytes, check=check)

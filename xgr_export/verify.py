@@ -3,8 +3,10 @@
 ``verify_saved_model(saved_model, features, reference)`` runs the SavedModel with TensorFlow
 and ``custom_ops`` alone (``python -m xgr_export.run_saved_model`` in a child process: no Python
 torch, no engine code) on ``features`` and compares its outputs with ``reference`` (what
-``bridge.pipeline.RecommendPipeline`` returned for the same features): item ids and counts
-exactly, scores within the float32 tolerance of ``xgr_common.tolerances``.
+``bridge.pipeline.RecommendPipeline`` returned for the same features, its engine in the
+package's dtype): at float32 item ids and counts exactly and scores within the float32
+tolerance of ``xgr_common.tolerances``; at 16 bits by its ``RANKED_LIST_RULE`` (items exact
+except inside score ties).
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from xgr_common.errors import ExportError, require
-from xgr_common.tolerances import tolerance_for
+from xgr_common.tolerances import RANKED_LIST_RULE, TIE_DTYPES, dtype_name, scores_tied, \
+    tolerance_for
 
 ROOT = Path(__file__).resolve().parent.parent
 # AOTInductor fuses and reorders float work: its scores may differ from eager torch's by a few
@@ -45,11 +48,18 @@ class VerifyReport:
     load_seconds: float
     first_call_seconds: float
     call_seconds: float
+    dtype: str = "float32"
+    rule: str = "items and counts exact; scores within the float32 tolerance"
+    rows_within_ties: int = 0   # 16-bit: rows that differ only inside score ties
 
     @property
     def ok(self) -> bool:
+        if self.forbidden_modules:
+            return False
+        if self.dtype in TIE_DTYPES:
+            return not self.mismatched_rows
         return (self.rows_exact == self.requests and self.num_items_exact
-                and self.max_score_error <= self.score_atol and not self.forbidden_modules)
+                and self.max_score_error <= self.score_atol)
 
     def to_json(self) -> dict:
         return {**asdict(self), "ok": self.ok}
@@ -83,39 +93,77 @@ def run_fresh(saved_model: str | os.PathLike, features: dict, repeats: int = 0,
             return {name: data[name] for name in data.files}
 
 
+def first_break(got_ids: np.ndarray, got_scores: np.ndarray, want_ids: np.ndarray,
+                want_scores: np.ndarray, dtype: str) -> int | None:
+    """The first position of one ranked row breaking ``RANKED_LIST_RULE``, None if none."""
+    listed = {int(item): k for k, item in enumerate(want_ids) if item >= 0}
+    kept = want_scores[want_ids >= 0]
+    last = float(kept[-1]) if len(kept) else float("-inf")
+    seen = set()
+    for k, (item, want) in enumerate(zip(got_ids.tolist(), want_ids.tolist())):
+        if (item < 0) != (want < 0) or item in seen:
+            return k
+        if want < 0:
+            continue
+        seen.add(item)
+        score = float(want_scores[k])
+        if not scores_tied(float(got_scores[k]), score, dtype):
+            return k
+        if item == want:
+            continue
+        j = listed.get(item)
+        tied = (scores_tied(float(want_scores[j]), score, dtype) if j is not None
+                else scores_tied(score, last, dtype))
+        if not tied:
+            return k
+    return None
+
+
 def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
-            seconds=(np.nan, np.nan, np.nan)) -> VerifyReport:
-    """``got`` (fresh-process outputs) against ``reference`` (the in-process pipeline's)."""
+            seconds=(np.nan, np.nan, np.nan), dtype: object = "float32") -> VerifyReport:
+    """``got`` (fresh-process outputs) against ``reference`` (the in-process pipeline's, its
+    engine in ``dtype``)."""
+    dtype = dtype_name(dtype)
     want = {name: np.asarray(v.numpy() if hasattr(v, "numpy") else v)
             for name, v in reference.items() if name in ("item_ids", "scores", "num_items")}
     require(got["item_ids"].shape == want["item_ids"].shape, ExportError,
             f"item_ids shapes differ: SavedModel {got['item_ids'].shape}, reference "
             f"{want['item_ids'].shape}")
-    mismatched = []
+    mismatched, differing = [], 0
     for row, (a, b) in enumerate(zip(got["item_ids"], want["item_ids"])):
-        if not np.array_equal(a, b):
-            pos = int(np.flatnonzero(a != b)[0])
+        differs = not np.array_equal(a, b)
+        differing += differs
+        if dtype in TIE_DTYPES:
+            pos = first_break(a, got["scores"][row], b, want["scores"][row], dtype)
+        else:
+            pos = int(np.flatnonzero(a != b)[0]) if differs else None
+        if pos is not None:
             mismatched.append({"row": row, "position": pos, "got": int(a[pos]),
                                "want": int(b[pos]), "got_score": float(got["scores"][row, pos]),
                                "want_score": float(want["scores"][row, pos])})
     finite = np.isfinite(want["scores"]) & np.isfinite(got["scores"])
     same_inf = np.array_equal(np.isfinite(want["scores"]), np.isfinite(got["scores"]))
     error = float(np.abs(got["scores"][finite] - want["scores"][finite]).max(initial=0.0))
-    tol = tolerance_for(np.float32)
+    tied = dtype in TIE_DTYPES
+    tol = tolerance_for(dtype if tied else np.float32)
     forbidden = tuple(sorted(m for m in modules if m.split(".")[0] in FORBIDDEN_PACKAGES))
     return VerifyReport(
-        requests=len(want["item_ids"]), rows_exact=len(want["item_ids"]) - len(mismatched),
+        requests=len(want["item_ids"]), rows_exact=len(want["item_ids"]) - differing,
         num_items_exact=bool(np.array_equal(got["num_items"], want["num_items"])),
         max_score_error=error if same_inf else float("inf"),
-        score_atol=tol.atol * SCORE_ATOL_SCALE + tol.rtol * float(
+        score_atol=tol.atol * (1.0 if tied else SCORE_ATOL_SCALE) + tol.rtol * float(
             np.abs(want["scores"][finite]).max(initial=0.0)),
         forbidden_modules=forbidden, mismatched_rows=tuple(mismatched),
         load_seconds=float(seconds[0]), first_call_seconds=float(seconds[1]),
-        call_seconds=float(seconds[2]))
+        call_seconds=float(seconds[2]), dtype=dtype,
+        rule=RANKED_LIST_RULE if tied else VerifyReport.rule,
+        rows_within_ties=differing - len(mismatched) if tied else 0)
 
 
 def verify_saved_model(saved_model: str | os.PathLike, features: dict, reference: dict,
-                       repeats: int = 0, timeout: float = 900.0) -> VerifyReport:
-    """Runs ``saved_model`` in a fresh process on ``features`` and compares with ``reference``."""
+                       repeats: int = 0, timeout: float = 900.0,
+                       dtype: object = "float32") -> VerifyReport:
+    """Runs ``saved_model`` in a fresh process on ``features`` and compares with ``reference``
+    (the in-process pipeline with its engine in ``dtype``)."""
     got = run_fresh(saved_model, features, repeats, timeout)
-    return compare(got, reference, got.pop("modules").tolist(), got.pop("seconds"))
+    return compare(got, reference, got.pop("modules").tolist(), got.pop("seconds"), dtype)

@@ -10,7 +10,9 @@ where they run at inference.
 A fit is cached under ``<cache_dir>/demo-<key>``, ``key`` hashing the settings and the source
 of the code that shapes the weights, so a later run loads instead of fitting and a code
 change refits. The held-out users (the last ``holdout_users`` of the world) never reach the
-trainer.
+trainer. The folder holds what a team would export (``DefaultModel.export_files``): the
+checkpoint ``model/`` with its ``xgr_model.json``, the catalog file and the trained feature
+graph's weights.
 """
 
 from __future__ import annotations
@@ -35,9 +37,11 @@ from bridge import to_torch
 from tf_frontend.feature_graph import FeatureGraph
 from torch_engine.config import ModelConfig
 from torch_engine.model import Model
+from xgr_checkpoint.catalog_file import write_catalog
 from xgr_common.errors import ConfigError, OpLibraryError, require
 from xgr_common.import_order import triton_importable
 from xgr_common.layout import MaskMode
+from xgr_common.model_card import ModelCard
 from xgr_common.prompt_spec import PromptSpec
 from xgr_world.synthetic import World, WorldConfig, make_world
 from xgr_world.train import FitResult, ProfileTower, TrainConfig, TrainingExamples, fit
@@ -48,7 +52,9 @@ _KEYED_SOURCES = ("xgr_world/default_model.py", "xgr_world/train.py", "torch_eng
                   "xgr_world/synthetic.py", "tf_frontend/feature_graph.py",
                   "tf_frontend/layers.py")
 _ROOT = Path(__file__).resolve().parent.parent
-TOWER_FILE = "profile_tower.safetensors"
+TOWER_FILE = "feature_graph.safetensors"
+CATALOG_FILE = "catalog.parquet"
+MODEL_DIR = "model"
 REPORT_FILE = "fit.json"
 
 
@@ -123,6 +129,20 @@ class DefaultModel:
     def feature_graph(self) -> FeatureGraph:
         """The serving TF graph with the learned sparse table and tower weights."""
         return feature_graph_for(self.settings.spec, self.world, self.tower)
+
+    def export_files(self) -> dict[str, Path]:
+        """What ``xgr export`` takes: ``model`` (the checkpoint with its ``xgr_model.json``),
+        ``catalog`` (the catalog file) and ``feature_graph`` (the trained graph's weights)."""
+        return {"model": self.directory / MODEL_DIR, "catalog": self.directory / CATALOG_FILE,
+                "feature_graph": self.directory / TOWER_FILE}
+
+
+def model_card(settings: DefaultModelSettings, model: Model) -> ModelCard:
+    """What the fit was trained with, as export reads it beside the checkpoint."""
+    config = model.config
+    return ModelCard(spec=settings.spec, prefill_mask=settings.train.mask_mode,
+                     architecture=config.to_hf_dict()["model_type"],
+                     vocab_size=config.vocab_size, hidden_size=config.hidden_size)
 
 
 def feature_graph_for(spec: PromptSpec, world: World, tower: dict[str, np.ndarray] | None,
@@ -206,7 +226,7 @@ def fit_or_load(settings: DefaultModelSettings = DefaultModelSettings(),
     if not refit and (directory / REPORT_FILE).exists():
         report = json.loads((directory / REPORT_FILE).read_text())
         fit_result = FitResult(losses=tuple(report["losses"]), seconds=report["seconds"])
-        return DefaultModel(settings, world, load_model(directory / "model"),
+        return DefaultModel(settings, world, load_model(directory / MODEL_DIR),
                             load_file(str(directory / TOWER_FILE)), fit_result, True, directory)
 
     require(triton_importable(), OpLibraryError,
@@ -225,7 +245,7 @@ def fit_or_load(settings: DefaultModelSettings = DefaultModelSettings(),
     tower = ProfileTower(settings.spec, seed=settings.train.seed)
     result = fit(model, tower, examples, settings.spec.layout, settings.train, progress=progress)
     weights = tower.keras_weights()
-    _save(directory, model, weights, result)
+    _save(directory, settings, world, model, weights, result)
     return DefaultModel(settings, world, model.eval(), weights, result, False, directory)
 
 
@@ -242,13 +262,16 @@ def load_model(directory: Path) -> Model:
     return model.eval()
 
 
-def _save(directory: Path, model: Model, tower: dict[str, np.ndarray], result: FitResult) -> None:
+def _save(directory: Path, settings: DefaultModelSettings, world: World, model: Model,
+          tower: dict[str, np.ndarray], result: FitResult) -> None:
     """Write into a temporary sibling, then rename: a reader never sees a half-written fit."""
     directory.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=directory.name + ".", dir=directory.parent))
     try:
-        model.save_pretrained(staging / "model")
+        model.save_pretrained(staging / MODEL_DIR)
+        model_card(settings, model).write(staging / MODEL_DIR)
         save_file(tower, str(staging / TOWER_FILE))
+        write_catalog(staging / CATALOG_FILE, world.item_ids, world.item_codes)
         (staging / REPORT_FILE).write_text(json.dumps(
             {"losses": list(result.losses), "seconds": result.seconds}))
         if directory.exists():
