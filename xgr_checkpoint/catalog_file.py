@@ -204,8 +204,7 @@ def _read_parquet(where: str, levels: int):
             kind = kind.value_type
         _require(pa.types.is_integer(kind), where,
                  f"column {name!r} has type {schema.field(name).type}; rule: {name} must be an "
-                 f"integer type (cast it to int64/int32 when writing; float columns are refused "
-                 f"even when their values are integral)", column=name)
+                 f"integer type{_float_note(pa.types.is_floating(kind))}", column=name)
     try:
         table = pq.read_table(where, columns=wanted, use_threads=True)
     except (pa.ArrowException, OSError) as error:
@@ -221,7 +220,7 @@ def _read_parquet(where: str, levels: int):
 
             nulls = np.flatnonzero(pc.is_null(column).to_numpy(zero_copy_only=False))
             raise CatalogFileError(
-                f"{where}: row {nulls[0]}, column {name!r}: null ({nulls.shape[0]} null rows "
+                f"{where}: row {nulls[0]}, column {name!r}: null ({_count(nulls, 'null row')} "
                 f"in that column); rule: {name} has a value in every row",
                 path=where, row=int(nulls[0]), column=name)
         arrays[name] = column.to_numpy()
@@ -245,11 +244,7 @@ def _read_npz(where: str, levels: int):
         _require(not missing, where, f"no array {' or '.join(map(repr, missing))}; found "
                  f"arrays {names}; rule: an .npz catalog holds {ID_COLUMN!r} [N] and "
                  f"{NPZ_CODES!r} [N, levels={levels}]")
-        try:
-            ids, codes = archive[ID_COLUMN], archive[NPZ_CODES]
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
-            raise CatalogFileError(f"{where}: its arrays cannot be read ({error})",
-                                   path=where) from None
+        ids, codes = (_npz_array(where, archive, name) for name in (ID_COLUMN, NPZ_CODES))
     _require(ids.ndim == 1, where, f"array {ID_COLUMN!r} has shape {ids.shape}; rule: it is "
              f"1-D [N]", column=ID_COLUMN)
     _require(codes.ndim == 2, where, f"array {NPZ_CODES!r} has shape {codes.shape}; rule: it "
@@ -295,15 +290,17 @@ def _checked_ids(where: str, ids: np.ndarray) -> np.ndarray:
             row = int(beyond[0])
             raise CatalogFileError(
                 f"{where}: row {row}, column {ID_COLUMN!r}: value {int(ids[row])} does not fit "
-                f"int64 ({beyond.shape[0]} rows); rule: item ids lie in [0, 2**63)",
+                f"int64 ({_count(beyond, 'row')}); rule: item ids lie in [0, 2**63)",
                 path=where, row=row, column=ID_COLUMN)
     ids64 = np.ascontiguousarray(ids, dtype=np.int64)
+    if not ids64.flags.writeable:   # a zero-copy view of Arrow's buffer: hand out our own
+        ids64 = ids64.copy()
     if int(ids64.min()) < 0:
         negative = np.flatnonzero(ids64 < 0)
         row = int(negative[0])
         raise CatalogFileError(
             f"{where}: row {row}, column {ID_COLUMN!r}: value {int(ids64[row])} is negative "
-            f"({negative.shape[0]} rows); rule: item ids are >= 0 (-1 means 'no item' in the "
+            f"({_count(negative, 'row')}); rule: item ids are >= 0 (-1 means 'no item' in the "
             f"engine's results)", path=where, row=row, column=ID_COLUMN)
     return ids64
 
@@ -322,7 +319,7 @@ def _checked_codes(where: str, columns: list[tuple[str, np.ndarray]],
             row = int(bad[0])
             raise CatalogFileError(
                 f"{where}: row {row}, column {name!r}: value {int(values[row])} is outside "
-                f"[0, {codebook_size}) ({bad.shape[0]} rows in that column); rule: codes lie "
+                f"[0, {codebook_size}) ({_count(bad, 'row')} in that column); rule: codes lie "
                 f"in [0, codebook_size={codebook_size})", path=where, row=row, column=name)
         codes[:, level] = values
     return codes
@@ -335,17 +332,37 @@ def _check_unique(where: str, ids: np.ndarray) -> None:
     if repeats.shape[0]:
         value = int(ordered[repeats[0]])
         rows = np.flatnonzero(ids == value)
-        distinct = int(np.unique(ordered[repeats]).shape[0])
+        distinct = np.unique(ordered[repeats])
         raise CatalogFileError(
             f"{where}: column {ID_COLUMN!r}: item id {value} appears in rows {int(rows[0])} and "
-            f"{int(rows[1])} ({distinct} ids appear more than once); rule: item ids are unique",
+            f"{int(rows[1])} ({_count(distinct, 'repeated id')} in all); rule: item ids are "
+            f"unique",
             path=where, row=int(rows[1]), column=ID_COLUMN)
 
 
 def _require_integer_dtype(where: str, what: str, dtype: np.dtype, column: str | None = None):
     _require(np.issubdtype(dtype, np.integer), where,
-             f"{what} has dtype {dtype}; rule: it must be an integer type (cast it when "
-             f"writing; floats are refused even when their values are integral)", column=column)
+             f"{what} has dtype {dtype}; rule: it must be an integer type"
+             f"{_float_note(np.issubdtype(dtype, np.floating))}", column=column)
+
+
+def _float_note(floating: bool) -> str:
+    return (" (floats are refused even when every value is integral: cast to int64 when "
+            "writing)") if floating else ""
+
+
+def _count(rows: np.ndarray, noun: str) -> str:
+    """``"1 row"``, ``"3 rows"``: how many entries ``rows`` holds."""
+    return f"{rows.shape[0]} {noun}{'' if rows.shape[0] == 1 else 's'}"
+
+
+def _npz_array(where: str, archive, name: str) -> np.ndarray:
+    """One array of an open ``.npz``; a pickled (object) or damaged member names itself."""
+    try:
+        return archive[name]
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as error:
+        raise CatalogFileError(f"{where}: array {name!r} cannot be read ({error})",
+                               path=where, column=name) from None
 
 
 def _require(condition: bool, where: str, message: str, column: str | None = None) -> None:
