@@ -52,6 +52,7 @@ NPZ_CODES = "codes"
 _CODE_COLUMN = re.compile(r"code_(\d+)")
 _INT64_MAX = np.iinfo(np.int64).max
 _INT32_MAX = np.iinfo(np.int32).max
+_DENSE_IDS_PER_ROW = 16   # ids below 16 * N are checked for repeats without a sort
 
 
 def code_column(level: int) -> str:
@@ -326,7 +327,15 @@ def _checked_codes(where: str, columns: list[tuple[str, np.ndarray]],
 
 
 def _check_unique(where: str, ids: np.ndarray) -> None:
-    """Item ids are unique; names the first repeated id and two of its rows."""
+    """Item ids (int64 >= 0) are unique; names the first repeated id and two of its rows."""
+    largest = int(ids.max())
+    if largest < max(_DENSE_IDS_PER_ROW * ids.shape[0], 2**20):
+        # Dense ids (the usual 0..N-1 and near it): one scatter into a mark per id value
+        # (at most 16 bytes a row) instead of a sort, several times faster at 10M rows.
+        seen = np.zeros(largest + 1, dtype=np.bool_)
+        seen[ids] = True
+        if int(np.count_nonzero(seen)) == ids.shape[0]:
+            return
     ordered = np.sort(ids)
     repeats = np.flatnonzero(ordered[1:] == ordered[:-1])
     if repeats.shape[0]:
@@ -372,12 +381,17 @@ def _require(condition: bool, where: str, message: str, column: str | None = Non
 
 def _path_counts(codes: np.ndarray, codebook_size: int) -> tuple[int, int]:
     """(distinct code paths, most items on one path) of int32 codes [N, levels]."""
-    levels = codes.shape[1]
-    if float(codebook_size) ** levels < 2.0 ** 63:
+    count, levels = codes.shape
+    space = float(codebook_size) ** levels
+    if space < 2.0 ** 63:
         # One int64 key per path: the codes as digits in base codebook_size.
-        key = np.zeros(codes.shape[0], dtype=np.int64)
+        key = np.zeros(count, dtype=np.int64)
         for level in range(levels):
             key = key * codebook_size + codes[:, level]
+        if space <= max(4 * count, 2**20):
+            # Few possible paths (256**3 against 10M rows): count them, no sort.
+            per_path = np.bincount(key)
+            return int(np.count_nonzero(per_path)), int(per_path.max())
         key.sort()
         starts = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
     else:

@@ -79,6 +79,24 @@ def test_arrays_read_build_the_same_engine_catalog(tmp_path, fmt):
     assert read.max_items_per_path == built.max_items_per_path
 
 
+@pytest.mark.parametrize("scale, levels, codebook_size", [
+    (1, LEVELS, SIZE),            # dense ids, paths counted in a table of 256**3
+    (10**15, LEVELS, SIZE),       # sparse ids: the repeat check sorts
+    (1, 4, 2**20),                # 2**80 possible paths: counted by sorting rows
+    (1, 2, 2**31),                # the widest codebook int32 codes hold
+])
+def test_summary_counts_paths_and_ids_check_at_any_scale(tmp_path, scale, levels,
+                                                         codebook_size):
+    rng = np.random.default_rng(2)
+    codes = rng.integers(0, min(codebook_size, 3), (60, levels), dtype=np.int32)
+    codes[:, -1] += codebook_size - 3  # the top of the codebook is used too
+    ids = rng.permutation(60).astype(np.int64) * scale
+    read = read_catalog(write_catalog(tmp_path / "c.npz", ids, codes), levels, codebook_size)
+    assert read.num_paths == len({tuple(row) for row in codes})
+    assert read.max_items_per_path == max(np.unique(codes, axis=0, return_counts=True)[1])
+    np.testing.assert_array_equal(read.item_ids, ids)
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_conversion_between_formats_keeps_the_arrays(tmp_path, fmt):
     other = "npz" if fmt == "parquet" else "parquet"
@@ -275,6 +293,10 @@ BAD_FILES = {
     "npz code too large": (_npz(codes=_with(1, 6, 256)),
                            ["row 6, column 'codes[:, 1]': value 256 is outside [0, 256)"], 6,
                            "codes[:, 1]"),
+    # Ids far above the row count take the sorting check instead of the dense marks.
+    "duplicate sparse id": (_parquet(item_id=pa.array(_ids_with(21, IDS[8]) * 10**12)),
+                            [f"item id {IDS[8] * 10**12} appears in rows 8 and 21"], 21,
+                            "item_id"),
     "npz duplicate id": (_npz(item_id=_ids_with(0, IDS[39])),
                          [f"item id {IDS[39]} appears in rows 0 and 39"], 39, "item_id"),
 }
@@ -361,7 +383,7 @@ def test_command_prints_a_summary_and_converts(tmp_path):
     (["{good}", "--levels", "2"], 1, "code columns ['code_2'] beyond the model's 2 levels"),
     (["{good}", "--codebook_size", "0"], 2, "must be >= 1"),
     ([], 2, "expected one catalog file"),
-])
+], ids=["bad code", "other levels", "bad flag", "no file"])
 def test_command_refuses_bad_files_and_usage_without_a_traceback(tmp_path, args, status, piece):
     good = write_catalog(tmp_path / "good.parquet", IDS, CODES)
     bad = write_parquet(tmp_path / "bad.parquet", parquet_columns(codes=_with(2, 17, 300)))
