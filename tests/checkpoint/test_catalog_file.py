@@ -132,6 +132,12 @@ def test_dictionary_encoded_columns_and_other_columns_are_read_and_reported(tmp_
     np.testing.assert_array_equal(catalog.item_codes, CODES)
 
 
+def test_a_compressed_npz_reads_like_a_plain_one(tmp_path):
+    np.savez_compressed(tmp_path / "packed.npz", item_id=IDS, codes=CODES)
+    catalog = read_catalog(tmp_path / "packed.npz", LEVELS, SIZE)
+    np.testing.assert_array_equal(catalog.item_codes, CODES)
+
+
 def test_npz_extra_arrays_are_reported(tmp_path):
     path = tmp_path / "extra.npz"
     np.savez(path, item_id=IDS, codes=CODES, embeddings=np.zeros((40, 4), np.float32))
