@@ -165,6 +165,9 @@ def write_catalog(path: str | os.PathLike, item_ids, item_codes) -> Path:
             with open(partial, "wb") as handle:
                 np.savez(handle, **{ID_COLUMN: item_ids, NPZ_CODES: item_codes})
         os.replace(partial, target)
+    except OSError as error:
+        raise CatalogFileError(f"{where}: cannot be written ({error.strerror or error})",
+                               path=where) from None
     finally:
         partial.unlink(missing_ok=True)
     return target
@@ -198,7 +201,7 @@ def _read_parquet(where: str, levels: int):
                                path=where) from None
     names = list(schema.names)
     wanted = [ID_COLUMN] + [code_column(level) for level in range(levels)]
-    _check_columns(where, names, wanted, levels, found_kind="columns")
+    _check_columns(where, names, wanted, levels)
     for name in wanted:
         kind = schema.field(name).type
         if pa.types.is_dictionary(kind):
@@ -263,20 +266,19 @@ def _read_npz(where: str, levels: int):
     return ids, [(f"{NPZ_CODES}[:, {level}]", codes[:, level]) for level in range(levels)], ignored
 
 
-def _check_columns(where: str, names: list[str], wanted: list[str], levels: int,
-                   found_kind: str) -> None:
-    """Every wanted column once; no code column beyond the model's levels."""
+def _check_columns(where: str, names: list[str], wanted: list[str], levels: int) -> None:
+    """Every wanted Parquet column once; no code column beyond the model's levels."""
     repeated = sorted({name for name in names if names.count(name) > 1 and name in wanted})
-    _require(not repeated, where, f"{found_kind} {repeated} appear more than once")
+    _require(not repeated, where, f"columns {repeated} appear more than once")
     missing = [name for name in wanted if name not in names]
     _require(not missing, where,
-             f"no column {', '.join(map(repr, missing))}; found {found_kind} {names}; rule: a "
+             f"no column {', '.join(map(repr, missing))}; found columns {names}; rule: a "
              f"Parquet catalog has {ID_COLUMN!r} and {code_column(0)!r} .. "
              f"{code_column(levels - 1)!r} (levels={levels})")
     extra = [name for name in names
              if _CODE_COLUMN.fullmatch(name) and name not in wanted]
     _require(not extra, where,
-             f"code {found_kind} {extra} beyond the model's {levels} levels "
+             f"code columns {extra} beyond the model's {levels} levels "
              f"({code_column(0)!r} .. {code_column(levels - 1)!r}): the file was made for "
              f"another number of levels", column=extra[0] if extra else None)
 

@@ -359,6 +359,12 @@ def test_write_refuses_arrays_the_reader_would_refuse(tmp_path, item_ids, item_c
     assert list(tmp_path.iterdir()) == []   # nothing half-written is left behind
 
 
+def test_write_into_a_missing_folder_names_the_file(tmp_path):
+    path = tmp_path / "absent" / "catalog.parquet"
+    with pytest.raises(CatalogFileError, match="catalog.parquet: cannot be written"):
+        write_catalog(path, IDS, CODES)
+
+
 # -- the command -------------------------------------------------------------------------------
 
 def xgr_catalog(*args: str) -> subprocess.CompletedProcess:
