@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("xgr_cli.serve", "serve a SavedModel over TF Serving's REST and gRPC APIs"),
     "migrate": ("xgr_cli.migrate", "show or change a migration plan (init, status, swap, auto, revert)"),
     "parity": ("xgr_cli.parity", "run TF and the migrated plan side by side; report parity"),
+    "catalog": ("xgr_cli.catalog", "check a catalog file (Parquet, .npz) and print its summary"),
 }
 
 

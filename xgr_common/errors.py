@@ -26,6 +26,22 @@ class CatalogError(XgrError, ValueError):
     """A semantic-ID catalog is malformed (bad code paths, duplicate ids, wrong layout)."""
 
 
+class CatalogFileError(CatalogError):
+    """A catalog file (Parquet, ``.npz``) cannot be read or breaks one of its rules.
+
+    The message names the file, then the row, column and value where there is one; the same
+    facts are kept as attributes (``path``, ``row``, ``column``; None where they do not apply)
+    so a caller can point at the offending cell.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None, row: int | None = None,
+                 column: str | None = None):
+        super().__init__(message)
+        self.path = path
+        self.row = row
+        self.column = column
+
+
 class CapacityError(XgrError, RuntimeError):
     """A request cannot fit the device (memory, beam width, batch); raised before any work starts."""
 
