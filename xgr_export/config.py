@@ -13,6 +13,8 @@ from xgr_world.synthetic import WorldConfig
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch", "triton", "auto")
 MASKS = ("item_causal", "causal")
+# Requests drawn from a catalog file to verify with (one batch through both pipelines).
+MAX_PROBE_REQUESTS = 1024
 
 
 def _positive(owner: str, name: str, value) -> None:
@@ -111,10 +113,11 @@ class ExportConfig:
         require(self.attention_backend in ATTENTION_BACKENDS, ConfigError,
                 f"ExportConfig.attention_backend must be one of {ATTENTION_BACKENDS}, got "
                 f"{self.attention_backend!r}")
-        limit = self.world.num_users if self.model is None else 100_000
+        limit, bound = ((self.world.num_users, "world.num_users") if self.model is None
+                        else (MAX_PROBE_REQUESTS, "the probe request limit"))
         require(isinstance(self.verify_requests, int) and
                 0 <= self.verify_requests <= limit, ConfigError,
-                f"ExportConfig.verify_requests must be in [0, {limit}], got "
+                f"ExportConfig.verify_requests must be in [0, {bound}={limit}], got "
                 f"{self.verify_requests!r}")
 
     @property
