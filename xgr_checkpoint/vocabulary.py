@@ -186,7 +186,7 @@ def extend_vocabulary(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     with a tokenizer, already extended, a layout past ``max_vocab_size``, ``out_dir`` not
     empty.
     """
-    import torch
+    from transformers import AutoModelForCausalLM
 
     say = progress or (lambda line: None)
     started = time.perf_counter()
@@ -197,8 +197,6 @@ def extend_vocabulary(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
             f"output folder {out} must be new or empty")
     require(not (source / MODEL_CARD_FILE).exists(), ConfigError,
             f"{source} already holds {MODEL_CARD_FILE}: its vocabulary was extended before")
-
-    from transformers import AutoModelForCausalLM
 
     say(f"reading the tokenizer of {source}")
     tokenizer = _load_tokenizer(source)
@@ -219,27 +217,7 @@ def extend_vocabulary(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
 
     say(f"loading the {architecture} model of {source}")
     model = AutoModelForCausalLM.from_pretrained(source, dtype="auto")
-    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
-    text = {"embedding": model.get_input_embeddings().weight[:base].detach().clone()}
-    if not tied:
-        text["lm_head"] = model.get_output_embeddings().weight[:base].detach().clone()
-    if new_size != old_size:
-        say(f"resizing the embedding{'' if tied else ' and lm_head'}: {old_size} -> "
-            f"{new_size} rows")
-        model.resize_token_embeddings(new_size, mean_resizing=False)
-    # Rows the layout takes, plus every row the resize added (its padding past code_end).
-    rows = (base, new_size if new_size > old_size else layout.code_end)
-    generator = torch.Generator().manual_seed(config.seed)
-    matrices = {"embedding": model.get_input_embeddings().weight}
-    if not tied:
-        matrices["lm_head"] = model.get_output_embeddings().weight
-    for name, weight in matrices.items():
-        say(f"initialising {name} rows [{rows[0]}, {rows[1]}): {config.init_rule}")
-        with torch.no_grad():
-            weight[rows[0]:rows[1]] = initial_rows(text[name], rows[1] - rows[0],
-                                                   config.noise_scale, generator)
-        require(torch.equal(weight[:base], text[name]), ConfigError,
-                f"{name} text rows changed while resizing {source}")
+    tied, rows = _resize_and_initialise(model, base, layout.code_end, new_size, config, say)
 
     say(f"saving the model, the tokenizer and {MODEL_CARD_FILE} to {out}")
     out.mkdir(parents=True, exist_ok=True)
@@ -255,6 +233,40 @@ def extend_vocabulary(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
         old_vocab_size=old_size, new_vocab_size=new_size, code_end=layout.code_end,
         tokens_added=len(names), initialised_rows=rows, init_rule=config.init_rule,
         seconds=time.perf_counter() - started, card=card)
+
+
+def _resize_and_initialise(model, base: int, code_end: int, new_size: int,
+                           config: VocabularyConfig, say: Callable[[str], None]
+                           ) -> tuple[bool, tuple[int, int]]:
+    """Grows ``model``'s embedding (and untied head) to ``new_size`` rows and draws the rows
+    the layout takes, and those the resize adds, by the rule. Returns whether the head is tied
+    and the ``[start, end)`` rows drawn."""
+    import torch
+
+    old_size = model.get_input_embeddings().weight.shape[0]
+    tied = model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    text = {"embedding": model.get_input_embeddings().weight[:base].detach().clone()}
+    if not tied:
+        text["lm_head"] = model.get_output_embeddings().weight[:base].detach().clone()
+    if new_size != old_size:
+        say(f"resizing the embedding{'' if tied else ' and lm_head'}: {old_size} -> "
+            f"{new_size} rows")
+        model.resize_token_embeddings(new_size, mean_resizing=False)
+    # The rows the layout takes, plus every row the resize added (its padding past code_end).
+    rows = (base, new_size if new_size > old_size else code_end)
+    generator = torch.Generator().manual_seed(config.seed)
+    matrices = {"embedding": model.get_input_embeddings().weight}
+    if not tied:
+        matrices["lm_head"] = model.get_output_embeddings().weight
+    for name, weight in matrices.items():    # the embedding's draws first, then the head's
+        say(f"initialising {name} rows [{rows[0]}, {rows[1]}): {config.init_rule}")
+        with torch.no_grad():
+            weight[rows[0]:rows[1]] = initial_rows(text[name], rows[1] - rows[0],
+                                                   config.noise_scale, generator)
+        # transformers' resize copies the old rows; a release that did not would show here.
+        require(torch.equal(weight[:base], text[name]), ConfigError,
+                f"{name} text rows [0, {base}) changed while resizing to {new_size} rows")
+    return tied, rows
 
 
 def initial_rows(text_rows: torch.Tensor, count: int, noise_scale: float,
@@ -322,8 +334,8 @@ def _load_tokenizer(source: Path):
             f"{type(tokenizer).__name__}")
     taken = sorted(name for name in tokenizer.get_vocab() if name.startswith(LAYOUT_PREFIX))
     require(not taken, ConfigError,
-            f"{source}: the tokenizer already holds {len(taken)} xgr tokens ({taken[0] if taken else ''}"
-            f"...): this checkpoint was extended before")
+            f"{source}: the tokenizer already holds {len(taken)} xgr tokens "
+            f"({', '.join(taken[:2])}, ...): this checkpoint was extended before")
     return tokenizer
 
 
