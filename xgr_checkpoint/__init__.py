@@ -5,4 +5,6 @@
 - ``vocabulary``: the token layout's tokens added after a Qwen2/Qwen3 checkpoint's text
   vocabulary (tokenizer, embeddings and tied head resized), and ``xgr_model.json`` written
   beside it (``xgr_common.model_card``).
+- ``stand_in``: a random-weight Qwen2/Qwen3 checkpoint and a ``tokenizers``-built tokenizer,
+  to try the path where no real checkpoint can be downloaded.
 """

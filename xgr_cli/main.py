@@ -18,6 +18,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "migrate": ("xgr_cli.migrate", "show or change a migration plan (init, status, swap, auto, revert)"),
     "parity": ("xgr_cli.parity", "run TF and the migrated plan side by side; report parity"),
     "catalog": ("xgr_cli.catalog", "check a catalog file (Parquet, .npz) and print its summary"),
+    "extend_vocab": ("xgr_cli.extend_vocab", "add the token layout after a Qwen2/Qwen3 "
+                     "checkpoint's text vocabulary; write xgr_model.json"),
+    "stand_in": ("xgr_cli.stand_in", "write a random-weight Qwen2/Qwen3 checkpoint and "
+                 "tokenizer to try the others on"),
 }
 
 
