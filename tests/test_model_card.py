@@ -107,7 +107,8 @@ def test_card_contradicting_the_tokenizer_is_refused_naming_the_token(tmp_path):
     (lambda d: d["prompt_spec"].pop("keep_last"), r"prompt_spec: prompt spec lacks fields"),
     (lambda d: d["prompt_spec"]["layout"].update(code_base=5), "prompt_spec: code_base"),
     (lambda d: d["prompt_spec"].update(model_hidden=32), "model_hidden 32"),
-    (lambda d: d.update(vocab_size=1040), r"xgr_model.json: prompt_spec.layout ends at id 1080 \(code_end\), beyond vocab_size"),
+    (lambda d: d.update(vocab_size=1040),
+     r"xgr_model.json: prompt_spec.layout ends at id 1080 \(code_end\), beyond vocab_size"),
 ])
 def test_bad_card_fields_are_named(tmp_path, edit, field):
     folder = _checkpoint(tmp_path, _card())
