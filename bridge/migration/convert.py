@@ -29,7 +29,7 @@ from bridge.onnx_torch.from_onnx import graph_from_onnx
 from bridge.onnx_torch.graph import GraphSpec, ValueInfo
 from bridge.onnx_torch.module import OnnxGraphModule, unsupported_nodes
 from bridge.parity.compare import compare
-from xgr_common.errors import ConversionError, MigrationError
+from xgr_common.errors import ConversionError, InvalidInputError, MigrationError, XgrError
 
 
 @dataclass(frozen=True)
@@ -256,6 +256,8 @@ def convert_stages(model: Any, names: list[str] | None = None,
     if batch is None and not staged.functional:
         raise MigrationError("converting stages of a subclassed model needs a batch of real "
                              "inputs (xgr migrate auto --data BATCHES)")
+    if batch is not None:
+        check_batch(staged, batch)
     results = []
     for name in tqdm(names, desc="converting stages", unit="stage", disable=not progress):
         try:
@@ -268,6 +270,17 @@ def convert_stages(model: Any, names: list[str] | None = None,
             continue
         results.append(convert_sample(sample, open_dims(staged, name, sample), checks))
     return results
+
+
+def check_batch(staged: StagedModel, batch: Mapping[str, Any]) -> None:
+    """Raise InvalidInputError when ``batch`` does not run through the all-TF model."""
+    try:
+        staged.run(batch)
+    except XgrError:
+        raise
+    except Exception as error:  # TF's own errors for wrong dtypes or shapes
+        raise InvalidInputError(f"the data batch does not run through the TF model: "
+                                f"{full_message(error)}") from None
 
 
 def group_missing_ops(reasons: list[str]) -> list[str]:

@@ -39,6 +39,7 @@ class StageError(MigrationError):
     def __init__(self, stage: str, message: str):
         super().__init__(f"stage {stage!r}: {message}")
         self.stage = stage
+        self.boundaries: dict[str, list] = {}   # the stage outputs computed before it failed
 
 
 def check_stage_outputs(name: str, outputs: list, refs: tuple) -> None:
@@ -115,6 +116,7 @@ class StagedModel:
     def __init__(self, model: Any):
         self.model = model
         self._shapes: dict[str, list] | None = None
+        self._boundaries: dict[str, list] = {}
         self.flavour = flavour_of(model)
         self.functional = is_functional(model)
         if self.functional:
@@ -147,13 +149,16 @@ class StagedModel:
         unknown = sorted(set(replacements) - set(self.names))
         if unknown:
             raise MigrationError(f"replacements for unknown stages {unknown}; stages: {self.names}")
-        self._shapes = input_shapes
+        self._shapes, self._boundaries = input_shapes, {}
         try:
             if self.functional:
                 return self._run_functional(batch, replacements)
             return self._run_staged(batch, replacements)
+        except StageError as error:
+            error.boundaries = dict(self._boundaries)
+            raise
         finally:
-            self._shapes = None
+            self._shapes, self._boundaries = None, {}
 
     def _record_shapes(self, name: str, args: Any) -> None:
         if self._shapes is not None:
@@ -162,7 +167,7 @@ class StagedModel:
     def _run_functional(self, batch, replacements) -> tuple[Outputs, dict[str, list]]:
         model = self.model
         computed = {id(ref): value for ref, value in zip(model.inputs, _flat_inputs(model, batch))}
-        boundaries: dict[str, list] = {}
+        boundaries: dict[str, list] = self._boundaries
         for call in self._calls:
             name = call.name
             if any(id(x) not in computed for x in call.inputs):
@@ -184,7 +189,7 @@ class StagedModel:
         return list(zip(names, (computed[id(ref)] for ref in model.outputs))), boundaries
 
     def _run_staged(self, batch, replacements) -> tuple[Outputs, dict[str, list]]:
-        boundaries: dict[str, list] = {}
+        boundaries: dict[str, list] = self._boundaries
         calls: dict[str, int] = {}
 
         def hook(name: str) -> Callable:

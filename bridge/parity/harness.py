@@ -17,6 +17,7 @@ from tqdm import tqdm
 from bridge.migration.runner import PlanRunner
 from bridge.migration.stages import StageError
 from bridge.parity.compare import Comparison, compare, ragged_parts
+from xgr_common.errors import InvalidInputError, XgrError
 
 MODEL_OUTPUT = "(model output)"
 RUN_FAILED = "(migrated run)"   # the output label of a row for a stage that raised
@@ -77,16 +78,29 @@ def _failed_run(error: StageError) -> Comparison:
 
 def _compare_batch(runner: PlanRunner, batch: Mapping[str, Any], shapes: dict
                    ) -> list[Comparison]:
-    ref_out, ref_stages = runner.run_reference(batch, shapes)
+    try:
+        ref_out, ref_stages = runner.run_reference(batch, shapes)
+    except XgrError:
+        raise
+    except Exception as error:  # TF's own errors for wrong dtypes or shapes
+        raise InvalidInputError(f"the batch does not run through the TF model: "
+                                f"{type(error).__name__}: {error}") from None
     try:
         got_out, got_stages = runner.run(batch)
     except StageError as error:
         # The stages before the failing one still compare; the failure is its own row.
-        rows = []
-        for stage in ref_stages:
-            if stage == error.stage:
-                return rows + [_failed_run(error)]
-        return [_failed_run(error)]
+        done = {s: ref_stages[s] for s in error.boundaries if s in ref_stages}
+        return _compare_stages(done, error.boundaries) + [_failed_run(error)]
+    rows = _compare_stages(ref_stages, got_stages)
+    for (name, e), (_, g) in zip(ref_out, got_out):
+        for suffix, e_part in ragged_parts(e):
+            rows.append(compare(MODEL_OUTPUT, name + suffix, dict(ragged_parts(g)).get(suffix, g),
+                                e_part))
+    return rows
+
+
+def _compare_stages(ref_stages: Mapping[str, list], got_stages: Mapping[str, list]
+                    ) -> list[Comparison]:
     rows = []
     for stage, expected in ref_stages.items():
         got = got_stages.get(stage, [])
@@ -100,10 +114,6 @@ def _compare_batch(runner: PlanRunner, batch: Mapping[str, Any], shapes: dict
             for suffix, e_part in ragged_parts(e):
                 g_part = dict(ragged_parts(g)).get(suffix, g)
                 rows.append(compare(stage, label + suffix, g_part, e_part))
-    for (name, e), (_, g) in zip(ref_out, got_out):
-        for suffix, e_part in ragged_parts(e):
-            rows.append(compare(MODEL_OUTPUT, name + suffix, dict(ragged_parts(g)).get(suffix, g),
-                                e_part))
     return rows
 
 
@@ -113,9 +123,14 @@ def run_parity(runner: PlanRunner, batches: Iterable[Mapping[str, Any]],
     merged: dict[tuple[str, str], Comparison] = {}
     shapes: dict[str, list[str]] = {}
     count = 0
-    for batch in tqdm(batches, desc="parity batches", unit="batch", disable=not progress):
+    for index, batch in enumerate(tqdm(batches, desc="parity batches", unit="batch",
+                                       disable=not progress)):
         batch_shapes: dict[str, list] = {}
-        for row in _compare_batch(runner, batch, batch_shapes):
+        try:
+            batch_rows = _compare_batch(runner, batch, batch_shapes)
+        except InvalidInputError as error:
+            raise InvalidInputError(f"batch {index}: {error}") from None
+        for row in batch_rows:
             key = (row.stage, row.output)
             merged[key] = _merge(merged.get(key), row)
         for stage, inputs in batch_shapes.items():
