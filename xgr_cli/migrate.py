@@ -1,7 +1,10 @@
 """``xgr migrate ACTION [STAGE ...] --plan PLAN``: show or change a migration plan.
 
 Actions:
-  init                      create a plan for ``--model pkg.mod:function`` (all stages in TF)
+  init                      create a plan for ``--model pkg.mod:function`` (all stages in TF);
+                            builds the model first and writes nothing if it has no stages.
+                            ``--keras tf_keras`` for Keras 2 models (default: ``tf_keras`` when
+                            TF_USE_LEGACY_KERAS=1 is set, else ``keras3``)
   status                    list the model's stages and where each runs
   swap STAGE --module M     run STAGE as Torch module ``M`` (``pkg.mod:Class``; built with
                             ``Class.from_keras_layer(layer)`` when defined, else
@@ -11,22 +14,26 @@ Actions:
                             stages, every stage now in TF. Unconvertible stages are reported
                             together with their reasons and stay in TF (exit status 1).
                             ``--dry_run`` reports without changing the plan.
+
+Each plan runs in the process its Keras needs: a ``tf_keras`` plan runs with
+TF_USE_LEGACY_KERAS=1, whatever the calling shell sets.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 from absl import flags
 
-from bridge.migration.plan import MigrationPlan, StagePlan, load_plan, save_plan
-from xgr_common.errors import MigrationError
-
 FLAGS = flags.FLAGS
 flags.DEFINE_string("plan", "migration_plan.json", "Path of the migration plan (JSON).")
 flags.DEFINE_string("model", None, "init: the model factory, pkg.mod:function.")
+flags.DEFINE_enum("keras", None, ["keras3", "tf_keras"],
+                  "init: the Keras the model is written in (default: tf_keras when "
+                  "TF_USE_LEGACY_KERAS=1 is set, else keras3).")
 flags.DEFINE_string("module", None, "swap: the Torch module class, pkg.mod:Class.")
 flags.DEFINE_string("kwargs", "{}", "swap: JSON object of constructor arguments.")
 flags.DEFINE_string("data", None, "auto: batches (npz/TFRecord) whose inputs check conversions.")
@@ -35,28 +42,76 @@ flags.DEFINE_bool("dry_run", False, "auto: report what converts without changing
 flags.DEFINE_bool("force", False, "init: overwrite an existing plan.")
 
 ACTIONS = ("init", "status", "swap", "revert", "auto")
+_FLAG_NAMES = ("plan", "model", "keras", "module", "kwargs", "data", "batch_size", "dry_run",
+               "force")
+_LEGACY_ENV = "TF_USE_LEGACY_KERAS"
 
 
-def _status(plan: MigrationPlan, plan_path: Path) -> int:
+def wanted_keras(action: str, plan_path: Path) -> str:
+    """The Keras this command's model needs, read without importing TensorFlow (which fixes
+    ``tf.keras`` for the process): ``--keras`` or the environment for ``init``, else the
+    plan's ``keras`` (an unreadable plan is reported later, by ``load_plan``)."""
+    if action == "init":
+        if FLAGS.keras:
+            return FLAGS.keras
+        legacy = os.environ.get(_LEGACY_ENV, "").strip().lower() in ("1", "true", "yes")
+        return "tf_keras" if legacy else "keras3"
+    try:
+        flavour = json.loads(plan_path.read_text()).get("keras", "keras3")
+    except (OSError, ValueError, AttributeError):
+        return "keras3"
+    return flavour if flavour in ("keras3", "tf_keras") else "keras3"
+
+
+def _status(plan, plan_path: Path, model=None) -> int:
     from bridge.migration.stages import StagedModel, build_model
 
-    staged = StagedModel(build_model(plan.model))
+    staged = StagedModel(model if model is not None else build_model(plan.model, plan.keras))
     plan.check_stages_exist(staged.names)
-    rows = [("stage", "layer", "runtime", "torch source")]
+    rows = [("stage", "layer", "inputs from", "runtime", "torch source")]
     for name in staged.names:
         stage = plan.stage(name)
-        rows.append((name, type(staged.layer(name)).__name__, stage.runtime,
+        rows.append((name, type(staged.layer(name)).__name__,
+                     ", ".join(staged.sources(name)) or "-", stage.runtime,
                      stage.module or stage.converted or "-"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    print(f"plan {plan_path} (model {plan.model}): "
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    print(f"plan {plan_path} (model {plan.model}, {plan.keras}): "
           f"{len(plan.torch_stages())} of {len(staged.names)} stages in Torch")
     for row in rows:
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths)))
     return 0
 
 
-def _swap(plan: MigrationPlan, plan_path: Path, stage: str, module: str, kwargs: str) -> int:
+def _init(plan_path: Path, flavour: str) -> int:
+    from bridge.migration.keras_flavours import flavour_of
+    from bridge.migration.plan import MigrationPlan, save_plan
+    from bridge.migration.stages import build_model
+    from xgr_common.errors import MigrationError
+
+    if plan_path.exists() and not FLAGS.force:
+        raise MigrationError(f"{plan_path} exists; pass --force to overwrite it")
+    if not FLAGS.model:
+        raise MigrationError("init needs --model pkg.mod:function")
+    plan = MigrationPlan(model=FLAGS.model, keras=flavour)   # checks the spec's form
+    try:
+        model = build_model(plan.model)   # checked before anything is written
+    except MigrationError as error:
+        hint = "" if FLAGS.keras else (
+            "; a tf.keras model written for Keras 2 needs --keras tf_keras"
+            if flavour == "keras3" else "")
+        raise MigrationError(f"{error}{hint}") from None
+    built = flavour_of(model)
+    if built != flavour and FLAGS.keras:
+        raise MigrationError(f"--keras {flavour}: the factory built a {built} model")
+    plan = MigrationPlan(model=plan.model, keras=built)
+    save_plan(plan, plan_path)
+    return _status(plan, plan_path, model)
+
+
+def _swap(plan, plan_path: Path, stage: str, module: str, kwargs: str) -> int:
+    from bridge.migration.plan import StagePlan, save_plan
     from bridge.migration.runner import PlanRunner
+    from xgr_common.errors import MigrationError
 
     try:
         parsed = json.loads(kwargs)
@@ -70,17 +125,33 @@ def _swap(plan: MigrationPlan, plan_path: Path, stage: str, module: str, kwargs:
     return 0
 
 
-def _auto(plan: MigrationPlan, plan_path: Path, stages: list[str]) -> int:
+def _revert(plan, plan_path: Path, stage: str) -> int:
+    from bridge.migration.plan import StagePlan, save_plan
+    from bridge.migration.stages import StagedModel, build_model
+    from xgr_common.errors import MigrationError
+
+    if plan.stage(stage).runtime == "tf":
+        names = StagedModel(build_model(plan.model, plan.keras)).names
+        if stage not in names:
+            raise MigrationError(f"the model has no stage {stage!r}; its stages are {names}")
+        print(f"{stage}: already runs in TF")
+        return 0
+    save_plan(plan.with_stage(StagePlan(stage)), plan_path)
+    print(f"{stage}: runs in TF again")
+    return 0
+
+
+def _auto(plan, plan_path: Path, stages: list[str]) -> int:
     from bridge.migration.auto import auto_migrate
-    from bridge.migration.convert import format_reasons
+    from bridge.migration.convert import convert_stages, format_reasons
+    from bridge.migration.plan import save_plan
     from bridge.migration.stages import StagedModel, build_model
     from bridge.parity.data import load_batches
 
-    model = build_model(plan.model)
+    model = build_model(plan.model, plan.keras)
     names = stages or [n for n in StagedModel(model).names if plan.stage(n).runtime == "tf"]
     batch = load_batches(FLAGS.data, model, FLAGS.batch_size)[0] if FLAGS.data else None
     if FLAGS.dry_run:
-        from bridge.migration.convert import convert_stages
         results = convert_stages(model, names, batch, progress=True)
     else:
         plan, results = auto_migrate(plan, plan_path.parent, model, names, batch, progress=True)
@@ -88,12 +159,32 @@ def _auto(plan: MigrationPlan, plan_path: Path, stages: list[str]) -> int:
     for result in results:
         if result.ok:
             verb = "converts" if FLAGS.dry_run else "converted, now runs in Torch"
-            print(f"{result.name}: {verb}")
+            print(f"{result.name}: {verb}{result.notes_text()}")
     failed = [r for r in results if not r.ok]
     if failed:
         print(f"\n{len(failed)} of {len(results)} stages cannot convert and stay in TF:\n"
               + format_reasons(results))
     return 1 if failed else 0
+
+
+def _run(action: str, rest: list[str], plan_path: Path, flavour: str) -> int:
+    from bridge.migration.plan import load_plan
+    from xgr_common.errors import MigrationError
+
+    if action == "init":
+        return _init(plan_path, flavour)
+    plan = load_plan(plan_path)
+    if action == "status":
+        return _status(plan, plan_path)
+    if action == "auto":
+        return _auto(plan, plan_path, rest)
+    if len(rest) != 1:
+        raise MigrationError(f"{action} takes exactly one STAGE, got {rest}")
+    if action == "revert":
+        return _revert(plan, plan_path, rest[0])
+    if not FLAGS.module:
+        raise MigrationError("swap needs --module pkg.mod:Class")
+    return _swap(plan, plan_path, rest[0], FLAGS.module, FLAGS.kwargs)
 
 
 def main(argv: list[str]) -> int:
@@ -104,28 +195,20 @@ def main(argv: list[str]) -> int:
         return 2
     action, rest = args[0], args[1:]
     plan_path = Path(FLAGS.plan)
+    flavour = wanted_keras(action, plan_path)
+    if "tensorflow" not in sys.modules:   # tf.keras is fixed when TF is imported: set it now
+        if flavour == "tf_keras":
+            os.environ[_LEGACY_ENV] = "1"
+        else:
+            os.environ.pop(_LEGACY_ENV, None)
+    from bridge.migration.keras_flavours import process_flavour, rerun_in_child
+    from xgr_common.errors import XgrError
+
+    if process_flavour() != flavour:
+        present = [FLAGS[name].serialize() for name in _FLAG_NAMES if FLAGS[name].present]
+        return rerun_in_child("migrate", args, present, flavour)
     try:
-        if action == "init":
-            if plan_path.exists() and not FLAGS.force:
-                raise MigrationError(f"{plan_path} exists; pass --force to overwrite it")
-            if not FLAGS.model:
-                raise MigrationError("init needs --model pkg.mod:function")
-            save_plan(MigrationPlan(model=FLAGS.model), plan_path)
-            return _status(load_plan(plan_path), plan_path)
-        plan = load_plan(plan_path)
-        if action == "status":
-            return _status(plan, plan_path)
-        if action == "auto":
-            return _auto(plan, plan_path, rest)
-        if len(rest) != 1:
-            raise MigrationError(f"{action} takes exactly one STAGE, got {rest}")
-        if action == "revert":
-            save_plan(plan.with_stage(StagePlan(rest[0])), plan_path)
-            print(f"{rest[0]}: runs in TF again")
-            return 0
-        if not FLAGS.module:
-            raise MigrationError("swap needs --module pkg.mod:Class")
-        return _swap(plan, plan_path, rest[0], FLAGS.module, FLAGS.kwargs)
-    except MigrationError as error:
+        return _run(action, rest, plan_path, flavour)
+    except XgrError as error:
         print(f"xgr migrate {action}: {error}", file=sys.stderr)
         return 1

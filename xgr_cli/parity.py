@@ -4,10 +4,13 @@ Compares every stage boundary and the final outputs on each batch of DATA (npz o
 see ``bridge/parity/data.py``) with the tolerance table keyed by dtype (ids exact), writes
 ``parity_report.md`` / ``.html`` with error histograms to ``--report_dir`` and exits with
 status 1 when any output is outside its tolerance, so CI can gate each migration step.
+A ``tf_keras`` plan runs with TF_USE_LEGACY_KERAS=1, whatever the calling shell sets.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from pathlib import Path
 
@@ -21,8 +24,28 @@ flags.DEFINE_string("report_dir", None, "Where to write the report (default: "
 flags.DEFINE_integer("batch_size", 32, "Rows per batch when --data is a TFRecord file.")
 flags.DEFINE_integer("max_batches", 0, "Compare at most this many batches (0: all).")
 
+_FLAG_NAMES = ("plan", "data", "report_dir", "batch_size", "max_batches")
+_LEGACY_ENV = "TF_USE_LEGACY_KERAS"
+
+
+def plan_keras(plan_path: Path) -> str:
+    """The plan's ``keras``, read without importing TensorFlow (which fixes ``tf.keras`` for
+    the process); an unreadable plan is reported later, by ``load_plan``."""
+    try:
+        flavour = json.loads(plan_path.read_text()).get("keras", "keras3")
+    except (OSError, ValueError, AttributeError):
+        return "keras3"
+    return flavour if flavour in ("keras3", "tf_keras") else "keras3"
+
 
 def main(argv: list[str]) -> int:
+    flavour = plan_keras(Path(FLAGS.plan))
+    if "tensorflow" not in sys.modules:   # tf.keras is fixed when TF is imported: set it now
+        if flavour == "tf_keras":
+            os.environ[_LEGACY_ENV] = "1"
+        else:
+            os.environ.pop(_LEGACY_ENV, None)
+    from bridge.migration.keras_flavours import process_flavour, rerun_in_child
     from bridge.migration.plan import load_plan
     from bridge.migration.runner import PlanRunner
     from bridge.parity.data import load_batches
@@ -36,6 +59,9 @@ def main(argv: list[str]) -> int:
     if not FLAGS.data:
         print("xgr parity: --data is required (npz or TFRecord batches)", file=sys.stderr)
         return 2
+    if process_flavour() != flavour:
+        present = [FLAGS[name].serialize() for name in _FLAG_NAMES if FLAGS[name].present]
+        return rerun_in_child("parity", argv[1:], present, flavour)
     plan_path = Path(FLAGS.plan)
     try:
         plan = load_plan(plan_path)

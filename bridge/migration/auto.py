@@ -11,8 +11,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-import keras
-
 from bridge.migration.convert import StageConversion, convert_stages
 from bridge.migration.plan import MigrationPlan, StagePlan
 from bridge.onnx_torch.graph import save_graph
@@ -25,7 +23,7 @@ def stage_folder(name: str) -> str:
     return f"{CONVERTED_DIR}/{name.replace('#', '_call')}"
 
 
-def auto_migrate(plan: MigrationPlan, plan_dir: str | Path, model: keras.Model,
+def auto_migrate(plan: MigrationPlan, plan_dir: str | Path, model: Any,
                  names: list[str], batch: Mapping[str, Any] | None = None,
                  progress: bool = False) -> tuple[MigrationPlan, list[StageConversion]]:
     """Convert ``names``; returns the updated plan (not yet saved) and every stage's outcome."""

@@ -15,21 +15,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import keras
 import numpy as np
 import tensorflow as tf
 import torch
 from tqdm import tqdm
 
 from bridge import to_torch
-from bridge.migration.onnx_export import first_line, to_onnx, validate_onnx
+from bridge.migration.keras_flavours import is_keras_tensor
+from bridge.migration.onnx_export import full_message, to_onnx, validate_onnx
 from bridge.migration.stages import StagedModel
 from bridge.migration.unconvertible import known_layer_reason
 from bridge.onnx_torch.from_onnx import graph_from_onnx
 from bridge.onnx_torch.graph import GraphSpec, ValueInfo
 from bridge.onnx_torch.module import OnnxGraphModule, unsupported_nodes
 from bridge.parity.compare import compare
-from xgr_common.errors import ConversionError, MigrationError
+from xgr_common.errors import ConversionError, InvalidInputError, MigrationError, XgrError
 
 
 @dataclass(frozen=True)
@@ -40,10 +40,14 @@ class StageConversion:
     reasons: tuple[str, ...] = ()
     spec: GraphSpec | None = None
     constants: Mapping[str, torch.Tensor] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()     # what a user should know about a converted stage
 
     @property
     def ok(self) -> bool:
         return not self.reasons
+
+    def notes_text(self) -> str:
+        return "".join(f"\n    note: {note}" for note in self.notes)
 
 
 @dataclass(frozen=True)
@@ -57,7 +61,7 @@ class StageSample:
     outputs: list
 
     def leaves(self) -> tuple[list, list[int]]:
-        flat = keras.tree.flatten((self.args, self.kwargs))
+        flat = tf.nest.flatten((self.args, self.kwargs))
         return flat, [i for i, x in enumerate(flat) if tf.is_tensor(x)]
 
     def inputs(self) -> list:
@@ -69,26 +73,45 @@ class StageSample:
         flat, positions = self.leaves()
         for i, t in zip(positions, tensors):
             flat[i] = t
-        args, kwargs = keras.tree.pack_sequence_as((self.args, self.kwargs), flat)
+        args, kwargs = tf.nest.pack_sequence_as((self.args, self.kwargs), flat)
         return self.layer(*args, **kwargs)
 
 
-def random_sample(staged: StagedModel, name: str, rows: int = 4) -> StageSample:
+def random_sample(staged: StagedModel, name: str, rows: int = 4, free: int = 3,
+                  seed: int = 0) -> StageSample:
     """A Functional stage's sample from its symbolic inputs: floats N(0, 1), integers in {0, 1}
-    (valid ids for any table), strings empty."""
-    node, rng = staged.node(name), np.random.default_rng(0)
+    (valid ids for any table), strings empty; ``rows`` rows and ``free`` positions along every
+    other dimension the model leaves open (a sequence length)."""
+    call, rng = staged.call(name), np.random.default_rng(seed)
 
     def draw(x):
-        if not isinstance(x, keras.KerasTensor):
+        if not is_keras_tensor(x):
             return x
-        shape, dtype = [rows, *x.shape[1:]], tf.as_dtype(x.dtype)
+        dims = list(x.shape)[1:]
+        shape = [rows, *(free if d is None else int(d) for d in dims)]
+        dtype = tf.as_dtype(x.dtype)
         if dtype == tf.string:
             return tf.fill(shape, "")
         values = rng.normal(size=shape) if dtype.is_floating else rng.integers(0, 2, size=shape)
         return tf.constant(values, dtype=dtype)
-    args, kwargs = keras.tree.map_structure(draw, (node.arguments.args, node.arguments.kwargs))
+    args, kwargs = tf.nest.map_structure(draw, (call.args, call.kwargs))
     layer = staged.layer(name)
-    return StageSample(name, layer, args, kwargs, keras.tree.flatten(layer(*args, **kwargs)))
+    return StageSample(name, layer, args, kwargs, tf.nest.flatten(layer(*args, **kwargs)))
+
+
+def open_dims(staged: StagedModel, name: str, sample: StageSample) -> list[tuple[bool, ...]]:
+    """Per stage input, which dimensions stay dynamic in the converted graph: the batch and
+    every dimension the Functional model leaves open (``None``); all of them for a subclassed
+    model, whose layers have no symbolic shapes."""
+    tensors = sample.inputs()
+    if not staged.functional:
+        return [(True,) * x.shape.rank for x in tensors]
+    symbolic = staged.call(name).inputs
+    dims = []
+    for x, ref in zip(tensors, symbolic):
+        shape = list(ref.shape)
+        dims.append(tuple(i == 0 or shape[i] is None for i in range(len(shape))))
+    return dims
 
 
 def precheck(sample: StageSample) -> list[str]:
@@ -137,18 +160,20 @@ def numeric_reasons(sample: StageSample, module: OnnxGraphModule) -> list[str]:
     return reasons
 
 
-def convert_sample(sample: StageSample) -> StageConversion:
-    """Run every check on one stage; never raises for an unconvertible stage."""
+def _signature(sample: StageSample, dynamic: list[tuple[bool, ...]]) -> list[tf.TensorSpec]:
+    return [tf.TensorSpec([None if open_ else int(d) for d, open_ in zip(x.shape, dims)],
+                          x.dtype, name=f"in_{i}")
+            for i, (x, dims) in enumerate(zip(sample.inputs(), dynamic))]
+
+
+def _convert_traced(sample: StageSample, signature: list[tf.TensorSpec],
+                    checks: list[StageSample]) -> StageConversion:
+    """tf2onnx at ``signature``, then every check; numeric checks on each of ``checks``."""
     name = sample.name
-    reasons = precheck(sample)
-    if reasons:
-        return StageConversion(name, tuple(reasons))
-    signature = [tf.TensorSpec([None, *x.shape[1:]] if x.shape.rank else [], x.dtype,
-                               name=f"in_{i}") for i, x in enumerate(sample.inputs())]
     try:
         onnx_model, reasons = to_onnx(lambda *tensors: sample.call_with(list(tensors)), signature)
     except Exception as error:  # tf2onnx raises assorted exception types while tracing
-        return StageConversion(name, (f"tf2onnx failed: {first_line(error)}",))
+        return StageConversion(name, (f"tf2onnx failed: {full_message(error)}",))
     reasons = reasons or validate_onnx(onnx_model)
     if reasons:
         return StageConversion(name, tuple(reasons))
@@ -159,23 +184,70 @@ def convert_sample(sample: StageSample) -> StageConversion:
     spec, reason = _ordered(spec, len(signature))
     if spec is None:
         return StageConversion(name, (reason,))
-    reasons = unsupported_nodes(spec)
+    reasons = group_missing_ops(unsupported_nodes(spec))
     if reasons:
         return StageConversion(name, tuple(reasons))
-    try:
-        reasons = numeric_reasons(sample, OnnxGraphModule(spec, constants))
-    except Exception as error:  # a twin or converter failing on real data is a reason too
-        reasons = [f"the converted graph failed on the sample inputs: {first_line(error)}"]
-    if reasons:
-        return StageConversion(name, tuple(reasons))
+    module = OnnxGraphModule(spec, constants)
+    for check in checks:
+        shapes = ", ".join(str(list(x.shape)) for x in check.inputs())
+        try:
+            reasons = numeric_reasons(check, module)
+        except Exception as error:  # a twin or converter failing on real data is a reason too
+            reasons = [f"the converted graph failed on sample inputs of shapes {shapes}: "
+                       f"{full_message(error)}"]
+        if reasons:
+            return StageConversion(name, tuple(reasons))
     return StageConversion(name, (), spec, constants)
 
 
-def convert_stages(model: keras.Model, names: list[str] | None = None,
+def fixed_dims_note(sample: StageSample, dynamic: list[tuple[bool, ...]]) -> str:
+    """Which dimensions a conversion at the sample's shapes fixes (dynamic in ``dynamic``)."""
+    fixed = [f"input {i} dim {d} = {int(x.shape[d])}"
+             for i, (x, dims) in enumerate(zip(sample.inputs(), dynamic))
+             for d in range(1, len(dims)) if dims[d]]
+    return ("converted with fixed dimensions (" + ", ".join(fixed) + "): it accepts only "
+            "inputs of these sizes, other sizes are refused naming the stage") if fixed else ""
+
+
+def convert_sample(sample: StageSample, dynamic: list[tuple[bool, ...]] | None = None,
+                   extra_checks: tuple[StageSample, ...] = ()) -> StageConversion:
+    """Run every check on one stage; never raises for an unconvertible stage. ``dynamic``:
+    per input, the dimensions to keep dynamic (default: the batch only). A stage that does not
+    convert with them converts at the sample's sizes instead, and its notes say which
+    dimensions that fixed."""
+    name = sample.name
+    reasons = precheck(sample)
+    if reasons:
+        return StageConversion(name, tuple(reasons))
+    batch_only = [tuple(d == 0 for d in range(x.shape.rank)) for x in sample.inputs()]
+    dynamic = dynamic or batch_only
+    result = _convert_traced(sample, _signature(sample, dynamic), [sample, *extra_checks])
+    if result.ok or dynamic == batch_only:
+        return result
+    fixed = _convert_traced(sample, _signature(sample, batch_only), [sample])
+    if not fixed.ok:
+        return result
+    return StageConversion(name, (), fixed.spec, fixed.constants,
+                           (fixed_dims_note(sample, dynamic),
+                            "with dynamic sizes: " + "; ".join(result.reasons)))
+
+
+def stage_sample(staged: StagedModel, name: str, batch: Mapping[str, Any] | None
+                 ) -> tuple[StageSample, tuple[StageSample, ...]]:
+    """The sample a stage converts on and further samples it must agree on: the stage's real
+    inputs from ``batch``, else two random samples of different sizes (the second checks that
+    open dimensions stayed open)."""
+    if batch is not None:
+        return StageSample(name, staged.layer(name), *staged.capture(batch, name)), ()
+    return random_sample(staged, name), (random_sample(staged, name, rows=3, free=5, seed=1),)
+
+
+def convert_stages(model: Any, names: list[str] | None = None,
                    batch: Mapping[str, Any] | None = None,
                    progress: bool = False) -> list[StageConversion]:
     """Convert the named stages (all when None). Samples come from ``batch`` when given (needed
-    for subclassed models), else from random inputs shaped like a Functional stage's inputs."""
+    for subclassed models), else from random inputs shaped like a Functional stage's inputs.
+    A stage that cannot be sampled gets its reason; the other stages still convert."""
     staged = StagedModel(model)
     names = list(staged.names) if names is None else list(names)
     unknown = [n for n in names if n not in staged.names]
@@ -184,21 +256,50 @@ def convert_stages(model: keras.Model, names: list[str] | None = None,
     if batch is None and not staged.functional:
         raise MigrationError("converting stages of a subclassed model needs a batch of real "
                              "inputs (xgr migrate auto --data BATCHES)")
+    if batch is not None:
+        check_batch(staged, batch)
     results = []
     for name in tqdm(names, desc="converting stages", unit="stage", disable=not progress):
-        if batch is not None:
-            sample = StageSample(name, staged.layer(name), *staged.capture(batch, name))
-        else:
-            sample = random_sample(staged, name)
-        results.append(convert_sample(sample))
+        try:
+            sample, checks = stage_sample(staged, name, batch)
+        except Exception as error:  # a layer failing on random inputs, or not run by the batch
+            hint = "" if batch is not None else \
+                " (random inputs; pass real ones with --data BATCHES)"
+            results.append(StageConversion(name, (f"cannot sample the stage's inputs{hint}: "
+                                                  f"{full_message(error)}",)))
+            continue
+        results.append(convert_sample(sample, open_dims(staged, name, sample), checks))
     return results
 
 
+def check_batch(staged: StagedModel, batch: Mapping[str, Any]) -> None:
+    """Raise InvalidInputError when ``batch`` does not run through the all-TF model."""
+    try:
+        staged.run(batch)
+    except XgrError:
+        raise
+    except Exception as error:  # TF's own errors for wrong dtypes or shapes
+        raise InvalidInputError(f"the data batch does not run through the TF model: "
+                                f"{full_message(error)}") from None
+
+
+def group_missing_ops(reasons: list[str]) -> list[str]:
+    """One line per missing op with its node count, instead of one line per node."""
+    counts: dict[str, int] = {}
+    for reason in reasons:
+        _, _, why = reason.partition(": ")
+        counts[why or reason] = counts.get(why or reason, 0) + 1
+    return [f"{why} ({count} node{'s' if count > 1 else ''})" for why, count in counts.items()]
+
+
 def format_reasons(results: list[StageConversion]) -> str:
-    """All failed stages with their reasons, one block per stage."""
+    """All failed stages with their reasons, one block per stage (long messages indented)."""
     lines = []
     for result in results:
         if not result.ok:
             lines.append(f"{result.name}: stays in TF")
-            lines.extend(f"    - {reason}" for reason in result.reasons)
+            for reason in result.reasons:
+                first, *rest = reason.splitlines() or [""]
+                lines.append(f"    - {first}")
+                lines.extend(f"      {line}" for line in rest)
     return "\n".join(lines)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-import keras
 import numpy as np
 import torch
 from torch import nn
 
+from bridge.migration.keras_flavours import TF_KERAS, flavour_of, is_layer_class
 from xgr_common.errors import MigrationError
 
 # Keras activation name -> torch function (same formulas; Keras "gelu" is the exact erf form).
@@ -26,12 +26,16 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 def _weight(array: Any) -> torch.Tensor:
-    return torch.from_numpy(np.array(keras.ops.convert_to_numpy(array), dtype=np.float32))
+    return torch.from_numpy(np.array(np.asarray(array), dtype=np.float32))
 
 
 def activation_name(layer: Any) -> str:
-    """The Keras layer's activation as a key of :data:`ACTIVATIONS`."""
-    name = keras.activations.serialize(layer.activation)
+    """The Keras layer's activation as a key of :data:`ACTIVATIONS` (either Keras)."""
+    if flavour_of(layer) == TF_KERAS:
+        import tf_keras as keras_module
+    else:
+        import keras as keras_module
+    name = keras_module.activations.serialize(layer.activation)
     name = name if isinstance(name, str) else name.get("config", name.get("class_name"))
     if name not in ACTIVATIONS:
         raise MigrationError(f"layer {layer.name!r}: activation {name!r} has no Torch twin; "
@@ -53,7 +57,7 @@ class Dense(nn.Module):
 
     @classmethod
     def from_keras_layer(cls, layer: Any) -> "Dense":
-        if not isinstance(layer, keras.layers.Dense):
+        if not is_layer_class(layer, "Dense"):
             raise MigrationError(f"Dense twin needs a keras Dense layer, stage {layer.name!r} "
                                  f"is a {type(layer).__name__}")
         kernel = _weight(layer.kernel)
@@ -77,7 +81,7 @@ class Embedding(nn.Module):
 
     @classmethod
     def from_keras_layer(cls, layer: Any) -> "Embedding":
-        if not isinstance(layer, keras.layers.Embedding):
+        if not is_layer_class(layer, "Embedding"):
             raise MigrationError(f"Embedding twin needs a keras Embedding layer, stage "
                                  f"{layer.name!r} is a {type(layer).__name__}")
         return cls(_weight(layer.embeddings))
@@ -98,7 +102,7 @@ class LayerNormalization(nn.Module):
 
     @classmethod
     def from_keras_layer(cls, layer: Any) -> "LayerNormalization":
-        if not isinstance(layer, keras.layers.LayerNormalization) or \
+        if not is_layer_class(layer, "LayerNormalization") or \
                 list(layer.axis) not in ([-1], [len(layer.input.shape) - 1]):
             raise MigrationError(f"LayerNormalization twin needs a keras LayerNormalization "
                                  f"over the last axis, stage {layer.name!r} is not one")

@@ -89,3 +89,9 @@ def validate_onnx(model: onnx.ModelProto) -> list[str]:
 def first_line(error: Any) -> str:
     text = str(error).strip()
     return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def full_message(error: Any) -> str:
+    """The exception's type and whole message: tf2onnx and TF put the cause after a first
+    line such as "in user code:"."""
+    return f"{type(error).__name__}: {str(error).strip()}"

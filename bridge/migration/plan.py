@@ -5,14 +5,17 @@ A plan is a small JSON file that teams commit beside their model::
     {
       "version": 1,
       "model": "my_team.model:build_model",
+      "keras": "tf_keras",
       "stages": {
         "profile_tower": {"runtime": "torch", "module": "my_team.torch_tower:Tower"},
         "profile_projection": {"runtime": "torch", "converted": "converted/profile_projection"}
       }
     }
 
-``model`` names a factory (``pkg.mod:function``) returning the Keras Functional model. Stages
-not listed run in TF. A Torch stage is either a hand-written ``nn.Module`` class (``module``,
+``model`` names a factory (``pkg.mod:function``) returning the Keras model; ``keras`` says
+which Keras it is written in (``keras3``, the default, or ``tf_keras``: Keras 2, run with
+``TF_USE_LEGACY_KERAS=1``; see :mod:`bridge.migration.keras_flavours`). Stages not listed run
+in TF. A Torch stage is either a hand-written ``nn.Module`` class (``module``,
 built with ``Class.from_keras_layer(layer)`` when the class defines it, else ``Class(**kwargs)``)
 or a stage converted by ``xgr migrate auto`` (``converted``: a folder relative to the plan file
 holding ``graph.json`` + ``tensors.safetensors``).
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from bridge.migration.keras_flavours import KERAS3, check_flavour
 from xgr_common.errors import MigrationError
 
 PLAN_VERSION = 1
@@ -93,9 +97,11 @@ class MigrationPlan:
     model: str
     stages: tuple[StagePlan, ...] = ()
     version: int = PLAN_VERSION
+    keras: str = KERAS3
 
     def __post_init__(self) -> None:
         check_import_spec(self.model, "plan 'model' (the model factory)")
+        check_flavour(self.keras, "plan 'keras'")
         if self.version != PLAN_VERSION:
             raise MigrationError(f"plan version {self.version} is not supported "
                                  f"(this xgr-bridge reads version {PLAN_VERSION})")
@@ -128,17 +134,17 @@ class MigrationPlan:
                                  f"the model's stages are {stage_names}")
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "model": self.model,
+        return {"version": self.version, "model": self.model, "keras": self.keras,
                 "stages": {s.name: s.to_json() for s in self.stages}}
 
     @classmethod
     def from_json(cls, payload: Any, source: str = "plan") -> "MigrationPlan":
         if not isinstance(payload, dict):
             raise MigrationError(f"{source}: expected a JSON object, got {type(payload).__name__}")
-        unknown = set(payload) - {"version", "model", "stages"}
+        unknown = set(payload) - {"version", "model", "keras", "stages"}
         if unknown:
             raise MigrationError(f"{source}: unknown keys {sorted(unknown)}; "
-                                 "allowed: version, model, stages")
+                                 "allowed: version, model, keras, stages")
         if "model" not in payload:
             raise MigrationError(f"{source}: missing 'model' (the factory, pkg.mod:function)")
         stages = payload.get("stages", {})
@@ -153,7 +159,8 @@ class MigrationPlan:
                 raise MigrationError(f"{source}: stage {name!r} has unknown keys {sorted(extra)}")
             parsed.append(StagePlan(name=name, **entry))
         return cls(model=payload["model"], stages=tuple(parsed),
-                   version=payload.get("version", PLAN_VERSION))
+                   version=payload.get("version", PLAN_VERSION),
+                   keras=payload.get("keras", KERAS3))
 
 
 def load_plan(path: str | Path) -> MigrationPlan:
@@ -170,5 +177,8 @@ def load_plan(path: str | Path) -> MigrationPlan:
 
 
 def save_plan(plan: MigrationPlan, path: str | Path) -> None:
-    """Write ``plan`` as indented JSON (stable key order, so diffs stay small)."""
-    Path(path).write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+    """Write ``plan`` as indented JSON (stable key order, so diffs stay small); creates the
+    plan's folder."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan.to_json(), indent=2) + "\n")

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-import keras
 import tensorflow as tf
 import torch
 from torch import nn
 
 from bridge import to_tf, to_torch
-from bridge.migration.stages import Outputs, Replacement, StagedModel, build_model, import_object
+from bridge.migration.stages import (Outputs, Replacement, StagedModel, StageError, build_model,
+                                     import_object)
 from bridge.migration.plan import MigrationPlan, StagePlan
 from bridge.onnx_torch.module import OnnxGraphModule
 from xgr_common.errors import BridgeError, MigrationError
@@ -25,11 +25,22 @@ from xgr_common.errors import BridgeError, MigrationError
 def build_torch_stage(stage: StagePlan, layer: Any, plan_dir: Path) -> nn.Module:
     """The ``nn.Module`` of a Torch stage, in eval mode."""
     if stage.converted is not None:
-        module = OnnxGraphModule.load(plan_dir / stage.converted)
+        try:
+            module = OnnxGraphModule.load(plan_dir / stage.converted)
+        except MigrationError as error:
+            raise MigrationError(f"stage {stage.name!r}: {error}") from None
     else:
         cls = import_object(stage.module, f"stage {stage.name!r}: module")
         factory = getattr(cls, "from_keras_layer", None)
-        module = factory(layer, **stage.kwargs) if factory else cls(**stage.kwargs)
+        try:
+            module = factory(layer, **stage.kwargs) if factory else cls(**stage.kwargs)
+        except MigrationError:
+            raise
+        except Exception as error:  # a team's constructor raises whatever it raises
+            how = "from_keras_layer(layer)" if factory else "Class(**kwargs)"
+            raise MigrationError(f"stage {stage.name!r}: {stage.module}.{how} failed for the "
+                                 f"{type(layer).__name__} layer: {type(error).__name__}: "
+                                 f"{error}") from error
         if not isinstance(module, nn.Module):
             raise MigrationError(f"stage {stage.name!r}: {stage.module} built a "
                                  f"{type(module).__name__}, expected a torch.nn.Module")
@@ -39,19 +50,23 @@ def build_torch_stage(stage: StagePlan, layer: Any, plan_dir: Path) -> nn.Module
 def torch_replacement(name: str, module: nn.Module) -> Replacement:
     """Wrap ``module`` so the walk can call it with the stage's TF arguments."""
     def call(args: tuple, kwargs: dict) -> list:
-        tensors = [x for x in keras.tree.flatten((args, kwargs)) if tf.is_tensor(x)]
+        tensors = [x for x in tf.nest.flatten((args, kwargs)) if tf.is_tensor(x)]
         inputs = []
         for i, x in enumerate(tensors):
             if not isinstance(x, tf.Tensor):
-                raise MigrationError(f"stage {name!r}: input {i} is a {type(x).__name__}; "
-                                     "a Torch stage takes dense tensors only")
+                raise StageError(name, f"input {i} is a {type(x).__name__}; a Torch stage "
+                                       "takes dense tensors only")
             try:
                 inputs.append(to_torch(x))
             except BridgeError as error:
-                raise MigrationError(f"stage {name!r}: input {i} cannot cross into Torch: "
-                                     f"{error}") from None
-        with torch.inference_mode():
-            result = module(*inputs)
+                raise StageError(name, f"input {i} cannot cross into Torch: {error}") from None
+        try:
+            with torch.inference_mode():
+                result = module(*inputs)
+        except Exception as error:  # a team's module raises whatever it raises
+            shapes = ", ".join(f"{x.dtype}{list(x.shape)}".replace("torch.", "") for x in inputs)
+            raise StageError(name, f"the Torch module failed on inputs {shapes}: "
+                                   f"{type(error).__name__}: {error}") from error
         results = result if isinstance(result, (tuple, list)) else (result,)
         return [to_tf(r) for r in results]
     return call
@@ -61,10 +76,10 @@ class PlanRunner:
     """Builds the plan's model and Torch stages once; ``run`` executes a batch under the plan."""
 
     def __init__(self, plan: MigrationPlan, plan_dir: str | Path,
-                 model: keras.Model | None = None):
+                 model: Any | None = None):
         self.plan = plan
         self.plan_dir = Path(plan_dir)
-        self.model = model if model is not None else build_model(plan.model)
+        self.model = model if model is not None else build_model(plan.model, plan.keras)
         self.staged = StagedModel(self.model)
         plan.check_stages_exist(self.staged.names)
         self.modules: dict[str, nn.Module] = {
@@ -73,9 +88,20 @@ class PlanRunner:
         self._replacements = {name: torch_replacement(name, m) for name, m in self.modules.items()}
 
     def run(self, batch: Mapping[str, Any]) -> tuple[Outputs, dict[str, list]]:
-        """Returns (named model outputs, stage call -> flat stage outputs), all TF values."""
+        """Returns (named model outputs, stage call -> flat stage outputs), all TF values.
+        A stage that fails raises a StageError naming it."""
         return self.staged.run(batch, self._replacements)
 
-    def run_reference(self, batch: Mapping[str, Any]) -> tuple[Outputs, dict[str, list]]:
+    def run_reference(self, batch: Mapping[str, Any], input_shapes: dict | None = None
+                      ) -> tuple[Outputs, dict[str, list]]:
         """The same batch with every stage in TF: the original model."""
-        return self.staged.run(batch)
+        return self.staged.run(batch, input_shapes=input_shapes)
+
+    def runtime(self, stage: str) -> str:
+        """Where a stage call runs under the plan (``name#k`` runs where ``name`` does for
+        subclassed models, whose replacements apply to every call)."""
+        if self.plan.stage(stage).runtime == "torch":
+            return "torch"
+        base = stage.partition("#")[0]
+        return "torch" if not self.staged.functional and \
+            self.plan.stage(base).runtime == "torch" else "tf"

@@ -73,11 +73,30 @@ def load_graph(directory: Path) -> tuple[GraphSpec, dict[str, torch.Tensor]]:
         if not path.is_file():
             raise MigrationError(f"converted stage {directory}: missing {path.name}; "
                                  "rerun `xgr migrate auto` for this stage")
-    payload = json.loads(graph_path.read_text())
-    if payload.get("format") != FORMAT:
-        raise MigrationError(f"{graph_path}: format {payload.get('format')!r}, expected {FORMAT!r}")
-    stored = load_file(str(tensor_path))
+    try:
+        payload = json.loads(graph_path.read_text())
+    except (ValueError, UnicodeDecodeError) as error:
+        raise MigrationError(f"{graph_path} is not valid JSON ({error}); rerun "
+                             "`xgr migrate auto` for this stage") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise MigrationError(f"{graph_path}: format {found!r}, expected {FORMAT!r}")
+    try:
+        stored = load_file(str(tensor_path))
+    except Exception as error:  # safetensors raises its own SafetensorError for bad files
+        raise MigrationError(f"{tensor_path} cannot be read ({type(error).__name__}: {error}); "
+                             "rerun `xgr migrate auto` for this stage") from None
+    try:
+        return _parse(payload, stored)
+    except (KeyError, TypeError, ValueError) as error:
+        raise MigrationError(f"{graph_path} does not describe a graph stored beside "
+                             f"{tensor_path.name} ({type(error).__name__}: {error}); rerun "
+                             "`xgr migrate auto` for this stage") from None
 
+
+def _parse(payload: dict, stored: dict[str, torch.Tensor]
+           ) -> tuple[GraphSpec, dict[str, torch.Tensor]]:
+    """The spec and constants of a loaded ``graph.json`` payload and its stored tensors."""
     def attr_value(value: Any) -> Any:
         if isinstance(value, dict) and TENSOR_ATTR in value:
             return stored[value[TENSOR_ATTR]]

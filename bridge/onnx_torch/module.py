@@ -93,6 +93,13 @@ class OnnxGraphModule(nn.Module):
             if len(info.shape) != value.dim():
                 raise InvalidInputError(f"input {info.name!r}: expected rank {len(info.shape)} "
                                         f"{info.shape}, got shape {tuple(value.shape)}")
+            fixed = [(d, size) for d, size in enumerate(info.shape)
+                     if size is not None and value.shape[d] != size]
+            if fixed:
+                raise InvalidInputError(
+                    f"input {info.name!r}: shape {tuple(value.shape)}, but the graph was "
+                    f"converted with dimension(s) {[d for d, _ in fixed]} fixed to "
+                    f"{[s for _, s in fixed]} ({info.shape}, None: any size)")
             env[info.name] = value
         for node, converter in self._steps:
             args = [None if not name else env[name] if name in env else self._value(name)

@@ -18,7 +18,6 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Iterator
 
-import keras
 import numpy as np
 import tensorflow as tf
 
@@ -59,7 +58,7 @@ def load_npz(path: Path) -> list[dict[str, Any]]:
     return batches
 
 
-def _feature_spec(model: keras.Model) -> dict[str, Any]:
+def _feature_spec(model: Any) -> dict[str, Any]:
     if not getattr(model, "inputs", None):
         raise InvalidInputError("TFRecord data needs a Functional model (its inputs give the "
                                 "feature spec); use an .npz file for this model")
@@ -68,14 +67,15 @@ def _feature_spec(model: keras.Model) -> dict[str, Any]:
         dtype = tf.as_dtype(ref.dtype)
         parse_dtype = tf.string if dtype == tf.string else \
             tf.float32 if dtype.is_floating else tf.int64
-        if getattr(ref, "ragged", False):
+        if getattr(ref, "ragged", False) or \
+                isinstance(getattr(ref, "type_spec", None), tf.RaggedTensorSpec):  # tf_keras
             spec[ref.name] = tf.io.RaggedFeature(parse_dtype, row_splits_dtype=tf.int64)
         else:
             spec[ref.name] = tf.io.FixedLenFeature(list(ref.shape[1:]), parse_dtype)
     return spec
 
 
-def load_tfrecord(path: Path, model: keras.Model, batch_size: int) -> Iterator[dict[str, Any]]:
+def load_tfrecord(path: Path, model: Any, batch_size: int) -> Iterator[dict[str, Any]]:
     if batch_size < 1:
         raise InvalidInputError(f"batch_size must be >= 1 for TFRecord data, got {batch_size}")
     spec = _feature_spec(model)
@@ -87,7 +87,7 @@ def load_tfrecord(path: Path, model: keras.Model, batch_size: int) -> Iterator[d
                for name, value in parsed.items()}
 
 
-def load_batches(path: str | Path, model: keras.Model, batch_size: int = 32) -> list[dict]:
+def load_batches(path: str | Path, model: Any, batch_size: int = 32) -> list[dict]:
     """All batches of ``path`` (npz or TFRecord), each a dict input name -> TF tensor."""
     path = Path(path)
     if not path.is_file():

@@ -8,16 +8,19 @@ execution order, so the first failing row names the stage where the migrated sid
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 from tqdm import tqdm
 
 from bridge.migration.runner import PlanRunner
+from bridge.migration.stages import StageError
 from bridge.parity.compare import Comparison, compare, ragged_parts
+from xgr_common.errors import InvalidInputError, XgrError
 
 MODEL_OUTPUT = "(model output)"
+RUN_FAILED = "(migrated run)"   # the output label of a row for a stage that raised
 HISTOGRAM_SAMPLES = 200_000   # per row; keeps reports small on big batches
 
 
@@ -28,6 +31,8 @@ class ParityResult:
     rows: tuple[Comparison, ...]
     batches: int
     torch_stages: tuple[str, ...]
+    runtimes: Mapping[str, str] = field(default_factory=dict)        # stage -> "tf" / "torch"
+    input_shapes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # distinct shapes
 
     @property
     def passed(self) -> bool:
@@ -44,6 +49,9 @@ class ParityResult:
                 f"over {self.batches} batches; Torch stages: {list(self.torch_stages) or 'none'}")
         if failure is None:
             return head
+        if failure.output == RUN_FAILED:
+            return f"{head}\nfirst failing stage {failure.stage!r} raised in the migrated run: " \
+                   f"{failure.problem}"
         return (f"{head}\nfirst failing stage {failure.stage!r}, output {failure.output!r}, "
                 f"dtype {failure.dtype}, shape {list(failure.shape)}: max abs err "
                 f"{failure.max_abs:.3g}, max rel err {failure.max_rel:.3g} ({failure.problem})")
@@ -63,9 +71,36 @@ def _merge(old: Comparison | None, new: Comparison) -> Comparison:
                       abs_errors=merged)
 
 
-def _compare_batch(runner: PlanRunner, batch: Mapping[str, Any]) -> list[Comparison]:
-    ref_out, ref_stages = runner.run_reference(batch)
-    got_out, got_stages = runner.run(batch)
+def _failed_run(error: StageError) -> Comparison:
+    return Comparison(error.stage, RUN_FAILED, "-", (), float("inf"), float("inf"), float("inf"),
+                      0, False, str(error))
+
+
+def _compare_batch(runner: PlanRunner, batch: Mapping[str, Any], shapes: dict
+                   ) -> list[Comparison]:
+    try:
+        ref_out, ref_stages = runner.run_reference(batch, shapes)
+    except XgrError:
+        raise
+    except Exception as error:  # TF's own errors for wrong dtypes or shapes
+        raise InvalidInputError(f"the batch does not run through the TF model: "
+                                f"{type(error).__name__}: {error}") from None
+    try:
+        got_out, got_stages = runner.run(batch)
+    except StageError as error:
+        # The stages before the failing one still compare; the failure is its own row.
+        done = {s: ref_stages[s] for s in error.boundaries if s in ref_stages}
+        return _compare_stages(done, error.boundaries) + [_failed_run(error)]
+    rows = _compare_stages(ref_stages, got_stages)
+    for (name, e), (_, g) in zip(ref_out, got_out):
+        for suffix, e_part in ragged_parts(e):
+            rows.append(compare(MODEL_OUTPUT, name + suffix, dict(ragged_parts(g)).get(suffix, g),
+                                e_part))
+    return rows
+
+
+def _compare_stages(ref_stages: Mapping[str, list], got_stages: Mapping[str, list]
+                    ) -> list[Comparison]:
     rows = []
     for stage, expected in ref_stages.items():
         got = got_stages.get(stage, [])
@@ -79,10 +114,6 @@ def _compare_batch(runner: PlanRunner, batch: Mapping[str, Any]) -> list[Compari
             for suffix, e_part in ragged_parts(e):
                 g_part = dict(ragged_parts(g)).get(suffix, g)
                 rows.append(compare(stage, label + suffix, g_part, e_part))
-    for (name, e), (_, g) in zip(ref_out, got_out):
-        for suffix, e_part in ragged_parts(e):
-            rows.append(compare(MODEL_OUTPUT, name + suffix, dict(ragged_parts(g)).get(suffix, g),
-                                e_part))
     return rows
 
 
@@ -90,11 +121,25 @@ def run_parity(runner: PlanRunner, batches: Iterable[Mapping[str, Any]],
                progress: bool = True) -> ParityResult:
     """Compare the plan against the all-TF model on every batch."""
     merged: dict[tuple[str, str], Comparison] = {}
+    shapes: dict[str, list[str]] = {}
     count = 0
-    for batch in tqdm(batches, desc="parity batches", unit="batch", disable=not progress):
-        for row in _compare_batch(runner, batch):
+    for index, batch in enumerate(tqdm(batches, desc="parity batches", unit="batch",
+                                       disable=not progress)):
+        batch_shapes: dict[str, list] = {}
+        try:
+            batch_rows = _compare_batch(runner, batch, batch_shapes)
+        except InvalidInputError as error:
+            raise InvalidInputError(f"batch {index}: {error}") from None
+        for row in batch_rows:
             key = (row.stage, row.output)
             merged[key] = _merge(merged.get(key), row)
+        for stage, inputs in batch_shapes.items():
+            text = ", ".join("x".join(map(str, s)) or "scalar" for s in inputs)
+            if text not in shapes.setdefault(stage, []):
+                shapes[stage].append(text)
         count += 1
-    return ParityResult(tuple(merged.values()), count,
-                        tuple(s.name for s in runner.plan.torch_stages()))
+    rows = tuple(merged.values())
+    return ParityResult(rows, count, tuple(s.name for s in runner.plan.torch_stages()),
+                        {row.stage: runner.runtime(row.stage) for row in rows
+                         if row.stage != MODEL_OUTPUT},
+                        {stage: tuple(found) for stage, found in shapes.items()})

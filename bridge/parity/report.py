@@ -20,8 +20,9 @@ from bridge.parity.compare import Comparison
 from bridge.parity.harness import ParityResult
 from xgr_common.tolerances import tolerance_for
 
+# New columns go last, so tables read by scripts keep their first columns.
 HEADERS = ("", "stage", "output", "dtype", "shape", "max abs err", "max rel err", "rel norm",
-           "tolerance", "result")
+           "tolerance", "result", "runtime", "input shapes")
 
 
 def _tolerance_text(row: Comparison) -> str:
@@ -29,12 +30,15 @@ def _tolerance_text(row: Comparison) -> str:
     return "exact" if tol.exact else f"rel_norm {tol.rel_norm:g}, atol {tol.atol:g}, rtol {tol.rtol:g}"
 
 
-def _cells(row: Comparison, first_failure: Comparison | None) -> list[str]:
+def _cells(row: Comparison, first_failure: Comparison | None, result: ParityResult
+           ) -> list[str]:
     mark = "first failure" if row is first_failure else ""
-    result = "pass" if row.passed else f"FAIL: {row.problem}"
+    verdict = "pass" if row.passed else f"FAIL: {row.problem}"
+    tolerance = "-" if row.dtype == "-" else _tolerance_text(row)
     return [mark, row.stage, row.output, row.dtype, "x".join(map(str, row.shape)) or "scalar",
             f"{row.max_abs:.3g}", f"{row.max_rel:.3g}", f"{row.rel_norm:.3g}",
-            _tolerance_text(row), result]
+            tolerance, verdict, result.runtimes.get(row.stage, "-"),
+            "; ".join(result.input_shapes.get(row.stage, ())) or "-"]
 
 
 def _slug(row: Comparison) -> str:
@@ -74,11 +78,12 @@ def write_report(result: ParityResult, directory: str | Path, title: str) -> Pat
             path = directory / "histograms" / f"{_slug(row)}.png"
             plot_histogram(row, path)
             images.append((row, path.relative_to(directory).as_posix()))
-    rows = [_cells(row, first) for row in result.rows]
+    rows = [_cells(row, first, result) for row in result.rows]
 
     md = [f"# {title}", "", *result.summary().splitlines(), "",
           "| " + " | ".join(HEADERS) + " |", "|" + "---|" * len(HEADERS)]
-    md += ["| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |" for cells in rows]
+    md += ["| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
+           for cells in rows]
     md += ["", "## Error histograms", ""]
     md += [f"![{row.stage} / {row.output}]({src})" for row, src in images]
     md_path = directory / "parity_report.md"

@@ -93,6 +93,54 @@ CASES = {
     "Clip": ("Clip", 17, {}, [rand(2, 3)], {"min": const(-0.5, F), "max": const(0.5, F)}),
     "LayerNormalization": ("LayerNormalization", 17, {"axis": -1, "epsilon": 1e-3},
                            [rand(2, 3, 8), rand(8), rand(8)], {}),
+    # Segment sums, ragged pooling, sparse lookups: what tf2onnx emits for them.
+    "Tile": ("Tile", 17, {}, [rand(2, 3)], {"repeats": const([2, 1])}),
+    "Tile_runtime_repeats": ("Tile", 17, {}, [rand(1, 3), const([3, 2])], {}),
+    "ConstantOfShape": ("ConstantOfShape", 17,
+                        {"value": numpy_helper.from_array(const([7], np.int32))},
+                        [const([2, 3])], {}),
+    "ConstantOfShape_default": ("ConstantOfShape", 17, {}, [const([4])], {}),
+    "Range": ("Range", 17, {}, [const(1), const(10), const(3)], {}),
+    "Range_float_empty": ("Range", 17, {}, [const(2.0, F), const(1.0, F), const(0.5, F)], {}),
+    "CumSum": ("CumSum", 17, {}, [rand(3, 4)], {"axis": const(1)}),
+    "CumSum_exclusive_reverse": ("CumSum", 17, {"exclusive": 1, "reverse": 1},
+                                 [rand(3, 4, dtype=np.int32, low=0, high=9)], {"axis": const(0)}),
+    "ScatterND": ("ScatterND", 17, {}, [rand(4, 3), const([[2], [0]]), rand(2, 3)], {}),
+    "ScatterND_add_segment_sum": ("ScatterND", 17, {"reduction": "add"},
+                                  [np.zeros((3, 2), F), const([[0], [2], [0], [1], [2]]),
+                                   rand(5, 2)], {}),
+    "ScatterND_elements": ("ScatterND", 17, {"reduction": "mul"},
+                           [rand(2, 3), const([[0, 1], [1, 2], [0, 1]]), rand(3)], {}),
+    "ScatterElements": ("ScatterElements", 17, {"axis": 1},
+                        [rand(2, 4), const([[3, -4], [1, 2]]), rand(2, 2)], {}),
+    "ScatterElements_max": ("ScatterElements", 18, {"axis": 0, "reduction": "max"},
+                            [rand(3, 2), const([[0, 2], [0, 2]]), rand(2, 2)], {}),
+    "Pad": ("Pad", 17, {}, [rand(2, 3)], {"pads": const([0, 1, 1, 2]),
+                                          "value": const(-1.0, F)}),
+    "Pad_crop": ("Pad", 17, {}, [rand(3, 4)], {"pads": const([-1, 0, 0, -2])}),
+    "Pad_edge": ("Pad", 17, {"mode": "edge"}, [rand(2, 3)], {"pads": const([1, 0, 0, 2])}),
+    "Pad_reflect": ("Pad", 17, {"mode": "reflect"}, [rand(2, 4)], {"pads": const([0, 2, 0, 3])}),
+    "Pad_wrap_axes": ("Pad", 19, {"mode": "wrap"}, [rand(2, 3)],
+                      {"pads": const([2, 4]), "value": const(0.0, F), "axes": const([-1])}),
+    "Mod": ("Mod", 17, {}, [rand(2, 3, dtype=I64, low=-9, high=9),
+                            rand(2, 3, dtype=I64, low=1, high=4) * const([[1, -1, 1]])], {}),
+    "Mod_fmod": ("Mod", 17, {"fmod": 1}, [rand(2, 3), rand(2, 3, low=0.5, high=2.0)], {}),
+    "GatherND": ("GatherND", 17, {}, [rand(3, 4, 2), const([[[2, 1]], [[0, -1]]])], {}),
+    "GatherND_batch_dims": ("GatherND", 17, {"batch_dims": 1},
+                            [rand(2, 3, 4), const([[[1], [0]], [[2], [2]]])], {}),
+    "NonZero": ("NonZero", 17, {}, [rand(3, 4, dtype=I64, low=0, high=2)], {}),
+    "Compress": ("Compress", 17, {"axis": 1}, [rand(2, 4)], {"c": np.array([1, 0, 1], bool)}),
+    "Compress_flat": ("Compress", 17, {}, [rand(2, 3)], {"c": np.array([0, 1, 1, 0, 1], bool)}),
+}
+
+# Ops with several outputs: (op_type, opset, attrs, runtime inputs, constants, output count).
+MULTI_OUTPUT_CASES = {
+    "TopK": ("TopK", 17, {"axis": 1}, [rand(3, 6)], {"k": const([2])}, 2),
+    "TopK_smallest": ("TopK", 17, {"axis": 0, "largest": 0}, [rand(5, 2)], {"k": const([3])}, 2),
+    "Unique": ("Unique", 17, {}, [const([4, 1, 4, 9, 1, 1])], {}, 4),
+    "Unique_first_occurrence": ("Unique", 17, {"sorted": 0}, [const([[4, 1], [4, 9], [0, 1]])],
+                                {}, 4),
+    "Unique_rows": ("Unique", 17, {"axis": 0}, [const([[1, 2], [0, 5], [1, 2]])], {}, 4),
 }
 
 
@@ -103,8 +151,10 @@ def single_node_model(op_type, opset, attrs, inputs, constants):
     inits = [numpy_helper.from_array(v, name) for name, v in constants.items()]
     node = helper.make_node(op_type, names, ["y"], name="n0", **attrs)
     # Output element type: Cast's target, Shape's int64, Where's branches, else the first input.
-    if op_type == "Constant":
-        out_type = attrs["value"].data_type
+    if op_type in ("Constant", "ConstantOfShape"):
+        out_type = attrs["value"].data_type if "value" in attrs else TensorProto.FLOAT
+    elif op_type == "NonZero":
+        out_type = TensorProto.INT64
     elif op_type in ("Equal", "Less", "Greater"):
         out_type = TensorProto.BOOL
     else:
@@ -134,8 +184,26 @@ def test_converter_matches_onnxruntime(case):
         np.testing.assert_allclose(got, expected, atol=tol.atol, rtol=tol.rtol)
 
 
+@pytest.mark.parametrize("case", sorted(MULTI_OUTPUT_CASES))
+def test_multi_output_converter_matches_onnxruntime(case):
+    op_type, opset, attrs, inputs, constants, count = MULTI_OUTPUT_CASES[case]
+    model = single_node_model(op_type, opset, attrs, inputs, constants)
+    outputs = [f"y{i}" for i in range(count)]
+    model.graph.node[0].output[:] = outputs
+    del model.graph.output[:]
+    model.graph.output.extend(helper.make_empty_tensor_value_info(name) for name in outputs)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    expected = session.run(None, {f"x{i}": v for i, v in enumerate(inputs)})
+    got = OnnxGraphModule(*graph_from_onnx(model))(*[torch.from_numpy(v) for v in inputs])
+    assert len(got) == count
+    for g, e in zip(got, expected):
+        g = g.numpy()
+        assert g.dtype == e.dtype and g.shape == e.shape
+        np.testing.assert_allclose(g, e, atol=1e-6)
+
+
 def test_every_registered_op_has_a_case():
-    tested = {c[0] for c in CASES.values()}
+    tested = {c[0] for c in CASES.values()} | {c[0] for c in MULTI_OUTPUT_CASES.values()}
     registered = {c.op_type for c in REGISTRY if c.domain == ""}
     untested = registered - tested
     assert not untested, f"converters without an onnxruntime case: {sorted(untested)}"
