@@ -37,11 +37,13 @@ from xgr_common.prompt_spec import PromptSpec
 from xgr_export.check import PipelineCheck, check_against_python
 from xgr_export.config import ExportConfig
 from xgr_export.engine_package import export_engine
-from xgr_export.feature_graphs import check_contract, load_feature_graph
+from xgr_export.feature_graphs import SavedFeatureGraph, check_contract, load_feature_graph
 from xgr_export.probe_requests import probe_features
 from xgr_export.saved_model import export_pipeline, require_empty_folder
 from xgr_export.torch_package import is_triton_op
 from xgr_world.synthetic import make_world
+
+CONTRACT_PROBES = 8   # requests the feature graph is checked with before the compile
 
 __all__ = ["ExportConfig", "ExportReport", "export_saved_model", "resolve_attention"]
 
@@ -121,11 +123,12 @@ def team_sources(config: ExportConfig) -> Sources:
     catalog = read_catalog(config.catalog, layout.levels, layout.codebook_size)
     graph = load_feature_graph(config.feature_graph, spec, catalog.item_ids,
                                catalog.item_codes, seed=config.seed)
-    probes = probe_features(catalog.item_ids, spec, max(8, config.verify_requests), config.seed)
+    probes = probe_features(catalog.item_ids, spec, CONTRACT_PROBES, config.seed)
     check_contract(graph, probes, spec, card.vocab_size, f"feature graph {config.feature_graph}")
+    requests = (probe_features(catalog.item_ids, spec, config.verify_requests, config.seed + 1)
+                if config.verify_requests else None)
     return Sources(spec=spec, prefill_mask=card.prefill_mask, item_ids=catalog.item_ids,
-                   item_codes=catalog.item_codes, graph=graph,
-                   requests=probes if config.verify_requests else None,
+                   item_codes=catalog.item_codes, graph=graph, requests=requests,
                    catalog=str(config.catalog), feature_graph=str(config.feature_graph))
 
 
@@ -201,7 +204,9 @@ def export_saved_model(config: ExportConfig,
     check = None
     if sources.requests is not None:
         progress(f"verifying {config.verify_requests} requests in a fresh process ...")
-        check = check_against_python(saved, sources.graph, engine, pipeline_config,
+        graph = (sources.graph.reloaded() if isinstance(sources.graph, SavedFeatureGraph)
+                 else sources.graph)
+        check = check_against_python(saved, graph, engine, pipeline_config,
                                      sources.requests, search.beam_width, search.top_k,
                                      sources.prefill_mask)
     return ExportReport(

@@ -69,6 +69,12 @@ class SavedFeatureGraph(tf.Module):
     def __call__(self, features: dict) -> dict:
         return self._function(**{name: features[name] for name in INPUTS})
 
+    def reloaded(self) -> "SavedFeatureGraph":
+        """A fresh load of the same folder. Saving a module that tracks this one releases the
+        loaded custom resources (the semantic-ID table) in this process, so whatever runs the
+        graph after such a save (the in-process check) needs its own copy."""
+        return SavedFeatureGraph(self.folder)
+
 
 def load_weights(path: str | os.PathLike, spec: PromptSpec) -> dict[str, np.ndarray]:
     """The reference graph's trained weights from ``path``, shapes checked against ``spec``."""

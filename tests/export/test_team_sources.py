@@ -59,7 +59,7 @@ def test_good_files_are_read_with_the_cards_contract(files, tmp_path):
     assert sources.spec == SPEC and sources.prefill_mask.value == "item_causal"
     np.testing.assert_array_equal(sources.item_ids, files["world"].item_ids)
     assert isinstance(sources.graph, FeatureGraph)
-    assert int(sources.requests["history_splits"].shape[0]) == 8 + 1   # at least 8 probes
+    assert int(sources.requests["history_splits"].shape[0]) == 5 + 1
 
 
 def _copy_model(files, tmp_path):
