@@ -11,11 +11,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
 from tests.child_env import child_env
+from tests.export.graph_weights import graph_weights
 from xgr_checkpoint.catalog_file import write_catalog
 from xgr_common.model_card import ModelCard
 from xgr_common.tolerances import RANKED_LIST_RULE
@@ -35,16 +35,6 @@ def _xgr(*args: str, timeout: int = 1200) -> subprocess.CompletedProcess:
                           text=True, timeout=timeout)
 
 
-def _graph_weights(spec, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    shapes = {"table": (spec.embedding_buckets, spec.embedding_dim),
-              "tower_kernel": (2 * spec.embedding_dim, spec.tower_hidden),
-              "tower_bias": (spec.tower_hidden,),
-              "projection_kernel": (spec.tower_hidden, spec.profile_tokens * spec.model_hidden),
-              "projection_bias": (spec.profile_tokens * spec.model_hidden,)}
-    return {k: (rng.standard_normal(s) * 0.05).astype(np.float32) for k, s in shapes.items()}
-
-
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     root = tmp_path_factory.mktemp("stand_in")
@@ -56,7 +46,7 @@ def exported(tmp_path_factory):
     card = ModelCard.read(root / "model")
     world = make_world(WorldConfig(num_items=400, num_users=10, seed=2))
     write_catalog(root / "catalog.parquet", world.item_ids, world.item_codes)
-    save_file(_graph_weights(card.spec), str(root / "graph.safetensors"))
+    save_file(graph_weights(card.spec), str(root / "graph.safetensors"))
     report = root / "report.json"
     done = _xgr("export", f"--model={root / 'model'}", f"--catalog={root / 'catalog.parquet'}",
                 f"--feature_graph={root / 'graph.safetensors'}", "--dtype=bfloat16",

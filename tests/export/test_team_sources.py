@@ -10,6 +10,7 @@ import pytest
 import tensorflow as tf
 from safetensors.numpy import save_file
 
+from tests.export.graph_weights import graph_weights
 from tf_frontend.feature_graph import INPUTS, FeatureGraph
 from torch_engine.model import Model
 from xgr_checkpoint.catalog_file import write_catalog
@@ -23,16 +24,6 @@ from xgr_world.synthetic import WorldConfig, make_world
 SPEC = PromptSpec()
 
 
-def _weights(spec: PromptSpec, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    shapes = {"table": (spec.embedding_buckets, spec.embedding_dim),
-              "tower_kernel": (2 * spec.embedding_dim, spec.tower_hidden),
-              "tower_bias": (spec.tower_hidden,),
-              "projection_kernel": (spec.tower_hidden, spec.profile_tokens * spec.model_hidden),
-              "projection_bias": (spec.profile_tokens * spec.model_hidden,)}
-    return {k: (rng.standard_normal(s) * 0.05).astype(np.float32) for k, s in shapes.items()}
-
-
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     """A tiny checkpoint with its card, a catalog file and trained graph weights."""
@@ -43,7 +34,7 @@ def files(tmp_path_factory):
               model.config.hidden_size).write(root / "model")
     world = make_world(WorldConfig(num_items=300, num_users=10))
     write_catalog(root / "catalog.parquet", world.item_ids, world.item_codes)
-    save_file(_weights(SPEC), str(root / "graph.safetensors"))
+    save_file(graph_weights(SPEC), str(root / "graph.safetensors"))
     return {"model": str(root / "model"), "catalog": str(root / "catalog.parquet"),
             "feature_graph": str(root / "graph.safetensors"), "root": root, "world": world}
 
@@ -116,7 +107,7 @@ def test_a_catalog_of_other_levels_is_refused(files, tmp_path):
     (lambda w: w["tower_kernel"].__setitem__((0, 0), np.nan), "must be finite floats"),
 ])
 def test_bad_feature_graph_weights_are_refused(files, tmp_path, edit, rule):
-    weights = _weights(SPEC)
+    weights = graph_weights(SPEC)
     edit(weights)
     path = tmp_path / "graph.safetensors"
     save_file(weights, str(path))
