@@ -70,18 +70,34 @@ def test_shared_layer_calls_are_named_in_the_order_the_model_code_calls_them():
     assert staged.names.index("item_embedding#1") < staged.names.index("item_embedding")
 
 
+STAGES = {
+    "fm": ["field_embedding", "field_bias", "first_order", "fm_interaction", "dense_linear",
+           "logit", "ctr"],
+    # Keras 3 computes the target's mask for target_vector as an op node (not_equal).
+    "attention_history": ["item_embedding#1", "item_embedding", "attention_pooling",
+                          "target_vector", "features", "mlp", "ctr"],
+}
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("keras", ["keras3", "tf_keras"])
-def test_fm_migrates_stage_by_stage_to_full_torch(tmp_path, keras):
-    save_npz(tmp_path / "batches.npz", ctr_keras3.fm_batches(2))
+@pytest.mark.parametrize("factory", ["fm", "attention_history"])
+def test_model_migrates_stage_by_stage_to_full_torch(tmp_path, keras, factory):
+    """Each stage in turn is converted and the plan compared with TF; the history batches are
+    padded to different lengths and carry Keras masks from Embedding(mask_zero=True)."""
+    batches = ctr_keras3.fm_batches(2) if factory == "fm" else \
+        ctr_keras3.history_batches(3, lengths=(6, 9, 4))
+    save_npz(tmp_path / "batches.npz", batches)
     module = "ctr_keras3" if keras == "keras3" else "ctr_tf_keras"
-    steps = stepwise.run_child(keras, factory=f"{module}:fm", data=str(tmp_path / "batches.npz"),
-                               dir=str(tmp_path))
-    assert [s["stage"] for s in steps] == ["field_embedding", "field_bias", "first_order",
-                                           "fm_interaction", "dense_linear", "logit", "ctr"]
+    steps = stepwise.run_child(keras, factory=f"{module}:{factory}",
+                               data=str(tmp_path / "batches.npz"), dir=str(tmp_path))
+    expected = list(STAGES[factory])
+    if keras == "keras3" and factory == "attention_history":
+        expected.insert(1, "not_equal")
+    assert [s["stage"] for s in steps] == expected
     for step in steps:
-        assert step["reasons"] == [] and step["passed"], step
-    assert len(steps[-1]["torch"]) == 7
+        assert step["reasons"] == [] and step["notes"] == [] and step["passed"], step
+    assert len(steps[-1]["torch"]) == len(expected)
 
 
 @pytest.mark.heavy
