@@ -119,3 +119,9 @@ def pooling_batch(rows: int = 3, length: int = 4, seed: int = 0) -> dict[str, np
             "keys": rng.normal(size=(rows, length, DIM)).astype(np.float32), "key_mask": mask,
             "scores": rng.normal(size=(rows, 5)).astype(np.float32),
             "flat_ids": rng.integers(0, 6, 8).astype(np.int64), "row_lengths": lengths}
+
+
+def distinct_ids() -> keras.Model:
+    """flat ids [N] -> their distinct values [U]: an output size that depends on the data."""
+    ids = keras.Input((), dtype="int64", name="flat_ids")
+    return keras.Model(ids, DistinctIds(name="distinct_ids")(ids), name="distinct_ids")
