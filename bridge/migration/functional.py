@@ -105,5 +105,14 @@ def input_sources(call: LayerCall) -> list[str]:
 
 
 def output_names(model: Any) -> list[str]:
-    names = getattr(model, "output_names", None)
-    return list(names) if names else [f"output_{i}" for i in range(len(model.outputs))]
+    """The model's output names, made unique (Keras 3 names outputs after their layer, so a
+    layer with two outputs gives one name twice): ``score``, ``score#1``."""
+    names = list(getattr(model, "output_names", None) or
+                 [f"output_{i}" for i in range(len(model.outputs))])
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        unique.append(name if count == 0 else f"{name}#{count}")
+    return unique

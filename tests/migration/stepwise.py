@@ -16,9 +16,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def migrate_stage_by_stage(factory: str, keras: str, data: str, plan_dir: str) -> list[dict]:
-    """One step per stage, in execution order: convert it, then compare the plan with TF on
-    ``data``. Returns each step's stage, conversion reasons and notes, and parity summary."""
+def migrate_stage_by_stage(factory: str, keras: str, data: str, plan_dir: str,
+                           real_samples: bool = False) -> list[dict]:
+    """One step per stage, in execution order: convert it (on random inputs, or on the first
+    batch of ``data`` with ``real_samples``), then compare the plan with TF on ``data``.
+    Returns each step's stage, conversion reasons and notes, and parity summary."""
     from bridge.migration.auto import auto_migrate
     from bridge.migration.plan import MigrationPlan, save_plan
     from bridge.migration.stages import StagedModel, build_model
@@ -30,7 +32,8 @@ def migrate_stage_by_stage(factory: str, keras: str, data: str, plan_dir: str) -
     batches = load_batches(data, model)
     steps = []
     for name in StagedModel(model).names:
-        plan, (result,) = auto_migrate(plan, plan_dir, model, [name])
+        plan, (result,) = auto_migrate(plan, plan_dir, model, [name],
+                                       batches[0] if real_samples else None)
         save_plan(plan, Path(plan_dir) / "plan.json")
         parity = check_parity(plan, batches, plan_dir=plan_dir)
         steps.append({"stage": name, "reasons": list(result.reasons), "notes": list(result.notes),
