@@ -159,7 +159,8 @@ def assemble(plan: MigrationPlan, plan_dir: str | Path, model: Any | None = None
 
 
 def _check_masks(name: str, module: nn.Module, layer: Any,
-                 mask_sources: tuple[MaskSource | None, ...], output_masks: tuple[bool, ...]) -> None:
+                 mask_sources: tuple[MaskSource | None, ...],
+                 output_masks: tuple[bool, ...]) -> None:
     """Refuse a stage whose masks the assembled module could not carry (see module doc)."""
     if isinstance(module, OnnxGraphModule):
         missing = [i for i in module.spec.mask_inputs if mask_sources[i] is None]

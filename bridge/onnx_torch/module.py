@@ -2,7 +2,9 @@
 
 Weights (floating-point initializers) become parameters, so a converted stage can be trained
 on in Torch; other constants become buffers. Nodes whose inputs are all non-trainable
-constants (shape arithmetic, ``Constant`` nodes) are evaluated once when the module is built.
+constants (shape arithmetic, ``Constant`` nodes) are evaluated once when the module is built;
+shape arithmetic on runtime shapes runs on Python ints (:mod:`bridge.onnx_torch.shape_values`),
+so the module exports through ``torch.export`` with dynamic sizes.
 """
 
 from __future__ import annotations

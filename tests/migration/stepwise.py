@@ -1,7 +1,8 @@
 """Migrate a model one stage at a time with ``xgr migrate auto``'s engine, checking parity
 after every step; runnable in a child process for models that need tf_keras:
 
-    TF_USE_LEGACY_KERAS=1 python stepwise.py '{"factory": ..., "keras": ..., "data": ..., "dir": ...}'
+    TF_USE_LEGACY_KERAS=1 python stepwise.py \
+        '{"factory": ..., "keras": ..., "data": ..., "dir": ..., "real_samples": false}'
 
 prints ``RESULT`` followed by the steps as JSON.
 """
@@ -61,4 +62,5 @@ def run_child(keras: str, **request) -> list[dict]:
 if __name__ == "__main__":
     args = json.loads(sys.argv[1])
     print("RESULT" + json.dumps(migrate_stage_by_stage(args["factory"], args["keras"],
-                                                       args["data"], args["dir"])))
+                                                       args["data"], args["dir"],
+                                                       args.get("real_samples", False))))
