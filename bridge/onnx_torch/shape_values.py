@@ -45,19 +45,13 @@ SHAPE_PARAMETERS = frozenset({
     ("TopK", 1), ("Pad", 1), ("Pad", 3), ("CumSum", 1)})
 
 
-def as_shape_value(value: Any) -> ShapeValue | None:
-    """``value`` as a ShapeValue when it is one or a small real integer tensor; else None."""
-    if isinstance(value, ShapeValue):
-        return value
-    if isinstance(value, torch.Tensor) and not value.is_floating_point() and \
-            value.dim() <= 1 and value.numel() <= STATIC_CONSTANT_LIMIT and \
-            value.dtype != torch.bool and not _is_fake(value):
+def as_shape_value(value: torch.Tensor) -> ShapeValue | None:
+    """A constant of the graph (a real tensor, at build time) as a ShapeValue when it is a
+    small integer scalar or vector; else None."""
+    if not value.is_floating_point() and value.dtype != torch.bool and value.dim() <= 1 and \
+            value.numel() <= STATIC_CONSTANT_LIMIT:
         return ShapeValue(value.reshape(-1).tolist(), value.dim() == 0, value.dtype)
     return None
-
-
-def _is_fake(value: torch.Tensor) -> bool:
-    return type(value).__name__ == "FakeTensor" or getattr(value, "fake_mode", None) is not None
 
 
 def _binary(fn: Callable[[Any, Any], Any]):
@@ -131,12 +125,14 @@ def evaluate(node: GraphNode, inputs: list) -> ShapeValue | None:
         return None
     if node.op_type == "Shape":
         return _shape(node, inputs[0])
-    values = [None if x is None else as_shape_value(x) for x in inputs]
-    if not any(isinstance(x, ShapeValue) for x in inputs) or \
-            any(v is None for v, x in zip(values, inputs) if x is not None):
+    # Constants reach here as ShapeValues already (the module keeps its small integer ones
+    # so); a runtime tensor is never read as Python values (under torch.export its size or
+    # values may be symbolic).
+    present = [x for x in inputs if x is not None]
+    if not present or not all(isinstance(x, ShapeValue) for x in present):
         return None
     try:
-        return EVALUATORS[node.op_type](node, *values)
+        return EVALUATORS[node.op_type](node, *inputs)
     except (ValueError, IndexError, TypeError):
         return None
 

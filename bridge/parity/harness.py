@@ -34,6 +34,7 @@ class ParityResult:
     torch_stages: tuple[str, ...]
     runtimes: Mapping[str, str] = field(default_factory=dict)        # stage -> "tf" / "torch"
     input_shapes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # distinct shapes
+    sources: Mapping[str, str] = field(default_factory=dict)   # stage -> the layers it reads
 
     @property
     def passed(self) -> bool:
@@ -158,4 +159,6 @@ def run_parity(runner: PlanRunner, batches: Iterable[Mapping[str, Any]],
     return ParityResult(rows, count, tuple(s.name for s in runner.plan.torch_stages()),
                         {row.stage: runner.runtime(row.stage) for row in rows
                          if row.stage != MODEL_OUTPUT},
-                        {stage: tuple(found) for stage, found in shapes.items()})
+                        {stage: tuple(found) for stage, found in shapes.items()},
+                        {stage: ", ".join(runner.staged.sources(stage)) for stage in shapes
+                         if runner.staged.functional})

@@ -125,3 +125,17 @@ def distinct_ids() -> keras.Model:
     """flat ids [N] -> their distinct values [U]: an output size that depends on the data."""
     ids = keras.Input((), dtype="int64", name="flat_ids")
     return keras.Model(ids, DistinctIds(name="distinct_ids")(ids), name="distinct_ids")
+
+
+class PositiveValues(keras.layers.Layer):
+    """The positive entries of a score list and where they are: [N] -> ([P], int64 [P, 1])."""
+
+    def call(self, scores):
+        return tf.boolean_mask(scores, scores > 0), tf.where(scores > 0)
+
+
+def positive_values() -> keras.Model:
+    """scores [N] -> the positive ones [P] and their positions [P, 1] (data-dependent sizes)."""
+    scores = keras.Input((), name="scores")
+    values, where = PositiveValues(name="positive_values")(scores)
+    return keras.Model(scores, [values, where], name="positive_values")

@@ -81,11 +81,22 @@ def test_a_twin_that_returns_no_mask_is_refused_at_assembly(tmp_path):
         assemble(plan, tmp_path, model)
 
 
-def test_data_dependent_sizes_export_unbacked(tmp_path):
+@pytest.mark.parametrize("factory, ops, example, other, expected", [
+    ("distinct_ids", {"Unique"}, torch.tensor([4, 1, 4, 9, 1]),
+     torch.tensor([3, 3, 2, 7, 7, 7, 1]), [[3, 2, 7, 1]]),
+    ("positive_values", {"NonZero"}, torch.tensor([1.0, -2.0, 3.0]),
+     torch.tensor([-1.0, 0.5, 2.0, -3.0, 4.0]), [[0.5, 2.0, 4.0], [[1], [2], [4]]]),
+])
+def test_data_dependent_sizes_export_unbacked(tmp_path, factory, ops, example, other, expected):
     import sequence_ops_models as models
+    from bridge.migration.assemble import data_dependent_stages
 
-    model = models.distinct_ids()
-    plan, (result,) = auto_migrate(MigrationPlan("sequence_ops_models:distinct_ids"), tmp_path,
-                                   model, ["distinct_ids"])
-    program = export_assembled(assemble(plan, tmp_path, model), [torch.tensor([4, 1, 4, 9, 1])])
-    assert program.module()(torch.tensor([3, 3, 2, 7, 7, 7, 1])).tolist() == [3, 2, 7, 1]
+    model = getattr(models, factory)()
+    plan, (result,) = auto_migrate(MigrationPlan(f"sequence_ops_models:{factory}"), tmp_path,
+                                   model, StagedModel(model).names)
+    assert result.ok, result.reasons
+    assembled = assemble(plan, tmp_path, model)
+    assert set(data_dependent_stages(assembled)[factory]) == ops
+    got = export_assembled(assembled, [example]).module()(other)
+    got = got if isinstance(got, tuple) else (got,)
+    assert [g.tolist() for g in got] == expected

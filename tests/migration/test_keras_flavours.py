@@ -13,7 +13,7 @@ import stepwise
 from test_cli import ENV, ROOT, xgr
 
 from bridge.migration.keras_flavours import check_process, env_flavour, flavour_of
-from bridge.migration.plan import MigrationPlan, load_plan
+from bridge.migration.plan import MigrationPlan, StagePlan, load_plan
 from bridge.migration.runner import PlanRunner
 from bridge.migration.stages import StagedModel, build_model
 from bridge.parity.data import save_npz
@@ -68,6 +68,21 @@ def test_shared_layer_calls_are_named_in_the_order_the_model_code_calls_them():
     assert staged.sources("item_embedding") == ["history"]
     assert staged.sources("item_embedding#1") == ["target"]
     assert staged.names.index("item_embedding#1") < staged.names.index("item_embedding")
+
+
+def test_the_report_says_what_each_stage_reads_and_where_it_runs(tmp_path):
+    from bridge.parity.pytest_helper import check_parity
+    from bridge.parity.report import write_report
+
+    plan = MigrationPlan("ctr_keras3:attention_history", (StagePlan(
+        "item_embedding#1", "torch", module="bridge.migration.keras_twins:Embedding"),))
+    result = check_parity(plan, ctr_keras3.history_batches(2, lengths=(6, 9)))
+    assert result.passed, result.summary()
+    lines = write_report(result, tmp_path, "history").read_text().splitlines()
+    target = next(line for line in lines if line.startswith("|  | item_embedding#1 | output |"))
+    assert target.endswith("| torch | 5x1 | target |")
+    history = next(line for line in lines if line.startswith("|  | item_embedding | output |"))
+    assert history.endswith("| tf | 5x6; 5x9 | history |")
 
 
 STAGES = {
