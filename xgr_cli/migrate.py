@@ -14,6 +14,10 @@ Actions:
                             stages, every stage now in TF. Unconvertible stages are reported
                             together with their reasons and stay in TF (exit status 1).
                             ``--dry_run`` reports without changing the plan.
+  assemble --out DIR        once every stage runs in Torch: one nn.Module of the whole model,
+                            exported with torch.export to DIR/model.pt2 (the first batch of
+                            --data is the example; open dimensions stay dynamic) beside its
+                            weights (DIR/weights.safetensors); checked against TF on --data
 
 Each plan runs in the process its Keras needs: a ``tf_keras`` plan runs with
 TF_USE_LEGACY_KERAS=1, whatever the calling shell sets.
@@ -40,10 +44,11 @@ flags.DEFINE_string("data", None, "auto: batches (npz/TFRecord) whose inputs che
 flags.DEFINE_integer("batch_size", 32, "auto: rows per batch when --data is a TFRecord file.")
 flags.DEFINE_bool("dry_run", False, "auto: report what converts without changing the plan.")
 flags.DEFINE_bool("force", False, "init: overwrite an existing plan.")
+flags.DEFINE_string("out", None, "assemble: folder for model.pt2 and weights.safetensors.")
 
-ACTIONS = ("init", "status", "swap", "revert", "auto")
+ACTIONS = ("init", "status", "swap", "revert", "auto", "assemble")
 _FLAG_NAMES = ("plan", "model", "keras", "module", "kwargs", "data", "batch_size", "dry_run",
-               "force")
+               "force", "out")
 _LEGACY_ENV = "TF_USE_LEGACY_KERAS"
 
 
@@ -167,6 +172,42 @@ def _auto(plan, plan_path: Path, stages: list[str]) -> int:
     return 1 if failed else 0
 
 
+def _assemble(plan, plan_path: Path) -> int:
+    import numpy as np
+    import torch
+    from safetensors.torch import save_file
+
+    from bridge.migration.assemble import assemble, example_inputs, export_assembled
+    from bridge.migration.stages import StagedModel, build_model
+    from bridge.parity.data import load_batches
+    from xgr_common.errors import MigrationError
+
+    if not FLAGS.out or not FLAGS.data:
+        raise MigrationError("assemble needs --out DIR and --data BATCHES (the example inputs "
+                             "and the check against TF)")
+    model = build_model(plan.model, plan.keras)
+    assembled = assemble(plan, plan_path.parent, model)
+    batches = load_batches(FLAGS.data, model, FLAGS.batch_size)
+    program = export_assembled(assembled, example_inputs(assembled, batches[0]))
+    out = Path(FLAGS.out)
+    out.mkdir(parents=True, exist_ok=True)
+    torch.export.save(program, str(out / "model.pt2"))
+    save_file({k: v.detach().clone().contiguous() for k, v in assembled.state_dict().items()},
+              str(out / "weights.safetensors"))
+    worst, staged = 0.0, StagedModel(model)
+    for batch in batches:
+        expected = [v.numpy() for _, v in staged.run(batch)[0]]
+        got = program.module()(*example_inputs(assembled, batch))
+        got = got if isinstance(got, tuple) else (got,)
+        worst = max([worst] + [float(np.max(np.abs(g.detach().numpy() - e)))
+                               for g, e in zip(got, expected)])
+    print(f"assembled {len(assembled.wiring)} stages into {out / 'model.pt2'} "
+          f"({sum(p.numel() for p in assembled.parameters())} weights in "
+          f"{out / 'weights.safetensors'}); max abs err against TF on {len(batches)} batches: "
+          f"{worst:.3g}")
+    return 0
+
+
 def _run(action: str, rest: list[str], plan_path: Path, flavour: str) -> int:
     from bridge.migration.plan import load_plan
     from xgr_common.errors import MigrationError
@@ -178,6 +219,8 @@ def _run(action: str, rest: list[str], plan_path: Path, flavour: str) -> int:
         return _status(plan, plan_path)
     if action == "auto":
         return _auto(plan, plan_path, rest)
+    if action == "assemble":
+        return _assemble(plan, plan_path)
     if len(rest) != 1:
         raise MigrationError(f"{action} takes exactly one STAGE, got {rest}")
     if action == "revert":

@@ -12,7 +12,7 @@ together.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 from bridge import to_torch
-from bridge.migration.keras_flavours import is_keras_tensor
+from bridge.migration.keras_flavours import is_keras_tensor, keras_mask, set_keras_mask
 from bridge.migration.onnx_export import full_message, to_onnx, validate_onnx
 from bridge.migration.stages import StagedModel
 from bridge.migration.unconvertible import known_layer_reason
@@ -76,6 +76,41 @@ class StageSample:
         args, kwargs = tf.nest.pack_sequence_as((self.args, self.kwargs), flat)
         return self.layer(*args, **kwargs)
 
+    def mask_inputs(self) -> list[int]:
+        """Positions of the tensor inputs that carry a Keras mask."""
+        return [i for i, x in enumerate(self.inputs()) if keras_mask(x) is not None]
+
+    def mask_outputs(self) -> list[int]:
+        """Positions of the outputs the layer gave a Keras mask."""
+        return [i for i, x in enumerate(self.outputs) if keras_mask(x) is not None]
+
+    def graph_inputs(self) -> list:
+        """What the converted graph takes: the tensor inputs, then their masks."""
+        inputs = self.inputs()
+        return inputs + [keras_mask(inputs[i]) for i in self.mask_inputs()]
+
+    def graph_outputs(self) -> list:
+        """What the converted graph returns: the outputs, then their masks."""
+        return list(self.outputs) + [keras_mask(self.outputs[i]) for i in self.mask_outputs()]
+
+    def traced(self):
+        """The function tf2onnx traces: graph inputs -> graph outputs. Masks are attached to
+        their tensors as Keras attaches them, so the layer masks as it does in the model."""
+        count, mask_inputs, mask_outputs = len(self.inputs()), self.mask_inputs(), \
+            self.mask_outputs()
+
+        def fn(*tensors):
+            data = list(tensors[:count])
+            for position, mask in zip(mask_inputs, tensors[count:]):
+                set_keras_mask(data[position], mask)
+            flat = tf.nest.flatten(self.call_with(data))
+            masks = [keras_mask(flat[i]) for i in mask_outputs]
+            if any(m is None for m in masks):
+                raise MigrationError("the traced layer gives no Keras mask where the eager "
+                                     f"layer does (outputs {mask_outputs})")
+            return flat + masks
+        return fn
+
 
 def random_sample(staged: StagedModel, name: str, rows: int = 4, free: int = 3,
                   seed: int = 0) -> StageSample:
@@ -93,7 +128,13 @@ def random_sample(staged: StagedModel, name: str, rows: int = 4, free: int = 3,
         if dtype == tf.string:
             return tf.fill(shape, "")
         values = rng.normal(size=shape) if dtype.is_floating else rng.integers(0, 2, size=shape)
-        return tf.constant(values, dtype=dtype)
+        tensor = tf.constant(values, dtype=dtype)
+        symbolic_mask = keras_mask(x)
+        if symbolic_mask is not None:   # e.g. after Embedding(mask_zero=True)
+            mask = rng.random(shape[:len(symbolic_mask.shape)]) < 0.7
+            mask[..., 0] = True         # every row keeps a position, as real padding does
+            set_keras_mask(tensor, tf.constant(mask))
+        return tensor
     args, kwargs = tf.nest.map_structure(draw, (call.args, call.kwargs))
     layer = staged.layer(name)
     return StageSample(name, layer, args, kwargs, tf.nest.flatten(layer(*args, **kwargs)))
@@ -145,25 +186,33 @@ def _ordered(spec: GraphSpec, count: int) -> tuple[GraphSpec | None, str]:
 
 
 def numeric_reasons(sample: StageSample, module: OnnxGraphModule) -> list[str]:
-    """Run the Torch module on the sample's inputs; one reason per output that disagrees."""
+    """Run the Torch module on the sample's inputs (and masks); one reason per output (or
+    output mask) that disagrees."""
     with torch.inference_mode():
-        got = module(*[to_torch(x) for x in sample.inputs()])
+        got = module(*[to_torch(x) for x in sample.graph_inputs()])
     got = got if isinstance(got, tuple) else (got,)
-    if len(got) != len(sample.outputs):
-        return [f"converted graph has {len(got)} outputs, the layer {len(sample.outputs)}"]
+    expected = sample.graph_outputs()
+    if len(got) != len(expected):
+        return [f"converted graph has {len(got)} outputs, the layer {len(expected)} "
+                "(outputs and their Keras masks)"]
+    labels = [f"output {i}" for i in range(len(sample.outputs))]
+    labels += [f"the Keras mask of output {i}" for i in sample.mask_outputs()]
     reasons = []
-    for i, (g, e) in enumerate(zip(got, sample.outputs)):
-        result = compare(sample.name, f"output {i}", g, e)
+    for label, g, e in zip(labels, got, expected):
+        result = compare(sample.name, label, g, e)
         if not result.passed:
-            reasons.append(f"converted output {i} disagrees with TF ({result.problem}, "
+            reasons.append(f"converted {label} disagrees with TF ({result.problem}, "
                            f"max abs err {result.max_abs:.3g})")
     return reasons
 
 
 def _signature(sample: StageSample, dynamic: list[tuple[bool, ...]]) -> list[tf.TensorSpec]:
-    return [tf.TensorSpec([None if open_ else int(d) for d, open_ in zip(x.shape, dims)],
+    """Specs of the graph inputs: each mask takes the open dimensions of its tensor."""
+    inputs = sample.inputs()
+    dims = list(dynamic) + [dynamic[i] for i in sample.mask_inputs()]
+    return [tf.TensorSpec([None if open_ else int(d) for d, open_ in zip(x.shape, flags)],
                           x.dtype, name=f"in_{i}")
-            for i, (x, dims) in enumerate(zip(sample.inputs(), dynamic))]
+            for i, (x, flags) in enumerate(zip(sample.graph_inputs(), dims))]
 
 
 def _convert_traced(sample: StageSample, signature: list[tf.TensorSpec],
@@ -171,7 +220,7 @@ def _convert_traced(sample: StageSample, signature: list[tf.TensorSpec],
     """tf2onnx at ``signature``, then every check; numeric checks on each of ``checks``."""
     name = sample.name
     try:
-        onnx_model, reasons = to_onnx(lambda *tensors: sample.call_with(list(tensors)), signature)
+        onnx_model, reasons = to_onnx(sample.traced(), signature)
     except Exception as error:  # tf2onnx raises assorted exception types while tracing
         return StageConversion(name, (f"tf2onnx failed: {full_message(error)}",))
     reasons = reasons or validate_onnx(onnx_model)
@@ -184,6 +233,8 @@ def _convert_traced(sample: StageSample, signature: list[tf.TensorSpec],
     spec, reason = _ordered(spec, len(signature))
     if spec is None:
         return StageConversion(name, (reason,))
+    spec = replace(spec, mask_inputs=tuple(sample.mask_inputs()),
+                   mask_outputs=tuple(sample.mask_outputs()))
     reasons = group_missing_ops(unsupported_nodes(spec))
     if reasons:
         return StageConversion(name, tuple(reasons))

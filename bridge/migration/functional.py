@@ -9,6 +9,7 @@ the symbolic inputs and outputs, and ``fill_in`` to put computed tensors in thei
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,20 +62,35 @@ def _call_number(layer: Any, node: Any, in_model: set[int]) -> int:
 def layer_calls(model: Any) -> list[LayerCall]:
     """Every layer call of ``model`` in execution order (decreasing depth, as both Kerases run
     them). A layer called twice gives stages ``name`` (its first call in the model code) and
-    ``name#1`` (its second)."""
+    ``name#1`` (its second); Keras 3 ops in the graph are named by op (``not_equal``,
+    ``not_equal#1``, ...)."""
     nodes = [node for depth in sorted(model._nodes_by_depth, reverse=True)
              for node in model._nodes_by_depth[depth] if not node.is_input]
     in_model = {id(node) for node in nodes}
-    calls = []
+    calls, op_counts = [], {}
     for node in nodes:
         layer, args, kwargs, outputs = _node_parts(node)
         if layer is None:
             continue
-        number = _call_number(layer, node, in_model)
+        if _is_layer(layer):
+            number, base = _call_number(layer, node, in_model), layer.name
+        else:
+            # A Keras 3 op (keras.ops.not_equal for a mask, ...): its name carries a counter
+            # global to the process, so it is numbered within the model instead.
+            base = _OP_SUFFIX.sub("", layer.name)
+            number = op_counts.get(base, 0)
+            op_counts[base] = number + 1
         inputs = tuple(x for x in tf.nest.flatten((args, kwargs)) if is_keras_tensor(x))
-        calls.append(LayerCall(layer.name if number == 0 else f"{layer.name}#{number}", layer,
+        calls.append(LayerCall(base if number == 0 else f"{base}#{number}", layer,
                                args, kwargs, inputs, outputs))
     return calls
+
+
+_OP_SUFFIX = re.compile(r"_\d+$")
+
+
+def _is_layer(operation: Any) -> bool:
+    return any(cls.__name__ == "Layer" for cls in type(operation).__mro__)
 
 
 def input_sources(call: LayerCall) -> list[str]:
@@ -89,5 +105,14 @@ def input_sources(call: LayerCall) -> list[str]:
 
 
 def output_names(model: Any) -> list[str]:
-    names = getattr(model, "output_names", None)
-    return list(names) if names else [f"output_{i}" for i in range(len(model.outputs))]
+    """The model's output names, made unique (Keras 3 names outputs after their layer, so a
+    layer with two outputs gives one name twice): ``score``, ``score#1``."""
+    names = list(getattr(model, "output_names", None) or
+                 [f"output_{i}" for i in range(len(model.outputs))])
+    seen: dict[str, int] = {}
+    unique = []
+    for name in names:
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        unique.append(name if count == 0 else f"{name}#{count}")
+    return unique

@@ -73,21 +73,25 @@ class Dense(nn.Module):
 
 
 class Embedding(nn.Module):
-    """``keras.layers.Embedding``: ids ``[...]`` int -> ``[..., dim]`` float32."""
+    """``keras.layers.Embedding``: ids ``[...]`` int -> ``[..., dim]`` float32. With
+    ``mask_zero`` it also returns the Keras mask ``ids != 0`` (``returns_mask``), so the
+    padding mask travels on to the next stages."""
 
-    def __init__(self, table: torch.Tensor):
+    def __init__(self, table: torch.Tensor, mask_zero: bool = False):
         super().__init__()
         self.table = nn.Embedding.from_pretrained(table, freeze=False)
+        self.returns_mask = mask_zero
 
     @classmethod
     def from_keras_layer(cls, layer: Any) -> "Embedding":
         if not is_layer_class(layer, "Embedding"):
             raise MigrationError(f"Embedding twin needs a keras Embedding layer, stage "
                                  f"{layer.name!r} is a {type(layer).__name__}")
-        return cls(_weight(layer.embeddings))
+        return cls(_weight(layer.embeddings), bool(getattr(layer, "mask_zero", False)))
 
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.table(ids.long())
+    def forward(self, ids: torch.Tensor):
+        out = self.table(ids.long())
+        return (out, ids != 0) if self.returns_mask else out
 
 
 class LayerNormalization(nn.Module):

@@ -15,6 +15,8 @@ import torch
 from torch import nn
 
 from bridge import to_tf, to_torch
+from bridge.migration.keras_flavours import keras_mask, set_keras_mask
+from bridge.migration.masks import takes_mask, tf_output_mask
 from bridge.migration.stages import (Outputs, Replacement, StagedModel, StageError, build_model,
                                      import_object)
 from bridge.migration.plan import MigrationPlan, StagePlan
@@ -47,28 +49,75 @@ def build_torch_stage(stage: StagePlan, layer: Any, plan_dir: Path) -> nn.Module
     return module.eval()
 
 
-def torch_replacement(name: str, module: nn.Module) -> Replacement:
-    """Wrap ``module`` so the walk can call it with the stage's TF arguments."""
+def _crossing(name: str, tensors: list) -> list[torch.Tensor]:
+    inputs = []
+    for i, x in enumerate(tensors):
+        if not isinstance(x, tf.Tensor):
+            raise StageError(name, f"input {i} is a {type(x).__name__}; a Torch stage takes "
+                                   "dense tensors only")
+        try:
+            inputs.append(to_torch(x))
+        except BridgeError as error:
+            raise StageError(name, f"input {i} cannot cross into Torch: {error}") from None
+    return inputs
+
+
+def torch_replacement(name: str, module: nn.Module, layer: Any) -> Replacement:
+    """Wrap ``module`` so the walk can call it with the stage's TF arguments; Keras masks
+    cross with their tensors (:mod:`bridge.migration.masks`)."""
+    converted = isinstance(module, OnnxGraphModule)
+    spec_masks = module.spec.mask_inputs if converted else ()
+    layer_reads_masks = takes_mask(getattr(layer, "call", None))
+    forward_takes_mask = takes_mask(module.forward)
+    returns_mask = bool(getattr(module, "returns_mask", False))
+
     def call(args: tuple, kwargs: dict) -> list:
         tensors = [x for x in tf.nest.flatten((args, kwargs)) if tf.is_tensor(x)]
-        inputs = []
-        for i, x in enumerate(tensors):
-            if not isinstance(x, tf.Tensor):
-                raise StageError(name, f"input {i} is a {type(x).__name__}; a Torch stage "
-                                       "takes dense tensors only")
-            try:
-                inputs.append(to_torch(x))
-            except BridgeError as error:
-                raise StageError(name, f"input {i} cannot cross into Torch: {error}") from None
+        masks = [keras_mask(x) for x in tensors]
+        carried = [i for i, m in enumerate(masks) if m is not None]
+        inputs = _crossing(name, tensors)
+        extra: dict = {}
+        if converted:
+            missing = [i for i in spec_masks if masks[i] is None]
+            unused = [i for i in carried if i not in spec_masks]
+            if missing:
+                raise StageError(name, f"inputs {missing} carry no Keras mask, but the stage "
+                                       "was converted with their masks")
+            if unused and layer_reads_masks:
+                raise StageError(name, f"inputs {unused} carry Keras masks the converted stage "
+                                       "does not take (it was converted without them): "
+                                       "reconvert it with `xgr migrate auto`")
+            inputs += _crossing(name, [masks[i] for i in spec_masks])
+        elif carried and forward_takes_mask:
+            crossed = [to_torch(m) if m is not None else None for m in masks]
+            extra["mask"] = crossed[0] if len(crossed) == 1 else tuple(crossed)
+        elif carried and layer_reads_masks:
+            raise StageError(name, f"inputs {carried} carry Keras masks that the TF layer "
+                                   f"reads, but {type(module).__name__}.forward takes no "
+                                   "`mask` argument: moving it would lose the mask")
         try:
             with torch.inference_mode():
-                result = module(*inputs)
+                result = module(*inputs, **extra)
         except Exception as error:  # a team's module raises whatever it raises
             shapes = ", ".join(f"{x.dtype}{list(x.shape)}".replace("torch.", "") for x in inputs)
             raise StageError(name, f"the Torch module failed on inputs {shapes}: "
                                    f"{type(error).__name__}: {error}") from error
-        results = result if isinstance(result, (tuple, list)) else (result,)
-        return [to_tf(r) for r in results]
+        results = [to_tf(r) for r in (result if isinstance(result, (tuple, list)) else (result,))]
+        if converted:
+            count = len(results) - len(module.spec.mask_outputs)
+            for position, mask in zip(module.spec.mask_outputs, results[count:]):
+                set_keras_mask(results[position], mask)
+            return results[:count]
+        if returns_mask:
+            if len(results) != 2:
+                raise StageError(name, f"{type(module).__name__} has returns_mask = True, so "
+                                       f"it returns (output, mask); it returned {len(results)} "
+                                       "tensors")
+            return [set_keras_mask(results[0], results[1])]
+        mask = tf_output_mask(layer, args, kwargs)
+        for r in results:
+            set_keras_mask(r, mask)
+        return results
     return call
 
 
@@ -85,7 +134,8 @@ class PlanRunner:
         self.modules: dict[str, nn.Module] = {
             s.name: build_torch_stage(s, self.staged.layer(s.name), self.plan_dir)
             for s in plan.torch_stages()}
-        self._replacements = {name: torch_replacement(name, m) for name, m in self.modules.items()}
+        self._replacements = {name: torch_replacement(name, m, self.staged.layer(name))
+                              for name, m in self.modules.items()}
 
     def run(self, batch: Mapping[str, Any]) -> tuple[Outputs, dict[str, list]]:
         """Returns (named model outputs, stage call -> flat stage outputs), all TF values.

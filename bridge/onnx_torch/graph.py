@@ -36,10 +36,17 @@ class ValueInfo:
 
 @dataclass(frozen=True)
 class GraphSpec:
+    """A converted graph. A stage whose tensors carry Keras masks takes, after its data
+    inputs, one bool mask per input listed in ``mask_inputs`` (positions among the data
+    inputs), and returns, after its data outputs, the masks of the outputs in
+    ``mask_outputs``."""
+
     opsets: dict[str, int]
     inputs: tuple[ValueInfo, ...]
     outputs: tuple[ValueInfo, ...]
     nodes: tuple[GraphNode, ...]
+    mask_inputs: tuple[int, ...] = ()
+    mask_outputs: tuple[int, ...] = ()
 
     def opset(self, domain: str) -> int:
         return self.opsets.get(domain, self.opsets.get("ai.onnx" if domain == "" else domain, 1))
@@ -61,7 +68,8 @@ def save_graph(directory: Path, spec: GraphSpec, tensors: dict[str, torch.Tensor
     payload = {"format": FORMAT, "opsets": spec.opsets,
                "inputs": [asdict(v) for v in spec.inputs],
                "outputs": [asdict(v) for v in spec.outputs],
-               "constants": sorted(tensors), "nodes": nodes}
+               "constants": sorted(tensors), "nodes": nodes,
+               "mask_inputs": list(spec.mask_inputs), "mask_outputs": list(spec.mask_outputs)}
     (directory / GRAPH_FILE).write_text(json.dumps(payload, indent=1) + "\n")
     save_file(stored, str(directory / TENSORS_FILE))
 
@@ -107,5 +115,6 @@ def _parse(payload: dict, stored: dict[str, torch.Tensor]
                   for n in payload["nodes"])
     info = lambda v: ValueInfo(v["name"], v["dtype"], tuple(v["shape"]))  # noqa: E731
     spec = GraphSpec(dict(payload["opsets"]), tuple(map(info, payload["inputs"])),
-                     tuple(map(info, payload["outputs"])), nodes)
+                     tuple(map(info, payload["outputs"])), nodes,
+                     tuple(payload.get("mask_inputs", ())), tuple(payload.get("mask_outputs", ())))
     return spec, {name: stored[name] for name in payload["constants"]}

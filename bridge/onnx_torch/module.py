@@ -2,7 +2,9 @@
 
 Weights (floating-point initializers) become parameters, so a converted stage can be trained
 on in Torch; other constants become buffers. Nodes whose inputs are all non-trainable
-constants (shape arithmetic, ``Constant`` nodes) are evaluated once when the module is built.
+constants (shape arithmetic, ``Constant`` nodes) are evaluated once when the module is built;
+shape arithmetic on runtime shapes runs on Python ints (:mod:`bridge.onnx_torch.shape_values`),
+so the module exports through ``torch.export`` with dynamic sizes.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from torch import nn
 from bridge.onnx_torch.graph import GraphSpec, load_graph
 from bridge.onnx_torch.registry import Converter, GraphNode
 from bridge.onnx_torch.resolve import resolve
+from bridge.onnx_torch.shape_values import ShapeValue, as_shape_value, converter_input, evaluate
 from xgr_common.errors import ConversionError, InvalidInputError
 
 
@@ -40,6 +43,7 @@ class OnnxGraphModule(nn.Module):
                                   + "\n  ".join(missing))
         self.spec = spec
         self._slots: dict[str, str] = {}   # graph value name -> attribute name on self
+        self._static: dict[str, ShapeValue] = {}   # small integer constants as Python values
         trainable = set()
         for name, value in constants.items():
             if value.is_floating_point() and value.dim() > 0:
@@ -53,7 +57,7 @@ class OnnxGraphModule(nn.Module):
             foldable = all(not i or (i in self._slots and i not in trainable) for i in node.inputs)
             if foldable:
                 with torch.no_grad():
-                    args = [self._value(i) if i else None for i in node.inputs]
+                    args = [getattr(self, self._slots[i]) if i else None for i in node.inputs]
                     self._store_outputs(node, converter.fn(node, *args), fold=True)
             else:
                 self._steps.append((node, converter))
@@ -69,9 +73,16 @@ class OnnxGraphModule(nn.Module):
             self.register_parameter(slot, value)
         else:
             self.register_buffer(slot, value)
+            static = as_shape_value(value)
+            if static is not None:
+                self._static[name] = static
         self._slots[name] = slot
 
-    def _value(self, name: str) -> torch.Tensor:
+    def _value(self, name: str):
+        """A constant: small integer ones as Python values (``torch.export`` must see shape
+        parameters), the others as the registered parameter or buffer."""
+        if name in self._static:
+            return self._static[name]
         return getattr(self, self._slots[name])
 
     def _store_outputs(self, node: GraphNode, result, fold: bool, env=None) -> None:
@@ -104,7 +115,13 @@ class OnnxGraphModule(nn.Module):
         for node, converter in self._steps:
             args = [None if not name else env[name] if name in env else self._value(name)
                     for name in node.inputs]
+            shape_value = evaluate(node, args)   # shape arithmetic stays in Python ints
+            if shape_value is not None:
+                env[node.outputs[0]] = shape_value
+                continue
+            args = [converter_input(node, i, a) for i, a in enumerate(args)]
             self._store_outputs(node, converter.fn(node, *args), fold=False, env=env)
         outs = tuple(env[o.name] if o.name in env else self._value(o.name)
                      for o in self.spec.outputs)
+        outs = tuple(o.to_tensor() if isinstance(o, ShapeValue) else o for o in outs)
         return outs[0] if len(outs) == 1 else outs

@@ -9,14 +9,23 @@ reduction add), ``tf.RaggedTensor`` row arithmetic (Range, CumSum, Tile, Compres
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from bridge.onnx_torch.registry import GraphNode, converter
 from xgr_common.errors import ConversionError
 
 
-def _ints(values: torch.Tensor) -> list[int]:
-    return [int(v) for v in values.reshape(-1).tolist()]
+def _ints(values) -> list[int]:
+    """A shape-like input as ints: a tensor, or the interpreter's list of shape values."""
+    return [v if isinstance(v, torch.SymInt) else int(v)
+            for v in (values if isinstance(values, list) else values.reshape(-1).tolist())]
+
+
+def _scalar(value):
+    """A 0-d input as a Python number."""
+    return value[0] if isinstance(value, list) else value.item()
 
 
 @converter("Tile", since_version=6)
@@ -39,14 +48,15 @@ def range_(node: GraphNode, start: torch.Tensor, limit: torch.Tensor,
            delta: torch.Tensor) -> torch.Tensor:
     """start + delta * [0, n), n = max(ceil((limit - start) / delta), 0), as ONNX defines it
     (torch.arange refuses a limit on the wrong side, ONNX gives an empty range)."""
-    count = max(int(torch.ceil((limit.double() - start.double()) / delta.double()).item()), 0)
-    return (start + delta * torch.arange(count).to(start.dtype)).to(start.dtype)
+    first, last, step = _scalar(start), _scalar(limit), _scalar(delta)
+    count = max(math.ceil((last - first) / step), 0)
+    return first + step * torch.arange(count, dtype=start.dtype)
 
 
 @converter("CumSum", since_version=11)
 def cumsum(node: GraphNode, x: torch.Tensor, axis: torch.Tensor) -> torch.Tensor:
     """torch.cumsum along ``axis``; ``exclusive`` shifts by one, ``reverse`` sums from the end."""
-    dim = int(axis.item()) % x.dim()
+    dim = int(_scalar(axis)) % x.dim()
     if node.attr("reverse", 0):
         x = x.flip(dim)
     out = torch.cumsum(x, dim, dtype=x.dtype)
@@ -154,7 +164,7 @@ def mod(node: GraphNode, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def top_k(node: GraphNode, x: torch.Tensor, k: torch.Tensor):
     """torch.topk along ``axis``: (values, int64 indices), largest first unless
     ``largest=0``."""
-    values, indices = torch.topk(x, int(k.reshape(-1)[0].item()), dim=node.attr("axis", -1),
+    values, indices = torch.topk(x, _ints(k)[0], dim=node.attr("axis", -1),
                                  largest=bool(node.attr("largest", 1)), sorted=True)
     return values, indices
 

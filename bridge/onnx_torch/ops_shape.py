@@ -13,7 +13,10 @@ from bridge.onnx_torch.registry import GraphNode, converter
 
 
 def _axes(values) -> list[int]:
-    return [int(a) for a in (values.tolist() if isinstance(values, torch.Tensor) else values)]
+    """A shape-like input as ints; symbolic sizes (``torch.export``) stay symbolic, since
+    ``int()`` would fix them to the example's value."""
+    return [a if isinstance(a, torch.SymInt) else int(a)
+            for a in (values.tolist() if isinstance(values, torch.Tensor) else values)]
 
 
 @converter("Identity")

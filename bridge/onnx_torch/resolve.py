@@ -7,7 +7,8 @@ the ``custom_ops`` registry; their converter calls that op's Torch twin.
 from __future__ import annotations
 
 from bridge.onnx_torch.registry import CUSTOM_DOMAIN, REGISTRY, Converter, GraphNode
-from bridge.onnx_torch import ops_index, ops_math, ops_nn, ops_shape  # noqa: F401  (registers converters)
+# Imported for their side effect: each module registers its converters.
+from bridge.onnx_torch import ops_index, ops_math, ops_nn, ops_shape  # noqa: F401
 
 
 def custom_twin_converter(op_type: str) -> Converter | None:

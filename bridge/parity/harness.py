@@ -14,6 +14,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 from tqdm import tqdm
 
+from bridge.migration.keras_flavours import keras_mask
 from bridge.migration.runner import PlanRunner
 from bridge.migration.stages import StageError
 from bridge.parity.compare import Comparison, compare, ragged_parts
@@ -33,6 +34,7 @@ class ParityResult:
     torch_stages: tuple[str, ...]
     runtimes: Mapping[str, str] = field(default_factory=dict)        # stage -> "tf" / "torch"
     input_shapes: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # distinct shapes
+    sources: Mapping[str, str] = field(default_factory=dict)   # stage -> the layers it reads
 
     @property
     def passed(self) -> bool:
@@ -114,7 +116,22 @@ def _compare_stages(ref_stages: Mapping[str, list], got_stages: Mapping[str, lis
             for suffix, e_part in ragged_parts(e):
                 g_part = dict(ragged_parts(g)).get(suffix, g)
                 rows.append(compare(stage, label + suffix, g_part, e_part))
+            rows.extend(_compare_masks(stage, label, g, e))
     return rows
+
+
+def _compare_masks(stage: str, label: str, got: Any, expected: Any) -> list[Comparison]:
+    """A row for the Keras mask of an output when either side has one."""
+    e_mask, g_mask = keras_mask(expected), keras_mask(got)
+    if e_mask is None and g_mask is None:
+        return []
+    if e_mask is None or g_mask is None:
+        which = "TF" if g_mask is None else "the migrated stage"
+        other = "the migrated stage" if g_mask is None else "TF"
+        return [Comparison(stage, f"{label}.mask", "bool", (), float("inf"), float("inf"),
+                           float("inf"), 1, False,
+                           f"{which} gives this output a Keras mask, {other} gives none")]
+    return [compare(stage, f"{label}.mask", g_mask, e_mask)]
 
 
 def run_parity(runner: PlanRunner, batches: Iterable[Mapping[str, Any]],
@@ -142,4 +159,6 @@ def run_parity(runner: PlanRunner, batches: Iterable[Mapping[str, Any]],
     return ParityResult(rows, count, tuple(s.name for s in runner.plan.torch_stages()),
                         {row.stage: runner.runtime(row.stage) for row in rows
                          if row.stage != MODEL_OUTPUT},
-                        {stage: tuple(found) for stage, found in shapes.items()})
+                        {stage: tuple(found) for stage, found in shapes.items()},
+                        {stage: ", ".join(runner.staged.sources(stage)) for stage in shapes
+                         if runner.staged.functional})

@@ -22,7 +22,7 @@ from xgr_common.tolerances import tolerance_for
 
 # New columns go last, so tables read by scripts keep their first columns.
 HEADERS = ("", "stage", "output", "dtype", "shape", "max abs err", "max rel err", "rel norm",
-           "tolerance", "result", "runtime", "input shapes")
+           "tolerance", "result", "runtime", "input shapes", "reads")
 
 
 def _tolerance_text(row: Comparison) -> str:
@@ -38,7 +38,8 @@ def _cells(row: Comparison, first_failure: Comparison | None, result: ParityResu
     return [mark, row.stage, row.output, row.dtype, "x".join(map(str, row.shape)) or "scalar",
             f"{row.max_abs:.3g}", f"{row.max_rel:.3g}", f"{row.rel_norm:.3g}",
             tolerance, verdict, result.runtimes.get(row.stage, "-"),
-            "; ".join(result.input_shapes.get(row.stage, ())) or "-"]
+            "; ".join(result.input_shapes.get(row.stage, ())) or "-",
+            result.sources.get(row.stage) or "-"]
 
 
 def _slug(row: Comparison) -> str:

@@ -1,6 +1,8 @@
 """Recommendation models written in Keras 3, used as plan factories (``ctr_keras3:fm``, ...).
 
 * ``fm``: a factorization machine: field ids [B, F] and dense features [B, 3] -> CTR [B, 1].
+* ``multi_tower``: user ids [B, 3] and item ids [B, 2] through one shared id embedding
+  (stages ``id_embedding`` and ``id_embedding#1``), pooled, projected, scored by a dot product.
 * ``attention_history``: attention pooling of a user's item history (ids [B, T], 0 pads, T may
   vary per batch) against a target item, with Keras masks from ``mask_zero=True``; the item
   embedding is shared by history and target (stages ``item_embedding`` and
@@ -101,6 +103,26 @@ def attention_history() -> keras.Model:
     hidden = keras.layers.Dense(32, activation="relu", name="mlp")(features)
     ctr = keras.layers.Dense(1, activation="sigmoid", name="ctr")(hidden)
     return keras.Model([history, target, user], ctr, name="attention_history")
+
+
+class MeanPool(keras.layers.Layer):
+    """Mean over the id axis: [B, N, D] -> [B, D]."""
+
+    def call(self, x):
+        return ops.mean(x, axis=1)
+
+
+def multi_tower() -> keras.Model:
+    keras.utils.set_random_seed(13)
+    user_ids = keras.Input((3,), dtype="int32", name="user_ids")
+    item_ids = keras.Input((2,), dtype="int32", name="item_ids")
+    ids = keras.layers.Embedding(VOCAB, DIM, name="id_embedding")
+    user = MeanPool(name="user_pool")(ids(user_ids))
+    item = MeanPool(name="item_pool")(ids(item_ids))
+    user = keras.layers.Dense(DIM, activation="tanh", name="user_tower")(user)
+    item = keras.layers.Dense(DIM, activation="tanh", name="item_tower")(item)
+    score = keras.layers.Dot(axes=1, name="score")([user, item])
+    return keras.Model([user_ids, item_ids], score, name="multi_tower")
 
 
 def fm_batches(count: int = 2, rows: int = 5, seed: int = 0) -> list[dict[str, np.ndarray]]:

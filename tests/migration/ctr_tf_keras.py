@@ -9,7 +9,6 @@ started with ``TF_USE_LEGACY_KERAS=1``: there ``tf.keras`` is tf_keras.
 
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
 from ctr_keras3 import DENSE, DIM, FIELDS, ITEMS, VOCAB, fm_batches, history_batches  # noqa: F401

@@ -119,3 +119,23 @@ def pooling_batch(rows: int = 3, length: int = 4, seed: int = 0) -> dict[str, np
             "keys": rng.normal(size=(rows, length, DIM)).astype(np.float32), "key_mask": mask,
             "scores": rng.normal(size=(rows, 5)).astype(np.float32),
             "flat_ids": rng.integers(0, 6, 8).astype(np.int64), "row_lengths": lengths}
+
+
+def distinct_ids() -> keras.Model:
+    """flat ids [N] -> their distinct values [U]: an output size that depends on the data."""
+    ids = keras.Input((), dtype="int64", name="flat_ids")
+    return keras.Model(ids, DistinctIds(name="distinct_ids")(ids), name="distinct_ids")
+
+
+class PositiveValues(keras.layers.Layer):
+    """The positive entries of a score list and where they are: [N] -> ([P], int64 [P, 1])."""
+
+    def call(self, scores):
+        return tf.boolean_mask(scores, scores > 0), tf.where(scores > 0)
+
+
+def positive_values() -> keras.Model:
+    """scores [N] -> the positive ones [P] and their positions [P, 1] (data-dependent sizes)."""
+    scores = keras.Input((), name="scores")
+    values, where = PositiveValues(name="positive_values")(scores)
+    return keras.Model(scores, [values, where], name="positive_values")

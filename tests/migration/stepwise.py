@@ -1,7 +1,8 @@
 """Migrate a model one stage at a time with ``xgr migrate auto``'s engine, checking parity
 after every step; runnable in a child process for models that need tf_keras:
 
-    TF_USE_LEGACY_KERAS=1 python stepwise.py '{"factory": ..., "keras": ..., "data": ..., "dir": ...}'
+    TF_USE_LEGACY_KERAS=1 python stepwise.py \
+        '{"factory": ..., "keras": ..., "data": ..., "dir": ..., "real_samples": false}'
 
 prints ``RESULT`` followed by the steps as JSON.
 """
@@ -16,9 +17,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def migrate_stage_by_stage(factory: str, keras: str, data: str, plan_dir: str) -> list[dict]:
-    """One step per stage, in execution order: convert it, then compare the plan with TF on
-    ``data``. Returns each step's stage, conversion reasons and notes, and parity summary."""
+def migrate_stage_by_stage(factory: str, keras: str, data: str, plan_dir: str,
+                           real_samples: bool = False) -> list[dict]:
+    """One step per stage, in execution order: convert it (on random inputs, or on the first
+    batch of ``data`` with ``real_samples``), then compare the plan with TF on ``data``.
+    Returns each step's stage, conversion reasons and notes, and parity summary."""
     from bridge.migration.auto import auto_migrate
     from bridge.migration.plan import MigrationPlan, save_plan
     from bridge.migration.stages import StagedModel, build_model
@@ -30,7 +33,8 @@ def migrate_stage_by_stage(factory: str, keras: str, data: str, plan_dir: str) -
     batches = load_batches(data, model)
     steps = []
     for name in StagedModel(model).names:
-        plan, (result,) = auto_migrate(plan, plan_dir, model, [name])
+        plan, (result,) = auto_migrate(plan, plan_dir, model, [name],
+                                       batches[0] if real_samples else None)
         save_plan(plan, Path(plan_dir) / "plan.json")
         parity = check_parity(plan, batches, plan_dir=plan_dir)
         steps.append({"stage": name, "reasons": list(result.reasons), "notes": list(result.notes),
@@ -58,4 +62,5 @@ def run_child(keras: str, **request) -> list[dict]:
 if __name__ == "__main__":
     args = json.loads(sys.argv[1])
     print("RESULT" + json.dumps(migrate_stage_by_stage(args["factory"], args["keras"],
-                                                       args["data"], args["dir"])))
+                                                       args["data"], args["dir"],
+                                                       args.get("real_samples", False))))

@@ -47,9 +47,11 @@ print("RESULTS" + json.dumps(results))
 """
 
 
-def xgr(*commands: list[str]) -> list[tuple[int, str, str]]:
-    """Run each ``xgr migrate`` command (a list of arguments) in order, in one fresh process."""
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=ROOT, env=ENV,
+def xgr(*commands: list[str], env: dict | None = None) -> list[tuple[int, str, str]]:
+    """Run each ``xgr migrate`` command (a list of arguments) in order, in one fresh process
+    (with ``env``, default: the suite's, which imports ``toy_models``)."""
+    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=ROOT,
+                          env=env or ENV,
                           capture_output=True, text=True, timeout=300)
     marker = proc.stdout.rfind("RESULTS")
     assert marker >= 0, proc.stderr[-3000:]

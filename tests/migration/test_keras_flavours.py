@@ -13,7 +13,7 @@ import stepwise
 from test_cli import ENV, ROOT, xgr
 
 from bridge.migration.keras_flavours import check_process, env_flavour, flavour_of
-from bridge.migration.plan import MigrationPlan, load_plan
+from bridge.migration.plan import MigrationPlan, StagePlan, load_plan
 from bridge.migration.runner import PlanRunner
 from bridge.migration.stages import StagedModel, build_model
 from bridge.parity.data import save_npz
@@ -70,18 +70,60 @@ def test_shared_layer_calls_are_named_in_the_order_the_model_code_calls_them():
     assert staged.names.index("item_embedding#1") < staged.names.index("item_embedding")
 
 
+def test_the_report_says_what_each_stage_reads_and_where_it_runs(tmp_path):
+    from bridge.parity.pytest_helper import check_parity
+    from bridge.parity.report import write_report
+
+    plan = MigrationPlan("ctr_keras3:attention_history", (StagePlan(
+        "item_embedding#1", "torch", module="bridge.migration.keras_twins:Embedding"),))
+    result = check_parity(plan, ctr_keras3.history_batches(2, lengths=(6, 9)))
+    assert result.passed, result.summary()
+    lines = write_report(result, tmp_path, "history").read_text().splitlines()
+    target = next(line for line in lines if line.startswith("|  | item_embedding#1 | output |"))
+    assert target.endswith("| torch | 5x1 | target |")
+    history = next(line for line in lines if line.startswith("|  | item_embedding | output |"))
+    assert history.endswith("| tf | 5x6; 5x9 | history |")
+
+
+STAGES = {
+    "fm": ["field_embedding", "field_bias", "first_order", "fm_interaction", "dense_linear",
+           "logit", "ctr"],
+    # Keras 3 computes the target's mask for target_vector as an op node (not_equal).
+    "attention_history": ["item_embedding#1", "item_embedding", "attention_pooling",
+                          "target_vector", "features", "mlp", "ctr"],
+    "multi_tower": ["id_embedding", "id_embedding#1", "item_pool", "item_tower", "score",
+                    "user_pool", "user_tower"],
+}
+
+
 @pytest.mark.heavy
 @pytest.mark.parametrize("keras", ["keras3", "tf_keras"])
-def test_fm_migrates_stage_by_stage_to_full_torch(tmp_path, keras):
-    save_npz(tmp_path / "batches.npz", ctr_keras3.fm_batches(2))
+@pytest.mark.parametrize("factory", ["fm", "attention_history", "multi_tower"])
+def test_model_migrates_stage_by_stage_to_full_torch(tmp_path, keras, factory):
+    """Each stage in turn is converted and the plan compared with TF; the history batches are
+    padded to different lengths and carry Keras masks from Embedding(mask_zero=True). The
+    tf_keras multi-tower model is subclassed: its stages convert on real batches."""
+    import ctr_tf_keras_batches
+
+    batches = {"fm": lambda: ctr_keras3.fm_batches(2),
+               "attention_history": lambda: ctr_keras3.history_batches(3, lengths=(6, 9, 4)),
+               "multi_tower": lambda: ctr_tf_keras_batches.multi_tower_batches(2)}[factory]()
+    save_npz(tmp_path / "batches.npz", batches)
     module = "ctr_keras3" if keras == "keras3" else "ctr_tf_keras"
-    steps = stepwise.run_child(keras, factory=f"{module}:fm", data=str(tmp_path / "batches.npz"),
-                               dir=str(tmp_path))
-    assert [s["stage"] for s in steps] == ["field_embedding", "field_bias", "first_order",
-                                           "fm_interaction", "dense_linear", "logit", "ctr"]
+    steps = stepwise.run_child(keras, factory=f"{module}:{factory}",
+                               data=str(tmp_path / "batches.npz"), dir=str(tmp_path),
+                               real_samples=factory == "multi_tower")
+    expected = list(STAGES[factory])
+    if keras == "keras3" and factory == "attention_history":
+        expected.insert(1, "not_equal")
+    if factory == "multi_tower":   # the tf_keras one is subclassed: its stages are its layers
+        names = set(expected) - ({"id_embedding#1"} if keras == "tf_keras" else set())
+        assert sorted(s["stage"] for s in steps) == sorted(names)
+    else:
+        assert [s["stage"] for s in steps] == expected
     for step in steps:
-        assert step["reasons"] == [] and step["passed"], step
-    assert len(steps[-1]["torch"]) == 7
+        assert step["reasons"] == [] and step["notes"] == [] and step["passed"], step
+    assert len(steps[-1]["torch"]) == len(steps)
 
 
 @pytest.mark.heavy
