@@ -37,9 +37,10 @@ $(VENV)/.deps: requirements.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -r requirements.txt
-	# tensorflow-serving-api requires `tensorflow`, which would sit beside tensorflow-cpu:
-	# its protos are all we use, so it installs without its dependencies.
-	$(PIP) install -q --no-deps tensorflow-serving-api==2.21.0
+	# tensorflow-serving-api and tf-keras (Keras 2 models, run with TF_USE_LEGACY_KERAS=1)
+	# require `tensorflow`, whose full wheel would be written over tensorflow-cpu: both run
+	# on tensorflow-cpu, so they install without their dependencies.
+	$(PIP) install -q --no-deps tensorflow-serving-api==2.21.0 tf-keras==2.21.0
 	touch $@
 
 $(VENV)/.built: $(VENV)/.deps setup.py $(OP_SOURCES) custom_ops/_build.py
