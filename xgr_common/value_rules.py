@@ -46,7 +46,31 @@ FLAG_COUNT = len(VALUE_RULES)
 FLAG_INDEX: dict[str, int] = {rule.name: index for index, rule in enumerate(VALUE_RULES)}
 
 
-def contract_lines() -> list[str]:
-    """The rules as ``rules:`` lines of an engine package's calling contract, in flag order:
-    ``rule <name> <argument> <reduction>: <text>``."""
-    return [f"rule {r.name} {r.argument} {r.reduction}: {r.text}" for r in VALUE_RULES]
+# What TorchCall needs to check each rule on the host before a package runs: the positions
+# of the inputs it reads, then its limits (custom_ops/cc/torch_call/torch/value_checks.h).
+RULE_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "lengths_positive": ("lengths",),
+    "lengths_fit": ("lengths", "tokens"),
+    "token_range": ("tokens", "lengths", "vocab"),
+    "segment_order": ("segments", "lengths"),
+    "exclusion_ids": ("exclude",),
+    "positions": ("lengths", "embeds", "levels", "max_position"),
+}
+
+
+def contract_lines(parameters: dict[str, int], skip: tuple[str, ...] = ()) -> list[str]:
+    """The rules as ``rule`` lines of an engine package's calling contract, in flag order:
+    ``rule <name> <argument> <reduction> <key>=<int> ...: <text>``, each with the parameters
+    it needs from ``parameters`` (input positions: tokens, lengths, segments, embeds,
+    exclude; limits: vocab, levels, max_position). ``skip``: rules the program does not apply
+    (segment_order under the causal mask). Raises KeyError naming a missing parameter."""
+    lines = []
+    for rule in VALUE_RULES:
+        if rule.name in skip:
+            continue
+        missing = [key for key in RULE_PARAMETERS[rule.name] if key not in parameters]
+        if missing:
+            raise KeyError(f"rule {rule.name} needs the parameters {missing}")
+        params = " ".join(f"{key}={int(parameters[key])}" for key in RULE_PARAMETERS[rule.name])
+        lines.append(f"rule {rule.name} {rule.argument} {rule.reduction} {params}: {rule.text}")
+    return lines

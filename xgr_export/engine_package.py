@@ -116,4 +116,17 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     # token_ids and segment_ids share their length; the trace names them apart (Dim.DYNAMIC),
     # so the contract ties them: a mismatch is refused instead of read out of bounds.
     return torch_package.package_aoti(exported, out_path, config.device, cache_dir,
-                                      same_dims=[((0, 1), (2, 1))], rules=contract_lines())
+                                      same_dims=[((0, 1), (2, 1))],
+                                      rules=engine_rules(engine, program.prefill_mask))
+
+
+def engine_rules(engine, prefill_mask: MaskMode) -> list[str]:
+    """The value rules of ``RecommendProgram``'s inputs as contract lines, with the input
+    positions and the model's limits TorchCall checks them with (segment order only where the
+    mask reads segments)."""
+    cfg = engine.model.config
+    parameters = {"tokens": 0, "lengths": 1, "segments": 2, "embeds": 3, "exclude": 4,
+                  "vocab": cfg.vocab_size, "levels": engine.catalog.levels,
+                  "max_position": cfg.max_position}
+    skip = ("segment_order",) if prefill_mask is MaskMode.CAUSAL else ()
+    return contract_lines(parameters, skip)

@@ -17,6 +17,7 @@ import torch
 from xgr_world.synthetic import WorldConfig
 
 MAX_BATCH, MAX_LEN, TOP_K, ITEMS = 4096, 512, 5, 40
+VOCAB = 1024   # the toy recommenders' token embedding rows (TokenLayout().code_end)
 WORLD = WorldConfig(num_items=300, num_users=20)
 
 
@@ -171,6 +172,21 @@ def main(out: Path, cache: Path) -> None:
         out / "excluder.pt", {(0, 0): ("batch", 1, MAX_BATCH), (0, 1): ("length", 1, MAX_LEN),
                               (1, 0): ("batch", 1, MAX_BATCH), (2, 0): ("batch", 1, MAX_BATCH),
                               (2, 1): ("exclude", 1, MAX_LEN)})
+    # The excluder with the engine's value rules in its contract (no segments, no soft
+    # tokens: those two rules do not apply), and one whose token rule lacks its limit.
+    from xgr_common.value_rules import contract_lines
+
+    excluder = built["excluder"]
+    rules = contract_lines({"tokens": 0, "lengths": 1, "exclude": 2, "vocab": VOCAB},
+                           skip=("segment_order", "positions"))
+    for name, lines in (("ruled_excluder", rules),
+                        ("rule_without_limit", [line.replace(f" vocab={VOCAB}", "")
+                                                for line in rules])):
+        ruled = torch_package.Package(out / f"{name}.pt", "torchscript", "cpu", excluder.inputs,
+                                      excluder.outputs, excluder.ranges, tuple(lines))
+        torch.jit.save(torch.jit.load(str(excluder.path)), str(ruled.path),
+                       _extra_files={torch_package.SIGNATURE_FILE: ruled.signature})
+        built[name] = ruled
     for name, module in (("double_in_place", DoubleInPlace()), ("table", Table()),
                          ("unaligned", Unaligned()),
                          ("identity", Identity())):
@@ -192,7 +208,7 @@ def main(out: Path, cache: Path) -> None:
                    _extra_files={torch_package.SIGNATURE_FILE: "device cpu\nin float32 n\n"
                                                                "out float32 n\n"
                                                                "rule r x some: text\n"})
-    # The same contract with a well-formed rule: recorded, and the package runs.
+    # A well-formed rule line naming a rule the op cannot check.
     torch.jit.save(torch.jit.script(Identity()), str(out / "with_rule.pt"),
                    _extra_files={torch_package.SIGNATURE_FILE: "device cpu\nin float32 n\n"
                                                                "out float32 n\n"

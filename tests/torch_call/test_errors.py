@@ -45,18 +45,19 @@ def test_missing_package_is_not_found(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["two_heads_aoti", "two_heads_script"])
-def test_corrupt_package_is_invalid_argument(packages, tmp_path, name):
+def test_corrupt_package_is_a_server_fault(packages, tmp_path, name):
+    """A bad deploy is the server's fault (a 5xx), never the caller's."""
     source = packages[name].path
     corrupt = tmp_path / f"corrupt{source.suffix}"
     corrupt.write_bytes(source.read_bytes()[: source.stat().st_size // 3])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="cannot load package"):
+    with pytest.raises(tf.errors.InternalError, match="cannot load package"):
         torch_call(str(corrupt), _good(), OUT)
 
 
 def test_repaired_package_loads_after_a_failure(packages, tmp_path):
     path = tmp_path / "later.pt"
     path.write_bytes(b"not a zip archive")
-    with pytest.raises(tf.errors.InvalidArgumentError, match="cannot load package"):
+    with pytest.raises(tf.errors.InternalError, match="cannot load package"):
         torch_call(str(path), _good(), OUT)
     shutil.copyfile(packages["two_heads_script"].path, path)
     assert torch_call(str(path), _good(), OUT)[0].shape == (3, 3)
@@ -65,10 +66,10 @@ def test_repaired_package_loads_after_a_failure(packages, tmp_path):
 def test_unknown_extension_and_missing_contract(packages, tmp_path):
     odd = tmp_path / "model.bin"
     shutil.copyfile(packages["two_heads_script"].path, odd)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="must end in .pt2"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="must end in .pt2"):
         torch_call(str(odd), _good(), OUT)
     bare = packages["identity"].path.parent / "bare.pt"
-    with pytest.raises(tf.errors.InvalidArgumentError, match="carries no xgr_signature.txt"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="carries no xgr_signature.txt"):
         torch_call(str(bare), [np.ones(3, np.float32)], [tf.float32])
 
 
@@ -91,15 +92,21 @@ def test_attrs_are_checked(packages):
 
 def test_unreadable_contract_names_its_line(packages):
     garbled = packages["identity"].path.parent / "garbled.pt"
-    with pytest.raises(tf.errors.InvalidArgumentError,
+    with pytest.raises(tf.errors.FailedPreconditionError,
                        match="signature line 3 \\('sideways float32 n'\\): unknown entry"):
         torch_call(str(garbled), [np.ones(3, np.float32)], [tf.float32])
 
 
 def test_value_rules_in_a_contract_are_parsed(packages):
     folder = packages["identity"].path.parent
-    with pytest.raises(tf.errors.InvalidArgumentError,
+    with pytest.raises(tf.errors.FailedPreconditionError,
                        match="signature line 4 .*rule reduction must be 'any' or 'max'"):
         torch_call(str(folder / "bad_rule.pt"), [np.ones(3, np.float32)], [tf.float32])
-    out = torch_call(str(folder / "with_rule.pt"), [np.ones(3, np.float32)], [tf.float32])
-    np.testing.assert_array_equal(out[0], np.ones(3, np.float32))
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="rule 'r': this TorchCall cannot check a rule named 'r'"):
+        torch_call(str(folder / "with_rule.pt"), [np.ones(3, np.float32)], [tf.float32])
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="rule 'token_range': needs the parameter vocab=INT"):
+        torch_call(str(packages["rule_without_limit"].path),
+                   [np.ones((2, 3), np.int32), np.full(2, 3, np.int32),
+                    np.full((2, 1), -1, np.int64)], [tf.int64, tf.float32])

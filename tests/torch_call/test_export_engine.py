@@ -24,13 +24,15 @@ from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import TOLERANCES
-from xgr_common.value_rules import contract_lines
+from xgr_common.value_rules import VALUE_RULES
 from xgr_world.synthetic import WorldConfig, make_world
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-CACHE = ROOT / "build" / "torch_call_cache"
-SEED, ITEMS, BEAMS, TOP_K, TOP_N = 0, 300, 16, 12, 8
+# The serving example's engine (tests/serving/test_example_export_serve_query.py): the same
+# catalog, model and sizes compile to the same package, so one of the two reuses the other's.
+CACHE = ROOT / "build" / "serving_example_cache"
+SEED, ITEMS, BEAMS, TOP_K, TOP_N, MAX_BATCH = 0, 300, 16, 10, 5, 64
 
 # Heavy (an AOTInductor export of the engine and fresh processes): left out of `make test-quick`.
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
@@ -54,7 +56,8 @@ def exported(tmp_path_factory):
     out, report = folder / "pipeline", folder / "report.json"
     done = _run(["-m", "xgr_cli.main", "export", f"--out={out}", f"--seed={SEED}",
                  f"--num_items={ITEMS}", f"--beam_width={BEAMS}", f"--top_k={TOP_K}",
-                 f"--top_n={TOP_N}", f"--cache_dir={CACHE}", f"--verify_requests={VERIFIED}",
+                 f"--top_n={TOP_N}", f"--max_batch={MAX_BATCH}", f"--cache_dir={CACHE}",
+                 f"--verify_requests={VERIFIED}",
                  f"--report_json={report}"], timeout=900)
     return out, done.stdout, json.loads(report.read_text())
 
@@ -76,7 +79,10 @@ def test_export_verifies_its_saved_model_in_a_fresh_process(exported):
     # The package's contract records the value rules of its inputs, in flag order, and the
     # op that ran the fresh-process check parsed it.
     contract = report["engine_signature"].splitlines()
-    assert [line for line in contract if line.startswith("rule ")] == contract_lines()
+    rules = [line for line in contract if line.startswith("rule ")]
+    assert [line.split()[1] for line in rules] == [rule.name for rule in VALUE_RULES]
+    token_range = next(line for line in rules if line.split()[1] == "token_range")
+    assert "tokens=0 lengths=1 vocab=1024:" in token_range
 
 
 def test_reloaded_engine_pipeline_matches_python_pipeline(saved_model, tmp_path):
@@ -136,3 +142,14 @@ def test_engine_package_refuses_mismatched_prompt_widths(saved_model):
     item_ids, scores = torch_call(engine, [tokens, lengths, np.zeros((2, 6), np.int32), embeds,
                                            exclude], [tf.int64, tf.float32])
     assert item_ids.shape == (2, TOP_K) and scores.dtype == tf.float32
+
+
+def test_hostile_values_are_refused_by_the_packages_own_rules(saved_model):
+    """Each value that breaks a rule is answered InvalidArgument before any kernel runs, the
+    process survives all of them, and the next request is answered as before."""
+    engine = saved_model / "assets" / "engine.pt2"
+    done = _run([str(HERE / "hostile_child.py"), str(engine), "64",
+                 str(PromptSpec().profile_tokens)], timeout=300)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["cases"] and set(result["cases"].values()) == {"InvalidArgumentError"}, result
+    assert result["next_request_equal"]

@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 
-from xgr_common.errors import ExportError, InvalidInputError, ServingError
+from xgr_common.errors import CapacityError, ExportError, InvalidInputError, ServingError
 from xgr_common.serving_names import SERVING_SIGNATURE
 from tf_frontend.serving.batch_merge import UnsplittableOutput, merge_inputs, split_outputs
 from tf_frontend.serving.batching import BatchScheduler, BatchTask, SchedulerClosed
@@ -110,6 +110,8 @@ class ServableVersion:
             outputs = self._functions[sig.name](**tensors)
         except tf.errors.InvalidArgumentError as e:
             raise InvalidInputError(f"model rejected the request: {e.message}") from e
+        except tf.errors.ResourceExhaustedError as e:   # the device's memory: 503, retry later
+            raise CapacityError(f"model ran out of memory: {e.message}") from e
         except tf.errors.OpError as e:
             raise ModelExecutionError(f"model failed: {type(e).__name__}: {e.message}") from e
         return {n: t.numpy() for n, t in outputs.items()}

@@ -60,6 +60,7 @@ absl::Status ToAbsl(const Status& s) {
     case Code::kNotFound: return absl::NotFoundError(message);
     case Code::kFailedPrecondition: return absl::FailedPreconditionError(message);
     case Code::kInternal: return absl::InternalError(message);
+    case Code::kResourceExhausted: return absl::ResourceExhaustedError(message);
   }
   return absl::UnknownError(message);
 }

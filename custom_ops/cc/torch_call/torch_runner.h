@@ -32,7 +32,17 @@ const char* ElementTypeName(ElementType t);
 // Bytes per element; every crossing dtype has a fixed width.
 int64_t ElementSize(ElementType t);
 
-enum class Code : int { kOk = 0, kInvalidArgument, kNotFound, kFailedPrecondition, kInternal };
+// kInvalidArgument is the caller's mistake (a 4xx); kInternal (torch failed running a package
+// that accepted the inputs, or cannot load it) and kResourceExhausted (the device ran out of
+// memory) are the server's own faults (5xx).
+enum class Code : int {
+  kOk = 0,
+  kInvalidArgument,
+  kNotFound,
+  kFailedPrecondition,
+  kInternal,
+  kResourceExhausted,
+};
 
 struct Status {
   Code code = Code::kOk;

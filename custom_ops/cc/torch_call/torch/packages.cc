@@ -27,6 +27,8 @@ constexpr char kSignatureKey[] = "xgr_signature";
 constexpr char kSignatureFile[] = "xgr_signature.txt";
 
 Status Invalid(const std::string& message) { return {Code::kInvalidArgument, message}; }
+// A package that cannot be used as deployed: the server's fault, never the caller's.
+Status BadPackage(const std::string& message) { return {Code::kFailedPrecondition, message}; }
 
 at::ScalarType ToScalarType(ElementType t) {
   switch (t) {
@@ -75,6 +77,7 @@ class PackageBase : public Package {
   Status Run(const std::vector<InputView>& inputs, int threads,
              std::vector<Result>* outputs) override {
     Status s = signature_.CheckInputs(inputs);
+    if (s.ok()) s = signature_.CheckValues(inputs);  // no kernel sees a value breaking a rule
     if (!s.ok()) return s;
     ApplyThreadCount(threads);
     try {
@@ -92,11 +95,16 @@ class PackageBase : public Package {
       }
       std::vector<at::Tensor> results = Forward(std::move(tensors));
       return HandBack(results, outputs);
+    } catch (const c10::OutOfMemoryError& e) {
+      return {Code::kResourceExhausted, "the device ran out of memory running the " + format_ +
+                                            " package: " + e.what_without_backtrace()};
     } catch (const c10::Error& e) {
-      return Invalid("torch failed running " + format_ + " package: " +
-                     e.what_without_backtrace());
+      // The inputs passed the contract and its value rules: a failure now is the package's
+      // or the device's, not the caller's.
+      return {Code::kInternal, "torch failed running " + format_ + " package: " +
+                                   e.what_without_backtrace()};
     } catch (const std::exception& e) {
-      return Invalid("torch failed running " + format_ + " package: " + e.what());
+      return {Code::kInternal, "torch failed running " + format_ + " package: " + e.what()};
     }
   }
 
@@ -191,7 +199,7 @@ Status CheckDevice(const Signature& sig, const std::string& path) {
                 "visible); export the package for the CPU or run on a GPU host"};
   }
   if (!device.is_cpu() && !device.is_cuda()) {
-    return Invalid("package " + path + " targets unsupported device " + sig.device);
+    return BadPackage("package " + path + " targets unsupported device " + sig.device);
   }
   if (device.is_cuda() && device.has_index() &&
       device.index() >= static_cast<int>(torch::cuda::device_count())) {
@@ -275,16 +283,16 @@ Status LoadAoti(const std::string& path, const LoadOptions& options,
   auto metadata = loader->get_metadata();
   auto it = metadata.find(kSignatureKey);
   if (it == metadata.end()) {
-    return Invalid("AOTInductor package " + path + " carries no '" + kSignatureKey +
+    return BadPackage("AOTInductor package " + path + " carries no '" + kSignatureKey +
                    "' metadata; package it with tf_frontend.torch_package");
   }
   Signature sig;
   Status s = Signature::Parse(it->second, &sig);
-  if (!s.ok()) return s;
+  if (!s.ok()) return BadPackage(path + ": " + s.message);
   auto aoti_device = metadata.find("AOTI_DEVICE_KEY");
   if (aoti_device != metadata.end() &&
       c10::Device(aoti_device->second).type() != c10::Device(sig.device).type()) {
-    return Invalid("package " + path + " was compiled for " + aoti_device->second +
+    return BadPackage("package " + path + " was compiled for " + aoti_device->second +
                    " but its signature says " + sig.device);
   }
   if (!(s = CheckDevice(sig, path)).ok()) return s;
@@ -306,12 +314,13 @@ Status LoadScript(const std::string& path, std::shared_ptr<Package>* out) {
   // Read the contract first (on the CPU) so a CUDA package fails with a clear message.
   torch::jit::load(path, c10::Device(c10::kCPU), extra);
   if (extra[kSignatureFile].empty()) {
-    return Invalid("TorchScript package " + path + " carries no " + kSignatureFile +
+    return BadPackage("TorchScript package " + path + " carries no " + kSignatureFile +
                    "; package it with tf_frontend.torch_package");
   }
   Signature sig;
   Status s = Signature::Parse(extra[kSignatureFile], &sig);
-  if (!s.ok() || !(s = CheckDevice(sig, path)).ok()) return s;
+  if (!s.ok()) return BadPackage(path + ": " + s.message);
+  if (!(s = CheckDevice(sig, path)).ok()) return s;
   torch::jit::Module module = torch::jit::load(path, c10::Device(sig.device));
   module.eval();
   *out = std::make_shared<ScriptPackage>(std::move(sig), std::move(module));
@@ -329,12 +338,13 @@ Status Load(const std::string& path, const LoadOptions& options, std::shared_ptr
   try {
     if (ext == ".pt2") return LoadAoti(path, options, out);
     if (ext == ".pt" || ext == ".ts") return LoadScript(path, out);
-    return Invalid("package '" + path + "' must end in .pt2 (AOTInductor) or "
+    return BadPackage("package '" + path + "' must end in .pt2 (AOTInductor) or "
                    ".pt/.ts (TorchScript)");
   } catch (const c10::Error& e) {
-    return Invalid("cannot load package '" + path + "': " + e.what_without_backtrace());
+    return {Code::kInternal, "cannot load package '" + path + "': " +
+                                 e.what_without_backtrace()};
   } catch (const std::exception& e) {
-    return Invalid("cannot load package '" + path + "': " + e.what());
+    return {Code::kInternal, "cannot load package '" + path + "': " + e.what()};
   }
 }
 

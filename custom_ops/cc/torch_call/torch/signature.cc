@@ -1,6 +1,8 @@
 // Parsing the package contract and checking a call's inputs against it.
 #include "custom_ops/cc/torch_call/torch/signature.h"
 
+#include "custom_ops/cc/torch_call/torch/value_checks.h"
+
 #include <cctype>
 #include <sstream>
 
@@ -104,11 +106,24 @@ Status Signature::Parse(const std::string& text, Signature* out) {
       sig.ranges[name] = {lo, hi};
     } else if (kind == "rule") {
       ValueRule rule;
-      if (!(words >> rule.name >> rule.argument >> rule.reduction) ||
-          rule.reduction.size() < 2 || rule.reduction.back() != ':') {
-        return Invalid(where + "expected 'rule NAME ARGUMENT REDUCTION: TEXT'");
+      const std::string form = "expected 'rule NAME ARGUMENT REDUCTION [KEY=INT ...]: TEXT'";
+      if (!(words >> rule.name >> rule.argument >> rule.reduction)) return Invalid(where + form);
+      // The reduction, then KEY=INT parameters; the first word ending in ':' closes them.
+      std::string word = rule.reduction;
+      bool closed = !word.empty() && word.back() == ':';
+      if (closed) rule.reduction.pop_back();
+      while (!closed && (words >> word)) {
+        closed = word.back() == ':';
+        if (closed) word.pop_back();
+        if (word.empty()) continue;
+        const size_t eq = word.find('=');
+        if (eq == std::string::npos || eq == 0 || !IsLiteral(word.substr(eq + 1)) ||
+            word.size() - eq - 1 > 18) {
+          return Invalid(where + "rule parameter '" + word + "' must be KEY=INT");
+        }
+        rule.params[word.substr(0, eq)] = std::stoll(word.substr(eq + 1));
       }
-      rule.reduction.pop_back();
+      if (!closed) return Invalid(where + form);
       if (rule.reduction != "any" && rule.reduction != "max") {
         return Invalid(where + "rule reduction must be 'any' or 'max', got '" +
                        rule.reduction + "'");
@@ -120,7 +135,19 @@ Status Signature::Parse(const std::string& text, Signature* out) {
     }
   }
   if (sig.outputs.empty()) return Invalid("package signature declares no outputs");
+  for (const ValueRule& rule : sig.rules) {
+    Status s = CheckRuleParams(rule, sig.inputs);
+    if (!s.ok()) return Invalid("package signature rule '" + rule.name + "': " + s.message);
+  }
   *out = std::move(sig);
+  return Status::Ok();
+}
+
+Status Signature::CheckValues(const std::vector<InputView>& inputs) const {
+  for (const ValueRule& rule : rules) {
+    Status s = CheckRule(rule, inputs);
+    if (!s.ok()) return s;
+  }
   return Status::Ok();
 }
 

@@ -8,9 +8,12 @@
 //   in int64 batch len        (dims: a literal size or a symbol shared across tensors)
 //   out float32 batch 300
 //   dim batch 1 4096          (inclusive range of a symbol)
-//   rule token_range token_ids any: token_ids must lie in [0, vocab_size) within each length
+//   rule token_range token_ids any tokens=0 lengths=1 vocab=1024: token_ids must lie in ...
 //                             (a value rule of the program's inputs, in the order of its flag
-//                             vector: name, argument, reduction, text; xgr_common.value_rules)
+//                             vector: name, argument, reduction, its parameters (input
+//                             positions and limits), text; xgr_common.value_rules). The op
+//                             checks each rule on the host before the package runs
+//                             (value_checks.h): a kernel never sees a value that breaks one.
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 
@@ -35,6 +38,7 @@ struct ValueRule {
   std::string name;
   std::string argument;
   std::string reduction;  // "any" or "max"
+  std::map<std::string, int64_t> params;  // input positions ("tokens=0") and limits
   std::string text;
 };
 
@@ -49,6 +53,9 @@ struct Signature {
   static Status Parse(const std::string& text, Signature* out);
   // Checks count, dtype, rank, literal sizes, shared symbols and their ranges.
   Status CheckInputs(const std::vector<InputView>& inputs) const;
+  // Checks the value rules on the host buffers (after CheckInputs): InvalidArgument naming
+  // the input, the rule and the first row that breaks it.
+  Status CheckValues(const std::vector<InputView>& inputs) const;
   std::string Describe() const;
 };
 
