@@ -2,8 +2,10 @@
 # The GPU run of the embedded engine and its server, in one call on the GPU machine:
 #   1. build the op libraries there (against that machine's torch and the carried TF);
 #   2. `xgr export` qwen2-0.5b (random weights) over a 1M-item synthetic catalog, prompt 1024,
-#      beam 256, compiled for CUDA, with --verify_requests: the SavedModel reloaded in a fresh
-#      process (TF + custom_ops only) must return exactly the Python pipeline's items;
+#      beam 256, compiled for CUDA in $DTYPE (bfloat16 by default), with --verify_requests: the
+#      SavedModel reloaded in a fresh process (TF + custom_ops only) must return the Python
+#      pipeline's items in the same dtype (exactly at float32; at 16 bits exactly but inside
+#      score ties, the tolerance table's ranked-list rule);
 #      meanwhile the `gpu` tests of tests/torch_call (CUDA packages, wrong-GPU errors,
 #      concurrency, a small CUDA export);
 #   3. benchmarks.bench_torchcall --device=cuda (TorchCall per call, prompt hand-off);
@@ -40,6 +42,7 @@ PYTEST_LIMIT=${PYTEST_LIMIT:-260}
 LOAD_LIMIT=${LOAD_LIMIT:-150}
 BENCH_LIMIT=${BENCH_LIMIT:-120}
 ATTENTION=${ATTENTION:-auto}   # the export's --attention_backend
+DTYPE=${DTYPE:-bfloat16}       # the export's --dtype (its verification follows the dtype's rule)
 STAGES=" ${STAGES:-tests export bench load} "
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 mkdir -p "$OUT" "$WORK"
@@ -86,7 +89,7 @@ export_with() {  # attention backend, seconds
       --preset="$PRESET" --device="$DEVICE" --num_items="$ITEMS" --num_users="$USERS" \
       --history_events="$EVENTS" --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" \
       --top_k="$TOPK" --top_n="$TOPN" --max_batch=64 --verify_requests="$VERIFY" \
-      --attention_backend="$1" --report_json="$OUT/export.json" --cache_dir= \
+      --attention_backend="$1" --dtype="$DTYPE" --report_json="$OUT/export.json" --cache_dir= \
       >> "$OUT/export.log" 2>&1
 }
 if has export; then
@@ -122,7 +125,7 @@ if has load && [ -d "$WORK/models/recs/1" ]; then
       --users_per_request=1 --clients=8 --requests=600 --max_seconds=12 \
       --rate_fractions=0.25,0.5,0.75,1.0 --rate_seconds=5 --warmup_requests=8 \
       --max_batch_size=16 --batch_timeout_micros=2000 --label="${LABEL:-h200}" \
-      --model_label="$PRESET random float32, prompt $(( 4 + 4 * KEEP )), beam $BEAM, $ITEMS items, top_k $TOPK, top_n $TOPN" \
+      --model_label="$PRESET random $DTYPE, prompt $(( 4 + 4 * KEEP )), beam $BEAM, $ITEMS items, top_k $TOPK, top_n $TOPN" \
       --out_dir="$OUT" >> "$OUT/bench.log" 2>&1
   note "load_serving rc=$?"
 fi
