@@ -57,6 +57,9 @@ flags.DEFINE_integer("open_loop_workers", 64, "Client threads that carry the ope
 flags.DEFINE_string("model_label", "tiny pipeline (examples/export_serve_query.py defaults)",
                     "What is served, for the result file.")
 flags.DEFINE_string("label", "cpu", "Device label for the result file name.")
+flags.DEFINE_enum("score_dtype", "float32", ["float32", "bfloat16", "float16"],
+                  "The served engine's dtype: 16-bit answers are compared by the ranked-list "
+                  "rule of xgr_common.tolerances (items exact except inside score ties).")
 flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"),
                     "Where the JSON result goes.")
 flags.mark_flag_as_required("model_base_path")
@@ -158,8 +161,20 @@ class Client:
 
 
 def same(outputs: dict, answer: dict) -> bool:
-    from xgr_common.tolerances import tolerance_for
+    """Whether a response answers the request: exactly (float32 scores: within their
+    tolerance), or for a 16-bit model (``--score_dtype``) by the tolerance table's ranked-list
+    rule, under which a merged batch may reorder items tied within 16-bit rounding."""
+    from xgr_common.tolerances import TIE_DTYPES, tolerance_for
 
+    if FLAGS.score_dtype in TIE_DTYPES:
+        from xgr_export.verify import first_break
+
+        got_ids = np.asarray(outputs.get("item_ids", []))
+        got_scores = np.asarray(outputs.get("scores", []))
+        if got_ids.shape != answer["item_ids"].shape or got_scores.shape != got_ids.shape:
+            return False
+        return all(first_break(a, s, b, t, FLAGS.score_dtype) is None for a, s, b, t in
+                   zip(got_ids, got_scores, answer["item_ids"], answer["scores"]))
     for name, want in answer.items():
         got = np.asarray(outputs.get(name, []))
         if got.shape != want.shape:
