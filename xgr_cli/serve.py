@@ -35,6 +35,12 @@ flags.DEFINE_integer("max_enqueued_batches", BatchingConfig.max_enqueued_batches
 flags.DEFINE_integer("num_batch_threads", BatchingConfig.num_batch_threads,
                      "Batches that may run at the same time.")
 flags.DEFINE_integer("max_request_bytes", 16 * 1024 * 1024, "Largest accepted request body.")
+flags.DEFINE_integer("max_request_rows", None,
+                     "Most rows one request may carry; default: the model's own (the engine's "
+                     "largest batch, from the export's xgr_serving.json).")
+flags.DEFINE_integer("max_tensor_elements", 1 << 22,
+                     "Most elements one gRPC input tensor may declare; checked before the "
+                     "tensor is materialised.")
 flags.DEFINE_integer("max_history_events", None,
                      "Longest ragged history row; default: the model's own limit, if any.")
 flags.DEFINE_list("custom_op_libraries", [], "Extra TF op libraries (.so) to load first.")
@@ -62,7 +68,8 @@ def config_from_flags() -> ServerConfig:
         rest_api_port=FLAGS.rest_api_port, bind_address=FLAGS.bind_address,
         file_system_poll_wait_seconds=FLAGS.file_system_poll_wait_seconds,
         batching=_batching(), max_request_bytes=FLAGS.max_request_bytes,
-        max_history_events=FLAGS.max_history_events,
+        max_history_events=FLAGS.max_history_events, max_request_rows=FLAGS.max_request_rows,
+        max_tensor_elements=FLAGS.max_tensor_elements,
         shutdown_grace_seconds=FLAGS.shutdown_grace_seconds)
 
 

@@ -78,15 +78,26 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     module = Pipeline(feature_graph, package, config, engine_inputs, catalog)
     concrete = module.serve.get_concrete_function()
     tf.saved_model.save(module, str(out_dir), signatures={SERVING_SIGNATURE: concrete})
-    _write_serving_spec(out_dir, config)
+    _write_serving_spec(out_dir, config, _largest_batch(package))
     return out_dir
 
 
-def _write_serving_spec(out_dir: Path, config: PipelineConfig) -> None:
-    """Tells ``xgr serve`` which inputs are ragged and the history limit (see
-    ``tf_frontend/serving/signature.py``), so serving needs no extra flags."""
+def _largest_batch(package: Package) -> int | None:
+    """The most rows the package accepts: the range of its first input's leading dimension."""
+    first = package.inputs[0].dims[0] if package.inputs and package.inputs[0].dims else None
+    if isinstance(first, int):
+        return first
+    return next((hi for name, _, hi in package.ranges if name == first), None)
+
+
+def _write_serving_spec(out_dir: Path, config: PipelineConfig, max_rows: int | None) -> None:
+    """Tells ``xgr serve`` which inputs are ragged, the history limit and the most rows a
+    request may carry (see ``tf_frontend/serving/signature.py``), so serving needs no extra
+    flags."""
     spec = {"ragged": {"history_splits": ["history_items", "history_times"]},
             "max_history_events": config.max_history_events}
+    if max_rows is not None:
+        spec["max_rows"] = int(max_rows)
     path = out_dir / SERVING_SPEC_FILE
     path.parent.mkdir(exist_ok=True)
     path.write_text(json.dumps(spec, indent=2) + "\n")

@@ -20,6 +20,9 @@ def model_base(tmp_path_factory) -> str:
     return str(base)
 
 
+MAX_ROWS = 64   # rows one request may carry on the test server
+
+
 @pytest.fixture(scope="module")
 def server(model_base):
     """A batching server on loopback for the history model."""
@@ -29,7 +32,8 @@ def server(model_base):
     running = start_server(model_base, file_system_poll_wait_seconds=0,
                            batching=BatchingConfig(max_batch_size=16, batch_timeout_micros=20_000,
                                                    max_enqueued_batches=50, num_batch_threads=1),
-                           max_request_bytes=64 * 1024, max_history_events=20)
+                           max_request_bytes=64 * 1024, max_history_events=20,
+                           max_request_rows=MAX_ROWS)
     yield running
     running.stop()
 

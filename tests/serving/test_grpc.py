@@ -8,6 +8,7 @@ from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb
                                      model_service_pb2_grpc, predict_pb2,
                                      prediction_service_pb2_grpc)
 
+from tests.serving.conftest import MAX_ROWS
 from tests.serving.helpers import random_request
 
 
@@ -94,7 +95,23 @@ def _bad_requests():
                               grpc.StatusCode.INVALID_ARGUMENT, "'s'"),
         "oversized": (predict_request(dict(good, user_id=np.zeros(20_000, np.int64))),
                       grpc.StatusCode.RESOURCE_EXHAUSTED, ""),
+        # A few bytes declaring 200M elements: refused before it is materialised.
+        "amplified": (_amplified(good), grpc.StatusCode.INVALID_ARGUMENT,
+                      "declares 200000000 elements"),
+        "too_many_rows": (predict_request(random_request(np.random.default_rng(9),
+                                                         rows=MAX_ROWS + 1)),
+                          grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_ROWS} are served"),
     }
+
+
+def _amplified(good: dict) -> predict_pb2.PredictRequest:
+    proto = predict_request(good)
+    tensor = proto.inputs["history_items"]
+    tensor.Clear()
+    tensor.dtype = tf.int64.as_datatype_enum
+    tensor.tensor_shape.dim.add().size = 200_000_000
+    tensor.int64_val.append(1)
+    return proto
 
 
 @pytest.mark.parametrize("case", sorted(_bad_requests()))

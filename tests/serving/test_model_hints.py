@@ -44,6 +44,15 @@ def test_serving_spec_file_declares_ragged_groups_and_limit(model_base, tmp_path
     assert sig.max_history_events == 3
     with pytest.raises(InvalidInputError, match="maximum history length is 3"):
         version.predict("", _long_request(4))
+    # The most rows a request may carry: the export's, unless the server sets its own.
+    (path / "assets.extra" / "xgr_serving.json").write_text(json.dumps({**spec, "max_rows": 1}))
+    limited = ServableVersion("recs", 1, str(path), batching=None, max_history_events=None)
+    assert limited.signatures["serving_default"].max_rows == 1
+    with pytest.raises(InvalidInputError, match="the request has 2 rows; at most 1"):
+        limited.predict("", random_request(np.random.default_rng(31), rows=2, max_events=1))
+    wider = ServableVersion("recs", 1, str(path), batching=None, max_history_events=None,
+                            max_rows=8)
+    assert wider.signatures["serving_default"].max_rows == 8
     (path / "assets.extra" / "xgr_serving.json").write_text('{"ragged": {"history_splits": ["nope"]}}')
     with pytest.raises(ExportError, match="only partly present"):
         ServableVersion("recs", 1, str(path), batching=None, max_history_events=None)

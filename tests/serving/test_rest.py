@@ -5,6 +5,7 @@ import base64
 import numpy as np
 import pytest
 
+from tests.serving.conftest import MAX_ROWS
 from tests.serving.helpers import columnar, history_reference, http, instances, random_request
 
 PREDICT = "/v1/models/recs:predict"
@@ -112,6 +113,9 @@ def _bad_cases():
                             "version 7"),
         "oversized": (PREDICT, b"{" + b" " * 70_000 + b"}", 400, "max_request_bytes"),
         "unknown_path": ("/v1/models/recs:explode", {"inputs": good}, 404, "no such endpoint"),
+        "too_many_rows": (PREDICT, {"inputs": columnar(random_request(
+            np.random.default_rng(5), rows=MAX_ROWS + 1, max_events=0))}, 400,
+                          f"at most {MAX_ROWS} are served"),
     }
 
 

@@ -75,6 +75,9 @@ def test_export_verifies_its_saved_model_in_a_fresh_process(exported):
     assert verify["ok"] and verify["rows_exact"] == verify["requests"] == VERIFIED
     assert verify["num_items_exact"] and not verify["forbidden_modules"]
     assert report["top_n"] == TOP_N and report["saved_model"] == str(out)
+    # The server learns the engine's largest batch from the export: no request carries more.
+    serving = json.loads((out / "assets.extra" / "xgr_serving.json").read_text())
+    assert serving["max_rows"] == MAX_BATCH
     assert len(verify["items_per_request"]) == VERIFIED
     # The package's contract records the value rules of its inputs, in flag order, and the
     # op that ran the fresh-process check parsed it.

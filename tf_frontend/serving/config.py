@@ -92,6 +92,10 @@ class ServerConfig:
     batching: None serves every request with its own model call.
     max_history_events: longest allowed row of a ragged (values + row_splits) input; None
       takes the model's own limit when it declares one.
+    max_request_rows: most rows (batch entries) one request may carry; None takes the model's
+      own (``xgr_serving.json`` ``max_rows``: the engine's largest batch).
+    max_tensor_elements: most elements one gRPC input tensor may declare, checked before it
+      is materialised (a few bytes can declare millions of elements).
     """
 
     model_name: str
@@ -103,6 +107,8 @@ class ServerConfig:
     batching: BatchingConfig | None = None
     max_request_bytes: int = 16 * 1024 * 1024
     max_history_events: int | None = None
+    max_request_rows: int | None = None
+    max_tensor_elements: int = 1 << 22
     grpc_max_workers: int = 16
     shutdown_grace_seconds: float = 10.0
 
@@ -120,5 +126,9 @@ class ServerConfig:
                 f"max_request_bytes must be >= 1, got {self.max_request_bytes}")
         require(self.max_history_events is None or self.max_history_events >= 1, ConfigError,
                 f"max_history_events must be >= 1, got {self.max_history_events}")
+        require(self.max_request_rows is None or self.max_request_rows >= 1, ConfigError,
+                f"max_request_rows must be >= 1, got {self.max_request_rows}")
+        require(self.max_tensor_elements >= 1, ConfigError,
+                f"max_tensor_elements must be >= 1, got {self.max_tensor_elements}")
         require(self.grpc_max_workers >= 1, ConfigError,
                 f"grpc_max_workers must be >= 1, got {self.grpc_max_workers}")

@@ -30,7 +30,18 @@ def _version(model_spec) -> int | None:
     return model_spec.version.value if model_spec.HasField("version") else None
 
 
-def _to_array(name: str, proto) -> np.ndarray:
+def _to_array(name: str, proto, max_elements: int) -> np.ndarray:
+    """The input's array; its declared size is checked first, since ``make_ndarray`` fills a
+    declared shape from a single value (a few bytes can ask for gigabytes)."""
+    dims = [d.size for d in proto.tensor_shape.dim]
+    require(all(size >= 0 for size in dims), InvalidInputError,
+            f"input {name!r}: TensorProto declares negative dimensions {dims}")
+    declared = 1
+    for size in dims:
+        declared *= size
+    require(declared <= max_elements, InvalidInputError,
+            f"input {name!r}: TensorProto declares {declared} elements (shape {dims}); at most "
+            f"{max_elements} are accepted per input (--max_tensor_elements)")
     try:
         return tf.make_ndarray(proto)
     except (TypeError, ValueError) as e:
@@ -56,15 +67,18 @@ class _Guard:
 
 
 class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
-    def __init__(self, manager: ModelManager, metrics: ServerMetrics):
+    def __init__(self, manager: ModelManager, metrics: ServerMetrics,
+                 max_tensor_elements: int = 1 << 22):
         self._manager, self._guard = manager, _Guard(metrics)
+        self._max_elements = max_tensor_elements
 
     def Predict(self, request, context):  # noqa: N802 (gRPC method name)
         return self._guard("grpc_predict", context, lambda: self._predict(request))
 
     def _predict(self, request) -> predict_pb2.PredictResponse:
         version = self._manager.get(request.model_spec.name, _version(request.model_spec))
-        inputs = {name: _to_array(name, proto) for name, proto in request.inputs.items()}
+        inputs = {name: _to_array(name, proto, self._max_elements)
+                  for name, proto in request.inputs.items()}
         sig, outputs = version.predict(request.model_spec.signature_name, inputs)
         wanted = list(request.output_filter) or list(outputs)
         unknown = sorted(set(wanted) - set(outputs))
@@ -99,14 +113,15 @@ class ModelServicer(model_service_pb2_grpc.ModelServiceServicer):
 
 
 def make_grpc_server(manager: ModelManager, metrics: ServerMetrics, address: str,
-                     max_workers: int, max_request_bytes: int) -> tuple[grpc.Server, int]:
+                     max_workers: int, max_request_bytes: int,
+                     max_tensor_elements: int = 1 << 22) -> tuple[grpc.Server, int]:
     """A started-ready (not yet started) server bound to ``address``; returns it and its port."""
     server = grpc.server(
         concurrent.futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
         options=[("grpc.max_receive_message_length", max_request_bytes),
                  ("grpc.so_reuseport", 0)])
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(
-        PredictionServicer(manager, metrics), server)
+        PredictionServicer(manager, metrics, max_tensor_elements), server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(ModelServicer(manager, metrics), server)
     port = server.add_insecure_port(address)
     require(port != 0, InvalidInputError, f"cannot bind the gRPC port at {address}")

@@ -86,7 +86,8 @@ class ModelManager:
         LOG.info("loading model version", extra={"model": self.name, "version": newest})
         try:
             loaded = ServableVersion(self.name, newest, path, self._config.batching,
-                                     self._config.max_history_events, self._observe_batch)
+                                     self._config.max_history_events, self._observe_batch,
+                                     self._config.max_request_rows)
             warmed = run_warmup(loaded)
         except Exception as e:  # any load failure is reported, never fatal to the server
             self._failed[newest] = fingerprint

@@ -57,7 +57,8 @@ class ServableVersion:
 
     def __init__(self, model_name: str, version: int, path: str,
                  batching: BatchingConfig | None, max_history_events: int | None,
-                 observe_batch: Callable[[int], None] = lambda rows: None):
+                 observe_batch: Callable[[int], None] = lambda rows: None,
+                 max_rows: int | None = None):
         self.model_name, self.version, self.path = model_name, version, path
         try:
             self._loaded = tf.saved_model.load(path)
@@ -66,11 +67,13 @@ class ServableVersion:
             raise ExportError(f"cannot load SavedModel {path}: {e}") from e
         spec = ServingSpec.read(path)
         limit = max_history_events or spec.max_history_events or _model_limit(self._loaded)
+        rows = max_rows or spec.max_rows
         self._functions = dict(self._loaded.signatures)
         if not self._functions:
             raise ExportError(f"SavedModel {path} has no signatures to serve")
         self.signatures: dict[str, SignatureInfo] = {
-            name: describe_signature(name, fn, spec, limit) for name, fn in self._functions.items()}
+            name: describe_signature(name, fn, spec, limit, rows)
+            for name, fn in self._functions.items()}
         self._observe_batch = observe_batch
         self._scheduler = None if batching is None else BatchScheduler(
             batching, self._run_batch, name=f"{model_name}-{version}")

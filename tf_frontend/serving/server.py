@@ -60,7 +60,8 @@ class ModelServer:
         host = self.config.bind_address
         self._grpc, self.grpc_port = make_grpc_server(
             self.manager, self.metrics, f"{host}:{self.config.port}",
-            self.config.grpc_max_workers, self.config.max_request_bytes)
+            self.config.grpc_max_workers, self.config.max_request_bytes,
+            self.config.max_tensor_elements)
         self._grpc.start()
         self._rest = RestServer((host, self.config.rest_api_port), self.manager, self.metrics,
                                 self.config.max_request_bytes)

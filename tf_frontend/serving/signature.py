@@ -67,6 +67,7 @@ class ServingSpec:
 
     ragged: Mapping[str, tuple[str, ...]] | None = None
     max_history_events: int | None = None
+    max_rows: int | None = None      # the largest batch the model's engine accepts
 
     @classmethod
     def read(cls, version_dir: str) -> "ServingSpec":
@@ -88,7 +89,10 @@ class ServingSpec:
         limit = raw.get("max_history_events")
         require(limit is None or (isinstance(limit, int) and limit >= 1), ExportError,
                 f"{path}: 'max_history_events' must be a positive integer, got {limit!r}")
-        return cls(ragged=ragged, max_history_events=limit)
+        rows = raw.get("max_rows")
+        require(rows is None or (isinstance(rows, int) and rows >= 1), ExportError,
+                f"{path}: 'max_rows' must be a positive integer, got {rows!r}")
+        return cls(ragged=ragged, max_history_events=limit, max_rows=rows)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,6 +103,7 @@ class SignatureInfo:
     input_groups: tuple[RaggedGroup, ...]
     output_groups: tuple[RaggedGroup, ...]
     max_history_events: int | None
+    max_rows: int | None = None
 
     @property
     def ragged_input_names(self) -> frozenset[str]:
@@ -151,7 +156,8 @@ def _groups_from_spec(tensors: Mapping[str, TensorInfo], ragged: Mapping[str, tu
 
 
 def describe_signature(name: str, function, spec: ServingSpec,
-                       max_history_events: int | None) -> SignatureInfo:
+                       max_history_events: int | None,
+                       max_rows: int | None = None) -> SignatureInfo:
     """Builds the SignatureInfo of a loaded ``ConcreteFunction`` (``loaded.signatures[name]``)."""
     _, kwargs = function.structured_input_signature
     inputs = {n: _tensor_info(n, s) for n, s in sorted(kwargs.items())}
@@ -162,4 +168,5 @@ def describe_signature(name: str, function, spec: ServingSpec,
     else:
         in_groups, out_groups = _groups_by_convention(inputs), _groups_by_convention(outputs)
     return SignatureInfo(name=name, inputs=inputs, outputs=outputs, input_groups=in_groups,
-                         output_groups=out_groups, max_history_events=max_history_events)
+                         output_groups=out_groups, max_history_events=max_history_events,
+                         max_rows=max_rows)

@@ -99,6 +99,9 @@ def prepare(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> PreparedReq
         _check_shape(name, inputs[name], info)
     _check_splits(sig, inputs)
     rows = _rows(sig, inputs)
+    require(rows is None or sig.max_rows is None or rows <= sig.max_rows, InvalidInputError,
+            f"signature {sig.name!r}: the request has {rows} rows; at most {sig.max_rows} are "
+            f"served per request (the engine's largest batch, or --max_request_rows)")
     key = None
     if sig.batchable and rows is not None:
         splits = {g.splits for g in sig.input_groups}
