@@ -42,6 +42,13 @@ VALUE_RULES: tuple[ValueRule, ...] = (
               "positions) must not exceed the model's max_position", reduction="max"),
 )
 
+# Rules the host checks before a package runs but the device search does not flag (TorchCall
+# reads them from the contract; ``Engine.recommend`` uses the soft prompt as given).
+HOST_RULES: tuple[ValueRule, ...] = (
+    ValueRule("finite_embeddings", "profile_embeds",
+              "profile_embeds must be finite (no NaN or infinity)"),
+)
+
 FLAG_COUNT = len(VALUE_RULES)
 FLAG_INDEX: dict[str, int] = {rule.name: index for index, rule in enumerate(VALUE_RULES)}
 
@@ -55,17 +62,20 @@ RULE_PARAMETERS: dict[str, tuple[str, ...]] = {
     "segment_order": ("segments", "lengths"),
     "exclusion_ids": ("exclude",),
     "positions": ("lengths", "embeds", "levels", "max_position"),
+    "finite_embeddings": ("embeds",),
 }
 
 
-def contract_lines(parameters: dict[str, int], skip: tuple[str, ...] = ()) -> list[str]:
+def contract_lines(parameters: dict[str, int], skip: tuple[str, ...] = (),
+                   host: bool = False) -> list[str]:
     """The rules as ``rule`` lines of an engine package's calling contract, in flag order:
     ``rule <name> <argument> <reduction> <key>=<int> ...: <text>``, each with the parameters
     it needs from ``parameters`` (input positions: tokens, lengths, segments, embeds,
     exclude; limits: vocab, levels, max_position). ``skip``: rules the program does not apply
-    (segment_order under the causal mask). Raises KeyError naming a missing parameter."""
+    (segment_order under the causal mask); host: add ``HOST_RULES`` after them. Raises
+    KeyError naming a missing parameter."""
     lines = []
-    for rule in VALUE_RULES:
+    for rule in (*VALUE_RULES, *(HOST_RULES if host else ())):
         if rule.name in skip:
             continue
         missing = [key for key in RULE_PARAMETERS[rule.name] if key not in parameters]

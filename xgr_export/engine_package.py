@@ -129,4 +129,4 @@ def engine_rules(engine, prefill_mask: MaskMode) -> list[str]:
                   "vocab": cfg.vocab_size, "levels": engine.catalog.levels,
                   "max_position": cfg.max_position}
     skip = ("segment_order",) if prefill_mask is MaskMode.CAUSAL else ()
-    return contract_lines(parameters, skip)
+    return contract_lines(parameters, skip, host=True)

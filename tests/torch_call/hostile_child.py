@@ -39,6 +39,7 @@ CASES = {
     "length_-3": set_at(1, 1, -3), "length_9": set_at(1, 0, 9),
     "segment_back": set_at(2, (0, 5), 0), "segment_-2": set_at(2, (1, 1), -2),
     "exclude_-9": set_at(4, (1, 1), -9),
+    "embeds_nan": set_at(3, (1, 0, 5), np.nan), "embeds_inf": set_at(3, (0, 1, 0), -np.inf),
 }
 
 

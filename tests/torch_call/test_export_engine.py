@@ -24,7 +24,7 @@ from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import TOLERANCES
-from xgr_common.value_rules import VALUE_RULES
+from xgr_common.value_rules import HOST_RULES, VALUE_RULES
 from xgr_world.synthetic import WorldConfig, make_world
 
 HERE = Path(__file__).resolve().parent
@@ -83,7 +83,8 @@ def test_export_verifies_its_saved_model_in_a_fresh_process(exported):
     # op that ran the fresh-process check parsed it.
     contract = report["engine_signature"].splitlines()
     rules = [line for line in contract if line.startswith("rule ")]
-    assert [line.split()[1] for line in rules] == [rule.name for rule in VALUE_RULES]
+    assert [line.split()[1] for line in rules] == [rule.name for rule in
+                                                   (*VALUE_RULES, *HOST_RULES)]
     token_range = next(line for line in rules if line.split()[1] == "token_range")
     assert "tokens=0 lengths=1 vocab=1024:" in token_range
 

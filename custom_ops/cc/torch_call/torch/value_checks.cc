@@ -2,6 +2,7 @@
 #include "custom_ops/cc/torch_call/torch/value_checks.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <string>
 
@@ -24,6 +25,7 @@ const std::map<std::string, RuleShape>& KnownRules() {
       {"segment_order", {{"segments", "lengths"}, {}}},
       {"exclusion_ids", {{"exclude"}, {}}},
       {"positions", {{"lengths", "embeds"}, {"levels", "max_position"}}},
+      {"finite_embeddings", {{"embeds"}, {}}},
   };
   return *rules;
 }
@@ -65,9 +67,11 @@ Status CheckRuleParams(const ValueRule& rule, const std::vector<TensorSpec>& inp
     }
     const TensorSpec& spec = inputs[it->second];
     if (static_cast<int>(spec.dims.size()) != RankOf(role) ||
-        (role != "embeds" && !IsInteger(spec.dtype))) {
-      return Invalid(role + "=" + std::to_string(it->second) + " must be an integer input of "
-                     "rank " + std::to_string(RankOf(role)));
+        (role != "embeds" && !IsInteger(spec.dtype)) ||
+        (role == "embeds" && spec.dtype != ElementType::kFloat32)) {
+      return Invalid(role + "=" + std::to_string(it->second) + " must be " +
+                     (role == "embeds" ? "a float32" : "an integer") + " input of rank " +
+                     std::to_string(RankOf(role)));
     }
   }
   for (const std::string& limit : known->second.limits) {
@@ -82,6 +86,18 @@ Status CheckRuleParams(const ValueRule& rule, const std::vector<TensorSpec>& inp
 Status CheckRule(const ValueRule& rule, const std::vector<InputView>& inputs) {
   const auto& p = rule.params;  // complete: CheckRuleParams accepted them at load
   const std::string& name = rule.name;
+  if (name == "finite_embeddings") {
+    const InputView& embeds = inputs[p.at("embeds")];
+    const int64_t per_row = embeds.shape[1] * embeds.shape[2];
+    const float* values = static_cast<const float*>(embeds.data);
+    for (int64_t k = 0; k < embeds.shape[0] * per_row; ++k) {
+      if (!std::isfinite(values[k])) {
+        return Broken(rule, p.at("embeds"), "row " + std::to_string(k / per_row) + " holds " +
+                                                std::to_string(values[k]));
+      }
+    }
+    return Status::Ok();
+  }
   if (name == "exclusion_ids") {
     const InputView& exclude = inputs[p.at("exclude")];
     const int64_t count = exclude.shape[0] * exclude.shape[1];

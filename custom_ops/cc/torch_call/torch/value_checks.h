@@ -13,6 +13,7 @@
 //   segment_order     segments=I lengths=I
 //   exclusion_ids     exclude=I
 //   positions         lengths=I embeds=I levels=N max_position=N
+//   finite_embeddings embeds=I  (float32: no NaN or infinity)
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_VALUE_CHECKS_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_VALUE_CHECKS_H_
 
