@@ -6,9 +6,11 @@ import shutil
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
-from xgr_common.errors import ExportError, InvalidInputError
-from tf_frontend.serving.servable import ServableVersion
+from xgr_common.errors import CapacityError, ExportError, InvalidInputError
+from tf_frontend.serving import status_codes
+from tf_frontend.serving.servable import ModelExecutionError, ServableVersion
 from tests.serving.helpers import random_request
 
 
@@ -56,3 +58,24 @@ def test_serving_spec_file_declares_ragged_groups_and_limit(model_base, tmp_path
     (path / "assets.extra" / "xgr_serving.json").write_text('{"ragged": {"history_splits": ["nope"]}}')
     with pytest.raises(ExportError, match="only partly present"):
         ServableVersion("recs", 1, str(path), batching=None, max_history_events=None)
+
+
+@pytest.mark.parametrize("error, expected, status", [
+    (tf.errors.InvalidArgumentError(None, None, "bad token"), InvalidInputError, 400),
+    (tf.errors.ResourceExhaustedError(None, None, "out of memory"), CapacityError, 503),
+    (tf.errors.InternalError(None, None, "torch failed"), ModelExecutionError, 500),
+    (tf.errors.FailedPreconditionError(None, None, "cannot load"), ModelExecutionError, 500),
+])
+def test_model_errors_take_their_status_class(model_base, error, expected, status):
+    """The caller's mistakes are 400s; the server's own faults (TorchCall's Internal,
+    FailedPrecondition, ResourceExhausted) are 5xx, memory a 503 to retry."""
+    version = ServableVersion("recs", 1, os.path.join(model_base, "1"), batching=None,
+                              max_history_events=None)
+
+    def failing(**inputs):
+        raise error
+
+    version._functions = {name: failing for name in version._functions}
+    with pytest.raises(expected) as raised:
+        version.predict("", random_request(np.random.default_rng(32), rows=1))
+    assert status_codes.http_status(raised.value) == status

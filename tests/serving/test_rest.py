@@ -1,6 +1,7 @@
 """REST API of the real server on loopback, driven with plain HTTP (urllib)."""
 
 import base64
+import json
 
 import numpy as np
 import pytest
@@ -78,6 +79,13 @@ def _good(server):
                                history_reference(1.0, **request)["score"], rtol=1e-6)
 
 
+def _nested(leaves: list, depth: int) -> list:
+    """``leaves`` wrapped in ``depth`` more single-element lists."""
+    for _ in range(depth):
+        leaves = [leaves]
+    return leaves
+
+
 def _bad_cases():
     good = columnar(random_request(np.random.default_rng(4), rows=2))
 
@@ -113,6 +121,14 @@ def _bad_cases():
                             "version 7"),
         "oversized": (PREDICT, b"{" + b" " * 70_000 + b"}", 400, "max_request_bytes"),
         "unknown_path": ("/v1/models/recs:explode", {"inputs": good}, 404, "no such endpoint"),
+        "deep_json": (PREDICT, b'{"inputs": ' + b"[" * 30_000 + b"]" * 30_000 + b"}", 400,
+                      "nested deeper than the parser allows"),
+        "deep_string_list": (PREDICT, changed(country=_nested(["de", "fr"], 500)), 400,
+                             "nested deeper than 32 levels"),
+        "deep_number_list": (PREDICT, changed(user_id=_nested([1, 2], 70)), 400,
+                             "nested deeper than 32 levels"),
+        "lone_surrogate": (PREDICT, json.dumps({"inputs": dict(good, country=["\ud800", "de"])})
+                           .encode(), 400, "not valid Unicode"),
         "too_many_rows": (PREDICT, {"inputs": columnar(random_request(
             np.random.default_rng(5), rows=MAX_ROWS + 1, max_events=0))}, 400,
                           f"at most {MAX_ROWS} are served"),

@@ -24,9 +24,18 @@ from xgr_common.errors import InvalidInputError, require
 from tf_frontend.serving.signature import SignatureInfo, TensorInfo
 
 
+# Deepest list nesting a JSON input may have: tensors of real requests have a few dimensions,
+# and the flattening below recurses once per level.
+MAX_NESTING = 32
+
+
 def _string_leaf(name: str, value: Any) -> bytes:
     if isinstance(value, str):
-        return value.encode("utf-8")
+        try:
+            return value.encode("utf-8")
+        except UnicodeEncodeError as e:   # a lone surrogate (\ud800) survives json.loads
+            raise InvalidInputError(f"input {name!r}: a string is not valid Unicode "
+                                    f"({e.reason} at character {e.start})") from None
     if isinstance(value, dict) and set(value) == {"b64"} and isinstance(value["b64"], str):
         try:
             return base64.b64decode(value["b64"], validate=True)
@@ -36,11 +45,13 @@ def _string_leaf(name: str, value: Any) -> bytes:
                             f"got {type(value).__name__} {str(value)[:40]}")
 
 
-def _nested_shape(name: str, value: Any, leaf) -> tuple[list[int], list]:
+def _nested_shape(name: str, value: Any, leaf, depth: int = 0) -> tuple[list[int], list]:
     """Flattens a nested list, checking that every level is rectangular."""
     if not isinstance(value, list):
         return [], [leaf(name, value)]
-    parts = [_nested_shape(name, v, leaf) for v in value]
+    require(depth < MAX_NESTING, InvalidInputError,
+            f"input {name!r}: lists nested deeper than {MAX_NESTING} levels")
+    parts = [_nested_shape(name, v, leaf, depth + 1) for v in value]
     shapes = {tuple(s) for s, _ in parts}
     require(len(shapes) <= 1, InvalidInputError,
             f"input {name!r}: nested lists have different lengths (ragged); send a ragged "
@@ -56,6 +67,11 @@ def to_array(name: str, value: Any, info: TensorInfo) -> np.ndarray:
         array = np.empty(len(flat), dtype=object)
         array[:] = flat
         return array.reshape(shape)
+    depth, probe = 0, value
+    while isinstance(probe, list) and probe:
+        depth, probe = depth + 1, probe[0]
+    require(depth <= MAX_NESTING, InvalidInputError,
+            f"input {name!r}: lists nested deeper than {MAX_NESTING} levels")
     try:
         raw = np.asarray(value)
     except ValueError as e:

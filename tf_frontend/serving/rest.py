@@ -124,6 +124,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as e:
             raise InvalidInputError(f"malformed JSON: {e}") from e
+        except RecursionError:   # the client's nesting, not a server fault
+            raise InvalidInputError("malformed JSON: nested deeper than the parser allows") \
+                from None
         require(isinstance(body, dict), InvalidInputError,
                 f"the request body must be a JSON object, got {type(body).__name__}")
         signature_name = body.get("signature_name", "")
