@@ -10,10 +10,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,6 +19,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.child_env import child_env
+from tests.xgr_commands import run_commands
 from torch_engine.catalog import Catalog
 from torch_engine.engine import Engine
 from torch_engine.model import Model
@@ -32,7 +30,6 @@ from xgr_common.layout import MaskMode
 from xgr_common.model_card import MODEL_CARD_FILE, ModelCard
 from xgr_common.tolerances import tolerance_for
 
-ROOT = Path(__file__).resolve().parents[2]
 TEXT = "Customers who bought this lamp also watched three films."
 F32 = tolerance_for("float32")
 
@@ -359,34 +356,9 @@ def test_bad_config_values_are_refused(changes, message):
 # Subcommands define their own absl flags (both of these define --out), so, as in real use,
 # each runs in its own process: one per subcommand, its commands in turn with the flags
 # restored between them (flagsaver), each command's exit status and output reported back.
-DRIVER = """
-import contextlib, importlib, io, json, sys
-from absl.testing import flagsaver
-from absl import app  # noqa: F401  (defined once, outside flagsaver)
-from xgr_cli.main import SUBCOMMANDS, run
-commands = json.loads(sys.argv[1])
-importlib.import_module(SUBCOMMANDS[commands[0][0]][0])
-results = []
-for args in commands:
-    out, err = io.StringIO(), io.StringIO()
-    with flagsaver.flagsaver(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            run(["xgr", *args])
-            code = 0
-        except SystemExit as stop:
-            code = stop.code or 0
-    results.append([code, out.getvalue(), err.getvalue()])
-print("RESULTS" + json.dumps(results))
-"""
-
-
 def xgr(*commands: list[str]) -> list[tuple[int, str, str]]:
     """Runs ``xgr`` commands of one subcommand in order, in one fresh process."""
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=ROOT,
-                          env=child_env(), capture_output=True, text=True, timeout=300)
-    marker = proc.stdout.rfind("RESULTS")
-    assert marker >= 0, proc.stderr[-3000:]
-    return [tuple(result) for result in json.loads(proc.stdout[marker + len("RESULTS"):])]
+    return run_commands(list(commands), child_env())
 
 
 @pytest.mark.heavy

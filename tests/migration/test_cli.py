@@ -1,10 +1,7 @@
 """``xgr migrate`` and ``xgr parity`` driven as a user drives them.
 
-Each subcommand defines its own absl flags, and subcommands share flag names (``--plan``), so
-as in real use each runs in its own process, never inside the pytest process. To keep the
-suite fast, one helper process runs a sequence of ``xgr migrate`` commands (importing TF once),
-with the flags restored between commands (``flagsaver``) and each command's exit status and
-output reported back.
+Each subcommand runs in its own process, as in real use (``tests/xgr_commands.py``): one helper
+process runs a sequence of ``xgr migrate`` commands, importing TF once.
 """
 
 from __future__ import annotations
@@ -21,41 +18,19 @@ import toy_models
 from bridge.parity.data import save_npz
 from bridge.parity.pytest_helper import assert_parity
 from tests.child_env import child_env
+from tests.xgr_commands import run_commands
 
 # Heavy (runs `xgr migrate` and `xgr parity` in fresh processes): left out of `make test-quick`.
 pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[2]
 ENV = child_env(Path(__file__).parent)  # toy_models
-DRIVER = """
-import contextlib, io, json, sys
-from absl.testing import flagsaver
-from absl import app  # noqa: F401  (absl.app and the subcommand define flags once,
-import xgr_cli.migrate  # outside flagsaver, which would drop them after a command)
-from xgr_cli.main import run
-results = []
-for args in json.loads(sys.argv[1]):
-    out, err = io.StringIO(), io.StringIO()
-    with flagsaver.flagsaver(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            run(["xgr", *args])
-            code = 0
-        except SystemExit as stop:
-            code = stop.code or 0
-    results.append([code, out.getvalue(), err.getvalue()])
-print("RESULTS" + json.dumps(results))
-"""
 
 
 def xgr(*commands: list[str], env: dict | None = None) -> list[tuple[int, str, str]]:
     """Run each ``xgr migrate`` command (a list of arguments) in order, in one fresh process
     (with ``env``, default: the suite's, which imports ``toy_models``)."""
-    proc = subprocess.run([sys.executable, "-c", DRIVER, json.dumps(commands)], cwd=ROOT,
-                          env=env or ENV,
-                          capture_output=True, text=True, timeout=300)
-    marker = proc.stdout.rfind("RESULTS")
-    assert marker >= 0, proc.stderr[-3000:]
-    return [tuple(r) for r in json.loads(proc.stdout[marker + len("RESULTS"):])]
+    return run_commands(list(commands), env or ENV)
 
 
 @pytest.fixture()
