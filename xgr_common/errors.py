@@ -74,6 +74,16 @@ class ServingError(XgrError, RuntimeError):
     """The serving layer cannot answer a request (unknown model, version, signature)."""
 
 
+def require_fields(data: object, known: set[str], what: str) -> None:
+    """Refuse (``ConfigError``) a JSON object ``data`` describing a ``what`` unless its keys
+    are exactly ``known``, naming the unknown or missing keys."""
+    require(isinstance(data, dict), ConfigError,
+            f"a {what} must be a JSON object, got {type(data).__name__}")
+    unknown, missing = sorted(set(data) - known), sorted(known - set(data))
+    require(not unknown, ConfigError, f"unknown {what} fields {unknown}; known: {sorted(known)}")
+    require(not missing, ConfigError, f"{what} lacks fields {missing}")
+
+
 def require(condition: bool, error: type[XgrError], message: str) -> None:
     """Raise ``error(message)`` when ``condition`` is false; for validating user input.
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields
 
-from xgr_common.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require, require_fields
 
 PAD_SEGMENT = -1
 PROFILE_SEGMENT = 0
@@ -143,13 +143,7 @@ class TokenLayout:
     @classmethod
     def from_dict(cls, data: dict) -> "TokenLayout":
         """A layout from ``to_dict``'s output; ConfigError names an unknown or missing key."""
-        require(isinstance(data, dict), ConfigError,
-                f"a token layout must be a JSON object, got {type(data).__name__}")
-        known = {f.name for f in fields(cls)}
-        unknown, missing = sorted(set(data) - known), sorted(known - set(data))
-        require(not unknown, ConfigError, f"unknown token layout fields {unknown}; known: "
-                                          f"{sorted(known)}")
-        require(not missing, ConfigError, f"token layout lacks fields {missing}")
+        require_fields(data, {f.name for f in fields(cls)}, "token layout")
         return cls(**data)
 
     @property

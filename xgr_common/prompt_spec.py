@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
-from xgr_common.errors import ConfigError, require
+from xgr_common.errors import ConfigError, require, require_fields
 from xgr_common.layout import TokenLayout
 
 
@@ -67,13 +67,8 @@ class PromptSpec:
     @classmethod
     def from_dict(cls, data: dict) -> "PromptSpec":
         """A spec from ``to_dict``'s output; ConfigError names an unknown or missing key."""
-        require(isinstance(data, dict), ConfigError,
-                f"a prompt spec must be a JSON object, got {type(data).__name__}")
         known = {f.name for f in fields(cls)}
-        unknown, missing = sorted(set(data) - known), sorted(known - set(data))
-        require(not unknown, ConfigError,
-                f"unknown prompt spec fields {unknown}; known: {sorted(known)}")
-        require(not missing, ConfigError, f"prompt spec lacks fields {missing}")
+        require_fields(data, known, "prompt spec")
         context = data["context_vocab"]
         require(isinstance(context, list) and all(isinstance(v, str) for v in context),
                 ConfigError, f"prompt spec context_vocab must be a list of strings, got "

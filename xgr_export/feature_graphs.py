@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import custom_ops  # noqa: F401  (a saved feature graph may use the feature ops)
 from tf_frontend.feature_graph import INPUTS, FeatureGraph
+from tf_frontend.pipeline_spec import feature_signature
 from xgr_common.errors import ConfigError, require
 from xgr_common.prompt_spec import PromptSpec
 
@@ -74,6 +75,22 @@ class SavedFeatureGraph(tf.Module):
         loaded custom resources (the semantic-ID table) in this process, so whatever runs the
         graph after such a save (the in-process check) needs its own copy."""
         return SavedFeatureGraph(self.folder)
+
+
+def save_feature_graph(graph, folder: str | os.PathLike, call=None) -> Path:
+    """Saves ``graph`` (a ``FeatureGraph`` or any Keras model taking the request features) as
+    the SavedModel folder ``load_feature_graph`` reads: ``serving_default`` over the request
+    features (``pipeline_spec.feature_signature``). ``call``: a function of the features to
+    serve instead of ``graph(features)`` (``graph`` is still saved with it, so its tables and
+    weights travel). Returns the folder."""
+    module = tf.Module()
+    module.graph = graph   # tracked: its catalog table and weights are saved with it
+    function = call or graph
+    module.serve = tf.function(lambda features: dict(function(features)),
+                               input_signature=[feature_signature()])
+    tf.saved_model.save(module, str(folder),
+                        signatures={SIGNATURE: module.serve.get_concrete_function()})
+    return Path(folder)
 
 
 def load_weights(path: str | os.PathLike, spec: PromptSpec) -> dict[str, np.ndarray]:

@@ -19,6 +19,7 @@ from xgr_common.model_card import MODEL_CARD_FILE, ModelCard
 from xgr_common.prompt_spec import PromptSpec
 from xgr_export.config import ExportConfig
 from xgr_export.export import export_saved_model, team_sources
+from xgr_export.feature_graphs import save_feature_graph
 from xgr_world.synthetic import WorldConfig, make_world
 
 SPEC = PromptSpec()
@@ -122,19 +123,14 @@ def test_a_feature_graph_of_another_kind_is_refused(files, tmp_path):
         team_sources(_config(files, tmp_path, feature_graph=str(path)))
 
 
-def _saved_graph(folder, fn, inputs=INPUTS, graph=None):
-    signature = {name: tf.TensorSpec([None], dtype, name=name) for name, dtype in inputs.items()}
-    module = tf.Module()
-    module.graph = graph   # tracked: its catalog table and weights are saved with it
-    module.serve = tf.function(fn, input_signature=[signature])
-    tf.saved_model.save(module, str(folder),
-                        signatures={"serving_default": module.serve.get_concrete_function()})
-    return str(folder)
-
-
 def test_a_saved_model_graph_with_other_inputs_is_refused(files, tmp_path):
-    inputs = {k: v for k, v in INPUTS.items() if k != "country"}
-    folder = _saved_graph(tmp_path / "g", lambda f: {"x": f["user_id"]}, inputs)
+    signature = {name: tf.TensorSpec([None], dtype, name=name)
+                 for name, dtype in INPUTS.items() if name != "country"}
+    module = tf.Module()
+    module.serve = tf.function(lambda f: {"x": f["user_id"]}, input_signature=[signature])
+    folder = str(tmp_path / "g")
+    tf.saved_model.save(module, folder,
+                        signatures={"serving_default": module.serve.get_concrete_function()})
     with pytest.raises(ConfigError, match="takes .*; the served pipeline feeds exactly"):
         team_sources(_config(files, tmp_path, feature_graph=folder))
 
@@ -148,7 +144,7 @@ def test_a_saved_model_graph_breaking_the_contract_is_refused(files, tmp_path):
         out["profile_embeds"] = out["profile_embeds"][:, :, :32]
         return out
 
-    folder = _saved_graph(tmp_path / "g", narrow, graph=graph)
+    folder = str(save_feature_graph(graph, tmp_path / "g", call=narrow))
     with pytest.raises(ConfigError, match=r"'profile_embeds' has shape .*\[batch, profile_tokens"
                                           r", hidden\] = \[8, 2, 64\]"):
         team_sources(_config(files, tmp_path, feature_graph=folder))

@@ -9,11 +9,11 @@ import json
 
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from tests.pipeline.conftest import ROOT
-from tf_frontend.feature_graph import INPUTS, features_from_world
+from tf_frontend.feature_graph import features_from_world
 from xgr_common.layout import MaskMode
+from xgr_export.feature_graphs import save_feature_graph
 from xgr_export.verify import compare, run_fresh
 
 # Heavy (AOTInductor compiles of the fitted model, fresh processes).
@@ -82,14 +82,7 @@ def test_the_item_causal_mask_would_give_other_items(demo_export, quick_model, m
 
 def test_a_saved_model_feature_graph_exports_the_same_items(demo_export, quick_model, xgr,
                                                             tmp_path):
-    graph = quick_model.feature_graph()
-    signature = {name: tf.TensorSpec([None], dtype, name=name) for name, dtype in INPUTS.items()}
-    module = tf.Module()
-    module.graph = graph
-    module.serve = tf.function(lambda features: graph(features), input_signature=[signature])
-    folder = tmp_path / "feature_graph"
-    tf.saved_model.save(module, str(folder),
-                        signatures={"serving_default": module.serve.get_concrete_function()})
+    folder = save_feature_graph(quick_model.feature_graph(), tmp_path / "feature_graph")
     files = {**quick_model.export_files(), "feature_graph": folder}
     out = tmp_path / "saved_model"
     _, report = _export(xgr, out, files, "--verify_requests=8")
