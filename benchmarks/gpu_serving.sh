@@ -8,7 +8,9 @@
 #      score ties, the tolerance table's ranked-list rule);
 #      meanwhile the `gpu` tests of tests/torch_call (CUDA packages, wrong-GPU errors,
 #      concurrency, a small CUDA export);
-#   3. benchmarks.bench_torchcall --device=cuda (TorchCall per call, prompt hand-off);
+#   3. benchmarks.bench_served: the SavedModel's call (its package replayed as CUDA graphs, and
+#      with the graphs off) beside the pipeline over Engine.recommend, batch 1 and 8;
+#      benchmarks.bench_torchcall --device=cuda (TorchCall per call, prompt hand-off);
 #   4. benchmarks.load_serving against `xgr serve` on that SavedModel (batching, REST + gRPC,
 #      10% malformed), open-loop rates sized from the closed loop's throughput.
 # The tree there is a copy: XGR_COMMIT=<sha> names the commit every result records (over git)
@@ -16,7 +18,7 @@
 # Needs TF importable (PYTHONPATH) and the tensorflow-serving-api wheel in .whl/. Every stage
 # runs whatever the previous one did (set +e); logs and JSON go to $OUT; a summary comes last.
 # The sizes can be shrunk for a rehearsal on a CPU host: DEVICE=cpu PRESET=tiny ITEMS=3000 ...
-# STAGES picks stages (default all: "tests export bench load"), so the work can span two calls
+# STAGES picks stages (default all: "tests export served bench load"), so the work can span calls
 # on one warm machine: the SavedModel and the built op libraries stay under $WORK, and a later
 # call copies the libraries back instead of building again. The export runs alone when
 # "tests" is not in STAGES; its Inductor front end is single-threaded and takes minutes.
@@ -37,13 +39,14 @@ BEAM=${BEAM:-256}
 TOPK=${TOPK:-300}
 TOPN=${TOPN:-100}
 VERIFY=${VERIFY:-16}
-EXPORT_LIMIT=${EXPORT_LIMIT:-260}   # seconds; the stages after it still run
+EXPORT_LIMIT=${EXPORT_LIMIT:-420}   # seconds; the stages after it still run
+SERVED_LIMIT=${SERVED_LIMIT:-240}
 PYTEST_LIMIT=${PYTEST_LIMIT:-260}
 LOAD_LIMIT=${LOAD_LIMIT:-150}
 BENCH_LIMIT=${BENCH_LIMIT:-120}
 ATTENTION=${ATTENTION:-auto}   # the export's --attention_backend
 DTYPE=${DTYPE:-bfloat16}       # the export's --dtype (its verification follows the dtype's rule)
-STAGES=" ${STAGES:-tests export bench load} "
+STAGES=" ${STAGES:-tests export served bench load} "
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 mkdir -p "$OUT" "$WORK"
 SUMMARY="$OUT/summary.txt"
@@ -82,15 +85,16 @@ fi
 ) &
 background=$!
 
+# The export's flags: bench_served rebuilds the same engine and requests from them.
+EXPORT_FLAGS=(--out="$WORK/models/recs/1" --preset="$PRESET" --device="$DEVICE"
+              --num_items="$ITEMS" --num_users="$USERS" --history_events="$EVENTS"
+              --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" --top_k="$TOPK"
+              --top_n="$TOPN" --max_batch=64 --dtype="$DTYPE" --cache_dir=)
 export_with() {  # attention backend, seconds
   rm -rf "$WORK/models"
   echo "$(date +%T) export with $1 attention" >> "$OUT/export.log"
-  timeout "$2" $PY -m xgr_cli.main export --out="$WORK/models/recs/1" \
-      --preset="$PRESET" --device="$DEVICE" --num_items="$ITEMS" --num_users="$USERS" \
-      --history_events="$EVENTS" --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" \
-      --top_k="$TOPK" --top_n="$TOPN" --max_batch=64 --verify_requests="$VERIFY" \
-      --attention_backend="$1" --dtype="$DTYPE" --report_json="$OUT/export.json" --cache_dir= \
-      >> "$OUT/export.log" 2>&1
+  timeout "$2" $PY -m xgr_cli.main export "${EXPORT_FLAGS[@]}" --verify_requests="$VERIFY" \
+      --attention_backend="$1" --report_json="$OUT/export.json" >> "$OUT/export.log" 2>&1
 }
 if has export; then
   export_started=$(date +%s)
@@ -112,6 +116,13 @@ fi
 wait "$background"
 
 # Timed stages run alone on the machine.
+if has served && [ -d "$WORK/models/recs/1" ]; then
+  timeout "$SERVED_LIMIT" $PY -m benchmarks.bench_served "${EXPORT_FLAGS[@]}" \
+      --attention_backend="$ATTENTION" --verify_requests=8 --batches=1,8 --repeats=30 \
+      --output_dir="$OUT" > "$OUT/served.log" 2>&1
+  note "bench_served rc=$?"
+  grep -A4 "^batch" "$OUT/served.log" | tee -a "$SUMMARY"
+fi
 if has bench; then
   timeout "$BENCH_LIMIT" $PY -m benchmarks.bench_torchcall --device="$DEVICE" --repeats=100 \
       --loop=50 --batches=8,1024 --cache_dir="$WORK/cache" --output_dir="$OUT" \

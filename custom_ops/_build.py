@@ -73,8 +73,15 @@ def _torch_flags() -> tuple[list[str], list[str], str]:
         "print('\\x1f'.join(ce.include_paths()));"
         "print(os.path.join(os.path.dirname(torch.__file__), 'lib'));"
         "print(int(torch._C._GLIBCXX_USE_CXX11_ABI));"
-        "print(torch.__version__, torch.version.git_version, torch.version.cuda)")
-    includes, libdir, abi, version = out.splitlines()[-4:]
+        "print(torch.__version__, torch.version.git_version, torch.version.cuda);"
+        # CUDA's headers (the graph runner needs them): CUDA_HOME's, where a toolkit is found.
+        "paths = [];\n"
+        "try: paths = [p for p in ce.include_paths('cuda') if os.path.isfile("
+        "os.path.join(p, 'cuda_runtime_api.h'))]\n"
+        "except Exception: pass\n"
+        "print('cuda:' + '\\x1f'.join(paths))")
+    includes, libdir, abi, version, cuda_line = out.splitlines()[-5:]
+    cuda_includes = cuda_line.removeprefix("cuda:")
     compile_flags = [f"-I{p}" for p in includes.split("\x1f")] + [
         f"-D_GLIBCXX_USE_CXX11_ABI={abi}", "-std=c++20"]
     link_flags = [f"-L{libdir}", "-ltorch", "-ltorch_cpu", "-lc10"]
@@ -83,6 +90,11 @@ def _torch_flags() -> tuple[list[str], list[str], str]:
         # here (the linker's --as-needed would drop it), or torch sees no GPU in a process
         # without Python torch and CUDA packages cannot run.
         link_flags += ["-Wl,--no-as-needed", "-ltorch_cuda", "-Wl,--as-needed"]
+        if cuda_includes:
+            # With CUDA's headers, TorchCall replays packages as CUDA graphs.
+            compile_flags += [*(f"-I{p}" for p in cuda_includes.split("\x1f")),
+                              "-DXGR_TORCH_CUDA=1"]
+            link_flags += ["-lc10_cuda"]
     return compile_flags, link_flags + [f"-Wl,-rpath,{libdir}"], version
 
 

@@ -9,16 +9,20 @@ count), ``NotFoundError`` (missing file) or ``FailedPreconditionError`` (a CUDA 
 host without CUDA) instead of crashing the process.
 
 Inputs stay on the TF host; the op moves them to the package's device and the results back.
+A package whose contract buckets its shapes runs padded to its bucket, and on CUDA as one
+replayed graph per bucket (``package_stats`` counts the replays).
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
+import json
 from typing import Sequence
 
 import tensorflow as tf
 
-from custom_ops._loader import load_library
+from custom_ops._loader import library_path, load_library
 from xgr_common.errors import InvalidInputError, require
 
 _DTYPES = (tf.float32, tf.float64, tf.float16, tf.bfloat16, tf.int8, tf.uint8, tf.int32,
@@ -75,3 +79,17 @@ def torch_call(package, inputs: Sequence[tf.Tensor], output_dtypes: Sequence[tf.
     return op.torch_call(package=path, inputs=list(inputs), Tout=dtypes,
                          output_shapes=shape_attrs, intra_op_threads=intra_op_threads,
                          concurrency=concurrency, name=name)
+
+
+def package_stats() -> dict:
+    """The counters of every package this process has loaded, by path: for a package replayed
+    as CUDA graphs, ``calls``, ``replays``, ``captures``, ``eager_runs`` (after a failed
+    capture), ``evictions``, ``held`` (graphs kept) and ``failure`` (why capture was given
+    up); ``{"graphs": false}`` for a package that runs eagerly."""
+    load_library("torch_call")
+    entry = ctypes.CDLL(str(library_path("torch_call"))).XgrTorchCallStats
+    entry.restype, entry.argtypes = ctypes.c_int, [ctypes.c_char_p, ctypes.c_int]
+    size = entry(None, 0)
+    buffer = ctypes.create_string_buffer(size)
+    entry(buffer, size)
+    return json.loads(buffer.value.decode())

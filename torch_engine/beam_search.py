@@ -62,18 +62,22 @@ def _exclusion_kernels():
 
 
 def _torch_only(tables) -> bool:
-    """Plain torch when there are no kernel tables, or while tracing (an exported program
-    holds torch ops; the kernels are plain launches, not custom ops)."""
-    return tables is None or torch.compiler.is_compiling()
+    """Plain torch when there are no kernel tables, or while tracing under the Triton
+    interpreter (interpreted kernels cannot be traced)."""
+    return tables is None or (torch.compiler.is_compiling() and
+                              os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 def excluded_rows_of(exclude_items: torch.Tensor, catalog: Catalog, tables
                      ) -> torch.Tensor:
     """``excluded_rows``, in one Triton launch when ``tables`` (``fused_exclusion_tables``)
-    are given."""
+    are given (as the op ``xgr::excluded_rows`` while tracing)."""
     if _torch_only(tables):
         return excluded_rows(exclude_items, catalog)
-    return _exclusion_kernels().excluded_rows(exclude_items.contiguous(), tables)
+    kernels = _exclusion_kernels()
+    run = (kernels.traced_excluded_rows if torch.compiler.is_compiling()
+           else kernels.excluded_rows)
+    return run(exclude_items.contiguous(), tables)
 
 
 def blocked_prefixes(excluded: torch.Tensor, catalog: Catalog, tables
@@ -83,7 +87,10 @@ def blocked_prefixes(excluded: torch.Tensor, catalog: Catalog, tables
     if _torch_only(tables):
         return tuple(exhausted_prefixes(excluded, catalog, level)
                      for level in range(catalog.levels))
-    return _exclusion_kernels().exhausted_prefixes(excluded, tables).unbind(0)
+    kernels = _exclusion_kernels()
+    run = (kernels.traced_exhausted_prefixes if torch.compiler.is_compiling()
+           else kernels.exhausted_prefixes)
+    return run(excluded, tables).unbind(0)
 
 
 def expand_items_of(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,
@@ -94,8 +101,10 @@ def expand_items_of(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.T
     if not _torch_only(tables):
         kernels = importlib.import_module("torch_engine.kernels.item_expansion")
         if scores.shape[1] <= kernels.MAX_BEAMS:
-            return kernels.expand_items(scores.contiguous(), paths.contiguous(), excluded,
-                                        catalog.path_indptr, catalog.path_items, top_k)
+            run = (kernels.traced_expand_items if torch.compiler.is_compiling()
+                   else kernels.expand_items)
+            return run(scores.contiguous(), paths.contiguous(), excluded,
+                       catalog.path_indptr, catalog.path_items, top_k)
     return expand_items(scores, paths, excluded, catalog, top_k)
 
 

@@ -117,7 +117,26 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     # so the contract ties them: a mismatch is refused instead of read out of bounds.
     return torch_package.package_aoti(exported, out_path, config.device, cache_dir,
                                       same_dims=[((0, 1), (2, 1))],
-                                      rules=engine_rules(engine, program.prefill_mask))
+                                      rules=engine_rules(engine, program.prefill_mask),
+                                      replay=engine_replay(engine, spec))
+
+
+def engine_replay(engine, spec) -> torch_package.Replay:
+    """How TorchCall runs ``RecommendProgram`` on CUDA: ``Engine.recommend``'s buckets
+    (``EngineConfig.bucket_policy``: rows to a power of two, the prompt with its soft prefix
+    to a multiple of the length bucket, exclusion columns to a power of two), padded as the
+    engine pads (one-token rows, empty exclusions: ``lengths`` 1, ``exclude_items`` -1), each
+    bucket's search replayed as one CUDA graph. On the CPU every call runs at its own shape."""
+    cfg = engine.config
+    if engine.device.type != "cuda" or not cfg.cuda_graphs:
+        return torch_package.Replay()
+    policy = cfg.bucket_policy
+    buckets = [torch_package.Bucket(0, 1, policy.length_multiple, spec.profile_tokens),
+               torch_package.Bucket(4, 1)]
+    if policy.pow2_batch:
+        buckets.insert(0, torch_package.Bucket(0, 0))
+    return torch_package.Replay(buckets=tuple(buckets), pads=((1, 1), (4, -1)),
+                                graphs=cfg.max_graphs)
 
 
 def engine_rules(engine, prefill_mask: MaskMode) -> list[str]:

@@ -45,7 +45,8 @@ from xgr_world.synthetic import make_world
 
 CONTRACT_PROBES = 8   # requests the feature graph is checked with before the compile
 
-__all__ = ["ExportConfig", "ExportReport", "export_saved_model", "resolve_attention"]
+__all__ = ["ExportConfig", "ExportReport", "Sources", "build_engine", "export_saved_model",
+           "resolve_attention", "resolve_selection", "synthetic_sources", "team_sources"]
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class ExportReport:
     package_seconds: float
     package_bytes: int
     check: PipelineCheck | None = None
+    selection_backend: str = "torch"
 
     @property
     def ok(self) -> bool:
@@ -83,6 +85,7 @@ class ExportReport:
                   "catalog": self.catalog, "feature_graph": self.feature_graph,
                   "prefill_mask": self.prefill_mask,
                   "device": self.device, "attention_backend": self.attention_backend,
+                  "selection_backend": self.selection_backend,
                   "dtype": self.dtype, "num_items": self.num_items,
                   "max_prompt_tokens": self.max_prompt_tokens, "beam_width": self.beam_width,
                   "top_k": self.top_k, "top_n": self.top_n, "torch": self.torch_version,
@@ -164,15 +167,33 @@ def resolve_attention(requested: str, device: str) -> str:
     return "triton" if embeddable else "torch"
 
 
-def _build_engine(config: ExportConfig, sources: Sources, attention: str) -> Engine:
+# The fused selection's ops: the package holds them when each is a torch.library.triton_op.
+FUSED_SELECTION_OPS = ("xgr::constrained_topk", "xgr::excluded_rows", "xgr::exhausted_prefixes",
+                       "xgr::expand_items")
+
+
+def resolve_selection(device: str) -> str:
+    """The beam selection to export: on CUDA the fused selection, exclusion and item-expansion
+    kernels (what ``Engine.recommend`` runs there) when AOTInductor can embed them; elsewhere,
+    and on a CPU package, the plain-torch selection."""
+    if not device.startswith("cuda"):
+        return "torch"
+    import torch_engine.kernels.exclusions  # noqa: F401  (registers the xgr:: ops)
+    import torch_engine.kernels.item_expansion  # noqa: F401
+
+    return "triton" if all(is_triton_op(name) for name in FUSED_SELECTION_OPS) else "torch"
+
+
+def build_engine(config: ExportConfig, sources: Sources, attention: str,
+                 selection: str) -> Engine:
+    """The engine an export packages (and checks against): the model, the catalog of
+    ``sources``, the resolved attention and selection backends."""
     device, dtype = torch.device(config.engine.device), getattr(torch, config.resolved_dtype)
     model = (Model.from_pretrained(config.model, dtype=dtype, device=device) if config.model
              else Model.from_preset(config.preset, seed=config.seed, dtype=dtype, device=device))
-    # The plain-torch selection: the fused one is a Python custom op, which AOTInductor cannot
-    # put in the package.
     catalog = Catalog.from_arrays(sources.item_ids, sources.item_codes, sources.spec.layout)
     return Engine(model, catalog,
-                  EngineConfig(attention_backend=attention, selection_backend="torch"))
+                  EngineConfig(attention_backend=attention, selection_backend=selection))
 
 
 def export_saved_model(config: ExportConfig,
@@ -184,14 +205,16 @@ def export_saved_model(config: ExportConfig,
     out = require_empty_folder(config.out)
     started = time.perf_counter()
     attention = resolve_attention(config.attention_backend, config.engine.device)
+    selection = resolve_selection(config.engine.device)
     progress(f"reading {'the team files' if config.model else 'the synthetic world'} ...")
     sources = team_sources(config) if config.model else synthetic_sources(config)
-    engine = _build_engine(config, sources, attention)
+    engine = build_engine(config, sources, attention, selection)
     spec = sources.spec
     setup_seconds = time.perf_counter() - started
     search = config.engine
     progress(f"exporting Engine.recommend ({config.model_name}, {engine.dtype}, {attention} "
-             f"attention, {sources.prefill_mask.value} mask, beam_width {search.beam_width}, "
+             f"attention, {selection} selection, {sources.prefill_mask.value} mask, "
+             f"beam_width {search.beam_width}, "
              f"top_k {search.top_k}) for {search.device}; AOTInductor takes a while ...")
     pipeline_config = PipelineConfig(top_n=config.top_n)
     with tempfile.TemporaryDirectory(prefix="xgr_export_") as tmp:
@@ -213,7 +236,8 @@ def export_saved_model(config: ExportConfig,
         saved_model=saved, engine_signature=package.signature, model=config.model_name,
         catalog=sources.catalog, feature_graph=sources.feature_graph,
         prefill_mask=sources.prefill_mask.value, device=search.device,
-        attention_backend=attention, dtype=str(engine.dtype).removeprefix("torch."),
+        attention_backend=attention, selection_backend=selection,
+        dtype=str(engine.dtype).removeprefix("torch."),
         num_items=len(sources.item_ids), max_prompt_tokens=spec.max_prompt_tokens,
         beam_width=search.beam_width, top_k=search.top_k, top_n=config.top_n,
         torch_version=torch.__version__, setup_seconds=setup_seconds,

@@ -56,7 +56,9 @@ class TensorSpec:
 class Package:
     """A package file and its contract. ``format`` is ``"aoti"`` or ``"torchscript"``;
     ``rules``: the value rules the program's inputs obey, as contract lines
-    (``xgr_common.value_rules.contract_lines``), empty for a program without any."""
+    (``xgr_common.value_rules.contract_lines``), empty for a program without any; ``replay``:
+    how TorchCall runs it (``bucket``, ``pad`` and ``graphs`` lines, see ``Replay``), empty
+    to run every call at its own shape."""
 
     path: Path
     format: str
@@ -65,13 +67,15 @@ class Package:
     outputs: tuple[TensorSpec, ...]
     ranges: tuple[tuple[str, int, int], ...]
     rules: tuple[str, ...] = ()
+    replay: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
         """Plain data (for manifests written by a packaging process)."""
         return {"path": str(self.path), "format": self.format, "device": self.device,
                 "inputs": [[t.dtype, list(t.dims)] for t in self.inputs],
                 "outputs": [[t.dtype, list(t.dims)] for t in self.outputs],
-                "ranges": [list(r) for r in self.ranges], "rules": list(self.rules)}
+                "ranges": [list(r) for r in self.ranges], "rules": list(self.rules),
+                "replay": list(self.replay)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Package":
@@ -79,7 +83,7 @@ class Package:
             return tuple(TensorSpec(dtype, tuple(dims)) for dtype, dims in items)
         return cls(Path(data["path"]), data["format"], data["device"], specs(data["inputs"]),
                    specs(data["outputs"]), tuple(tuple(r) for r in data["ranges"]),
-                   tuple(data.get("rules", ())))
+                   tuple(data.get("rules", ())), tuple(data.get("replay", ())))
 
     @property
     def signature(self) -> str:
@@ -89,7 +93,52 @@ class Package:
         lines += [f"out {s.dtype} {' '.join(map(str, s.dims))}".rstrip() for s in self.outputs]
         lines += [f"dim {name} {lo} {hi}" for name, lo, hi in self.ranges]
         lines += list(self.rules)
+        lines += list(self.replay)
         return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """One input dimension that TorchCall rounds up before the package runs: to the next
+    power of two (``multiple`` 0), or ``size + offset`` up to a multiple of ``multiple``, minus
+    ``offset``; clamped to the dimension's range."""
+
+    input: int
+    dim: int
+    multiple: int = 0
+    offset: int = 0
+
+    def line(self) -> str:
+        if self.multiple == 0:
+            return f"bucket {self.input} {self.dim} pow2"
+        return f"bucket {self.input} {self.dim} multiple {self.multiple} offset {self.offset}"
+
+
+@dataclass(frozen=True)
+class Replay:
+    """How TorchCall runs a package (``custom_ops/cc/torch_call/torch/signature.h``): each call
+    at its bucketed shape, padded with each input's padding value (``pads``: input -> value,
+    0 elsewhere), and on CUDA replayed as one captured graph per bucket (``graphs``: at most
+    that many kept; 0: none). Padding must be inputs that break no value rule and whose results
+    the program keeps apart from the real ones (the rows and columns are cut off again)."""
+
+    buckets: tuple[Bucket, ...] = ()
+    pads: tuple[tuple[int, float], ...] = ()
+    graphs: int = 0
+
+    def __post_init__(self) -> None:
+        require(isinstance(self.graphs, int) and self.graphs >= 0, InvalidInputError,
+                f"Replay.graphs must be an int >= 0, got {self.graphs!r}")
+        for b in self.buckets:
+            require(b.multiple >= 0 and b.offset >= 0, InvalidInputError,
+                    f"Replay bucket {b} needs multiple >= 0 and offset >= 0")
+
+    def lines(self) -> tuple[str, ...]:
+        out = [b.line() for b in self.buckets]
+        out += [f"pad {i} {value:g}" for i, value in self.pads]
+        if self.graphs:
+            out.append(f"graphs {self.graphs}")
+        return tuple(out)
 
 
 def _dtype_name(dtype: torch.dtype, what: str) -> str:
@@ -204,7 +253,7 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
                  device: str = "cpu", cache_dir: str | os.PathLike | None = None,
                  runtime_ops: tuple[str, ...] = (),
                  same_dims: Sequence[tuple[tuple[int, int], tuple[int, int]]] = (),
-                 rules: Sequence[str] = ()) -> Package:
+                 rules: Sequence[str] = (), replay: Replay = Replay()) -> Package:
     """Compile ``program`` with AOTInductor into ``out_path`` (a ``.pt2``) with its contract.
 
     With ``cache_dir``, a package compiled before from the same graph, weights, torch version
@@ -213,7 +262,8 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
     only Python can run is refused, because a TorchCall process has no Python torch.
     ``same_dims`` pairs ``((input, dim), (input, dim))`` that the caller must keep equal
     although the program traced them apart; the op then checks them as one. ``rules``:
-    the value rules of the program's inputs, recorded in the contract (``Package.rules``).
+    the value rules of the program's inputs, recorded in the contract (``Package.rules``);
+    ``replay``: bucketed shapes and CUDA graphs for TorchCall (``Package.replay``).
     """
     out_path = Path(out_path)
     require(out_path.suffix == ".pt2", InvalidInputError,
@@ -227,7 +277,14 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
             f"torch path (e.g. EngineConfig(attention_backend='torch', "
             f"selection_backend='torch'))")
     contract = replace(_unify_dims(contract_of(program, device), same_dims),
-                       rules=tuple(rules))
+                       rules=tuple(rules), replay=replay.lines())
+    for bucket in replay.buckets:
+        require(bucket.input < len(contract.inputs) and
+                bucket.dim < len(contract.inputs[bucket.input].dims) and
+                isinstance(contract.inputs[bucket.input].dims[bucket.dim], str),
+                InvalidInputError,
+                f"Replay buckets input {bucket.input} dim {bucket.dim}, which is not a dynamic "
+                f"dimension of the program")
     key = _cache_key(program, device, contract.signature)
     cached = Path(cache_dir) / f"{key}.pt2" if cache_dir else None
     out_path.parent.mkdir(parents=True, exist_ok=True)

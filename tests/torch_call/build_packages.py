@@ -82,6 +82,14 @@ class DoubleInPlace(torch.nn.Module):
         return x + 0.0
 
 
+class ShapeProbe(torch.nn.Module):
+    """ids int64 [B, L] -> (row sums int64 [B], the shape the package ran at int64 [2]): what a
+    bucketed contract makes TorchCall pass in."""
+
+    def forward(self, ids):
+        return ids.sum(dim=1), torch.tensor(ids.shape, dtype=torch.int64)
+
+
 class Table(torch.nn.Module):
     """x float32 [B] (ignored) -> the module's own buffer float32 [1024], the same storage on
     every call: TF outputs share it only if adopted without a copy."""
@@ -139,6 +147,16 @@ def _refusal(torch_package, out: Path) -> str:
     return "accepted"
 
 
+def _with_contract(torch_package, source: Path, path: Path, contract):
+    """The TorchScript module at ``source`` saved to ``path`` under ``contract``."""
+    from dataclasses import replace
+
+    package = replace(contract, path=path)
+    torch.jit.save(torch.jit.load(str(source)), str(path),
+                   _extra_files={torch_package.SIGNATURE_FILE: package.signature})
+    return package
+
+
 def _export_aoti(torch_package, module, example, dynamic, out, cache):
     program = torch_package.export_program(module, example, dynamic)
     return torch_package.package_aoti(program, out, cache_dir=cache)
@@ -187,6 +205,31 @@ def main(out: Path, cache: Path) -> None:
         torch.jit.save(torch.jit.load(str(excluder.path)), str(ruled.path),
                        _extra_files={torch_package.SIGNATURE_FILE: ruled.signature})
         built[name] = ruled
+    # The ruled excluder run at bucketed shapes (rows to a power of two, the prompt to a
+    # multiple of 8, exclusion columns to a power of two; padding rows of length 1, padding
+    # exclusions -1), as an engine package on CUDA is: same results as unbucketed.
+    ruled = built["ruled_excluder"]
+    bucketed = torch_package.Replay(
+        buckets=(torch_package.Bucket(0, 0), torch_package.Bucket(0, 1, 8, 0),
+                 torch_package.Bucket(2, 1)), pads=((1, 1), (2, -1)))
+    outputs = (torch_package.TensorSpec("int64", ("batch", TOP_K)),
+               torch_package.TensorSpec("float32", ("batch", TOP_K)))
+    built["bucketed_excluder"] = _with_contract(
+        torch_package, ruled.path, out / "bucketed_excluder.pt",
+        torch_package.Package(Path(), "torchscript", "cpu", ruled.inputs, outputs,
+                              ruled.ranges, ruled.rules, bucketed.lines()))
+    probe = torch_package.package_torchscript(
+        ShapeProbe(), (torch.ones(3, 6, dtype=torch.int64),), out / "shape_probe_raw.pt",
+        {(0, 0): ("batch", 1, 6), (0, 1): ("length", 1, MAX_LEN)}, script=True)
+    probe_replay = torch_package.Replay(
+        buckets=(torch_package.Bucket(0, 0), torch_package.Bucket(0, 1, 8, 3)),
+        pads=((0, 7),))
+    built["shape_probe"] = _with_contract(
+        torch_package, probe.path, out / "shape_probe.pt",
+        torch_package.Package(Path(), "torchscript", "cpu", probe.inputs,
+                              (torch_package.TensorSpec("int64", ("batch",)),
+                               torch_package.TensorSpec("int64", (2,))),
+                              probe.ranges, (), probe_replay.lines()))
     for name, module in (("double_in_place", DoubleInPlace()), ("table", Table()),
                          ("unaligned", Unaligned()),
                          ("identity", Identity())):
@@ -213,6 +256,11 @@ def main(out: Path, cache: Path) -> None:
                    _extra_files={torch_package.SIGNATURE_FILE: "device cpu\nin float32 n\n"
                                                                "out float32 n\n"
                                                                "rule r x any: x must be finite\n"})
+    # A contract that buckets a fixed dimension.
+    torch.jit.save(torch.jit.script(Identity()), str(out / "bad_bucket.pt"),
+                   _extra_files={torch_package.SIGNATURE_FILE: "device cpu\nin float32 4\n"
+                                                               "out float32 4\n"
+                                                               "bucket 0 0 pow2\n"})
     # A TorchScript file made without torch_package: no contract.
     torch.jit.save(torch.jit.script(Identity()), str(out / "bare.pt"))
     manifest = {name: package.to_json() for name, package in built.items()}

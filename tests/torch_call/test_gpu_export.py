@@ -28,7 +28,13 @@ pytestmark = [pytest.mark.gpu,
                                  reason="the export and its check run TensorFlow")]
 
 
-def test_cuda_export_matches_the_python_pipeline_on_the_gpu(tmp_path):
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def cuda_export(tmp_path_factory):
+    """``xgr export`` for cuda:0 with --verify_requests, and its report."""
+    tmp_path = tmp_path_factory.mktemp("cuda_export")
     report = tmp_path / "report.json"
     env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
     done = subprocess.run(
@@ -39,7 +45,11 @@ def test_cuda_export_matches_the_python_pipeline_on_the_gpu(tmp_path):
          f"--cache_dir={CACHE}"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-4000:])
-    result = json.loads(report.read_text())
+    return tmp_path / "recs" / "1", json.loads(report.read_text())
+
+
+def test_cuda_export_matches_the_python_pipeline_on_the_gpu(cuda_export):
+    _, result = cuda_export
     verify = result["verify"]
     # bfloat16, the CUDA default: items exact except inside score ties (the ranked-list rule).
     assert verify["ok"] and verify["requests"] == 8
@@ -49,3 +59,38 @@ def test_cuda_export_matches_the_python_pipeline_on_the_gpu(tmp_path):
     assert result["device"] == "cuda:0" and result["dtype"] == "bfloat16"
     assert verify["prompt_tokens_max"] == 4 + 4 * 40   # full prompts: the history is long
     assert min(verify["items_per_request"]) == 16      # the history rule ran on the device
+    # What Engine.recommend runs on CUDA: the fused selection kernels inside the package,
+    # which TorchCall replays per bucket.
+    assert result["selection_backend"] == "triton"
+    assert "graphs " in result["engine_signature"] and "bucket 0 0 pow2" in result[
+        "engine_signature"]
+
+
+def _signature_sizes(signature: str) -> tuple[int, int, int]:
+    """(soft tokens, hidden, max_position) from the package's contract lines."""
+    embeds = next(line for line in signature.splitlines()
+                  if line.startswith("in float32")).split()
+    rule = next(line for line in signature.splitlines() if line.startswith("rule positions"))
+    max_position = int(rule.split("max_position=")[1].split(":")[0])
+    return int(embeds[-2]), int(embeds[-1]), max_position
+
+
+def test_cuda_package_replays_one_graph_per_call_and_refuses_hostile_values(cuda_export):
+    """Out-of-range tokens, bad lengths and segments, NaN embeddings and a prompt past the
+    model's positions are InvalidArgument before any kernel runs (a device-side assert would
+    poison the context for every later request); the next request is answered as before;
+    every valid call is one graph replay, captured without a host synchronisation."""
+    saved_model, result = cuda_export
+    soft, hidden, max_position = _signature_sizes(result["engine_signature"])
+    done = subprocess.run([sys.executable, str(HERE / "hostile_child.py"),
+                           str(saved_model / "assets" / "engine.pt2"), str(hidden), str(soft),
+                           str(max_position)], cwd=ROOT,
+                          env=child_env(TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-4000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert set(out["cases"].values()) == {"InvalidArgumentError"}, out
+    assert "prompt_past_max_position" in out["cases"] and out["next_request_equal"]
+    stats = out["stats"]
+    assert stats["graphs"] and stats["failure"] == "" and stats["eager_runs"] == 0, stats
+    assert stats["calls"] == 2 and stats["replays"] == 2 and stats["captures"] == 1, stats

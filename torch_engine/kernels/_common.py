@@ -50,6 +50,32 @@ def size_hint(size, fallback: int = 1) -> int:
     return int(size)
 
 
+def size_bound(size) -> int | None:
+    """A size's largest value as a Python int, for a block that must hold every size a traced
+    program accepts (e.g. one program per row of a dynamic width): a traced symbolic size
+    gives the upper end of its range (None when unbounded); a plain size is itself."""
+    if isinstance(size, torch.SymInt):
+        node = size.node
+        value = node.maybe_as_int()
+        if value is not None:
+            return int(value)
+        try:
+            upper = node.shape_env.bound_sympy(node.expr).upper
+            return int(upper) if upper.is_finite else None
+        except (AttributeError, TypeError, ValueError, OverflowError):
+            return None
+    return int(size)
+
+
+def bounded_size(op: str, name: str, size) -> int:
+    """``size_bound`` of a size that must have one; raises ``InvalidInputError`` naming it."""
+    bound = size_bound(size)
+    require(bound is not None, InvalidInputError,
+            f"{op}: {name} must have a bounded size in a traced program (give its dynamic "
+            f"dimension a max), got {size}")
+    return bound
+
+
 def check_rank(op: str, name: str, tensor: torch.Tensor, rank: int, layout: str) -> None:
     require(isinstance(tensor, torch.Tensor), InvalidInputError,
             f"{op}: {name} must be a torch.Tensor, got {type(tensor).__name__}")

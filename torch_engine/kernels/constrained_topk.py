@@ -36,6 +36,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
@@ -347,8 +348,9 @@ def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, bloc
     else:
         num_blocked = blocked.shape[1]
     block_c = min(triton.next_power_of_2(size), 1024)
-    steps = max(1, num_blocked).bit_length()
-    _level_scores_kernel[(batch * beams,)](
+    # A traced program searches the widest blocked rows it accepts (more steps are harmless).
+    steps = max(1, c.bounded_size(_OP, "blocked.shape[1]", num_blocked)).bit_length()
+    wrap_triton(_level_scores_kernel)[(batch * beams,)](
         logits, scores, prefixes, indptr, codes, blocked, total, child, beams, size,
         num_blocked, logits.stride(0), logits.stride(1), logits.stride(2), scores.stride(0),
         scores.stride(1), prefixes.stride(0), prefixes.stride(1), blocked.stride(0),
@@ -368,12 +370,12 @@ def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, bloc
         out_keys = torch.empty((batch, groups * width), dtype=torch.float32, device=device)
         out_ids = torch.empty((batch, groups * width), dtype=torch.int32, device=device)
         block, resident, warps = _select_block(chunk, resident_keys)
-        _reduce_kernel[(batch, groups)](
+        wrap_triton(_reduce_kernel)[(batch, groups)](
             keys, keys if ids is None else ids, out_keys, out_ids, count, chunk, width,
             HAS_IDS=ids is not None, RESIDENT=resident, BLOCK=block, num_warps=warps)
         keys, ids, count = out_keys, out_ids, groups * width
     block, resident, warps = _select_block(count, resident_keys)
-    _select_kernel[(batch,)](
+    wrap_triton(_select_kernel)[(batch,)](
         keys, keys if ids is None else ids, child, out_scores, parent, code, prefix, count,
         beams * size, size, width, HAS_IDS=ids is not None, RESIDENT=resident, BLOCK=block,
         num_warps=warps)
@@ -392,21 +394,38 @@ def _select_block(keys: int, resident_keys: int) -> tuple[int, bool, int]:
     return min(block, 8192 if c.interpreting() else 1024), False, 8
 
 
-@torch.library.custom_op("xgr::constrained_topk", mutates_args=())
+def _run(logits, scores, prefixes, indptr, codes, width, blocked):
+    _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked)
+    with c.on_device(logits.device):
+        return launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, blocked)
+
+
+@triton_op("xgr::constrained_topk", mutates_args=())
 def _constrained_topk_op(logits: torch.Tensor, scores: torch.Tensor, prefixes: torch.Tensor,
                          indptr: torch.Tensor, codes: torch.Tensor, width: int,
                          blocked: torch.Tensor | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked)
-    if logits.device.type == "cuda":
-        with torch.cuda.device(logits.device):
-            return launch_constrained_topk(logits, scores, prefixes, indptr, codes, width,
-                                           blocked)
-    return launch_constrained_topk(logits, scores, prefixes, indptr, codes, width,
-                                           blocked)
+    # torch.library.triton_op: also the fake (under tracing the wrapped launches record the
+    # kernels instead of running), so AOTInductor compiles the kernels into its package.
+    if c.interpreting():
+        return torch.ops.xgr.constrained_topk_interpreted(logits, scores, prefixes, indptr,
+                                                          codes, width, blocked)
+    return _run(logits, scores, prefixes, indptr, codes, width, blocked)
 
 
-@_constrained_topk_op.register_fake
+@torch.library.custom_op("xgr::constrained_topk_interpreted", mutates_args=())
+def _constrained_topk_interpreted(logits: torch.Tensor, scores: torch.Tensor,
+                                  prefixes: torch.Tensor, indptr: torch.Tensor,
+                                  codes: torch.Tensor, width: int,
+                                  blocked: torch.Tensor | None = None
+                                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                             torch.Tensor]:
+    """The op under ``TRITON_INTERPRET=1`` (CPU): interpreted kernels cannot be traced, so
+    traced graphs call this opaque op instead."""
+    return _run(logits, scores, prefixes, indptr, codes, width, blocked)
+
+
+@_constrained_topk_interpreted.register_fake
 def _(logits, scores, prefixes, indptr, codes, width, blocked=None):
     _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked, devices=False)
     batch = logits.shape[0]

@@ -15,8 +15,11 @@ one launch each (one program per request):
   its rows then emits the prefix, as the torch definition does, so the outputs are equal.
 
 Same results as the torch functions, bit for bit. Shapes alone decide each launch (values are
-never read on the host), so both capture in CUDA graphs. Plain launches (no custom op): the
-engine calls them only outside tracing, where the torch functions stand in.
+never read on the host), so both capture in CUDA graphs. The engine's eager and captured
+searches call the launchers; traced programs call the same launches as ops registered with
+``torch.library.triton_op`` (``xgr::excluded_rows``, ``xgr::exhausted_prefixes``: AOTInductor
+compiles the kernels into its package), whose blocks cover the largest exclusion width the
+program accepts.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from torch_engine.catalog import Catalog
 from xgr_common.errors import InvalidInputError, require
@@ -127,13 +131,14 @@ def _exhausted_kernel(rows_ptr, indptr_ptr, starts_ptr, totals_ptr, out_ptr, exc
 def _checked_block(op: str, name: str, table: torch.Tensor, catalog_table: torch.Tensor
                    ) -> int:
     """Checks a ``[B, X]`` int64 request table (contiguous, B and X >= 1, on the catalog
-    tables' device) and returns the block of one program: X up to a power of two."""
+    tables' device) and returns the block of one program: X up to a power of two (the largest
+    X a traced program accepts)."""
     c.check_rank(op, name, table, 2, "[B, X]")
     c.check_index(op, name, table, allowed=(torch.int64,))
     batch, columns = table.shape
     require(batch >= 1 and columns >= 1, InvalidInputError,
             f"{op}: {name} must have B, X >= 1, got shape {tuple(table.shape)}")
-    block = max(2, triton.next_power_of_2(columns))
+    block = max(2, triton.next_power_of_2(c.bounded_size(op, f"{name}.shape[1]", columns)))
     require(block <= MAX_BLOCK, InvalidInputError,
             f"{op}: {name} may have at most {MAX_BLOCK} columns, got {columns}")
     c.check_devices(op, {name: table, "the catalog tables": catalog_table})
@@ -148,15 +153,8 @@ def excluded_rows(exclude_items: torch.Tensor, tables: ExclusionTables) -> torch
     """``beam_search.excluded_rows`` in one launch: ``exclude_items [B, X]`` int64, contiguous
     (X >= 1, -1 = padding, ids not in the catalog ignored) -> ``[B, X]`` int64 rows of
     ``path_items``, sorted, distinct, padded with the sentinel ``num_items``."""
-    block = _checked_block("excluded_rows", "exclude_items", exclude_items, tables.lookup_ids)
-    batch, columns = exclude_items.shape
-    out = torch.empty((batch, columns), dtype=torch.int64, device=exclude_items.device)
-    with c.on_device(out.device):
-        _excluded_rows_kernel[(batch,)](
-            exclude_items, tables.lookup_ids, tables.lookup_rows, out, columns,
-            tables.num_items, BLOCK=block, STEPS=tables.num_items.bit_length(),
-            num_warps=_warps(block))
-    return out
+    return _launch_excluded_rows(exclude_items, tables.lookup_ids, tables.lookup_rows,
+                                 tables.num_items)
 
 
 def exhausted_prefixes(rows: torch.Tensor, tables: ExclusionTables) -> torch.Tensor:
@@ -164,12 +162,52 @@ def exhausted_prefixes(rows: torch.Tensor, tables: ExclusionTables) -> torch.Ten
     ``excluded_rows`` -> ``[L, B, X]`` int64, entry ``level`` being that level's ``blocked``
     input of the fused selection (prefixes of ``level + 1`` codes, sorted, padded with the
     count of such prefixes)."""
-    block = _checked_block("exhausted_prefixes", "rows", rows, tables.indptr)
-    batch, columns = rows.shape
-    out = torch.empty((tables.levels, batch, columns), dtype=torch.int64, device=rows.device)
+    return _launch_exhausted(rows, tables.indptr, tables.starts, tables.totals,
+                             tables.num_items, tables.levels, tables.widest)
+
+
+def traced_excluded_rows(exclude_items: torch.Tensor, tables: ExclusionTables) -> torch.Tensor:
+    """``excluded_rows`` as the op ``xgr::excluded_rows``, for traced programs."""
+    return torch.ops.xgr.excluded_rows(exclude_items, tables.lookup_ids, tables.lookup_rows,
+                                       tables.num_items)
+
+
+def traced_exhausted_prefixes(rows: torch.Tensor, tables: ExclusionTables) -> torch.Tensor:
+    """``exhausted_prefixes`` as the op ``xgr::exhausted_prefixes``, for traced programs."""
+    return torch.ops.xgr.exhausted_prefixes(rows, tables.indptr, tables.starts, tables.totals,
+                                            tables.num_items, tables.levels, tables.widest)
+
+
+def _launch_excluded_rows(exclude_items, lookup_ids, lookup_rows, num_items: int):
+    block = _checked_block("excluded_rows", "exclude_items", exclude_items, lookup_ids)
+    batch, columns = exclude_items.shape
+    out = torch.empty((batch, columns), dtype=torch.int64, device=exclude_items.device)
     with c.on_device(out.device):
-        _exhausted_kernel[(batch,)](
-            rows, tables.indptr, tables.starts, tables.totals, out, columns, tables.num_items,
-            LEVELS=tables.levels, BLOCK=block, STEPS=(tables.widest + 1).bit_length(),
-            num_warps=_warps(block))
+        wrap_triton(_excluded_rows_kernel)[(batch,)](
+            exclude_items, lookup_ids, lookup_rows, out, columns, num_items, BLOCK=block,
+            STEPS=num_items.bit_length(), num_warps=_warps(block))
     return out
+
+
+def _launch_exhausted(rows, indptr, starts, totals, num_items: int, levels: int, widest: int):
+    block = _checked_block("exhausted_prefixes", "rows", rows, indptr)
+    batch, columns = rows.shape
+    out = torch.empty((levels, batch, columns), dtype=torch.int64, device=rows.device)
+    with c.on_device(out.device):
+        wrap_triton(_exhausted_kernel)[(batch,)](
+            rows, indptr, starts, totals, out, columns, num_items, LEVELS=levels, BLOCK=block,
+            STEPS=(widest + 1).bit_length(), num_warps=_warps(block))
+    return out
+
+
+@triton_op("xgr::excluded_rows", mutates_args=())
+def _excluded_rows_op(exclude_items: torch.Tensor, lookup_ids: torch.Tensor,
+                      lookup_rows: torch.Tensor, num_items: int) -> torch.Tensor:
+    return _launch_excluded_rows(exclude_items, lookup_ids, lookup_rows, num_items)
+
+
+@triton_op("xgr::exhausted_prefixes", mutates_args=())
+def _exhausted_op(rows: torch.Tensor, indptr: torch.Tensor, starts: torch.Tensor,
+                  totals: torch.Tensor, num_items: int, levels: int, widest: int
+                  ) -> torch.Tensor:
+    return _launch_exhausted(rows, indptr, starts, totals, num_items, levels, widest)

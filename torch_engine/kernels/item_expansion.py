@@ -24,9 +24,10 @@ Every output address is written once (kept items at distinct cumsum positions, p
 them), so nothing races. Same function, bit for bit, as ``beam_search.expand_items`` (its
 docstring has the rules). The launcher checks shapes, dtypes, contiguity and devices, never
 values (a host synchronisation would break CUDA-graph capture), and raises
-``InvalidInputError`` naming the argument and the rule. A plain launch (no custom op): the
-engine calls it only outside tracing, and shapes alone decide the launch, so it captures in
-a CUDA graph.
+``InvalidInputError`` naming the argument and the rule. Shapes alone decide the launch, so
+it captures in a CUDA graph. The engine's eager and captured searches call the launcher;
+traced programs call it as ``xgr::expand_items``, registered with ``torch.library.triton_op``
+(AOTInductor compiles the kernel into its package).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
@@ -141,15 +143,17 @@ def _check_inputs(scores, paths, excluded, path_indptr, path_items, top_k) -> No
                           "path_indptr": path_indptr, "path_items": path_items})
 
 
-def _blocks(width: int, excluded: int, top_k: int) -> dict:
+def _blocks(width: int, excluded, top_k: int) -> dict:
     """Block sizes and warps of a launch, from shapes only. A slot block covers ``top_k`` plus
     the exclusions in one step, up to ``_MAX_SLOTS``. Warps grow with the blocks so that no
-    compile for sm_90 spills (tests/kernels/test_item_expansion.py prints the registers)."""
+    compile for sm_90 spills (tests/kernels/test_item_expansion.py prints the registers). In a
+    traced program the exclusion search covers the largest width the program accepts."""
     block_w = max(16, triton.next_power_of_2(width))
-    block_s = max(16, min(triton.next_power_of_2(top_k + excluded), _MAX_SLOTS))
+    block_s = max(16, min(triton.next_power_of_2(top_k + c.size_hint(excluded)), _MAX_SLOTS))
     warps = 16 if block_w >= 4096 else 8 if max(block_w, block_s) >= 512 else 4
+    search_x = c.bounded_size(_OP, "excluded.shape[1]", excluded).bit_length()
     return dict(BLOCK_W=block_w, LOG_W=block_w.bit_length() - 1,
-                SEARCH_X=excluded.bit_length(), BLOCK_S=block_s, num_warps=warps)
+                SEARCH_X=search_x, BLOCK_S=block_s, num_warps=warps)
 
 
 def expand_items(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,
@@ -175,7 +179,21 @@ def expand_items(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tens
     blocks = _blocks(width, excluded.shape[1], top_k)
     scratch = torch.empty((batch, 3 * blocks["BLOCK_W"]), dtype=torch.int64, device=device)
     with c.on_device(device):
-        _expand_items_kernel[(batch,)](
+        wrap_triton(_expand_items_kernel)[(batch,)](
             scores, paths, excluded, path_indptr, path_items, scratch, items, best, width,
             excluded.shape[1], top_k, **blocks)
     return items, best
+
+
+@triton_op("xgr::expand_items", mutates_args=())
+def _expand_items_op(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,
+                     path_indptr: torch.Tensor, path_items: torch.Tensor, top_k: int
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    return expand_items(scores, paths, excluded, path_indptr, path_items, top_k)
+
+
+def traced_expand_items(scores: torch.Tensor, paths: torch.Tensor, excluded: torch.Tensor,
+                        path_indptr: torch.Tensor, path_items: torch.Tensor, top_k: int
+                        ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``expand_items`` as the op ``xgr::expand_items``, for traced programs."""
+    return torch.ops.xgr.expand_items(scores, paths, excluded, path_indptr, path_items, top_k)

@@ -88,6 +88,8 @@ class Package {
   virtual std::string format() const = 0;
   // Declared output dtypes, checked against the op's `Tout` attr before the first run.
   virtual const std::vector<ElementType>& output_dtypes() const = 0;
+  // Counters of the package's runs as a JSON object (CUDA graph replays, captures, ...).
+  virtual std::string StatsJson() const { return "{}"; }
 };
 
 // Loads `path` once per process (per path and options) and returns the shared package. A

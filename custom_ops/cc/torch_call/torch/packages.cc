@@ -7,6 +7,8 @@
 #include <torch/cuda.h>
 #include <torch/script.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -15,6 +17,7 @@
 #include <optional>
 #include <set>
 
+#include "custom_ops/cc/torch_call/torch/graph_runner.h"
 #include "custom_ops/cc/torch_call/torch/signature.h"
 #include "custom_ops/cc/torch_call/torch_runner.h"
 
@@ -85,15 +88,11 @@ class PackageBase : public Package {
       // Kernels launch on the package's GPU whatever device the calling thread had current.
       std::optional<c10::DeviceGuard> on_device;
       if (!device_.is_cpu() && device_.has_index()) on_device.emplace(device_);
-      std::vector<at::Tensor> tensors;
-      tensors.reserve(inputs.size());
-      for (const auto& in : inputs) {
-        // Zero-copy: a view of the TF buffer, which outlives this call.
-        at::Tensor t = at::from_blob(const_cast<void*>(in.data), in.shape,
-                                     at::TensorOptions().dtype(ToScalarType(in.dtype)));
-        tensors.push_back(device_.is_cpu() ? t : t.to(device_));
+      const BucketedShapes shapes = signature_.Bucket(inputs);
+      std::vector<at::Tensor> results = Execute(HostInputs(inputs, shapes), shapes);
+      for (size_t i = 0; i < results.size() && i < signature_.outputs.size(); ++i) {
+        results[i] = CutBack(results[i], i, shapes);
       }
-      std::vector<at::Tensor> results = Forward(std::move(tensors));
       return HandBack(results, outputs);
     } catch (const c10::OutOfMemoryError& e) {
       return {Code::kResourceExhausted, "the device ran out of memory running the " + format_ +
@@ -116,7 +115,55 @@ class PackageBase : public Package {
  protected:
   virtual std::vector<at::Tensor> Forward(std::vector<at::Tensor> inputs) = 0;
 
+  // Runs host inputs at their (bucketed) shapes: eagerly on the package's device by default.
+  virtual std::vector<at::Tensor> Execute(const std::vector<at::Tensor>& host,
+                                          const BucketedShapes& shapes) {
+    (void)shapes;
+    std::vector<at::Tensor> tensors;
+    tensors.reserve(host.size());
+    for (const auto& t : host) tensors.push_back(device_.is_cpu() ? t : t.to(device_));
+    return Forward(std::move(tensors));
+  }
+
+  const Signature& signature() const { return signature_; }
+  const c10::Device& torch_device() const { return device_; }
+
  private:
+  // Views of the TF buffers (zero-copy, they outlive the call), or copies padded to the
+  // bucketed shape with each input's padding value.
+  std::vector<at::Tensor> HostInputs(const std::vector<InputView>& inputs,
+                                     const BucketedShapes& shapes) const {
+    std::vector<at::Tensor> host;
+    host.reserve(inputs.size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const InputView& in = inputs[i];
+      const auto options = at::TensorOptions().dtype(ToScalarType(in.dtype));
+      at::Tensor view = at::from_blob(const_cast<void*>(in.data), in.shape, options);
+      if (shapes.inputs[i] == in.shape) {
+        host.push_back(view);
+        continue;
+      }
+      at::Tensor padded = at::full(shapes.inputs[i], signature_.pads[i], options);
+      at::Tensor corner = padded;
+      for (size_t d = 0; d < in.shape.size(); ++d) corner = corner.narrow(d, 0, in.shape[d]);
+      corner.copy_(view);
+      host.push_back(padded);
+    }
+    return host;
+  }
+
+  at::Tensor CutBack(const at::Tensor& result, size_t output,
+                     const BucketedShapes& shapes) const {
+    if (!shapes.padded) return result;
+    const std::vector<int64_t> real =
+        signature_.RealOutputShape(output, result.sizes().vec(), shapes);
+    at::Tensor cut = result;
+    for (size_t d = 0; d < real.size(); ++d) {
+      if (real[d] != cut.size(d)) cut = cut.narrow(d, 0, real[d]);
+    }
+    return cut;
+  }
+
   Status HandBack(const std::vector<at::Tensor>& results, std::vector<Result>* outputs) {
     if (results.size() != output_dtypes_.size()) {
       return {Code::kInternal, "package returned " + std::to_string(results.size()) +
@@ -151,17 +198,65 @@ class PackageBase : public Package {
 
 class AotiPackage : public PackageBase {
  public:
-  AotiPackage(Signature sig, std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader)
-      : PackageBase(std::move(sig), "AOTInductor"), loader_(std::move(loader)) {}
+  // `graphed`: the loader runs single-threaded and each bucket's run is replayed as a CUDA
+  // graph (graph_runner.h).
+  AotiPackage(Signature sig, std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader,
+              bool graphed)
+      : PackageBase(std::move(sig), "AOTInductor"), loader_(std::move(loader)) {
+    if (graphed) {
+      graphs_ = MakeGraphRunner(loader_.get(), torch_device(), signature().max_graphs);
+    }
+  }
+
+  ~AotiPackage() override { graphs_.reset(); }  // the graphs before the loader they replay
+
+  std::string StatsJson() const override {
+    if (!graphs_) return "{\"graphs\": false}";
+    const GraphStats st = graphs_->Stats();
+    std::string failure;
+    for (char c : st.failure) {
+      if (c == '"' || c == '\\') failure += '\\';
+      failure += (c == '\n' ? ' ' : c);
+    }
+    return "{\"graphs\": true, \"calls\": " + std::to_string(st.calls) +
+           ", \"replays\": " + std::to_string(st.replays) +
+           ", \"captures\": " + std::to_string(st.captures) +
+           ", \"eager_runs\": " + std::to_string(st.eager_runs) +
+           ", \"evictions\": " + std::to_string(st.evictions) +
+           ", \"held\": " + std::to_string(st.graphs) + ", \"failure\": \"" + failure +
+           "\"}";
+  }
 
  protected:
   std::vector<at::Tensor> Forward(std::vector<at::Tensor> inputs) override {
     return loader_->run(inputs);  // the runner queues callers beyond its model instances
   }
 
+  std::vector<at::Tensor> Execute(const std::vector<at::Tensor>& host,
+                                  const BucketedShapes& shapes) override {
+    if (!graphs_) return PackageBase::Execute(host, shapes);
+    std::string key;
+    for (const auto& t : host) {
+      for (int64_t size : t.sizes()) key += std::to_string(size) + ",";
+      key += ";";
+    }
+    return graphs_->Run(host, key);
+  }
+
  private:
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  std::unique_ptr<GraphRunner> graphs_;
 };
+
+// Whether a package of `sig` replays CUDA graphs here: it asks for them, it runs on CUDA,
+// this build can capture, and XGR_TORCH_CALL_GRAPHS is not "0" or "off" (an operator's
+// switch, and the eager anchor of the benchmarks).
+bool WantsGraphs(const Signature& sig) {
+  if (sig.max_graphs < 1 || !GraphsBuilt() || !c10::Device(sig.device).is_cuda()) return false;
+  const char* env = std::getenv("XGR_TORCH_CALL_GRAPHS");
+  const std::string value = env ? env : "";
+  return value != "0" && value != "off";
+}
 
 class ScriptPackage : public PackageBase {
  public:
@@ -297,15 +392,19 @@ Status LoadAoti(const std::string& path, const LoadOptions& options,
   }
   if (!(s = CheckDevice(sig, path)).ok()) return s;
   const c10::Device device(sig.device);
-  if (device.is_cuda() && device.has_index() && device.index() != 0) {
-    // The loader picked the default GPU before the contract was readable: reload on the
-    // GPU the package names, so its weights and its inputs share a device.
+  const bool graphed = WantsGraphs(sig);
+  if (graphed || (device.is_cuda() && device.has_index() && device.index() != 0)) {
+    // The loader was made before the contract was readable: reload on the GPU the package
+    // names (its weights and its inputs share a device), single-threaded when its runs are
+    // captured (one instance; the graph runner serialises the calls).
+    loader.reset();
     loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-        path, "model", /*run_single_threaded=*/false,
-        static_cast<size_t>(std::max(1, options.concurrency)), device.index());
+        path, "model", /*run_single_threaded=*/graphed,
+        graphed ? size_t{1} : static_cast<size_t>(std::max(1, options.concurrency)),
+        device.has_index() ? device.index() : c10::DeviceIndex{-1});
   }
   RecordExtractions(mapped_before, path);
-  *out = std::make_shared<AotiPackage>(std::move(sig), std::move(loader));
+  *out = std::make_shared<AotiPackage>(std::move(sig), std::move(loader), graphed);
   return Status::Ok();
 }
 
@@ -396,5 +495,38 @@ Status GetPackage(const std::string& path, const LoadOptions& options,
   return outcome.first;
 }
 
+
+std::string PackageStatsJson() {
+  Cache& cache = GlobalCache();
+  std::string json = "{";
+  std::lock_guard<std::mutex> lock(cache.mu);
+  for (const auto& [key, future] : cache.entries) {
+    if (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
+    const LoadOutcome& outcome = future.get();
+    if (!outcome.first.ok() || !outcome.second) continue;
+    std::string path = key.substr(0, key.find('\n'));
+    std::string quoted;
+    for (char c : path) {
+      if (c == '"' || c == '\\') quoted += '\\';
+      quoted += c;
+    }
+    json += (json.size() > 1 ? ", \"" : "\"") + quoted + "\": " + outcome.second->StatsJson();
+  }
+  return json + "}";
+}
+
 }  // namespace torch_call
 }  // namespace xgr
+
+// For benchmarks and tests in the serving process (ctypes): the counters of every loaded
+// package as one JSON object keyed by path. Writes at most `size` bytes (NUL included) and
+// returns the length the whole text needs.
+extern "C" __attribute__((visibility("default"))) int XgrTorchCallStats(char* buffer, int size) {
+  const std::string json = xgr::torch_call::PackageStatsJson();
+  if (buffer != nullptr && size > 0) {
+    const size_t n = std::min(json.size(), static_cast<size_t>(size - 1));
+    json.copy(buffer, n);
+    buffer[n] = '\0';
+  }
+  return static_cast<int>(json.size() + 1);
+}

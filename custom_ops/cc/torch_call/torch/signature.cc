@@ -3,6 +3,7 @@
 
 #include "custom_ops/cc/torch_call/torch/value_checks.h"
 
+#include <algorithm>
 #include <cctype>
 #include <sstream>
 
@@ -130,11 +131,49 @@ Status Signature::Parse(const std::string& text, Signature* out) {
       }
       std::getline(words >> std::ws, rule.text);
       sig.rules.push_back(std::move(rule));
+    } else if (kind == "bucket") {
+      BucketRule rule;
+      std::string how, word;
+      const std::string form =
+          "expected 'bucket INPUT DIM pow2' or 'bucket INPUT DIM multiple M offset O'";
+      if (!(words >> rule.input >> rule.dim >> how)) return Invalid(where + form);
+      if (how == "multiple") {
+        if (!(words >> rule.multiple >> word >> rule.offset) || word != "offset" ||
+            rule.multiple < 1 || rule.offset < 0) {
+          return Invalid(where + form + " with M >= 1 and O >= 0");
+        }
+      } else if (how != "pow2") {
+        return Invalid(where + form);
+      }
+      sig.buckets.push_back(rule);
+    } else if (kind == "pad") {
+      size_t input = 0;
+      double value = 0;
+      if (!(words >> input >> value)) return Invalid(where + "expected 'pad INPUT VALUE'");
+      if (sig.pads.size() <= input) sig.pads.resize(input + 1, 0.0);
+      sig.pads[input] = value;
+    } else if (kind == "graphs") {
+      if (!(words >> sig.max_graphs) || sig.max_graphs < 1) {
+        return Invalid(where + "expected 'graphs MAX' with MAX >= 1");
+      }
     } else {
       return Invalid(where + "unknown entry '" + kind + "'");
     }
   }
   if (sig.outputs.empty()) return Invalid("package signature declares no outputs");
+  if (sig.pads.size() > sig.inputs.size()) {
+    return Invalid("package signature pads input " + std::to_string(sig.pads.size() - 1) +
+                   " but declares " + std::to_string(sig.inputs.size()) + " inputs");
+  }
+  sig.pads.resize(sig.inputs.size(), 0.0);
+  for (const BucketRule& rule : sig.buckets) {
+    if (rule.input >= sig.inputs.size() || rule.dim >= sig.inputs[rule.input].dims.size() ||
+        IsLiteral(sig.inputs[rule.input].dims[rule.dim])) {
+      return Invalid("package signature buckets input " + std::to_string(rule.input) +
+                     " dim " + std::to_string(rule.dim) +
+                     ", which is not a dynamic dimension of a declared input");
+    }
+  }
   for (const ValueRule& rule : sig.rules) {
     Status s = CheckRuleParams(rule, sig.inputs);
     if (!s.ok()) return Invalid("package signature rule '" + rule.name + "': " + s.message);
@@ -194,6 +233,48 @@ Status Signature::CheckInputs(const std::vector<InputView>& inputs) const {
     }
   }
   return Status::Ok();
+}
+
+BucketedShapes Signature::Bucket(const std::vector<InputView>& inputs) const {
+  BucketedShapes shapes;
+  for (const BucketRule& rule : buckets) {
+    const std::string& symbol = this->inputs[rule.input].dims[rule.dim];
+    const int64_t real = inputs[rule.input].shape[rule.dim];
+    int64_t padded = 1;
+    if (rule.multiple == 0) {
+      while (padded < real && padded < (int64_t{1} << 62)) padded *= 2;
+    } else {
+      padded = (real + rule.offset + rule.multiple - 1) / rule.multiple * rule.multiple -
+               rule.offset;
+    }
+    auto range = ranges.find(symbol);
+    if (range != ranges.end()) padded = std::min(padded, range->second.second);
+    padded = std::max(padded, real);
+    auto [it, fresh] = shapes.symbols.emplace(symbol, std::make_pair(real, padded));
+    if (!fresh) it->second.second = std::max(it->second.second, padded);
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::vector<int64_t> shape = inputs[i].shape;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      auto it = shapes.symbols.find(this->inputs[i].dims[d]);
+      if (it != shapes.symbols.end()) shape[d] = it->second.second;
+    }
+    shapes.padded = shapes.padded || shape != inputs[i].shape;
+    shapes.inputs.push_back(std::move(shape));
+  }
+  return shapes;
+}
+
+std::vector<int64_t> Signature::RealOutputShape(size_t output,
+                                                const std::vector<int64_t>& padded,
+                                                const BucketedShapes& shapes) const {
+  std::vector<int64_t> shape = padded;
+  const auto& dims = outputs[output].dims;
+  for (size_t d = 0; d < shape.size() && d < dims.size(); ++d) {
+    auto it = shapes.symbols.find(dims[d]);
+    if (it != shapes.symbols.end() && shape[d] == it->second.second) shape[d] = it->second.first;
+  }
+  return shape;
 }
 
 std::string Signature::Describe() const {

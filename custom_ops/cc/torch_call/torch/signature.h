@@ -14,6 +14,15 @@
 //                             positions and limits), text; xgr_common.value_rules). The op
 //                             checks each rule on the host before the package runs
 //                             (value_checks.h): a kernel never sees a value that breaks one.
+//   bucket 0 0 pow2           (the call runs at a bucketed shape: input 0's dim 0 rounds up to
+//   bucket 0 1 multiple 256 offset 2   a power of two, or (size + offset) up to a multiple,
+//                             minus offset; clamped to the symbol's range. Outputs of that
+//                             symbol are cut back to the real size.)
+//   pad 1 1                   (input 1's padding value; 0 where not named. Padding rows and
+//                             columns must be inputs that break no rule and whose results the
+//                             program keeps apart from the real ones.)
+//   graphs 16                 (on CUDA, capture each bucket's run as a CUDA graph and replay
+//                             it; at most 16 graphs kept, least recently used dropped)
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 
@@ -42,12 +51,31 @@ struct ValueRule {
   std::string text;
 };
 
+// How one symbol's size rounds up (see `bucket` above).
+struct BucketRule {
+  size_t input = 0;
+  size_t dim = 0;
+  int64_t multiple = 0;  // 0: the next power of two
+  int64_t offset = 0;
+};
+
+// A call's sizes after bucketing: the padded shape of every input, and each bucketed symbol's
+// real and padded size (the outputs are cut back along the symbols that grew).
+struct BucketedShapes {
+  std::vector<std::vector<int64_t>> inputs;
+  std::map<std::string, std::pair<int64_t, int64_t>> symbols;  // name -> (real, padded)
+  bool padded = false;  // some size grew
+};
+
 struct Signature {
   std::string device = "cpu";
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   std::map<std::string, std::pair<int64_t, int64_t>> ranges;
   std::vector<ValueRule> rules;
+  std::vector<BucketRule> buckets;
+  std::vector<double> pads;  // per input (0 where not named)
+  int max_graphs = 0;        // 0: no CUDA graphs
 
   // Parses the text form; errors name the offending line.
   static Status Parse(const std::string& text, Signature* out);
@@ -56,6 +84,11 @@ struct Signature {
   // Checks the value rules on the host buffers (after CheckInputs): InvalidArgument naming
   // the input, the rule and the first row that breaks it.
   Status CheckValues(const std::vector<InputView>& inputs) const;
+  // The bucketed shapes of a call whose inputs passed CheckInputs.
+  BucketedShapes Bucket(const std::vector<InputView>& inputs) const;
+  // The output's shape cut back to the real sizes of the bucketed symbols.
+  std::vector<int64_t> RealOutputShape(size_t output, const std::vector<int64_t>& padded,
+                                       const BucketedShapes& shapes) const;
   std::string Describe() const;
 };
 

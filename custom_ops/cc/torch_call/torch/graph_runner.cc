@@ -1,0 +1,193 @@
+// CUDA graph replay of an AOTInductor package's runs (see graph_runner.h).
+#include "custom_ops/cc/torch_call/torch/graph_runner.h"
+
+#ifdef XGR_TORCH_CUDA
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+
+#include <cstdio>
+#include <list>
+#include <map>
+#include <mutex>
+
+namespace xgr {
+namespace torch_call {
+namespace {
+
+// One bucket's graph and the fixed buffers it reads and writes.
+struct Captured {
+  std::vector<at::Tensor> staging;     // pinned host inputs
+  std::vector<at::Tensor> device_in;
+  std::vector<at::Tensor> device_out;  // allocated inside the capture, in the shared pool
+  std::vector<at::Tensor> host_out;    // pinned host outputs
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
+};
+
+class CudaGraphRunner : public GraphRunner {
+ public:
+  CudaGraphRunner(torch::inductor::AOTIModelPackageLoader* loader, c10::Device device,
+                  int max_graphs)
+      : loader_(loader), device_(device), max_graphs_(std::max(1, max_graphs)),
+        stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())),
+        pool_(at::cuda::graph_pool_handle()) {}
+
+  ~CudaGraphRunner() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    c10::cuda::CUDAGuard on_device(device_);
+    entries_.clear();  // graphs before their pool's tensors, under the device
+  }
+
+  std::vector<at::Tensor> Run(const std::vector<at::Tensor>& inputs,
+                              const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    c10::cuda::CUDAGuard on_device(device_);
+    c10::cuda::CUDAStreamGuard on_stream(stream_);
+    ++stats_.calls;
+    if (!stats_.failure.empty()) return Eager(inputs);
+    auto found = index_.find(key);
+    if (found == index_.end()) {
+      if (static_cast<int>(entries_.size()) >= max_graphs_) Evict();
+      try {
+        entries_.emplace_front(key, Capture(inputs));
+      } catch (const c10::Error& e) {
+        GiveUp(e.what_without_backtrace());
+        return Eager(inputs);
+      } catch (const std::exception& e) {
+        GiveUp(e.what());
+        return Eager(inputs);
+      }
+      found = index_.emplace(key, entries_.begin()).first;
+      ++stats_.captures;
+    } else if (found->second != entries_.begin()) {
+      entries_.splice(entries_.begin(), entries_, found->second);  // most recently used first
+    }
+    Captured& graph = found->second->second;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      graph.staging[i].copy_(inputs[i]);
+      graph.device_in[i].copy_(graph.staging[i], /*non_blocking=*/true);
+    }
+    graph.graph->replay();
+    for (size_t i = 0; i < graph.device_out.size(); ++i) {
+      graph.host_out[i].copy_(graph.device_out[i], /*non_blocking=*/true);
+    }
+    stream_.synchronize();
+    ++stats_.replays;
+    std::vector<at::Tensor> results;
+    results.reserve(graph.host_out.size());
+    // The pinned buffers are the next replay's: the caller gets its own copies.
+    for (const auto& out : graph.host_out) results.push_back(out.clone());
+    return results;
+  }
+
+  GraphStats Stats() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    GraphStats stats = stats_;
+    stats.graphs = static_cast<int64_t>(entries_.size());
+    return stats;
+  }
+
+ private:
+  using Entries = std::list<std::pair<std::string, Captured>>;
+
+  Captured Capture(const std::vector<at::Tensor>& inputs) {
+    Captured graph;
+    for (const auto& in : inputs) {
+      graph.staging.push_back(at::empty(in.sizes(), in.options().pinned_memory(true)));
+      graph.staging.back().copy_(in);
+      graph.device_in.push_back(at::empty(in.sizes(), in.options().device(device_)));
+      graph.device_in.back().copy_(graph.staging.back(), /*non_blocking=*/true);
+    }
+    // Warm-up outside the capture: the first run of a shape folds constants, loads modules
+    // and creates library handles, none of which a graph may record.
+    loader_->run(graph.device_in, stream_.stream());
+    stream_.synchronize();
+    graph.graph = std::make_unique<at::cuda::CUDAGraph>();
+    // Thread-local mode: other threads (other packages, TF's copies) may keep using CUDA.
+    graph.graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
+    try {
+      graph.device_out = loader_->run(graph.device_in, stream_.stream());
+    } catch (...) {
+      try {
+        graph.graph->capture_end();
+      } catch (...) {
+      }
+      throw;
+    }
+    graph.graph->capture_end();
+    for (const auto& out : graph.device_out) {
+      graph.host_out.push_back(
+          at::empty(out.sizes(), out.options().device(at::kCPU).pinned_memory(true)));
+    }
+    return graph;
+  }
+
+  std::vector<at::Tensor> Eager(const std::vector<at::Tensor>& inputs) {
+    std::vector<at::Tensor> on_device;
+    on_device.reserve(inputs.size());
+    for (const auto& in : inputs) on_device.push_back(in.to(device_));
+    std::vector<at::Tensor> outputs = loader_->run(on_device, stream_.stream());
+    std::vector<at::Tensor> results;
+    for (const auto& out : outputs) results.push_back(out.to(at::kCPU));
+    ++stats_.eager_runs;
+    return results;
+  }
+
+  void Evict() {
+    index_.erase(entries_.back().first);
+    entries_.pop_back();
+    ++stats_.evictions;
+  }
+
+  void GiveUp(const std::string& why) {
+    stats_.failure = why;
+    std::fprintf(stderr,
+                 "TorchCall: capturing a CUDA graph of the package failed; it runs eagerly "
+                 "from now on: %s\n",
+                 why.c_str());
+  }
+
+  torch::inductor::AOTIModelPackageLoader* loader_;
+  c10::Device device_;
+  int max_graphs_;
+  c10::cuda::CUDAStream stream_;
+  decltype(at::cuda::graph_pool_handle()) pool_;
+  mutable std::mutex mu_;
+  Entries entries_;
+  std::map<std::string, Entries::iterator> index_;
+  GraphStats stats_;
+};
+
+}  // namespace
+
+std::unique_ptr<GraphRunner> MakeGraphRunner(torch::inductor::AOTIModelPackageLoader* loader,
+                                             c10::Device device, int max_graphs) {
+  if (!device.has_index()) device = c10::Device(c10::kCUDA, c10::cuda::current_device());
+  return std::make_unique<CudaGraphRunner>(loader, device, max_graphs);
+}
+
+bool GraphsBuilt() { return true; }
+
+}  // namespace torch_call
+}  // namespace xgr
+
+#else  // a build without CUDA: packages run eagerly
+
+namespace xgr {
+namespace torch_call {
+
+std::unique_ptr<GraphRunner> MakeGraphRunner(torch::inductor::AOTIModelPackageLoader*,
+                                             c10::Device, int) {
+  return nullptr;
+}
+
+bool GraphsBuilt() { return false; }
+
+}  // namespace torch_call
+}  // namespace xgr
+
+#endif  // XGR_TORCH_CUDA
