@@ -11,6 +11,7 @@ Needs torch, never TensorFlow: a GPU machine without TF packages engines too.
 from __future__ import annotations
 
 import os
+from dataclasses import fields, replace
 
 import torch
 
@@ -23,6 +24,48 @@ from xgr_export import torch_package
 from xgr_export.config import EngineExportConfig
 
 __all__ = ["EngineExportConfig", "RecommendProgram", "example_inputs", "export_engine"]
+
+
+class DeviceTables(torch.nn.Module):
+    """Frozen dataclasses of device tables (the catalog's, the fused selection's exclusion
+    tables) held as buffers of the traced module: ``torch.export`` then passes them to the
+    program as inputs, where the Triton kernels registered with ``torch.library.triton_op``
+    accept them (AOTInductor refuses lifted tensor constants as their arguments). ``get``
+    rebuilds a dataclass around the buffers; a tensor shared by two tables is one buffer."""
+
+    def __init__(self, **tables):
+        super().__init__()
+        self._entries: dict[str, tuple[object, dict] | None] = {}
+        names: dict[int, str] = {}
+        for key, table in tables.items():
+            if table is None:
+                self._entries[key] = None
+                continue
+            slots = {}
+            for f in fields(table):
+                value = getattr(table, f.name)
+                if isinstance(value, torch.Tensor):
+                    slots[f.name] = self._buffer(value, names)
+                elif (isinstance(value, tuple) and value
+                      and all(isinstance(t, torch.Tensor) for t in value)):
+                    slots[f.name] = tuple(self._buffer(t, names) for t in value)
+            self._entries[key] = (table, slots)
+
+    def _buffer(self, tensor: torch.Tensor, names: dict[int, str]) -> str:
+        name = names.get(id(tensor))
+        if name is None:
+            name = names[id(tensor)] = f"table_{len(names)}"
+            self.register_buffer(name, tensor)
+        return name
+
+    def get(self, key: str):
+        entry = self._entries[key]
+        if entry is None:
+            return None
+        table, slots = entry
+        return replace(table, **{
+            field: (tuple(getattr(self, n) for n in name) if isinstance(name, tuple)
+                    else getattr(self, name)) for field, name in slots.items()})
 
 
 class RecommendProgram(torch.nn.Module):
@@ -42,6 +85,7 @@ class RecommendProgram(torch.nn.Module):
         super().__init__()
         self.engine = engine
         self.model = engine.model  # registered, so its weights become package constants
+        self.tables = DeviceTables(catalog=engine.catalog, exclusions=engine.runner.exclusions)
         self.beam_width, self.top_k = beam_width, top_k
         self.prefill_mask = served_mask(prefill_mask)
 
@@ -50,9 +94,9 @@ class RecommendProgram(torch.nn.Module):
         if self.prefill_mask is MaskMode.CAUSAL:
             segment_ids = None
         item_ids, scores, _ = search_features(
-            self.model, engine.catalog, token_ids, lengths, segment_ids, profile_embeds,
-            exclude_items, self.beam_width, self.top_k, engine.options,
-            engine.runner.exclusions)
+            self.model, self.tables.get("catalog"), token_ids, lengths, segment_ids,
+            profile_embeds, exclude_items, self.beam_width, self.top_k, engine.options,
+            self.tables.get("exclusions"))
         return item_ids, scores.to(torch.float32)
 
 
