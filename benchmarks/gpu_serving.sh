@@ -133,8 +133,8 @@ fi
 if has load && [ -d "$WORK/models/recs/1" ]; then
   timeout "$LOAD_LIMIT" $PY -m benchmarks.load_serving --model_base_path="$WORK/models/recs" \
       --num_items="$ITEMS" --num_users="$USERS" --history_events="$EVENTS" --seed=0 \
-      --users_per_request=1 --clients=8 --requests=600 --max_seconds=12 \
-      --rate_fractions=0.25,0.5,0.75,1.0 --rate_seconds=5 --warmup_requests=8 \
+      --users_per_request=1 --clients=32 --requests=1500 --max_seconds=12 \
+      --rate_fractions=1.0,1.5,2.0,2.5,3.0 --rate_seconds=5 --warmup_requests=8 \
       --max_batch_size=16 --batch_timeout_micros=2000 --label="${LABEL:-h200}" \
       --score_dtype="$DTYPE" \
       --model_label="$PRESET random $DTYPE, prompt $(( 4 + 4 * KEEP )), beam $BEAM, $ITEMS items, top_k $TOPK, top_n $TOPN" \
