@@ -279,9 +279,14 @@ def main_cuda(out: Path, cache: Path) -> None:
     example = (torch.randn(8, 4), torch.arange(24, dtype=torch.int64).reshape(8, 3))
     program = torch_package.export_program(TwoHeads(), example, ({0: batch}, {0: batch, 1: length}),
                                            "cuda:0")
+    # The same program run at bucketed shapes and replayed as CUDA graphs (at most 4 kept).
+    graphed = torch_package.Replay(
+        buckets=(torch_package.Bucket(0, 0), torch_package.Bucket(1, 1, 8, 0)), graphs=4)
     built = {
         "two_heads_aoti": torch_package.package_aoti(program, out / "two_heads_cuda.pt2",
                                                      "cuda:0", cache),
+        "two_heads_graphed": torch_package.package_aoti(program, out / "two_heads_graphed.pt2",
+                                                        "cuda:0", cache, replay=graphed),
         "two_heads_script": torch_package.package_torchscript(
             TwoHeads(), example, out / "two_heads_cuda.pt",
             {(0, 0): ("batch", 1, MAX_BATCH), (1, 0): ("batch", 1, MAX_BATCH),

@@ -148,12 +148,17 @@ def test_engine_package_refuses_mismatched_prompt_widths(saved_model):
     assert item_ids.shape == (2, TOP_K) and scores.dtype == tf.float32
 
 
-def test_hostile_values_are_refused_by_the_packages_own_rules(saved_model):
-    """Each value that breaks a rule is answered InvalidArgument before any kernel runs, the
-    process survives all of them, and the next request is answered as before."""
+def test_hostile_values_are_refused_by_the_packages_own_rules(exported):
+    """Each value that breaks a rule (a prompt longer than the model's positions too) is
+    answered InvalidArgument before any kernel runs, the process survives all of them, and
+    the next request is answered as before."""
+    saved_model, _, report = exported
     engine = saved_model / "assets" / "engine.pt2"
+    rule = next(line for line in report["engine_signature"].splitlines()
+                if line.startswith("rule positions"))
+    max_position = rule.split("max_position=")[1].split(":")[0]
     done = _run([str(HERE / "hostile_child.py"), str(engine), "64",
-                 str(PromptSpec().profile_tokens)], timeout=300)
+                 str(PromptSpec().profile_tokens), max_position], timeout=300)
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["cases"] and set(result["cases"].values()) == {"InvalidArgumentError"}, result
-    assert result["next_request_equal"]
+    assert "prompt_past_max_position" in result["cases"] and result["next_request_equal"]

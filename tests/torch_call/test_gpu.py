@@ -87,3 +87,47 @@ def test_concurrent_calls_on_one_cuda_package(cuda_packages, two_heads, tmp_path
 
     with ThreadPoolExecutor(8) as pool:
         assert sorted(pool.map(worker, range(8))) == list(range(8))
+
+
+def test_a_graphed_package_replays_one_graph_per_bucket(cuda_packages, two_heads):
+    """Each bucket (rows to a power of two, ids columns to a multiple of 8) is captured once
+    and replayed after; results equal the eager module's; past 4 graphs the least recently
+    used is dropped; concurrent callers are served one replay at a time."""
+    from custom_ops.torch_call import package_stats
+
+    path = str(cuda_packages["two_heads_graphed"].path)
+    shapes = [(1, 1), (3, 5), (4, 8), (5, 3), (300, 17), (3, 2)]
+    for seed, (batch, length) in enumerate(shapes):
+        x, ids = _inputs(seed, batch, length)
+        _check(torch_call(path, [x, ids], OUT), x, ids, two_heads)
+    stats = package_stats()[path]
+    assert stats["graphs"] and stats["failure"] == "" and stats["eager_runs"] == 0, stats
+    # Buckets (1, 8), (4, 8), (8, 8), (512, 24); (3, 5), (4, 8) and (3, 2) share (4, 8).
+    assert stats["calls"] == 6 and stats["replays"] == 6 and stats["captures"] == 4, stats
+    x, ids = _inputs(99, 2000, 30)  # a fifth bucket: the least recently used graph goes
+    _check(torch_call(path, [x, ids], OUT), x, ids, two_heads)
+    stats = package_stats()[path]
+    assert stats["held"] == 4 and stats["evictions"] == 1, stats
+    inputs = [_inputs(100 + i, 1 + i % 5, 1 + i % 9) for i in range(32)]
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda a: torch_call(path, list(a), OUT), inputs))
+    for (x, ids), got in zip(inputs, results):
+        _check(got, x, ids, two_heads)
+
+
+def test_unloading_a_graphed_package_frees_it_and_its_files(cuda_packages, tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.child_env import child_env
+    from tests.torch_call.test_package_lifetime import _CHILD
+
+    done = subprocess.run([sys.executable, "-c", _CHILD,
+                           str(cuda_packages["two_heads_graphed"].path), str(tmp_path / "m")],
+                          env=child_env(TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out == {"before": {"held": True, "library": True},
+                   "after": {"held": False, "library": False}}, out

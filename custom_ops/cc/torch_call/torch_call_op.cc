@@ -3,6 +3,8 @@
 // The TF half: op registration, TF <-> seam conversion, zero-copy outputs. Everything that
 // includes torch lives in torch/ (see torch_runner.h for why the halves are separate).
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "absl/status/status.h"
 #include "custom_ops/cc/torch_call/torch_runner.h"
@@ -107,7 +109,7 @@ class TorchCallOp : public OpKernel {
                                            package_path.shape().DebugString()));
     const std::string path(package_path.scalar<tensorflow::tstring>()());
     std::shared_ptr<Package> package;
-    OP_REQUIRES_OK(ctx, ToAbsl(GetPackage(path, options_, &package)));
+    OP_REQUIRES_OK(ctx, ToAbsl(Held(path, &package)));
     OP_REQUIRES_OK(ctx, CheckOutputTypes(*package, path));
 
     std::vector<InputView> views(ctx->num_inputs() - 1);
@@ -129,6 +131,25 @@ class TorchCallOp : public OpKernel {
   }
 
  private:
+  // The package at `path`, held by this kernel: a package lives while a kernel that ran it
+  // does (its model version is loaded), and goes with the last one.
+  Status Held(const std::string& path, std::shared_ptr<Package>* package) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = held_.find(path);
+      if (it != held_.end()) {
+        *package = it->second;
+        return Status::Ok();
+      }
+    }
+    Status s = GetPackage(path, options_, package);
+    if (s.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      held_.emplace(path, *package);
+    }
+    return s;
+  }
+
   absl::Status CheckOutputTypes(const Package& package, const std::string& path) const {
     const auto& declared = package.output_dtypes();
     bool same = declared.size() == output_types_.size();
@@ -178,6 +199,8 @@ class TorchCallOp : public OpKernel {
   tensorflow::DataTypeVector output_types_;
   int threads_ = 1;
   LoadOptions options_;
+  std::mutex mu_;
+  std::map<std::string, std::shared_ptr<Package>> held_;
 };
 
 REGISTER_OP("TorchCall")

@@ -5,6 +5,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
@@ -172,6 +173,8 @@ std::unique_ptr<GraphRunner> MakeGraphRunner(torch::inductor::AOTIModelPackageLo
 
 bool GraphsBuilt() { return true; }
 
+void ReleaseCachedDeviceMemory() { c10::cuda::CUDACachingAllocator::emptyCache(); }
+
 }  // namespace torch_call
 }  // namespace xgr
 
@@ -186,6 +189,8 @@ std::unique_ptr<GraphRunner> MakeGraphRunner(torch::inductor::AOTIModelPackageLo
 }
 
 bool GraphsBuilt() { return false; }
+
+void ReleaseCachedDeviceMemory() {}
 
 }  // namespace torch_call
 }  // namespace xgr

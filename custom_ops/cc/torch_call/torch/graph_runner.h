@@ -63,6 +63,10 @@ std::unique_ptr<GraphRunner> MakeGraphRunner(torch::inductor::AOTIModelPackageLo
 // Whether this build can capture CUDA graphs.
 bool GraphsBuilt();
 
+// Returns the device memory torch's caching allocator holds but no tensor uses (a destroyed
+// graph's pool) to the device; nothing in a build without CUDA.
+void ReleaseCachedDeviceMemory();
+
 }  // namespace torch_call
 }  // namespace xgr
 

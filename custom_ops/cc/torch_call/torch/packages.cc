@@ -7,7 +7,6 @@
 #include <torch/cuda.h>
 #include <torch/script.h>
 
-#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +15,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
+#include <sstream>
+#include <unistd.h>
 
 #include "custom_ops/cc/torch_call/torch/graph_runner.h"
 #include "custom_ops/cc/torch_call/torch/signature.h"
@@ -208,7 +209,12 @@ class AotiPackage : public PackageBase {
     }
   }
 
-  ~AotiPackage() override { graphs_.reset(); }  // the graphs before the loader they replay
+  ~AotiPackage() override {
+    const bool graphed = graphs_ != nullptr;
+    graphs_.reset();  // the graphs before the loader they replay
+    loader_.reset();
+    if (graphed) ReleaseCachedDeviceMemory();  // the graphs' pool back to the device
+  }
 
   std::string StatsJson() const override {
     if (!graphs_) return "{\"graphs\": false}";
@@ -308,11 +314,66 @@ Status CheckDevice(const Signature& sig, const std::string& path) {
 }
 
 // AOTInductor unpacks a .pt2 package into a temporary folder (a few MB, the weights too) and
-// removes it only when its loader is destroyed. Loaders here live as long as the process (the
-// cache is never destroyed: a kernel may run until the very end), so every folder outlived its
-// process. The folders a load starts mapping libraries from are recorded and removed when the
-// process exits; until then a CUDA model can still read its kernel files from them.
+// removes it when its loader is destroyed: when the last TorchCall kernel holding the package
+// goes (a model version unloaded). A package still loaded when the process exits would leave
+// its folder behind, so the folders a load starts mapping libraries from are recorded and
+// removed at exit; until then a CUDA model can still read its kernel files from them. Each
+// such folder also names its process (kOwnerFile), so folders of a process that was killed
+// are removed by the next process that loads a package.
 constexpr char kArchiveMark[] = "/data/aotinductor/";
+constexpr char kOwnerFile[] = "xgr_torch_call.owner";
+
+// A process's start time (field 22 of /proc/PID/stat), empty when there is no such process:
+// with the pid it names a process even after the pid is reused.
+std::string ProcessStart(long pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  const auto close = text.rfind(')');  // the command name may hold spaces and parentheses
+  if (close == std::string::npos) return "";
+  std::istringstream fields(text.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22 && (fields >> field); ++i) {
+  }
+  return field;
+}
+
+std::string OwnerText() {
+  const long pid = static_cast<long>(::getpid());
+  return std::to_string(pid) + " " + ProcessStart(pid);
+}
+
+bool OwnerAlive(const std::filesystem::path& owner_file) {
+  std::ifstream in(owner_file);
+  long pid = 0;
+  std::string start;
+  if (!(in >> pid >> start) || pid <= 0) return false;
+  return ProcessStart(pid) == start;
+}
+
+// The temporary directories torch unpacks into (torch 2.13 honours TMPDIR, 2.11 uses /tmp).
+std::set<std::filesystem::path> TempRoots() {
+  std::error_code ec;
+  std::set<std::filesystem::path> roots{"/tmp"};
+  const auto temp = std::filesystem::temp_directory_path(ec);
+  if (!ec) roots.insert(std::filesystem::weakly_canonical(temp, ec));
+  return roots;
+}
+
+// Once per process, before its first load: the folders of processes that died holding them.
+void RemoveStaleExtractions() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const auto& root : TempRoots()) {
+      std::error_code ec;
+      for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+        std::error_code entry_ec;
+        const auto owner = entry.path() / kOwnerFile;
+        if (!entry.is_directory(entry_ec) || !std::filesystem::exists(owner, entry_ec)) continue;
+        if (!OwnerAlive(owner)) std::filesystem::remove_all(entry.path(), entry_ec);
+      }
+    }
+  });
+}
 
 // The folders holding unpacked archives that this process maps libraries from:
 // <folder>/<archive>/data/aotinductor/<model>/<name>.wrapper.so -> <folder>.
@@ -358,19 +419,19 @@ ExtractionFolders& Extractions() {
 // package itself (an unpacked package is loaded where it lies).
 void RecordExtractions(const std::set<std::filesystem::path>& before, const std::string& package) {
   std::error_code ec;
-  std::set<std::filesystem::path> roots{"/tmp"};
-  const auto temp = std::filesystem::temp_directory_path(ec);
-  if (!ec) roots.insert(std::filesystem::weakly_canonical(temp, ec));
+  const auto roots = TempRoots();
   const std::string source = std::filesystem::weakly_canonical(package, ec).string();
   for (const auto& folder : MappedExtractions()) {
     if (before.count(folder) || !roots.count(folder.parent_path())) continue;
     if (source.rfind(folder.string() + "/", 0) == 0) continue;
     Extractions().Add(folder);
+    std::ofstream(folder / kOwnerFile) << OwnerText() << "\n";
   }
 }
 
 Status LoadAoti(const std::string& path, const LoadOptions& options,
                 std::shared_ptr<Package>* out) {
+  RemoveStaleExtractions();
   const auto mapped_before = MappedExtractions();
   auto loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
       path, "model", /*run_single_threaded=*/false,
@@ -449,15 +510,19 @@ Status Load(const std::string& path, const LoadOptions& options, std::shared_ptr
 
 using LoadOutcome = std::pair<Status, std::shared_ptr<Package>>;
 
-// Process-wide: one load per (path, options). Callers that arrive during a load wait on its
-// future instead of loading twice; the map lock is never held while torch loads.
+// Process-wide: one load per (path, options) while anything holds the package. Callers that
+// arrive during a load wait on its future instead of loading twice; the map lock is never held
+// while torch loads. Loaded packages are held by the TorchCall kernels that run them, not by
+// the cache: when the last kernel goes (its model version unloaded), the package, its graphs
+// and its extracted files go with it.
 struct Cache {
   std::mutex mu;
-  std::map<std::string, std::shared_future<LoadOutcome>> entries;
+  std::map<std::string, std::shared_future<LoadOutcome>> loading;
+  std::map<std::string, std::weak_ptr<Package>> loaded;
 };
 
 Cache& GlobalCache() {
-  static Cache* cache = new Cache();  // never destroyed: packages outlive every kernel
+  static Cache* cache = new Cache();  // never destroyed: kernels may look packages up at exit
   return *cache;
 }
 
@@ -472,10 +537,18 @@ Status GetPackage(const std::string& path, const LoadOptions& options,
   bool loader = false;
   {
     std::lock_guard<std::mutex> lock(cache.mu);
-    auto it = cache.entries.find(key);
-    if (it == cache.entries.end()) {
+    auto held = cache.loaded.find(key);
+    if (held != cache.loaded.end()) {
+      if (auto alive = held->second.lock()) {
+        *package = std::move(alive);
+        return Status::Ok();
+      }
+      cache.loaded.erase(held);
+    }
+    auto it = cache.loading.find(key);
+    if (it == cache.loading.end()) {
       future = promise.get_future().share();
-      cache.entries.emplace(key, future);
+      cache.loading.emplace(key, future);
       loader = true;
     } else {
       future = it->second;
@@ -484,9 +557,10 @@ Status GetPackage(const std::string& path, const LoadOptions& options,
   if (loader) {
     LoadOutcome outcome;
     outcome.first = Load(path, options, &outcome.second);
-    if (!outcome.first.ok()) {
+    {
       std::lock_guard<std::mutex> lock(cache.mu);
-      cache.entries.erase(key);  // let a repaired file load on the next call
+      cache.loading.erase(key);  // a failed load is retried: a repaired file loads next time
+      if (outcome.first.ok()) cache.loaded[key] = outcome.second;
     }
     promise.set_value(std::move(outcome));
   }
@@ -495,22 +569,20 @@ Status GetPackage(const std::string& path, const LoadOptions& options,
   return outcome.first;
 }
 
-
 std::string PackageStatsJson() {
   Cache& cache = GlobalCache();
   std::string json = "{";
   std::lock_guard<std::mutex> lock(cache.mu);
-  for (const auto& [key, future] : cache.entries) {
-    if (future.wait_for(std::chrono::seconds(0)) != std::future_status::ready) continue;
-    const LoadOutcome& outcome = future.get();
-    if (!outcome.first.ok() || !outcome.second) continue;
+  for (const auto& [key, held] : cache.loaded) {
+    const auto package = held.lock();
+    if (!package) continue;
     std::string path = key.substr(0, key.find('\n'));
     std::string quoted;
     for (char c : path) {
       if (c == '"' || c == '\\') quoted += '\\';
       quoted += c;
     }
-    json += (json.size() > 1 ? ", \"" : "\"") + quoted + "\": " + outcome.second->StatsJson();
+    json += (json.size() > 1 ? ", \"" : "\"") + quoted + "\": " + package->StatsJson();
   }
   return json + "}";
 }
