@@ -13,14 +13,20 @@ support table in ``bridge/dtypes.py``:
 * a raw DLPack capsule is accepted once; a consumed one raises ``BridgeError``.
 
 Zero-copy means aliasing: writing in place into a torch tensor that was handed to TF changes
-the TF tensor too. ``plan_to_torch``/``plan_to_tf`` say, without moving data, what a hand-off
-will do and why.
+the TF tensor too. It never means a dangling buffer: TF reads memory that torch could free or
+move only through the tensor's storage (``resize_`` past its size, ``untyped_storage().resize_``,
+both reallocating the one buffer every view of it uses), so a zero-copy ``to_tf`` first makes
+that storage fixed in size (same bytes, no copy): such a resize then raises ``RuntimeError``
+("not resizable") instead of freeing what TF reads; ``set_``, ``del`` and in-place writes work
+as before.
+``plan_to_torch``/``plan_to_tf`` say, without moving data, what a hand-off will do and why.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import threading
 from typing import NamedTuple
 
 import tensorflow as tf
@@ -31,6 +37,9 @@ from bridge.dtypes import TO_TF, TO_TORCH, Mode, condition, dtype_rule, render_m
 from xgr_common.errors import BridgeError, InvalidInputError
 
 TF_ALIGNMENT = 64  # bytes; EIGEN_MAX_ALIGN_BYTES of TF's CPU kernels (tf.sysconfig flags)
+# Serialises the two storage swaps of ``_pin_buffer``: two threads handing tensors of one
+# storage to TF at once must not interleave them (the storage is empty between the swaps).
+_PIN_LOCK = threading.Lock()
 _CPU = torch.device("cpu")
 # Enum members as plain names: an attribute lookup on the Enum class is a measurable share of
 # a hand-off.
@@ -211,6 +220,38 @@ def _aligned_empty(shape: torch.Size, dtype: torch.dtype, device: torch.device) 
     return raw[skip:skip + nbytes].view(dtype).view(shape)
 
 
+def _fixed_alias(whole: torch.Tensor) -> torch.UntypedStorage:
+    """A storage that cannot be resized over ``whole``'s bytes, keeping ``whole`` alive."""
+    if whole.device.type == "cpu":   # numpy's route: a few microseconds faster than DLPack's
+        return torch.from_numpy(whole.numpy()).untyped_storage()
+    return torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(whole)).untyped_storage()
+
+
+def _pin_buffer(tensor: torch.Tensor) -> None:
+    """Makes ``tensor``'s buffer outlive any resize of its storage: the allocation moves to a
+    fresh private storage, and the storage itself (``tensor``'s and every view's) is left on
+    the same bytes but fixed in size, through a pointer that keeps the private one alive.
+
+    Why: TF's DLPack view holds the tensor's storage, but a storage is one buffer that
+    ``resize_`` replaces in place for every tensor on it, freeing the old one under TF (SIGSEGV
+    at 64 MB, silent garbage at 4 KB). After this, such a resize raises "not resizable";
+    ``_swap_data_ptr_`` moves ownership of the allocation, never the bytes, so nothing is
+    copied and whoever lets go last frees it."""
+    storage = tensor.untyped_storage()
+    if not storage.resizable() or storage.nbytes() == 0:
+        # Fixed-size storages (numpy's, DLPack's, an earlier to_tf's) are never reallocated;
+        # TF's reference keeps them alive like any other.
+        return
+    with _PIN_LOCK:
+        if not storage.resizable():   # another thread pinned it meanwhile
+            return
+        private = (torch.UntypedStorage() if storage.device.type == "cpu"
+                   else torch.UntypedStorage(0, device=storage.device))
+        storage._swap_data_ptr_(private)           # private owns the allocation now
+        whole = torch.empty(0, dtype=torch.uint8, device=private.device).set_(private)
+        storage._swap_data_ptr_(_fixed_alias(whole))   # same bytes, not resizable
+
+
 def to_tf(torch_tensor: torch.Tensor) -> tf.Tensor:
     """A TF tensor with ``torch_tensor``'s dtype, shape and values.
 
@@ -220,7 +261,8 @@ def to_tf(torch_tensor: torch.Tensor) -> tf.Tensor:
     Returns:
       A TF tensor sharing the torch buffer when it is compact, 64-byte aligned and on a device
       TF has; otherwise a tensor over exactly one copy into such a buffer (``plan_to_tf`` says
-      which). The torch buffer stays alive as long as the TF tensor does.
+      which). The torch buffer stays alive and in place as long as the TF tensor does: after a
+      zero-copy hand-off the torch tensor's storage cannot be resized (see the module doc).
     Raises:
       BridgeError: the dtype, layout, device or capsule cannot cross (see ``bridge/dtypes.py``).
     """
@@ -233,7 +275,9 @@ def to_tf(torch_tensor: torch.Tensor) -> tf.Tensor:
         # One copy covers every reason at once: copy_ resolves lazy conj/neg bits, compacts
         # strides and moves devices; the destination is fresh and aligned.
         staged = _aligned_empty(source.shape, source.dtype, plan.target_device)
-        source = staged.copy_(source)
+        source = staged.copy_(source)   # a fresh buffer nobody else holds: nothing to pin
+    else:
+        _pin_buffer(source)
     return tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(source))
 
 

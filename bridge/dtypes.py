@@ -183,7 +183,9 @@ def render_markdown() -> str:
         "through DLPack. *zero-copy*: both sides share one buffer (a later "
         "in-place write on the Torch side is visible to TF). *copy*: exactly one explicit copy. "
         "*rejected*: a `xgr_common.errors.BridgeError` naming the reason, raised before DLPack "
-        "is touched.",
+        "is touched. A zero-copy `to_tf` leaves the torch tensor's storage fixed in size (the "
+        "same bytes, no copy): `resize_` past its size or `untyped_storage().resize_` then "
+        "raises `RuntimeError` instead of freeing the buffer TF reads.",
         "",
         "## By dtype",
         "",

@@ -3,17 +3,22 @@
     xgr serve --model_name=recs --model_base_path=/models/recs --port=8500 --rest_api_port=8501 \
         --enable_batching --batching_parameters_file=batching.config
 
-SIGTERM or Ctrl-C stops accepting, finishes in-flight requests, then exits.
+Both ports listen on ``--bind_address`` (default 127.0.0.1: loopback only, because the API has
+no authentication and, without ``--ssl_config_file``, no encryption; give 0.0.0.0 or an
+interface's address to serve other hosts). SIGTERM or Ctrl-C stops accepting, finishes the
+requests already admitted within ``--shutdown_grace_seconds``, then exits 0.
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import threading
 
 from absl import app, flags
 
-from tf_frontend.serving.config import BatchingConfig, ServerConfig, parse_batching_parameters
+from tf_frontend.serving.config import (DEFAULT_LIMITS, BatchingConfig, ServerConfig,
+                                        parse_batching_parameters, parse_ssl_config)
 from xgr_common.errors import XgrError
 
 FLAGS = flags.FLAGS
@@ -21,7 +26,12 @@ flags.DEFINE_string("model_name", "default", "Name of the served model (in URLs 
 flags.DEFINE_string("model_base_path", None, "Directory holding numeric version directories.")
 flags.DEFINE_integer("port", 8500, "gRPC port (0 picks a free one).")
 flags.DEFINE_integer("rest_api_port", 8501, "REST port (0 picks a free one).")
-flags.DEFINE_string("bind_address", "0.0.0.0", "Address both servers listen on.")
+flags.DEFINE_string("bind_address", "127.0.0.1",
+                    "Address both ports listen on: 127.0.0.1 (the default) serves this host "
+                    "only; 0.0.0.0 every interface.")
+flags.DEFINE_string("ssl_config_file", None,
+                    "TF Serving's SSLConfig text proto (server_key, server_cert, custom_ca, "
+                    "client_verify): TLS on both ports, client certificates when client_verify.")
 flags.DEFINE_float("file_system_poll_wait_seconds", 1.0,
                    "Period of the scan for new versions; 0 scans once at start.")
 flags.DEFINE_bool("enable_batching", False, "Coalesce concurrent requests into one model call.")
@@ -31,20 +41,47 @@ flags.DEFINE_integer("max_batch_size", BatchingConfig.max_batch_size, "Rows per 
 flags.DEFINE_integer("batch_timeout_micros", BatchingConfig.batch_timeout_micros,
                      "Longest a request waits for a batch to fill.")
 flags.DEFINE_integer("max_enqueued_batches", BatchingConfig.max_enqueued_batches,
-                     "Queue capacity in batches; beyond it requests are refused (503).")
+                     "Batch queue capacity in batches; beyond it requests are refused (503 / "
+                     "RESOURCE_EXHAUSTED).")
 flags.DEFINE_integer("num_batch_threads", BatchingConfig.num_batch_threads,
                      "Batches that may run at the same time.")
-flags.DEFINE_integer("max_request_bytes", 16 * 1024 * 1024, "Largest accepted request body.")
+flags.DEFINE_integer("max_request_bytes", 16 * 1024 * 1024,
+                     "Largest request body (REST) or message (gRPC).")
+# The request limits: unset, each comes from the version's assets.extra/xgr_serving.json, else
+# the default named in its help.
 flags.DEFINE_integer("max_request_rows", None,
                      "Most rows one request may carry; default: the model's own (the engine's "
-                     "largest batch, from the export's xgr_serving.json).")
-flags.DEFINE_integer("max_tensor_elements", 1 << 22,
-                     "Most elements one gRPC input tensor may declare; checked before the "
-                     "tensor is materialised.")
+                     f"largest batch, from the export's xgr_serving.json), else "
+                     f"{DEFAULT_LIMITS.max_rows}.")
+flags.DEFINE_integer("max_tensor_elements", None,
+                     "Most elements one input tensor may hold, checked on what a request "
+                     f"declares before it is materialised; default: the model's, else "
+                     f"{DEFAULT_LIMITS.max_tensor_elements}.")
 flags.DEFINE_integer("max_history_events", None,
                      "Longest ragged history row; default: the model's own limit, if any.")
+flags.DEFINE_integer("max_pending_requests", None,
+                     "Requests one version admits at once (decoding, queued or running); one "
+                     "more is refused at once with 503 / RESOURCE_EXHAUSTED. Default: the "
+                     f"model's, else {DEFAULT_LIMITS.max_pending_requests}.")
+flags.DEFINE_integer("rest_api_timeout_in_ms", None,
+                     "Longest a REST predict may take once its body is read (504 past it; a "
+                     "request still queued is dropped). gRPC callers set their own deadline. "
+                     f"Default: the model's, else {DEFAULT_LIMITS.rest_api_timeout_in_ms}.")
+flags.DEFINE_float("rest_api_read_timeout_seconds", 10.0,
+                   "Longest a client may take to send one request's headers and body, from its "
+                   "first byte (408 or closed past it).")
+flags.DEFINE_float("rest_api_idle_timeout_seconds", 75.0,
+                   "Longest a keep-alive REST connection may sit idle before it is closed.")
+flags.DEFINE_integer("rest_api_max_connections", 1024,
+                     "Open REST connections; one more is answered 503 and closed.")
+flags.DEFINE_integer("rest_api_num_threads", 16,
+                     "Threads that decode REST bodies and run unbatched model calls.")
+flags.DEFINE_integer("grpc_max_threads", 16,
+                     "Threads that run gRPC calls; calls beyond twice as many are refused "
+                     "(RESOURCE_EXHAUSTED).")
 flags.DEFINE_list("custom_op_libraries", [], "Extra TF op libraries (.so) to load first.")
-flags.DEFINE_float("shutdown_grace_seconds", 10.0, "Longest wait for in-flight requests.")
+flags.DEFINE_float("shutdown_grace_seconds", 10.0,
+                   "Longest a stop waits, in total, for requests already admitted.")
 flags.DEFINE_string("log_level", "INFO", "Level of the JSON logs on stderr.")
 flags.mark_flag_as_required("model_base_path")
 
@@ -62,6 +99,13 @@ def _batching() -> BatchingConfig | None:
     return config
 
 
+def _ssl():
+    if not FLAGS.ssl_config_file:
+        return None
+    with open(FLAGS.ssl_config_file) as f:
+        return parse_ssl_config(f.read())
+
+
 def config_from_flags() -> ServerConfig:
     return ServerConfig(
         model_name=FLAGS.model_name, model_base_path=FLAGS.model_base_path, port=FLAGS.port,
@@ -70,29 +114,54 @@ def config_from_flags() -> ServerConfig:
         batching=_batching(), max_request_bytes=FLAGS.max_request_bytes,
         max_history_events=FLAGS.max_history_events, max_request_rows=FLAGS.max_request_rows,
         max_tensor_elements=FLAGS.max_tensor_elements,
+        max_pending_requests=FLAGS.max_pending_requests,
+        rest_api_timeout_in_ms=FLAGS.rest_api_timeout_in_ms,
+        rest_api_read_timeout_seconds=FLAGS.rest_api_read_timeout_seconds,
+        rest_api_idle_timeout_seconds=FLAGS.rest_api_idle_timeout_seconds,
+        rest_api_max_connections=FLAGS.rest_api_max_connections,
+        rest_api_num_threads=FLAGS.rest_api_num_threads,
+        grpc_max_workers=FLAGS.grpc_max_threads, ssl=_ssl(),
         shutdown_grace_seconds=FLAGS.shutdown_grace_seconds)
 
 
 def main(argv: list[str]) -> None:
     del argv
+    import logging
+
     from tf_frontend.serving.json_logs import install_json_logging
+    from tf_frontend.serving.scratch import claim_scratch_folder
     from tf_frontend.serving.server import ModelServer, load_op_libraries
 
     install_json_logging(FLAGS.log_level)
+    log = logging.getLogger("xgr.serving")
     try:
         config = config_from_flags()
-        load_op_libraries(tuple(FLAGS.custom_op_libraries))
     except (XgrError, OSError) as e:  # a bad flag or file: a message, not a traceback
         raise app.UsageError(str(e)) from e
-    server = ModelServer(config)
+    # Before any engine package loads: its unpacked files go to this process's own folder,
+    # and the folders of killed servers are removed.
+    scratch, removed = claim_scratch_folder()
+    log.info("scratch folder", extra={"path": str(scratch),
+                                      "removed_stale": [str(p) for p in removed]})
+    # Handlers before the first version loads: a SIGTERM during a long load still ends in a
+    # clean stop (once the load is done) instead of killing the process.
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    server.start()
+    try:
+        load_op_libraries(tuple(FLAGS.custom_op_libraries))
+        server = ModelServer(config)
+    except (XgrError, OSError) as e:
+        raise app.UsageError(str(e)) from e
+    try:
+        server.start()
+    except XgrError as e:   # a port taken, an address not this host's: a message, exit 1
+        raise app.UsageError(str(e)) from e
     print(f"serving {FLAGS.model_name}: grpc port {server.grpc_port}, "
           f"rest port {server.rest_port}", flush=True)
     stop.wait()
     server.stop()
+    shutil.rmtree(scratch, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,11 @@ class InvalidInputError(XgrError, ValueError):
     """A caller passed a bad argument (shape, dtype, range). Names the argument and the rule."""
 
 
+class SlowClientError(InvalidInputError):
+    """A client took longer than the server's read timeout to send its request (REST 408);
+    the connection is closed."""
+
+
 class ConfigError(XgrError, ValueError):
     """A configuration value is inconsistent or out of range."""
 
@@ -72,6 +77,30 @@ class ParityError(XgrError, AssertionError):
 
 class ServingError(XgrError, RuntimeError):
     """The serving layer cannot answer a request (unknown model, version, signature)."""
+
+
+class NotFoundError(ServingError):
+    """A request names a model, version or endpoint the server does not have (404 / NOT_FOUND)."""
+
+
+class UnavailableError(ServingError):
+    """The server cannot serve now through no fault of the request: no version of the model
+    loads, or the server is stopping (503 / UNAVAILABLE); a retry may succeed later."""
+
+
+class OverloadedError(CapacityError):
+    """The server's bounded request queue is full (503 / RESOURCE_EXHAUSTED): refused at once,
+    before any work, so that overload never grows the server's memory or latency."""
+
+
+class DeadlineExceededError(ServingError):
+    """A request's deadline (gRPC's, or the REST timeout) passed before it ran or finished
+    (504 / DEADLINE_EXCEEDED); a queued request is dropped instead of run."""
+
+
+class RequestCancelledError(ServingError):
+    """The client went away (cancelled gRPC call, closed REST connection) before its request
+    ran; the request is dropped from its batch."""
 
 
 def require_fields(data: object, known: set[str], what: str) -> None:

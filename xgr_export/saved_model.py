@@ -25,6 +25,7 @@ from tf_frontend.rules import engine_feeds
 from xgr_common.errors import ExportError, require
 from xgr_common.serving_names import SERVING_SIGNATURE, SERVING_SPEC_FILE
 from xgr_export.torch_package import Package
+from xgr_export.warmup_requests import split_requests, write_warmup_requests
 
 
 class Pipeline(tf.Module):
@@ -70,15 +71,23 @@ def require_empty_folder(out_dir: str | os.PathLike) -> Path:
 
 def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
                     config: PipelineConfig = PipelineConfig(),
-                    engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None) -> Path:
+                    engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None,
+                    warmup_features=None) -> Path:
     """Saves feature graph + engine package + business rules as one SavedModel in ``out_dir``;
     returns it. The package file is copied into the SavedModel's assets. ``catalog``
-    (``(item_ids, item_codes)``) is needed only for ``rules.max_per_category``."""
+    (``(item_ids, item_codes)``) is needed only for ``rules.max_per_category``.
+
+    ``warmup_features`` (a batch of request features, e.g. the export's probe requests) are
+    written as the SavedModel's warm-up requests, a few rows per request
+    (``xgr_export.warmup_requests``): a server replays them before the version goes live, so a
+    version whose engine package does not load is never served."""
     out_dir = require_empty_folder(out_dir)
     module = Pipeline(feature_graph, package, config, engine_inputs, catalog)
     concrete = module.serve.get_concrete_function()
     tf.saved_model.save(module, str(out_dir), signatures={SERVING_SIGNATURE: concrete})
     _write_serving_spec(out_dir, config, _largest_batch(package))
+    if warmup_features is not None:
+        write_warmup_requests(out_dir, split_requests(warmup_features))
     return out_dir
 
 

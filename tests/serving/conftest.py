@@ -50,3 +50,13 @@ def in_process(model_base):
         return {k: v.numpy() for k, v in outputs.items()}
 
     return call
+
+
+@pytest.fixture(scope="session")
+def engine_models(tmp_path_factory) -> dict:
+    """Export-like SavedModels (a TorchCall engine package and warm-up requests) of scale 1,
+    2 and 4, by scale; tests deploy copies of them as versions."""
+    from tests.serving.engine_model import save_engine_model
+
+    root = tmp_path_factory.mktemp("engine_models")
+    return {scale: save_engine_model(root / f"scale_{scale}", float(scale)) for scale in (1, 2, 4)}

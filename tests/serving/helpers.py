@@ -135,19 +135,27 @@ def instances(request: dict) -> list[dict]:
     return rows
 
 
+def http_full(port: int, path: str, body=None, method=None, raw: bytes | None = None,
+              headers: dict | None = None, timeout: float = 60):
+    """(status, parsed JSON or text, response headers) of one request to the REST port."""
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method,
+                                 headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            status, text, got = resp.status, resp.read().decode(), resp.headers
+    except urllib.error.HTTPError as e:
+        status, text, got = e.code, e.read().decode(), e.headers
+    try:
+        return status, json.loads(text), got
+    except ValueError:
+        return status, text, got
+
+
 def http(port: int, path: str, body=None, method=None, raw: bytes | None = None):
     """(status, parsed JSON or text) of one request to the REST port."""
-    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
-    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=data, method=method)
-    try:
-        with urllib.request.urlopen(req, timeout=60) as resp:
-            status, text = resp.status, resp.read().decode()
-    except urllib.error.HTTPError as e:
-        status, text = e.code, e.read().decode()
-    try:
-        return status, json.loads(text)
-    except ValueError:
-        return status, text
+    status, answer, _ = http_full(port, path, body, method, raw)
+    return status, answer
 
 
 def grpc_predict(port: int, inputs: dict, model: str = "recs") -> dict:

@@ -1,12 +1,14 @@
 """Batch merge/split, the batching parameters file and the batch queue, without a server."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from xgr_common.errors import CapacityError, ConfigError, InvalidInputError
+from xgr_common.errors import (ConfigError, DeadlineExceededError, InvalidInputError,
+                               OverloadedError)
 from tf_frontend.serving.batch_merge import UnsplittableOutput, merge_inputs, split_outputs
 from tf_frontend.serving.batching import BatchScheduler
 from tf_frontend.serving.config import BatchingConfig, parse_batching_parameters
@@ -104,7 +106,7 @@ def test_scheduler_fills_batches_in_order_and_refuses_when_full():
         futures.update({i: scheduler.submit(two_rows(i)) for i in (3, 4)})
         futures[5] = scheduler.submit(prepare(sig, _request([5], [[7]])))
         futures[6] = scheduler.submit(two_rows(6))  # 7 of 8 queued rows
-        with pytest.raises(CapacityError, match="queue is full"):
+        with pytest.raises(OverloadedError, match="queue is full"):   # 503 / RESOURCE_EXHAUSTED
             scheduler.submit(two_rows(7))
         with pytest.raises(InvalidInputError, match="larger than max_batch_size"):
             scheduler.submit(prepare(sig, _request([1] * 5, [[]] * 5)))
@@ -115,3 +117,37 @@ def test_scheduler_fills_batches_in_order_and_refuses_when_full():
         release.set()
         scheduler.close()
     assert calls == [[1, 2], [3, 4], [5, 6]]
+
+
+def test_scheduler_drops_cancelled_and_expired_requests_before_their_batch_runs():
+    sig = _sig()
+    calls, dropped, started, release = [], [], threading.Event(), threading.Event()
+
+    def run_batch(tasks):
+        started.set()
+        release.wait(10)
+        calls.append([int(t.request.inputs["ids"][0]) for t in tasks])
+        for t in tasks:
+            t.future.set_result(t.request.inputs["ids"])
+
+    scheduler = BatchScheduler(BatchingConfig(max_batch_size=4, batch_timeout_micros=50_000,
+                                              max_enqueued_batches=4), run_batch, "unit",
+                               on_drop=dropped.append)
+    one = lambda i: prepare(sig, _request([i], [[i]]))  # noqa: E731
+    try:
+        first = scheduler.submit(one(1))
+        assert started.wait(10)  # batch [1] runs; everything below waits in the queue
+        cancelled = scheduler.submit(one(2))
+        expired = scheduler.submit(one(3), deadline=time.monotonic() + 0.05)
+        kept = scheduler.submit(one(4), deadline=time.monotonic() + 30)
+        assert cancelled.cancel()
+        time.sleep(0.1)
+        release.set()
+        assert kept.result(10).tolist() == [4] and first.result(10).tolist() == [1]
+        with pytest.raises(DeadlineExceededError, match="not run"):
+            expired.result(10)
+        # A cancelled future no longer counts against the queue, and nothing it held ran.
+        assert calls == [[1], [4]] and sorted(dropped) == ["cancelled", "deadline"]
+    finally:
+        release.set()
+        scheduler.close()

@@ -4,6 +4,7 @@ import grpc
 import numpy as np
 import pytest
 import tensorflow as tf
+from tensorflow.core.framework import types_pb2
 from tensorflow_serving.apis import (get_model_metadata_pb2, get_model_status_pb2,
                                      model_service_pb2_grpc, predict_pb2,
                                      prediction_service_pb2_grpc)
@@ -101,7 +102,48 @@ def _bad_requests():
         "too_many_rows": (predict_request(random_request(np.random.default_rng(9),
                                                          rows=MAX_ROWS + 1)),
                           grpc.StatusCode.INVALID_ARGUMENT, f"at most {MAX_ROWS} are served"),
+        # Each of these was a 500, a KeyError or a misleading message once (issue 27).
+        "resource_tensor": (_replaced(good, "user_id", dtype=types_pb2.DT_RESOURCE, dims=[2]),
+                            grpc.StatusCode.INVALID_ARGUMENT, "resource tensors cannot be sent"),
+        "variant_tensor": (_replaced(good, "user_id", dtype=types_pb2.DT_VARIANT, dims=[2]),
+                           grpc.StatusCode.INVALID_ARGUMENT, "variant tensors cannot be sent"),
+        "three_values_for_shape_2": (_replaced(good, "user_id", dims=[2], int64_val=[1, 2, 3]),
+                                     grpc.StatusCode.INVALID_ARGUMENT,
+                                     "3 value(s) in int64_val for shape [2]"),
+        "tensor_content_too_short": (_replaced(good, "user_id", dims=[2],
+                                               tensor_content=b"\0" * 7),
+                                     grpc.StatusCode.INVALID_ARGUMENT,
+                                     "tensor_content holds 7 bytes"),
+        "values_in_the_wrong_field": (_replaced(good, "user_id", dims=[2],
+                                                string_val=[b"a", b"b"]),
+                                      grpc.StatusCode.INVALID_ARGUMENT,
+                                      "carries values in ['string_val']"),
+        "unknown_rank": (_replaced(good, "user_id", unknown_rank=True, int64_val=[1]),
+                         grpc.StatusCode.INVALID_ARGUMENT, "must give its shape"),
+        "not_a_dtype": (_replaced(good, "user_id", dtype=999, dims=[2]),
+                        grpc.StatusCode.INVALID_ARGUMENT, "999 is not a TensorFlow dtype"),
+        # Refused by name before it is materialised: 200M declared elements of an unknown input.
+        "unknown_amplified_input": (_replaced(good, "extra", dims=[200_000_000], int64_val=[1]),
+                                    grpc.StatusCode.INVALID_ARGUMENT, "unknown input(s) ['extra']"),
     }
+
+
+def _replaced(good: dict, name: str, dtype=types_pb2.DT_INT64, dims=(), unknown_rank=False,
+              **values) -> predict_pb2.PredictRequest:
+    """``good`` as a PredictRequest with input ``name`` replaced by a hand-made TensorProto."""
+    proto = predict_request(good)
+    tensor = proto.inputs[name]
+    tensor.Clear()
+    tensor.dtype = dtype
+    tensor.tensor_shape.unknown_rank = unknown_rank
+    for size in dims:
+        tensor.tensor_shape.dim.add().size = size
+    for field, value in values.items():
+        if field == "tensor_content":
+            tensor.tensor_content = value
+        else:
+            getattr(tensor, field).extend(value)
+    return proto
 
 
 def _amplified(good: dict) -> predict_pb2.PredictRequest:
@@ -121,7 +163,10 @@ def test_bad_request_status_and_server_keeps_serving(channel, in_process, case):
     with pytest.raises(grpc.RpcError) as failure:
         stub.Predict(proto, timeout=60)
     assert failure.value.code() == code
-    assert fragment in failure.value.details()
+    assert fragment in failure.value.details(), failure.value.details()
+    if code != grpc.StatusCode.RESOURCE_EXHAUSTED:   # gRPC's own refusal carries no metadata
+        assert dict(failure.value.trailing_metadata())["x-request-id"]
+    assert "/tmp/" not in failure.value.details() and "{{node" not in failure.value.details()
     request = random_request(np.random.default_rng(8), rows=2)
     response = stub.Predict(predict_request(request), timeout=60)
     np.testing.assert_array_equal(tf.make_ndarray(response.outputs["score"]),

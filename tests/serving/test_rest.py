@@ -2,12 +2,14 @@
 
 import base64
 import json
+import re
 
 import numpy as np
 import pytest
 
 from tests.serving.conftest import MAX_ROWS
-from tests.serving.helpers import columnar, history_reference, http, instances, random_request
+from tests.serving.helpers import (columnar, history_reference, http, http_full, instances,
+                                   random_request)
 
 PREDICT = "/v1/models/recs:predict"
 
@@ -86,6 +88,20 @@ def _nested(leaves: list, depth: int) -> list:
     return leaves
 
 
+def instances_of(good: dict) -> list[dict]:
+    """The columnar request ``good`` (two rows, histories split) in the row format."""
+    splits = good["history_splits"]
+    return [{"user_id": good["user_id"][r], "country": good["country"][r],
+             "history_items": good["history_items"][splits[r]:splits[r + 1]],
+             "history_times": good["history_times"][splits[r]:splits[r + 1]],
+             "request_time": good["request_time"][r]} for r in range(2)]
+
+
+# What no error body may show: server paths, graph node names, traced function names.
+_INTERNALS = re.compile(r"(?<![\w.])/(tmp|home|work|root|usr|opt|var)/|\{\{node|\[\[node|"
+                        r"__inference|Detected at node|StatefulPartitionedCall")
+
+
 def _bad_cases():
     good = columnar(random_request(np.random.default_rng(4), rows=2))
 
@@ -132,6 +148,19 @@ def _bad_cases():
         "too_many_rows": (PREDICT, {"inputs": columnar(random_request(
             np.random.default_rng(5), rows=MAX_ROWS + 1, max_events=0))}, 400,
                           f"at most {MAX_ROWS} are served"),
+        # Each of these was a 500 or a misleading message once (issue 27).
+        "unknown_ragged_input": (PREDICT, changed(extra=[[1, 2], [3]]), 400,
+                                 "unknown input(s) ['extra']"),
+        "unknown_input_in_rows": (PREDICT, {"instances": [dict(instances_of(good)[0],
+                                                               bogus=[1, [2]])]}, 400,
+                                  "unknown input(s) ['bogus']"),
+        "int_just_past_int64": (PREDICT, changed(user_id=[2**63, 1]), 400,
+                                "out of range for int64"),
+        "int_past_uint64": (PREDICT, changed(user_id=[2**64, 1]), 400,
+                            "integers out of range for int64"),
+        "mixed_depth_list": (PREDICT, changed(user_id=[[1], [[[[2]]]]]), 400, "'user_id'"),
+        "query_string_on_unknown_model": ("/v1/models/other:predict?x=recs", {"inputs": good},
+                                          404, "model 'other' not found"),
     }
 
 
@@ -139,9 +168,12 @@ def _bad_cases():
 def test_bad_request_is_refused_and_server_keeps_serving(server, case):
     path, body, want_status, fragment = _bad_cases()[case]
     raw = body if isinstance(body, bytes) else None
-    status, answer = http(server.rest_port, path, None if raw else body, method="POST", raw=raw)
+    status, answer, headers = http_full(server.rest_port, path, None if raw else body,
+                                        method="POST", raw=raw)
     assert status == want_status, answer
     assert fragment in answer["error"], answer
+    assert answer["request_id"] == headers["X-Request-Id"]
+    assert not _INTERNALS.search(answer["error"]), answer
     _good(server)
 
 

@@ -6,6 +6,10 @@ holds ``max_batch_size`` rows or the oldest request has waited ``batch_timeout_m
 adds every queued request with the same merge key (same signature, same non-batch dims).
 The batch then runs as one model call through ``run_batch``, which resolves each request's
 future with its own result or error.
+
+A request whose caller gave up (its future cancelled: a cancelled gRPC call, a closed REST
+connection, a REST timeout) or whose deadline passed is taken out of the queue and out of its
+batch before the batch runs: the model never spends time on an answer nobody reads.
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import threading
 import time
 from typing import Callable, Sequence
 
-from xgr_common.errors import CapacityError, InvalidInputError, ServingError, require
+from xgr_common.errors import (DeadlineExceededError, InvalidInputError, OverloadedError,
+                               ServingError, require)
 from tf_frontend.serving.config import BatchingConfig
 from tf_frontend.serving.validation import PreparedRequest
 
@@ -29,6 +34,10 @@ class BatchTask:
     request: PreparedRequest
     future: concurrent.futures.Future
     enqueued_at: float
+    deadline: float | None = None   # time.monotonic(); None: the caller waits as long as it takes
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
 
 
 class SchedulerClosed(ServingError):
@@ -37,9 +46,11 @@ class SchedulerClosed(ServingError):
 
 class BatchScheduler:
     def __init__(self, config: BatchingConfig,
-                 run_batch: Callable[[Sequence[BatchTask]], None], name: str):
+                 run_batch: Callable[[Sequence[BatchTask]], None], name: str,
+                 on_drop: Callable[[str], None] = lambda reason: None):
         self._config = config
         self._run_batch = run_batch
+        self._on_drop = on_drop
         self._queue: collections.deque[BatchTask] = collections.deque()
         self._queued_rows = 0
         self._cond = threading.Condition()
@@ -49,8 +60,10 @@ class BatchScheduler:
         for thread in self._threads:
             thread.start()
 
-    def submit(self, request: PreparedRequest) -> concurrent.futures.Future:
-        """Queues ``request``; the future resolves to its output dict."""
+    def submit(self, request: PreparedRequest,
+               deadline: float | None = None) -> concurrent.futures.Future:
+        """Queues ``request``; the future resolves to its output dict. Cancelling the future
+        while the request waits drops it; so does ``deadline`` (``time.monotonic``) passing."""
         rows = request.rows
         require(rows is not None and rows <= self._config.max_batch_size, InvalidInputError,
                 f"batch of {rows} rows is larger than max_batch_size "
@@ -59,14 +72,44 @@ class BatchScheduler:
         with self._cond:
             if self._closing:
                 raise SchedulerClosed("the batch queue of this model version is closed")
+            self._purge(time.monotonic())
             if self._queued_rows + rows > self._config.max_enqueued_rows:
-                raise CapacityError(
+                raise OverloadedError(
                     f"the batch queue is full ({self._config.max_enqueued_batches} batches of "
                     f"{self._config.max_batch_size} rows); retry later")
-            self._queue.append(BatchTask(request, future, time.monotonic()))
+            self._queue.append(BatchTask(request, future, time.monotonic(), deadline))
             self._queued_rows += rows
             self._cond.notify_all()
         return future
+
+    def _drop(self, task: BatchTask, now: float) -> bool:
+        """Resolves a task nobody waits for any more (cancelled, or past its deadline);
+        returns whether it was dropped."""
+        if task.future.cancelled():
+            self._on_drop("cancelled")
+            return True
+        if task.expired(now):
+            if task.future.set_running_or_notify_cancel():
+                task.future.set_exception(DeadlineExceededError(
+                    f"the request's deadline passed after {now - task.enqueued_at:.3f} s in the "
+                    "batch queue; it was not run"))
+                self._on_drop("deadline")
+            else:
+                self._on_drop("cancelled")
+            return True
+        return False
+
+    def _purge(self, now: float) -> None:
+        """Takes dropped tasks out of the queue (under the lock)."""
+        if not any(t.future.cancelled() or t.expired(now) for t in self._queue):
+            return
+        kept: collections.deque[BatchTask] = collections.deque()
+        for task in self._queue:
+            if self._drop(task, now):
+                self._queued_rows -= task.request.rows
+            else:
+                kept.append(task)
+        self._queue = kept
 
     def _take_compatible(self, batch: list[BatchTask], rows: int) -> int:
         key = batch[0].request.merge_key
@@ -83,7 +126,10 @@ class BatchScheduler:
     def _next_batch(self) -> list[BatchTask] | None:
         timeout = self._config.batch_timeout_micros / 1e6
         with self._cond:
-            while not self._queue and not self._closing:
+            while True:
+                self._purge(time.monotonic())
+                if self._queue or self._closing:
+                    break
                 self._cond.wait()
             if not self._queue:
                 return None
@@ -92,17 +138,34 @@ class BatchScheduler:
             batch, rows = [head], head.request.rows
             deadline = head.enqueued_at + timeout
             while True:
+                self._purge(time.monotonic())
                 rows = self._take_compatible(batch, rows)
                 remaining = deadline - time.monotonic()
                 if rows >= self._config.max_batch_size or remaining <= 0 or self._closing:
                     return batch
                 self._cond.wait(remaining)
 
+    def _runnable(self, batch: list[BatchTask]) -> list[BatchTask]:
+        """The tasks of ``batch`` still wanted, each marked running (a future cancelled from
+        now on is no longer dropped: its call is under way)."""
+        now, live = time.monotonic(), []
+        for task in batch:
+            if self._drop(task, now):
+                continue
+            if task.future.set_running_or_notify_cancel():
+                live.append(task)
+            else:   # cancelled since the check above
+                self._on_drop("cancelled")
+        return live
+
     def _loop(self) -> None:
         while True:
             batch = self._next_batch()
             if batch is None:
                 return
+            batch = self._runnable(batch)
+            if not batch:
+                continue
             try:
                 self._run_batch(batch)
             except BaseException as e:  # never leave a caller waiting forever

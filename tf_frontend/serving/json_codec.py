@@ -60,10 +60,50 @@ def _nested_shape(name: str, value: Any, leaf, depth: int = 0) -> tuple[list[int
     return [len(value)] + inner, [x for _, flat in parts for x in flat]
 
 
-def to_array(name: str, value: Any, info: TensorInfo) -> np.ndarray:
+def _count_leaves(name: str, value: Any, limit: int) -> None:
+    """Refuses a value of more than ``limit`` scalars before numpy builds it (iterative: the
+    nesting depth is checked separately)."""
+    count, pending = 0, [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+            continue
+        count += 1
+        require(count <= limit, InvalidInputError,
+                f"input {name!r}: more than {limit} values; at most {limit} are accepted per "
+                "input (--max_tensor_elements)")
+
+
+def _only_ints(value: Any) -> bool:
+    """Whether every scalar in the nested list ``value`` is a JSON integer."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, list):
+            pending.extend(item)
+        elif not isinstance(item, int) or isinstance(item, bool):
+            return False
+    return True
+
+
+def _not_numeric(name: str, info: TensorInfo, value: Any, raw: np.ndarray) -> str:
+    """Why ``raw`` (numpy's reading of the JSON ``value``) is not ``info``'s dtype, said
+    plainly: integers past int64 make numpy fall back to float64 or object arrays."""
+    if raw.dtype.kind in "fO" and _only_ints(value):
+        return f"input {name!r}: integers out of range for {info.dtype.name}"
+    got = "non-numeric" if raw.dtype.kind in "OUS" else raw.dtype.name
+    return f"input {name!r}: expected {info.dtype.name} values, got {got} data"
+
+
+def to_array(name: str, value: Any, info: TensorInfo,
+             max_elements: int | None = None) -> np.ndarray:
     """One JSON value -> array of ``info``'s dtype; InvalidInputError names the input."""
     if info.dtype.name == "string":
         shape, flat = _nested_shape(name, value, _string_leaf)
+        require(max_elements is None or len(flat) <= max_elements, InvalidInputError,
+                f"input {name!r}: {len(flat)} values; at most {max_elements} are accepted per "
+                "input (--max_tensor_elements)")
         array = np.empty(len(flat), dtype=object)
         array[:] = flat
         return array.reshape(shape)
@@ -72,9 +112,14 @@ def to_array(name: str, value: Any, info: TensorInfo) -> np.ndarray:
         depth, probe = depth + 1, probe[0]
     require(depth <= MAX_NESTING, InvalidInputError,
             f"input {name!r}: lists nested deeper than {MAX_NESTING} levels")
+    if max_elements is not None:
+        _count_leaves(name, value, max_elements)
     try:
         raw = np.asarray(value)
-    except ValueError as e:
+    except RecursionError:   # deep nesting below a shallow first element: [[1], [[[...]]]]
+        raise InvalidInputError(f"input {name!r}: lists nested deeper than {MAX_NESTING} "
+                                "levels") from None
+    except (ValueError, OverflowError) as e:
         raise InvalidInputError(f"input {name!r}: nested lists have different lengths (ragged); "
                                 "send a ragged input as values + row splits") from e
     target = np.dtype(info.dtype.as_numpy_dtype)
@@ -88,9 +133,9 @@ def to_array(name: str, value: Any, info: TensorInfo) -> np.ndarray:
         ok = kind == "b" or empty
     else:
         ok = False
-    require(ok, InvalidInputError,
-            f"input {name!r}: expected {info.dtype.name} values, got "
-            f"{'non-numeric' if kind in 'OUS' else raw.dtype.name} data")
+    require(ok, InvalidInputError, _not_numeric(name, info, value, raw))
+    require(raw.ndim <= MAX_NESTING, InvalidInputError,
+            f"input {name!r}: lists nested deeper than {MAX_NESTING} levels")
     if target.kind in "iu" and raw.size and not empty:
         limits = np.iinfo(target)
         require(int(raw.min()) >= limits.min and int(raw.max()) <= limits.max, InvalidInputError,
@@ -98,7 +143,14 @@ def to_array(name: str, value: Any, info: TensorInfo) -> np.ndarray:
     return raw.astype(target)
 
 
-def _rows_to_arrays(sig: SignatureInfo, instances: list) -> dict[str, np.ndarray]:
+def _refuse_unknown(sig: SignatureInfo, names) -> None:
+    unknown = sorted(set(names) - set(sig.inputs))
+    require(not unknown, InvalidInputError,
+            f"signature {sig.name!r}: unknown input(s) {unknown}; expected {sorted(sig.inputs)}")
+
+
+def _rows_to_arrays(sig: SignatureInfo, instances: list,
+                    max_elements: int | None) -> dict[str, np.ndarray]:
     named = all(isinstance(i, dict) for i in instances)
     if not named:
         require(len(sig.inputs) == 1, InvalidInputError,
@@ -110,6 +162,7 @@ def _rows_to_arrays(sig: SignatureInfo, instances: list) -> dict[str, np.ndarray
     for index, instance in enumerate(instances):
         require(set(instance) == names, InvalidInputError,
                 f"instance {index}: inputs {sorted(instance)} differ from instance 0 {sorted(names)}")
+    _refuse_unknown(sig, names)
     arrays: dict[str, np.ndarray] = {}
     grouped = set()
     for group in sig.input_groups:
@@ -128,24 +181,25 @@ def _rows_to_arrays(sig: SignatureInfo, instances: list) -> dict[str, np.ndarray
                     f"input {value!r}: per-instance lengths {row_lengths} differ from the other "
                     f"inputs of its group {lengths}")
             lengths = row_lengths
-            arrays[value] = to_array(value, [x for r in rows for x in r], sig.inputs[value])
+            arrays[value] = to_array(value, [x for r in rows for x in r], sig.inputs[value],
+                                     max_elements)
         if lengths is not None:
             dtype = np.dtype(sig.inputs[group.splits].dtype.as_numpy_dtype)
             arrays[group.splits] = np.concatenate([[0], np.cumsum(lengths)]).astype(dtype)
         grouped.update((group.splits, *group.values))
     for name in sorted(names - grouped):
-        info = sig.inputs.get(name)
-        if info is None:
-            continue  # reported as an unknown input by validation
+        info = sig.inputs[name]
         require(info.batch_major, InvalidInputError,
                 f"input {name!r} ({info.describe()}) has no batch dimension; use the columnar "
                 "'inputs' format")
-        arrays[name] = to_array(name, [i[name] for i in instances], info)
+        arrays[name] = to_array(name, [i[name] for i in instances], info, max_elements)
     return arrays
 
 
-def decode_request(sig: SignatureInfo, body: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], bool]:
-    """A parsed predict body -> (inputs, row_format)."""
+def decode_request(sig: SignatureInfo, body: Mapping[str, Any], max_elements: int | None = None
+                   ) -> tuple[dict[str, np.ndarray], bool]:
+    """A parsed predict body -> (inputs, row_format); each input holds at most
+    ``max_elements`` values (None: no limit)."""
     has_rows, has_cols = "instances" in body, "inputs" in body
     require(has_rows != has_cols, InvalidInputError,
             "the request must contain exactly one of 'instances' (row format) or 'inputs' "
@@ -154,16 +208,15 @@ def decode_request(sig: SignatureInfo, body: Mapping[str, Any]) -> tuple[dict[st
         instances = body["instances"]
         require(isinstance(instances, list) and len(instances) > 0, InvalidInputError,
                 "'instances' must be a non-empty list")
-        return _rows_to_arrays(sig, instances), True
+        return _rows_to_arrays(sig, instances, max_elements), True
     inputs = body["inputs"]
     if not isinstance(inputs, dict):
         require(len(sig.inputs) == 1, InvalidInputError,
                 f"'inputs' must be an object naming the inputs: signature {sig.name!r} has "
                 f"{len(sig.inputs)} inputs {sorted(sig.inputs)}")
         inputs = {next(iter(sig.inputs)): inputs}
-    arrays = {n: to_array(n, v, sig.inputs[n]) for n, v in inputs.items() if n in sig.inputs}
-    arrays.update({n: np.asarray(v) for n, v in inputs.items() if n not in sig.inputs})
-    return arrays, False
+    _refuse_unknown(sig, inputs)
+    return {n: to_array(n, v, sig.inputs[n], max_elements) for n, v in inputs.items()}, False
 
 
 def _jsonable(name: str, array: np.ndarray) -> Any:

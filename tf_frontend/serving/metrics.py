@@ -13,7 +13,8 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class ServerMetrics:
-    """requests{model,api,code}, request latency{model,api}, batch size{model}, errors."""
+    """requests{model,api,code}, request latency{model,api}, batch size{model}, errors,
+    dropped requests{model,reason}."""
 
     def __init__(self, model_name: str):
         self.registry = prom.CollectorRegistry()
@@ -30,6 +31,10 @@ class ServerMetrics:
         self._batch_rows = prom.Histogram(
             "xgr_serving_batch_size", "Rows per model call (after batching).",
             ["model_name"], buckets=_BATCH_BUCKETS, registry=self.registry)
+        self._dropped = prom.Counter(
+            "xgr_serving_dropped_requests",
+            "Requests taken out of the queue before they ran: their caller cancelled or their "
+            "deadline passed.", ["model_name", "reason"], registry=self.registry)
 
     def observe_request(self, api: str, code: str, seconds: float) -> None:
         self._requests.labels(self._model, api, code).inc()
@@ -39,6 +44,9 @@ class ServerMetrics:
 
     def observe_batch(self, rows: int) -> None:
         self._batch_rows.labels(self._model).observe(rows)
+
+    def observe_drop(self, reason: str) -> None:
+        self._dropped.labels(self._model, reason).inc()
 
     def exposition(self) -> tuple[bytes, str]:
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

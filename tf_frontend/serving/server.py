@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import importlib
 import logging
-import threading
+import time
 
 import tensorflow as tf
 
-from xgr_common.errors import OpLibraryError
+from xgr_common.errors import ConfigError, OpLibraryError
 from tf_frontend.serving.config import ServerConfig
 from tf_frontend.serving.grpc_service import make_grpc_server
 from tf_frontend.serving.metrics import ServerMetrics
 from tf_frontend.serving.model_manager import ModelManager
 from tf_frontend.serving.rest import RestServer
+from tf_frontend.serving.tls import rest_ssl_context
 
 LOG = logging.getLogger("xgr.serving")
 
@@ -49,39 +50,57 @@ class ModelServer:
     def __init__(self, config: ServerConfig):
         self.config = config
         self.metrics = ServerMetrics(config.model_name)
-        self.manager = ModelManager(config, observe_batch=self.metrics.observe_batch)
+        self.manager = ModelManager(config, observe_batch=self.metrics.observe_batch,
+                                    observe_drop=self.metrics.observe_drop)
+        # Built before anything listens: a bad key pair is a start-up error, not a late one.
+        self._rest_ssl = rest_ssl_context(config.ssl) if config.ssl is not None else None
         self._rest: RestServer | None = None
-        self._rest_thread: threading.Thread | None = None
         self._grpc = None
         self.grpc_port = self.rest_port = 0
 
     def start(self) -> None:
         self.manager.start()
         host = self.config.bind_address
-        self._grpc, self.grpc_port = make_grpc_server(
-            self.manager, self.metrics, f"{host}:{self.config.port}",
-            self.config.grpc_max_workers, self.config.max_request_bytes,
-            self.config.max_tensor_elements)
+        try:
+            self._grpc, self.grpc_port = make_grpc_server(
+                self.manager, self.metrics, f"{host}:{self.config.port}",
+                self.config.grpc_max_workers, self.config.max_request_bytes, self.config.ssl)
+        except ConfigError:
+            self.manager.stop(time.monotonic())
+            raise
         self._grpc.start()
-        self._rest = RestServer((host, self.config.rest_api_port), self.manager, self.metrics,
-                                self.config.max_request_bytes)
-        self.rest_port = self._rest.server_address[1]
-        self._rest_thread = threading.Thread(target=self._rest.serve_forever, name="rest",
-                                             daemon=True)
-        self._rest_thread.start()
+        self._rest = RestServer(self.config, self.manager, self.metrics, self._rest_ssl)
+        try:
+            self.rest_port = self._rest.start()
+        except OSError as e:   # the port is taken or the address is not this host's
+            self._rest.stop(time.monotonic())
+            self._grpc.stop(0)
+            self.manager.stop(time.monotonic())
+            raise ConfigError(f"cannot bind the REST port at {host}:{self.config.rest_api_port}: "
+                              f"{e.strerror or e}") from e
         LOG.info("serving", extra={"model": self.config.model_name, "grpc_port": self.grpc_port,
-                                   "rest_api_port": self.rest_port,
+                                   "rest_api_port": self.rest_port, "bind_address": host,
+                                   "tls": self.config.ssl is not None,
+                                   "client_verify": bool(self.config.ssl and
+                                                         self.config.ssl.client_verify),
                                    "batching": self.config.batching is not None})
 
     def stop(self) -> None:
-        """Stops accepting, lets in-flight requests finish (up to the grace), then unloads."""
+        """Stops accepting on both ports, lets requests already admitted finish, then unloads;
+        all of it within one ``shutdown_grace_seconds``, whatever the clients do."""
         grace = self.config.shutdown_grace_seconds
+        started = time.monotonic()
+        deadline = started + grace
         LOG.info("shutting down", extra={"grace_seconds": grace})
+        seconds = {}
         grpc_done = self._grpc.stop(grace) if self._grpc is not None else None
         if self._rest is not None:
-            self._rest.shutdown()      # no new connections are taken
-            self._rest.server_close()  # joins the handler threads of requests already read
+            self._rest.stop(deadline)
+        seconds["rest"] = time.monotonic() - started
         if grpc_done is not None:
-            grpc_done.wait(grace)
-        self.manager.stop()
-        LOG.info("stopped")
+            grpc_done.wait(max(0.0, deadline - time.monotonic()))
+        seconds["grpc"] = time.monotonic() - started
+        self.manager.stop(deadline)
+        seconds["unload"] = time.monotonic() - started
+        # Where the grace went, for an operator whose stops run long.
+        LOG.info("stopped", extra={f"{k}_done_after_seconds": round(v, 3) for k, v in seconds.items()})

@@ -32,6 +32,7 @@ import tensorflow as tf
 
 from xgr_common.errors import ExportError, require
 from xgr_common.serving_names import SERVING_SPEC_FILE
+from tf_frontend.serving.config import RequestLimits
 
 _SPLITS_SUFFIXES = ("_row_splits", "_splits")
 
@@ -61,38 +62,59 @@ class RaggedGroup:
     values: tuple[str, ...]
 
 
+# Keys of ``xgr_serving.json``; the limits among them are RequestLimits fields.
+_LIMIT_KEYS = tuple(field.name for field in dataclasses.fields(RequestLimits))
+_SPEC_KEYS = {"ragged", *_LIMIT_KEYS}
+
+
 @dataclasses.dataclass(frozen=True)
 class ServingSpec:
-    """The model's own serving hints (``assets.extra/xgr_serving.json``), or none."""
+    """The model's own serving hints (``assets.extra/xgr_serving.json``), or none.
+
+    ragged: splits name -> the value names it partitions.
+    limits: the request limits the model asks for (``RequestLimits``; server flags win):
+      ``max_rows`` (the largest batch the model's engine accepts), ``max_history_events``,
+      ``max_tensor_elements``, ``max_pending_requests``, ``rest_api_timeout_in_ms``.
+    """
 
     ragged: Mapping[str, tuple[str, ...]] | None = None
-    max_history_events: int | None = None
-    max_rows: int | None = None      # the largest batch the model's engine accepts
+    limits: RequestLimits = RequestLimits()
+
+    @property
+    def max_history_events(self) -> int | None:
+        return self.limits.max_history_events
+
+    @property
+    def max_rows(self) -> int | None:
+        return self.limits.max_rows
 
     @classmethod
     def read(cls, version_dir: str) -> "ServingSpec":
         path = os.path.join(version_dir, SERVING_SPEC_FILE)
         if not os.path.exists(path):
             return cls()
+        where = SERVING_SPEC_FILE   # what messages name: never the server's absolute path
         try:
             with open(path) as f:
                 raw = json.load(f)
         except (OSError, ValueError) as e:
-            raise ExportError(f"{path}: not readable JSON: {e}") from e
-        require(isinstance(raw, dict), ExportError, f"{path}: expected a JSON object")
+            raise ExportError(f"{where}: not readable JSON: {e}") from e
+        require(isinstance(raw, dict), ExportError, f"{where}: expected a JSON object")
+        unknown = sorted(set(raw) - _SPEC_KEYS)
+        require(not unknown, ExportError,
+                f"{where}: unknown key(s) {unknown}; known: {sorted(_SPEC_KEYS)}")
         ragged = raw.get("ragged")
         if ragged is not None:
             require(isinstance(ragged, dict) and all(
                 isinstance(v, list) and all(isinstance(n, str) for n in v) for v in ragged.values()),
-                ExportError, f"{path}: 'ragged' must map a splits name to a list of value names")
+                ExportError, f"{where}: 'ragged' must map a splits name to a list of value names")
             ragged = {k: tuple(v) for k, v in ragged.items()}
-        limit = raw.get("max_history_events")
-        require(limit is None or (isinstance(limit, int) and limit >= 1), ExportError,
-                f"{path}: 'max_history_events' must be a positive integer, got {limit!r}")
-        rows = raw.get("max_rows")
-        require(rows is None or (isinstance(rows, int) and rows >= 1), ExportError,
-                f"{path}: 'max_rows' must be a positive integer, got {rows!r}")
-        return cls(ragged=ragged, max_history_events=limit, max_rows=rows)
+        values = {key: raw.get(key) for key in _LIMIT_KEYS}
+        for key, value in values.items():
+            require(value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                      and value >= 1), ExportError,
+                    f"{where}: {key!r} must be a positive integer, got {value!r}")
+        return cls(ragged=ragged, limits=RequestLimits(**values))
 
 
 @dataclasses.dataclass(frozen=True)

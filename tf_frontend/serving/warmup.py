@@ -1,8 +1,11 @@
 """Warm-up from ``assets.extra/tf_serving_warmup_requests``, as TF Serving does.
 
 The file is a TFRecord of ``PredictionLog`` protos; each ``predict_log`` request is replayed
-once against the freshly loaded version before it becomes AVAILABLE, so the first real request
-does not pay for tracing and lazy initialisation. A failing warm-up request fails the load.
+once against the freshly loaded version before it becomes AVAILABLE. That is what proves a
+version works: TorchCall loads its engine package on the first call, so a truncated or
+corrupt package is found here, and the version stays out, instead of on the first client's
+request. A failing warm-up request (of any kind: a rejected input as much as a model fault)
+fails the load. Its tensors are checked as a client's are (``tensor_proto``).
 """
 
 from __future__ import annotations
@@ -12,10 +15,12 @@ import os
 import tensorflow as tf
 from tensorflow_serving.apis import prediction_log_pb2
 
-from xgr_common.errors import ExportError, XgrError
+from xgr_common.errors import ExportError
+from xgr_common.serving_names import WARMUP_FILE
 from tf_frontend.serving.servable import ServableVersion
+from tf_frontend.serving.tensor_proto import decode_inputs
 
-WARMUP_FILE = os.path.join("assets.extra", "tf_serving_warmup_requests")
+MAX_RECORDS = 1000   # TF Serving's own bound on warm-up records
 
 
 def run_warmup(version: ServableVersion) -> int:
@@ -24,17 +29,28 @@ def run_warmup(version: ServableVersion) -> int:
     if not os.path.exists(path):
         return 0
     count = 0
-    for record in tf.data.TFRecordDataset(path).as_numpy_iterator():
+    try:
+        records = list(tf.data.TFRecordDataset(path).take(MAX_RECORDS + 1).as_numpy_iterator())
+    except tf.errors.OpError as e:
+        raise ExportError(f"{WARMUP_FILE}: not a readable TFRecord file: {e.message}") from e
+    if len(records) > MAX_RECORDS:
+        raise ExportError(f"{WARMUP_FILE}: more than {MAX_RECORDS} records")
+    for record in records:
         log = prediction_log_pb2.PredictionLog()
-        log.ParseFromString(record)
+        try:
+            log.ParseFromString(record)
+        except Exception as e:  # protobuf's DecodeError has no stable public base class
+            raise ExportError(f"{WARMUP_FILE}: record {count} is not a PredictionLog") from e
         kind = log.WhichOneof("log_type")
         if kind != "predict_log":
-            raise ExportError(f"{path}: record {count} is a {kind}; only predict_log is served")
+            raise ExportError(f"{WARMUP_FILE}: record {count} is a {kind}; only predict_log "
+                              "is served")
         request = log.predict_log.request
-        inputs = {name: tf.make_ndarray(proto) for name, proto in request.inputs.items()}
         try:
-            version.predict(request.model_spec.signature_name, inputs, batched=False)
-        except XgrError as e:
-            raise ExportError(f"{path}: warm-up request {count} failed: {e}") from e
+            sig = version.signature(request.model_spec.signature_name)
+            inputs = decode_inputs(sig, request.inputs, version.limits.max_tensor_elements)
+            version.predict(sig.name, inputs, batched=False)
+        except Exception as e:
+            raise ExportError(f"warm-up request {count} failed: {type(e).__name__}: {e}") from e
         count += 1
     return count
