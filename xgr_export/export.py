@@ -100,8 +100,8 @@ class ExportReport:
 @dataclass(frozen=True)
 class Sources:
     """What an export serves, read and checked before anything compiles: the prompt contract,
-    the prefill mask, the catalog arrays, the feature graph and the requests to verify with
-    (None when not asked)."""
+    the prefill mask, the catalog arrays, the feature graph, the requests to verify with
+    (None when not asked) and the probe requests the SavedModel's warm-up file replays."""
 
     spec: PromptSpec
     prefill_mask: MaskMode
@@ -111,6 +111,7 @@ class Sources:
     requests: dict | None
     catalog: str
     feature_graph: str
+    probes: dict | None = None
 
 
 def team_sources(config: ExportConfig) -> Sources:
@@ -132,7 +133,8 @@ def team_sources(config: ExportConfig) -> Sources:
                 if config.verify_requests else None)
     return Sources(spec=spec, prefill_mask=card.prefill_mask, item_ids=catalog.item_ids,
                    item_codes=catalog.item_codes, graph=graph, requests=requests,
-                   catalog=str(config.catalog), feature_graph=str(config.feature_graph))
+                   catalog=str(config.catalog), feature_graph=str(config.feature_graph),
+                   probes=probes)
 
 
 def synthetic_sources(config: ExportConfig) -> Sources:
@@ -146,9 +148,11 @@ def synthetic_sources(config: ExportConfig) -> Sources:
     graph = load_feature_graph(None, spec, world.item_ids, world.item_codes, seed=config.seed)
     requests = (features_from_world(world, slice(0, config.verify_requests))
                 if config.verify_requests else None)
+    probes = features_from_world(world, slice(0, min(CONTRACT_PROBES, config.world.num_users)))
     return Sources(spec=spec, prefill_mask=MaskMode(config.mask or "item_causal"),
                    item_ids=world.item_ids, item_codes=world.item_codes, graph=graph,
-                   requests=requests, catalog="synthetic", feature_graph="untrained reference")
+                   requests=requests, catalog="synthetic", feature_graph="untrained reference",
+                   probes=probes)
 
 
 def resolve_attention(requested: str, device: str) -> str:
@@ -223,7 +227,11 @@ def export_saved_model(config: ExportConfig,
                                 sources.prefill_mask)
         package_seconds = time.perf_counter() - started
         package_bytes = package.path.stat().st_size
-        saved = export_pipeline(out, sources.graph, package, pipeline_config)
+        # The probe requests become the warm-up file: a server replays them before the version
+        # serves (a package that does not load never serves; each batch size's bucket is
+        # captured before the first client).
+        saved = export_pipeline(out, sources.graph, package, pipeline_config,
+                                warmup_features=sources.probes)
     check = None
     if sources.requests is not None:
         progress(f"verifying {config.verify_requests} requests in a fresh process ...")

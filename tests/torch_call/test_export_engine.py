@@ -162,3 +162,19 @@ def test_hostile_values_are_refused_by_the_packages_own_rules(exported):
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert result["cases"] and set(result["cases"].values()) == {"InvalidArgumentError"}, result
     assert "prompt_past_max_position" in result["cases"] and result["next_request_equal"]
+
+
+def test_the_export_writes_warm_up_requests_a_server_replays(saved_model):
+    """``assets.extra/tf_serving_warmup_requests``: the export's probe requests in TF
+    Serving's format, replayed before the version serves (its engine package loads then)."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import prediction_log_pb2
+
+    path = saved_model / "assets.extra" / "tf_serving_warmup_requests"
+    logs = []
+    for record in tf.data.TFRecordDataset(str(path)):
+        log = prediction_log_pb2.PredictionLog()
+        log.ParseFromString(record.numpy())
+        logs.append(log)
+    assert logs and all(log.WhichOneof("log_type") == "predict_log" for log in logs)
+    assert {"history_items", "history_splits"} <= set(logs[0].predict_log.request.inputs)
