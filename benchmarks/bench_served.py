@@ -151,7 +151,8 @@ def main(argv):
             "excluded_items_per_request": float(np.diff(splits).mean()),
             "same_items": agreement.ok, "rows_exact": agreement.rows_exact,
             "rows": batch})
-        torch.cuda.empty_cache() if torch.cuda.is_available() else None
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     stats = package_stats()
     header = (f"{'batch':>5} {'saved_model ms':>14} {'eager ms':>9} {'pipeline ms':>11} "
               f"{'engine ms':>9} {'ratio':>6} {'replays/call':>12} {'same items':>10}")

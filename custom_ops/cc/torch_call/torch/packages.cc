@@ -60,6 +60,22 @@ bool FromScalarType(at::ScalarType s, ElementType* out) {
   return false;
 }
 
+// `text` as a JSON string literal (quotes, backslashes and control characters escaped).
+std::string JsonString(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += ' ';
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
 // Torch's OpenMP pool size is per calling thread: set it once on each TF worker that calls us,
 // or torch's threads pile up behind TF's and every call slows ~10x.
 void ApplyThreadCount(int threads) {
@@ -220,18 +236,13 @@ class AotiPackage : public PackageBase {
   std::string StatsJson() const override {
     if (!graphs_) return "{\"graphs\": false}";
     const GraphStats st = graphs_->Stats();
-    std::string failure;
-    for (char c : st.failure) {
-      if (c == '"' || c == '\\') failure += '\\';
-      failure += (c == '\n' ? ' ' : c);
-    }
     return "{\"graphs\": true, \"calls\": " + std::to_string(st.calls) +
            ", \"replays\": " + std::to_string(st.replays) +
            ", \"captures\": " + std::to_string(st.captures) +
            ", \"eager_runs\": " + std::to_string(st.eager_runs) +
            ", \"evictions\": " + std::to_string(st.evictions) +
-           ", \"held\": " + std::to_string(st.graphs) + ", \"failure\": \"" + failure +
-           "\"}";
+           ", \"held\": " + std::to_string(st.graphs) +
+           ", \"failure\": " + JsonString(st.failure) + "}";
   }
 
  protected:
@@ -462,12 +473,7 @@ std::string PackageStatsJson() {
     const auto package = held.lock();
     if (!package) continue;
     std::string path = key.substr(0, key.find('\n'));
-    std::string quoted;
-    for (char c : path) {
-      if (c == '"' || c == '\\') quoted += '\\';
-      quoted += c;
-    }
-    json += (json.size() > 1 ? ", \"" : "\"") + quoted + "\": " + package->StatsJson();
+    json += (json.size() > 1 ? ", " : "") + JsonString(path) + ": " + package->StatsJson();
   }
   return json + "}";
 }
