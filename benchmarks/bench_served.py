@@ -42,8 +42,14 @@ from xgr_export.export import (build_engine, resolve_attention, resolve_selectio
 
 BATCHES = flags.DEFINE_list("batches", ["1", "8"], "request batch sizes")
 REPEATS = flags.DEFINE_integer("repeats", 50, "timed calls per case (median reported)")
+REQUEST_EVENTS = flags.DEFINE_integer(
+    "request_history_events", None, "History events per user of the timed requests, when "
+    "they differ from the export's --history_events (a shorter context through the same "
+    "SavedModel: its prompt buckets take any length up to the exported one)")
 EAGER = flags.DEFINE_boolean("eager_anchor", True, "also time the SavedModel with its CUDA "
                              "graphs off, in a child process")
+LABEL = flags.DEFINE_string("label", "", "Names the case in the result file "
+                            "(served_<label>_<date>.json), one file per model and mask")
 OUTPUT = flags.DEFINE_string("output_dir", str(rf.ROOT / "benchmarks" / "results"),
                              "where the JSON goes")
 WARMUP = 3
@@ -68,10 +74,16 @@ def _requests(config, sources, batch: int) -> dict:
         from xgr_export.probe_requests import probe_features
 
         return probe_features(sources.item_ids, sources.spec, batch, config.seed + 1)
+    import dataclasses
+
     from tf_frontend.feature_graph import features_from_world
     from xgr_world.synthetic import make_world
 
-    return features_from_world(make_world(config.world), slice(0, batch))
+    world = config.world
+    if REQUEST_EVENTS.value is not None:
+        # The catalog is drawn before the users, so it stays the export's.
+        world = dataclasses.replace(world, history_events=REQUEST_EVENTS.value)
+    return features_from_world(make_world(world), slice(0, batch))
 
 
 def _eager_ms(saved_model: str, features: dict, repeats: int) -> float:
@@ -171,9 +183,11 @@ def main(argv):
         "selection": selection, "prefill_mask": sources.prefill_mask.value,
         "num_items": len(sources.item_ids), "beam_width": search.beam_width,
         "top_k": search.top_k, "top_n": config.top_n, "repeats": REPEATS.value,
+        "label": LABEL.value, "request_history_events": REQUEST_EVENTS.value,
         "target_ratio": TARGET, "rows": rows, "package_stats": stats,
         "versions": {"torch": torch.__version__, "tensorflow": tf.__version__}}
-    print("wrote", rf.write_result(OUTPUT.value, "served", result))
+    prefix = f"served_{LABEL.value}" if LABEL.value else "served"
+    print("wrote", rf.write_result(OUTPUT.value, prefix, result))
 
 
 if __name__ == "__main__":

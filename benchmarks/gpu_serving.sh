@@ -46,6 +46,17 @@ LOAD_LIMIT=${LOAD_LIMIT:-150}
 BENCH_LIMIT=${BENCH_LIMIT:-120}
 ATTENTION=${ATTENTION:-auto}   # the export's --attention_backend
 DTYPE=${DTYPE:-bfloat16}       # the export's --dtype (its verification follows the dtype's rule)
+MASK=${MASK:-}                 # the export's --mask (empty: the preset's item-causal default)
+MAX_BATCH=${MAX_BATCH:-64}     # the export's --max_batch
+WINDOW_DAYS=${WINDOW_DAYS:-3650}  # the export's --window_days (older history events are dropped)
+BATCHES=${BATCHES:-1,8}        # bench_served's batch sizes
+REQUEST_EVENTS=${REQUEST_EVENTS:-}  # bench_served: shorter histories through the same SavedModel
+CASE=${CASE:-}                 # names the served and serving result files
+P99_TARGET=${P99_TARGET:-100}  # load_serving's latency target (ms)
+RATES=${RATES:-}               # load_serving: open-loop rates (req/s) besides the fractions
+RATE_FRACTIONS=${RATE_FRACTIONS:-0.5,0.8,1.0,1.2,1.5}
+LOAD_BATCH=${LOAD_BATCH:-16}   # the server's --max_batch_size
+LOAD_USERS=${LOAD_USERS:-$USERS}  # the load pool's users (at most the export's world)
 STAGES=" ${STAGES:-tests export served bench load} "
 has() { [[ "$STAGES" == *" $1 "* ]]; }
 mkdir -p "$OUT" "$WORK"
@@ -55,7 +66,7 @@ started=$(date +%s)
 
 note() { echo "$(( $(date +%s) - started ))s $*" | tee -a "$SUMMARY"; }
 
-if ls .whl/*.whl >/dev/null 2>&1; then
+if [ -z "$XGR_SITE_READY" ] && ls .whl/*.whl >/dev/null 2>&1; then
   $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target /tmp/xgr_site .whl/*.whl && export PYTHONPATH=/tmp/xgr_site:$PYTHONPATH
 fi
@@ -88,8 +99,9 @@ background=$!
 # The export's flags: bench_served rebuilds the same engine and requests from them.
 EXPORT_FLAGS=(--out="$WORK/models/recs/1" --preset="$PRESET" --device="$DEVICE"
               --num_items="$ITEMS" --num_users="$USERS" --history_events="$EVENTS"
-              --keep_last="$KEEP" --window_days=3650 --beam_width="$BEAM" --top_k="$TOPK"
-              --top_n="$TOPN" --max_batch=64 --dtype="$DTYPE" --cache_dir=)
+              --keep_last="$KEEP" --window_days="$WINDOW_DAYS" --beam_width="$BEAM" --top_k="$TOPK"
+              --top_n="$TOPN" --max_batch="$MAX_BATCH" --dtype="$DTYPE" --cache_dir=)
+[ -n "$MASK" ] && EXPORT_FLAGS+=(--mask="$MASK")
 export_with() {  # attention backend, seconds
   rm -rf "$WORK/models"
   echo "$(date +%T) export with $1 attention" >> "$OUT/export.log"
@@ -118,10 +130,11 @@ wait "$background"
 # Timed stages run alone on the machine.
 if has served && [ -d "$WORK/models/recs/1" ]; then
   timeout "$SERVED_LIMIT" $PY -m benchmarks.bench_served "${EXPORT_FLAGS[@]}" \
-      --attention_backend="$ATTENTION" --verify_requests=8 --batches=1,8 --repeats=30 \
-      --output_dir="$OUT" > "$OUT/served.log" 2>&1
+      --attention_backend="$ATTENTION" --verify_requests=8 --batches="$BATCHES" --repeats=30 \
+      ${REQUEST_EVENTS:+--request_history_events="$REQUEST_EVENTS"} --label="$CASE" \
+      --output_dir="$OUT" > "$OUT/served${CASE:+_$CASE}.log" 2>&1
   note "bench_served rc=$?"
-  grep -A4 "^batch" "$OUT/served.log" | tee -a "$SUMMARY"
+  grep -A4 "^batch" "$OUT/served${CASE:+_$CASE}.log" | tee -a "$SUMMARY"
 fi
 if has bench; then
   timeout "$BENCH_LIMIT" $PY -m benchmarks.bench_torchcall --device="$DEVICE" --repeats=100 \
@@ -132,10 +145,12 @@ fi
 
 if has load && [ -d "$WORK/models/recs/1" ]; then
   timeout "$LOAD_LIMIT" $PY -m benchmarks.load_serving --model_base_path="$WORK/models/recs" \
-      --num_items="$ITEMS" --num_users="$USERS" --history_events="$EVENTS" --seed=0 \
+      --num_items="$ITEMS" --num_users="$LOAD_USERS" --history_events="$EVENTS" --seed=0 \
       --users_per_request=1 --clients=32 --requests=1500 --max_seconds=12 \
-      --rate_fractions=1.0,1.5,2.0,2.5,3.0 --rate_seconds=5 --warmup_requests=8 \
-      --max_batch_size=16 --batch_timeout_micros=2000 --label="${LABEL:-h200}" \
+      --rates="$RATES" --rate_fractions="$RATE_FRACTIONS" --rate_seconds=5 \
+      --warmup_requests=8 --p99_target_ms="$P99_TARGET" \
+      --max_batch_size="$LOAD_BATCH" --batch_timeout_micros=2000 \
+      --label="${CASE:+${CASE}_}${LABEL:-h200}" \
       --score_dtype="$DTYPE" \
       --model_label="$PRESET random $DTYPE, prompt $(( 4 + 4 * KEEP )), beam $BEAM, $ITEMS items, top_k $TOPK, top_n $TOPN" \
       --out_dir="$OUT" >> "$OUT/bench.log" 2>&1

@@ -7,9 +7,13 @@ Starts ``xgr serve`` (batching on) as a child process, precomputes every request
 calling the SavedModel in this process, then runs ``--clients`` closed-loop clients (REST and
 gRPC alternately) until ``--requests`` are sent or ``--max_seconds`` pass. About
 ``--malformed_share`` of the requests are malformed (bad JSON, missing input, wrong dtype,
-broken row splits, unknown signature) and must get 400; every valid one must get 200 with
-exactly its own answer (ids exact, floats within the tolerance table). Reports throughput,
-P50 and P99 latency of the valid requests; writes ``results/serving_<device>_<date>.json``.
+broken row splits, unknown signature; over REST and gRPC alike) and must get 400 /
+``INVALID_ARGUMENT``; every valid one must get 200 with exactly its own answer (ids exact,
+floats within the tolerance table). A request the server sheds under overload (503 /
+``RESOURCE_EXHAUSTED``, an explicit refusal a client retries) is counted as shed, apart from
+lost ones (no answer, a 5xx fault, a wrong answer), which must be 0. Reports throughput, P50
+and P99 latency of the valid requests and, where ``nvidia-smi`` exists, the GPU's utilisation
+per phase; writes ``results/serving_<device>_<date>.json``.
 The request shapes are the feature graph's (shared by the pipeline SavedModel).
 """
 
@@ -30,6 +34,7 @@ from absl import app, flags
 from tqdm import tqdm
 
 from benchmarks import results_file as rf
+from benchmarks.gpu_sampler import GpuSampler
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_base_path", None, "Folder of numeric SavedModel versions to serve.")
@@ -106,6 +111,29 @@ def build_pool(base: str, rows: int):
     return pool
 
 
+def malformed_proto(good, kind: str):
+    """A gRPC ``PredictRequest`` that must be refused with ``INVALID_ARGUMENT``: ``good``'s
+    copy with one input dropped, of the wrong dtype, with broken row splits, or naming a
+    signature the model lacks."""
+    import tensorflow as tf
+    from tensorflow_serving.apis import predict_pb2
+
+    proto = predict_pb2.PredictRequest()
+    proto.CopyFrom(good)
+    if kind == "missing_input":
+        del proto.inputs["request_time"]
+    elif kind == "wrong_dtype":
+        rows = proto.inputs["user_id"].tensor_shape.dim[0].size
+        proto.inputs["user_id"].CopyFrom(tf.make_tensor_proto(["x"] * rows))
+    elif kind == "broken_splits":
+        splits = tf.make_ndarray(proto.inputs["history_splits"]).copy()
+        splits[1:] = 10**6
+        proto.inputs["history_splits"].CopyFrom(tf.make_tensor_proto(splits))
+    else:   # bad_json has no gRPC form: an unknown signature stands in for it
+        proto.model_spec.signature_name = "nope"
+    return proto
+
+
 def malformed(features: dict, kind: str) -> dict:
     """A request body (REST JSON text) that must be refused with 400."""
     good = {k: ([x.decode() for x in v] if v.dtype == object else v.tolist())
@@ -123,6 +151,17 @@ def malformed(features: dict, kind: str) -> dict:
     return {"raw": json.dumps({"inputs": good})}
 
 
+def _grpc_statuses() -> dict:
+    import grpc
+
+    codes = grpc.StatusCode
+    return {codes.INVALID_ARGUMENT: 400, codes.NOT_FOUND: 404, codes.RESOURCE_EXHAUSTED: 503,
+            codes.UNAVAILABLE: 503, codes.DEADLINE_EXCEEDED: 504}
+
+
+SHED = (503,)   # an explicit overload refusal: the client retries; not a lost request
+
+
 class Client:
     """Sends one request over REST or gRPC; returns (status, outputs or None)."""
 
@@ -130,6 +169,7 @@ class Client:
         import grpc
         from tensorflow_serving.apis import prediction_service_pb2_grpc
 
+        self._statuses = _grpc_statuses()
         self._rest_port = rest_port
         self._channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
@@ -156,7 +196,7 @@ class Client:
         try:
             response = self._stub.Predict(request, timeout=60)
         except grpc.RpcError as e:
-            return (400 if e.code() == grpc.StatusCode.INVALID_ARGUMENT else 500), None
+            return self._statuses.get(e.code(), 500), None
         return 200, {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
 
 
@@ -229,7 +269,9 @@ class LoadRun:
         crossed: answered with another request's results)."""
         pick, kind, protocol = self.plan[index]
         started = time.perf_counter() if since is None else since
-        if kind is not None:
+        if kind is not None and protocol == "grpc":
+            status, outputs = self.client.grpc(malformed_proto(self.protos[pick], kind))
+        elif kind is not None:
             status, outputs = self.client.rest(malformed(self.pool[pick][0], kind)["raw"])
         elif protocol == "rest":
             status, outputs = self.client.rest(self.bodies[pick])
@@ -282,20 +324,29 @@ class LoadRun:
 
 
 def summarize(records: list, elapsed: float) -> dict:
+    """Counts and latencies of a phase. Latencies are those of the valid requests answered
+    200 (a shed request's quick 503 would flatter them)."""
     valid = [r for r in records if r[0]]
-    latencies = np.array([r[4] for r in valid]) * 1e3
+    answered = [r for r in valid if r[2] == 200]
+    latencies = np.array([r[4] for r in answered]) * 1e3
+    shed = sum(1 for r in valid if r[2] in SHED)
+    ok = sum(r[3] for r in valid)
+    malformed = [r for r in records if not r[0]]
     return {
         "sent": len(records), "seconds": elapsed,
-        "valid": len(valid), "valid_ok": sum(r[3] for r in valid),
+        "valid": len(valid), "valid_ok": ok, "valid_shed_503": shed,
+        "valid_lost": len(valid) - ok - shed,
         "valid_answered_with_another_requests_results": sum(r[5] for r in valid),
-        "malformed": len(records) - len(valid),
-        "malformed_refused_400": sum(r[3] for r in records if not r[0]),
+        "malformed": len(malformed),
+        "malformed_refused_400": sum(r[3] for r in malformed),
+        "malformed_shed_503": sum(1 for r in malformed if r[2] in SHED),
+        "malformed_grpc": sum(1 for r in malformed if r[1] == "grpc"),
         "statuses": {str(s): sum(1 for r in records if r[2] == s) for s in sorted({r[2] for r in records})},
         "throughput_rps": len(records) / elapsed,
-        "p50_ms": float(np.percentile(latencies, 50)) if len(valid) else None,
-        "p99_ms": float(np.percentile(latencies, 99)) if len(valid) else None,
-        "p50_ms_rest": _median_ms([r[4] for r in valid if r[1] == "rest"]),
-        "p50_ms_grpc": _median_ms([r[4] for r in valid if r[1] == "grpc"]),
+        "p50_ms": float(np.percentile(latencies, 50)) if len(answered) else None,
+        "p99_ms": float(np.percentile(latencies, 99)) if len(answered) else None,
+        "p50_ms_rest": _median_ms([r[4] for r in answered if r[1] == "rest"]),
+        "p50_ms_grpc": _median_ms([r[4] for r in answered if r[1] == "grpc"]),
     }
 
 
@@ -319,11 +370,13 @@ def batch_rows(rest_port: int) -> tuple[float, float]:
     return values.get("xgr_serving_batch_size_count", 0.0), values.get("xgr_serving_batch_size_sum", 0.0)
 
 
-def _run_all(pool, grpc_port: int, rest_port: int) -> tuple[dict, list[dict]]:
+def _run_all(pool, grpc_port: int, rest_port: int, gpu: GpuSampler) -> tuple[dict, list[dict]]:
     closed = LoadRun(pool, grpc_port, rest_port, FLAGS.requests)
     closed.warm_up(FLAGS.warmup_requests)
     calls_before, rows_before = batch_rows(rest_port)
+    began = time.monotonic()
     summary = summarize(*closed.closed_loop(FLAGS.clients, FLAGS.max_seconds))
+    summary["gpu"] = gpu.window(began, time.monotonic())
     calls, rows = batch_rows(rest_port)
     summary["model_calls"] = calls - calls_before
     summary["mean_rows_per_model_call"] = (rows - rows_before) / max(calls - calls_before, 1.0)
@@ -333,9 +386,11 @@ def _run_all(pool, grpc_port: int, rest_port: int) -> tuple[dict, list[dict]]:
     for rate in sorted(set(r for r in rates if r > 0)):
         run = LoadRun(pool, grpc_port, rest_port, int(rate * FLAGS.rate_seconds), seed=int(rate))
         calls_before, rows_before = batch_rows(rest_port)
+        began = time.monotonic()
         summary_at_rate = summarize(*run.open_loop(rate, FLAGS.rate_seconds))
         calls, rows = batch_rows(rest_port)
         summary_at_rate.update(offered_rps=rate, model_calls=calls - calls_before,
+                               gpu=gpu.window(began, time.monotonic()),
                                mean_rows_per_model_call=(rows - rows_before) / max(calls - calls_before, 1.0))
         sweep.append(summary_at_rate)
     return summary, sweep
@@ -343,19 +398,18 @@ def _run_all(pool, grpc_port: int, rest_port: int) -> tuple[dict, list[dict]]:
 
 def main(argv: list[str]) -> None:
     del argv
-    from xgr_common.errors import ParityError, require
-
     pool = build_pool(FLAGS.model_base_path, FLAGS.users_per_request)
     distinct = len({json.dumps({k: v.tolist() for k, v in a.items()}) for _, a in pool})
     process, grpc_port, rest_port = start_server(FLAGS.model_base_path)
     try:
-        result, sweep = _run_all(pool, grpc_port, rest_port)
+        with GpuSampler() as gpu:
+            result, sweep = _run_all(pool, grpc_port, rest_port, gpu)
     finally:
         process.terminate()
         exit_code = process.wait(timeout=60)
-    within = []  # conservative: stop at the first rate that misses the target
+    within = []  # conservative: stop at the first rate that misses the target or sheds
     for run in sorted(sweep, key=lambda s: s["offered_rps"]):
-        if run["p99_ms"] is None or run["p99_ms"] > FLAGS.p99_target_ms:
+        if run["p99_ms"] is None or run["p99_ms"] > FLAGS.p99_target_ms or run["valid_shed_503"]:
             break
         within.append(run["offered_rps"])
     result.update(
@@ -367,32 +421,47 @@ def main(argv: list[str]) -> None:
         server_exit_code_after_sigterm=exit_code, model=FLAGS.model_label,
         model_base_path=FLAGS.model_base_path, cpus=os.cpu_count(),
         load_average=os.getloadavg()[0], date=datetime.date.today().isoformat())
+    _report(result, sweep, exit_code)
+
+
+def _gpu_text(run: dict) -> str:
+    gpu = run.get("gpu")
+    return "-" if not gpu else f"{gpu['gpu_util_mean_pct']:.0f}"
+
+
+def _report(result: dict, sweep: list[dict], exit_code: int) -> None:
+    from xgr_common.errors import ParityError, require
+
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
     print(f"closed loop, {FLAGS.clients} clients, {FLAGS.malformed_share:.0%} malformed:")
-    print(_table([("sent", "valid ok/valid", "malformed 400/malformed", "req/s", "P50 ms", "P99 ms",
-                   "P50 REST/gRPC ms", "rows/model call"),
+    print(_table([("sent", "valid ok/valid", "shed 503", "malformed 400/malformed", "req/s",
+                   "P50 ms", "P99 ms", "P50 REST/gRPC ms", "rows/model call", "GPU util %"),
                   (result["sent"], f"{result['valid_ok']}/{result['valid']}",
+                   result["valid_shed_503"],
                    f"{result['malformed_refused_400']}/{result['malformed']}",
                    fmt(result["throughput_rps"]), fmt(result["p50_ms"]), fmt(result["p99_ms"]),
                    f"{fmt(result['p50_ms_rest'])}/{fmt(result['p50_ms_grpc'])}",
-                   fmt(result["mean_rows_per_model_call"]))]))
+                   fmt(result["mean_rows_per_model_call"]), _gpu_text(result))]))
     if sweep:
         print(f"open loop (P99 target {FLAGS.p99_target_ms:g} ms):")
-        print(_table([("offered req/s", "achieved req/s", "valid ok/valid", "P50 ms", "P99 ms",
-                       "rows/model call")] + [
+        print(_table([("offered req/s", "achieved req/s", "valid ok/valid", "shed 503",
+                       "P50 ms", "P99 ms", "rows/model call", "GPU util %")] + [
             (fmt(s["offered_rps"]), fmt(s["throughput_rps"]), f"{s['valid_ok']}/{s['valid']}",
-             fmt(s["p50_ms"]), fmt(s["p99_ms"]), fmt(s["mean_rows_per_model_call"])) for s in sweep]))
-        print(f"highest rate with P99 <= {FLAGS.p99_target_ms:g} ms: "
+             s["valid_shed_503"], fmt(s["p50_ms"]), fmt(s["p99_ms"]),
+             fmt(s["mean_rows_per_model_call"]), _gpu_text(s)) for s in sweep]))
+        print(f"highest rate with P99 <= {FLAGS.p99_target_ms:g} ms (nothing shed): "
               f"{result['highest_rate_within_p99_target']}")
     print(f"server exit code after SIGTERM: {exit_code}")
     path = rf.write_result(FLAGS.out_dir, f"serving_{FLAGS.label}", result, indent=2)
     print(f"wrote {path}")
     for name, run in [("closed loop", result)] + [(f"{s['offered_rps']:g} req/s", s) for s in sweep]:
-        require(run["valid_ok"] == run["valid"], ParityError,
-                f"{name}: {run['valid'] - run['valid_ok']} valid requests were lost or answered "
-                "with wrong results")
-        require(run["malformed_refused_400"] == run["malformed"], ParityError,
-                f"{name}: a malformed request was not refused with 400")
+        require(run["valid_lost"] == 0, ParityError,
+                f"{name}: {run['valid_lost']} valid requests were lost or answered with wrong "
+                "results")
+        require(run["valid_answered_with_another_requests_results"] == 0, ParityError,
+                f"{name}: a valid request was answered with another request's results")
+        require(run["malformed_refused_400"] + run["malformed_shed_503"] == run["malformed"],
+                ParityError, f"{name}: a malformed request was not refused with 400")
     require(exit_code == 0, ParityError, f"the server exited with {exit_code} after SIGTERM")
 
 

@@ -60,10 +60,10 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-# Session fixtures that build in a child process: the quick demo fit (``tests/pipeline``) and
-# the TorchCall test packages, AOTInductor among them (``tests/torch_call``). A test that uses
-# one is heavy: ``make test-quick`` leaves it out.
-HEAVY_FIXTURES = frozenset({"quick_run", "packages", "cuda_packages"})
+# Session fixtures that build in a child process: the quick demo fit (``tests/pipeline``), the
+# TorchCall test packages, AOTInductor among them (``tests/torch_call``), and the tiny engine's
+# export. A test that uses one is heavy: ``make test-quick`` leaves it out.
+HEAVY_FIXTURES = frozenset({"quick_run", "packages", "cuda_packages", "tiny_engine_export"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
@@ -77,3 +77,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_export(tmp_path_factory):
+    """(SavedModel folder, stdout, JSON report) of the session's one export of the tiny
+    engine (``tests/tiny_export.py``)."""
+    from tests.tiny_export import export_tiny
+
+    return export_tiny(tmp_path_factory.mktemp("tiny_engine_export"))

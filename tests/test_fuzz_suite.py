@@ -1,5 +1,6 @@
-"""The fuzz suite (issue 27): hypothesis-made hostile inputs for the server's gRPC and REST
-decoders and for the DLPack bridge, and the bridge's buffer-lifetime cases, in one child
+"""The fuzz suite: hypothesis-made hostile inputs for the server's gRPC and REST decoders,
+for TorchCall with a real exported engine package (the tiny engine's export) and for the
+DLPack bridge, and the bridge's buffer-lifetime cases, in one child
 process (``tests/fuzz_suite.py``), so an abort kills the child, is counted, and never takes
 the test session. Aborts must be 0; each surface must both accept and refuse cases.
 
@@ -26,12 +27,17 @@ EXAMPLES = 200   # per surface; deterministic (derandomised hypothesis)
 SIZES = (4096, 64 * 1024 * 1024)
 LIFETIME = [f"resize:{case}:{size}" for size in SIZES for case in ("resize", "storage_resize", "set")]
 CONTROLS = [f"raw:resize:{size}" for size in SIZES]
-SURFACES = ("grpc", "rest", "dlpack")
+SURFACES = ("grpc", "rest", "torch_call", "dlpack")
 
 
 @pytest.fixture(scope="module")
-def child():
-    done = subprocess.run([sys.executable, "-W", "ignore", str(SCRIPT), *SURFACES, *LIFETIME,
+def child(tiny_engine_export, tmp_path_factory):
+    saved_model, _, report = tiny_engine_export
+    signature = tmp_path_factory.mktemp("fuzz") / "engine_signature.txt"
+    signature.write_text(report["engine_signature"])
+    torch_call = f"torch_call:{saved_model / 'assets' / 'engine.pt2'}:{signature}"
+    checks = [torch_call if s == "torch_call" else s for s in SURFACES]
+    done = subprocess.run([sys.executable, "-W", "ignore", str(SCRIPT), *checks, *LIFETIME,
                            *CONTROLS], capture_output=True, text=True, timeout=600,
                           env=child_env(TF_CPP_MIN_LOG_LEVEL="3", XGR_FUZZ_EXAMPLES=str(EXAMPLES)))
     surfaces = {name: dict(item.split("=") for item in counts.split())

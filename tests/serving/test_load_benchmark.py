@@ -40,6 +40,11 @@ def test_load_benchmark_small_run(tmp_path):
     result = json.loads(result_file.read_text())
     assert result["sent"] == 80 and result["valid_ok"] == result["valid"] > 0
     assert result["malformed_refused_400"] == result["malformed"] > 0
+    # Malformed requests go over both protocols; nothing is shed or lost at this load.
+    assert 0 < result["malformed_grpc"] < result["malformed"]
+    assert result["valid_shed_503"] == result["valid_lost"] == 0
+    # No nvidia-smi here: no GPU figure, rather than a made-up one.
+    assert result["gpu"] is None or result["gpu"]["samples"] > 0
     assert result["model_calls"] >= 1 and result["mean_rows_per_model_call"] >= 2
     assert result["valid_answered_with_another_requests_results"] == 0
     # --rate_fractions sizes a rate from the closed loop's throughput; rates run in order.

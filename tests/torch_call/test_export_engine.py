@@ -2,8 +2,8 @@
 pipeline SavedModel; reloaded in a fresh process (TF + custom_ops only) it returns exactly the
 items of the in-process Python pipeline (feature graph -> DLPack -> Engine.recommend).
 
-The first run compiles the engine (~2 min on 2 cores); later runs reuse
-``build/torch_call_cache``."""
+The export is the session's one (``tests/tiny_export.py``): its first run compiles the engine
+(~2 min on 2 cores); later runs reuse ``build/serving_example_cache``."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ import pytest
 
 from bridge.pipeline import RecommendPipeline
 from tests.child_env import child_env
+from tests.tiny_export import (BEAMS, ITEMS, MAX_BATCH, SEED, TOP_K, TOP_N, VERIFIED,
+                               run_python)
 from tf_frontend.feature_graph import FeatureGraph, features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
 from torch_engine.catalog import Catalog
@@ -29,37 +31,16 @@ from xgr_world.synthetic import WorldConfig, make_world
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-# The serving example's engine (tests/serving/test_example_export_serve_query.py): the same
-# catalog, model and sizes compile to the same package, so one of the two reuses the other's.
-CACHE = ROOT / "build" / "serving_example_cache"
-SEED, ITEMS, BEAMS, TOP_K, TOP_N, MAX_BATCH = 0, 300, 16, 10, 5, 64
 
 # Heavy (an AOTInductor export of the engine and fresh processes): left out of `make test-quick`.
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
-
-
-def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
-    env = child_env(TF_CPP_MIN_LOG_LEVEL="3")
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
-    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
-    return done
-
-
-VERIFIED = 4   # requests `xgr export --verify_requests` checks in a fresh process
+_run = run_python
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tiny_engine_export):
     """(SavedModel folder, stdout, JSON report) of one `xgr export --verify_requests`."""
-    folder = tmp_path_factory.mktemp("xgr_export")
-    out, report = folder / "pipeline", folder / "report.json"
-    done = _run(["-m", "xgr_cli.main", "export", f"--out={out}", f"--seed={SEED}",
-                 f"--num_items={ITEMS}", f"--beam_width={BEAMS}", f"--top_k={TOP_K}",
-                 f"--top_n={TOP_N}", f"--max_batch={MAX_BATCH}", f"--cache_dir={CACHE}",
-                 f"--verify_requests={VERIFIED}",
-                 f"--report_json={report}"], timeout=900)
-    return out, done.stdout, json.loads(report.read_text())
+    return tiny_engine_export
 
 
 @pytest.fixture(scope="module")

@@ -94,3 +94,19 @@ def test_cuda_package_replays_one_graph_per_call_and_refuses_hostile_values(cuda
     stats = out["stats"]
     assert stats["graphs"] and stats["failure"] == "" and stats["eager_runs"] == 0, stats
     assert stats["calls"] == 2 and stats["replays"] == 2 and stats["captures"] == 1, stats
+
+
+def test_random_hostile_requests_never_fault_the_cuda_package(cuda_export, tmp_path):
+    """The fuzz suite's TorchCall surface on the CUDA package: random valid and broken
+    requests (values, dtypes, shapes, row counts; many prompt and batch buckets, so graphs are
+    captured, replayed and evicted) are answered or refused InvalidArgument, never a fault or
+    an abort, and a later valid request is answered as before."""
+    saved_model, result = cuda_export
+    signature = tmp_path / "engine_signature.txt"
+    signature.write_text(result["engine_signature"])
+    check = f"torch_call:{saved_model / 'assets' / 'engine.pt2'}:{signature}"
+    done = subprocess.run([sys.executable, "-W", "ignore", str(HERE.parent / "fuzz_suite.py"),
+                           check], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=child_env(TF_CPP_MIN_LOG_LEVEL="3", XGR_FUZZ_EXAMPLES="150"))
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-4000:])
+    assert "surface torch_call cases=150" in done.stdout, done.stdout

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# The served path's acceptance figures on the GPU machine, several models in one run:
+#   exports   build the op libraries once, then `gpu_serving.sh STAGES=export` for every case
+#             side by side (each export's Inductor front end is single-threaded, so they share
+#             the host's cores), the TorchCall `gpu` tests beside them;
+#   served    `bench_served` per case, one at a time (timed stages run alone);
+#   load      `load_serving` (REST + gRPC, 10% malformed, open-loop sweep, GPU utilisation)
+#             for the cases that have a load target.
+# The cases:
+#   qwen2-0.5b, item-causal (the headline request: profile soft prompt, the history excluded),
+#     prompt 1024, beam 256, top_k 300, batch 1 and 8; load target 200 req/s at P99 <= 100 ms;
+#   qwen2-0.5b, causal: the same beside it;
+#   qwen3-1.7b, item-causal, context 5000 (the export), batch 1, and context 1000 through the
+#     same SavedModel (its prompt buckets take any shorter length); load target 20 req/s at
+#     P99 <= 200 ms at context 5000.
+# Usage: `gpu_acceptance.sh run` (everything, in the foreground), `gpu_acceptance.sh start`
+# (the same in a new process session, so it outlives the command that started it) and
+# `gpu_acceptance.sh wait SECONDS` (waits for a started run, then copies its logs and results
+# to $OUT, done or not). XGR_COMMIT, PYTHONPATH (TensorFlow) and .whl/ as gpu_serving.sh wants.
+# PHASES (default "exports served load") and CASES (default all) pick parts.
+set +e
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT" || exit 1
+BASE=${BASE:-/tmp/xgr_acceptance}
+OUT=${OUT:-$BASE/out}
+PHASES=" ${PHASES:-exports served load} "
+CASES=${CASES:-"q2_item q2_causal q3_ctx5000"}
+RUN_OUT=$BASE/run_out     # where a run writes; `wait` copies it to $OUT
+
+case_env() {  # the environment of one case, as `env` arguments
+  case "$1" in
+    q2_item)    echo "PRESET=qwen2-0.5b CASE=qwen2-0.5b_item_causal BATCHES=1,8 \
+RATES=200 RATE_FRACTIONS=0.6,0.8,1.0,1.2 P99_TARGET=100 LOAD_BATCH=16" ;;
+    q2_causal)  echo "PRESET=qwen2-0.5b MASK=causal CASE=qwen2-0.5b_causal BATCHES=1,8" ;;
+    q3_ctx5000) echo "PRESET=qwen3-1.7b EVENTS=1420 KEEP=1249 WINDOW_DAYS=36500 MAX_BATCH=16 \
+CASE=qwen3-1.7b_ctx5000 BATCHES=1,4 RATES=15,20,25 RATE_FRACTIONS=0.8,1.0 P99_TARGET=200 \
+LOAD_BATCH=4" ;;
+    *) echo "unknown case $1" >&2; return 1 ;;
+  esac
+}
+
+# REHEARSAL=1: the same run at test sizes on a CPU host (the sizes win over the cases').
+TINY="DEVICE=cpu PRESET=tiny ITEMS=3000 USERS=24 EVENTS=60 KEEP=40 BEAM=16 TOPK=12 TOPN=8 \
+MAX_BATCH=64 REQUEST_EVENTS=20 LOAD_BATCH=8"
+
+stage() {  # case, stages, extra env...
+  local name=$1 stages=$2
+  shift 2
+  env $(case_env "$name") "$@" ${REHEARSAL:+$TINY} STAGES="$stages" WORK="$BASE/work/$name" \
+      OUT="$RUN_OUT/$name" XGR_SITE_READY=1 bash benchmarks/gpu_serving.sh
+}
+
+run() {
+  mkdir -p "$RUN_OUT"
+  local log=$RUN_OUT/acceptance.log
+  note() { echo "$(date +%T) $*" | tee -a "$log"; }
+  note "start: phases${PHASES}cases $CASES"
+  if ls .whl/*.whl >/dev/null 2>&1; then   # once: the cases run side by side
+    "${PY:-python3}" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/xgr_site .whl/*.whl && export PYTHONPATH=/tmp/xgr_site:$PYTHONPATH
+  fi
+  if [[ "$PHASES" == *" exports "* ]]; then
+    # One build of the op libraries, copied to every case (parallel builds in one tree clash).
+    "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
+    note "build rc=$?"
+    local pids=() first=1
+    for name in $CASES; do
+      mkdir -p "$BASE/work/$name/ops" && cp custom_ops/*.so "$BASE/work/$name/ops/"
+      local stages="export"
+      [ $first = 1 ] && stages="tests export" && first=0
+      stage "$name" "$stages" EXPORT_LIMIT=${EXPORT_LIMIT:-900} PYTEST_LIMIT=${PYTEST_LIMIT:-600} \
+          > "$RUN_OUT/$name.exports.log" 2>&1 &
+      pids+=($!)
+    done
+    for pid in "${pids[@]}"; do wait "$pid"; done
+    note "exports done"
+    for name in $CASES; do cat "$RUN_OUT/$name/summary.txt" >> "$log" 2>/dev/null; done
+  fi
+  if [[ "$PHASES" == *" served "* ]]; then
+    for name in $CASES; do
+      stage "$name" served SERVED_LIMIT=${SERVED_LIMIT:-300} > "$RUN_OUT/$name.served.log" 2>&1
+      note "served $name done"
+      if [ "$name" = q3_ctx5000 ]; then
+        stage "$name" served CASE=qwen3-1.7b_ctx1000 BATCHES=1,8 REQUEST_EVENTS=272 \
+            SERVED_LIMIT=${SERVED_LIMIT:-300} > "$RUN_OUT/$name.served1000.log" 2>&1
+        note "served $name at context 1000 done"
+      fi
+    done
+  fi
+  if [[ "$PHASES" == *" load "* ]]; then
+    for name in $CASES; do
+      [ "$name" = q2_causal ] && continue   # no load target of its own
+      stage "$name" load LOAD_LIMIT=${LOAD_LIMIT:-240} > "$RUN_OUT/$name.load.log" 2>&1
+      note "load $name done"
+    done
+  fi
+  for name in $CASES; do cat "$RUN_OUT/$name/summary.txt" >> "$log" 2>/dev/null; done
+  note "finished"
+}
+
+case "${1:-run}" in
+  run) run ;;
+  start)
+    rm -rf "$RUN_OUT" && mkdir -p "$RUN_OUT"
+    setsid nohup bash "$0" run > "$BASE/run.stdout" 2>&1 < /dev/null &
+    echo "started $!" ;;
+  wait)
+    deadline=$(( $(date +%s) + ${2:-500} ))
+    while [ "$(date +%s)" -lt $deadline ] && ! grep -q "finished" "$RUN_OUT/acceptance.log" 2>/dev/null; do
+      sleep 5
+    done
+    mkdir -p "$OUT" && cp -r "$RUN_OUT"/. "$OUT"/
+    tail -40 "$RUN_OUT/acceptance.log" ;;
+  *) echo "usage: $0 run|start|wait SECONDS" >&2; exit 2 ;;
+esac
