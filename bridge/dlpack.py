@@ -227,6 +227,12 @@ def _fixed_alias(whole: torch.Tensor) -> torch.UntypedStorage:
     return torch.utils.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(whole)).untyped_storage()
 
 
+def can_pin() -> bool:
+    """Whether this torch can move a storage's allocation (``_swap_data_ptr_``, torch 2.13 on);
+    without it ``to_tf`` copies a resizable buffer instead of sharing it."""
+    return hasattr(torch.UntypedStorage, "_swap_data_ptr_")
+
+
 def _pin_buffer(tensor: torch.Tensor) -> None:
     """Makes ``tensor``'s buffer outlive any resize of its storage: the allocation moves to a
     fresh private storage, and the storage itself (``tensor``'s and every view's) is left on
@@ -276,8 +282,13 @@ def to_tf(torch_tensor: torch.Tensor) -> tf.Tensor:
         # strides and moves devices; the destination is fresh and aligned.
         staged = _aligned_empty(source.shape, source.dtype, plan.target_device)
         source = staged.copy_(source)   # a fresh buffer nobody else holds: nothing to pin
-    else:
+    elif can_pin():
         _pin_buffer(source)
+    elif source.untyped_storage().resizable():
+        # A torch without the ownership swap (before 2.13): one copy into a buffer nobody
+        # else holds is the only hand-off a later resize cannot free under TF.
+        staged = _aligned_empty(source.shape, source.dtype, plan.target_device)
+        source = staged.copy_(source)
     return tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(source))
 
 

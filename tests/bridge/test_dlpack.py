@@ -259,3 +259,16 @@ def test_the_hand_off_is_at_the_top_of_bridge():
     assert bridge.to_torch is bridge.dlpack.to_torch and bridge.to_tf is bridge.dlpack.to_tf
     back = bridge.to_tf(bridge.to_torch(tf.constant([1.5, -2.0])))
     np.testing.assert_array_equal(back.numpy(), [1.5, -2.0])
+
+
+def test_without_the_ownership_swap_to_tf_copies_what_a_resize_could_free(monkeypatch):
+    """A torch that cannot move a storage's allocation (before 2.13) gets one copy, so a
+    resize of the torch tensor afterwards cannot free what TF reads."""
+    import bridge.dlpack as dlpack
+
+    monkeypatch.setattr(dlpack, "can_pin", lambda: False)
+    source = torch.arange(1024, dtype=torch.float32)
+    view = dlpack.to_tf(source)
+    assert dlpack.tf_data_pointer(view) != source.data_ptr()
+    source.resize_(1 << 22).fill_(-1.0)          # reallocates torch's buffer
+    np.testing.assert_array_equal(view.numpy(), np.arange(1024, dtype=np.float32))
