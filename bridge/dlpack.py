@@ -161,7 +161,8 @@ def to_torch(tf_tensor: tf.Tensor, device: str | torch.device | None = None) -> 
 
 def plan_torch_to_tf(dtype: str, device: str | torch.device, *, strided: bool = True,
                      contiguous: bool = True, aligned: bool = True, lazy_bits: bool = False,
-                     requires_grad: bool = False, tf_has_gpu: bool = False) -> HandOff:
+                     requires_grad: bool = False, tf_has_gpu: bool = False,
+                     pinnable: bool = True) -> HandOff:
     """Plan for a torch tensor with these properties going to TF. Raises ``BridgeError`` for
     anything rejected. Pure: testable for devices this host lacks."""
     device = torch.device(device)
@@ -178,7 +179,8 @@ def plan_torch_to_tf(dtype: str, device: str | torch.device, *, strided: bool = 
     target = device if on_gpu and rule.mode is _ZERO_COPY else _CPU
     flags = (("requires_grad", requires_grad), ("lazy_conj_or_neg", lazy_bits),
              ("cuda_without_tf_gpu", device_type == "cuda" and not tf_has_gpu),
-             ("non_contiguous", not contiguous), ("unaligned", contiguous and not aligned))
+             ("non_contiguous", not contiguous), ("unaligned", contiguous and not aligned),
+             ("unpinnable", not pinnable))
     steps = [key for key, present in flags if present]
     reasons = [condition(key, TO_TF).reason for key in steps]
     if rule.mode is _COPY:
@@ -206,7 +208,8 @@ def plan_to_tf(torch_tensor: torch.Tensor) -> HandOff:
         contiguous=strided and t.is_contiguous(),
         aligned=strided and t.data_ptr() % TF_ALIGNMENT == 0,
         lazy_bits=t.is_conj() or t.is_neg(), requires_grad=t.requires_grad,
-        tf_has_gpu=t.device.type == "cuda" and _tf_has_gpu())
+        tf_has_gpu=t.device.type == "cuda" and _tf_has_gpu(),
+        pinnable=can_pin() or not t.untyped_storage().resizable())
 
 
 def _aligned_empty(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -282,13 +285,8 @@ def to_tf(torch_tensor: torch.Tensor) -> tf.Tensor:
         # strides and moves devices; the destination is fresh and aligned.
         staged = _aligned_empty(source.shape, source.dtype, plan.target_device)
         source = staged.copy_(source)   # a fresh buffer nobody else holds: nothing to pin
-    elif can_pin():
+    else:
         _pin_buffer(source)
-    elif source.untyped_storage().resizable():
-        # A torch without the ownership swap (before 2.13): one copy into a buffer nobody
-        # else holds is the only hand-off a later resize cannot free under TF.
-        staged = _aligned_empty(source.shape, source.dtype, plan.target_device)
-        source = staged.copy_(source)
     return tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(source))
 
 

@@ -153,6 +153,10 @@ CONDITIONS: tuple[Condition, ...] = (
     Condition("unaligned", TO_TF, Mode.COPY,
               "TF kernels need 64-byte aligned buffers and abort the process otherwise (e.g. "
               "`base[1:]`, most NumPy-backed tensors); cloned into a fresh aligned allocation"),
+    Condition("unpinnable", TO_TF, Mode.COPY,
+              "a resizable buffer is shared only once its allocation is pinned against a later "
+              "`resize_`, which needs `UntypedStorage._swap_data_ptr_` (torch 2.13 on); older "
+              "torch copies it once"),
 )
 
 

@@ -268,6 +268,7 @@ def test_without_the_ownership_swap_to_tf_copies_what_a_resize_could_free(monkey
 
     monkeypatch.setattr(dlpack, "can_pin", lambda: False)
     source = torch.arange(1024, dtype=torch.float32)
+    assert "unpinnable" in dlpack.plan_to_tf(source).steps
     view = dlpack.to_tf(source)
     assert dlpack.tf_data_pointer(view) != source.data_ptr()
     source.resize_(1 << 22).fill_(-1.0)          # reallocates torch's buffer
