@@ -15,8 +15,8 @@
 #     P99 <= 200 ms at context 5000.
 # Usage: `gpu_acceptance.sh run` (everything, in the foreground), `gpu_acceptance.sh start`
 # (the same in a new process session, so it outlives the command that started it) and
-# `gpu_acceptance.sh wait SECONDS` (waits for a started run, then copies its logs and results
-# to $OUT, done or not). XGR_COMMIT, PYTHONPATH (TensorFlow) and .whl/ as gpu_serving.sh wants.
+# `gpu_acceptance.sh wait SECONDS` (waits for a started run, then archives its logs and results
+# into $OUT/results.tgz, done or not). XGR_COMMIT, PYTHONPATH (TensorFlow) and .whl/ as gpu_serving.sh wants.
 # PHASES (default "exports served load") and CASES (default all) pick parts.
 set +e
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,7 +41,7 @@ LOAD_BATCH=4" ;;
 
 # REHEARSAL=1: the same run at test sizes on a CPU host (the sizes win over the cases').
 TINY="DEVICE=cpu PRESET=tiny ITEMS=3000 USERS=24 EVENTS=60 KEEP=40 BEAM=16 TOPK=12 TOPN=8 \
-MAX_BATCH=64 REQUEST_EVENTS=20 LOAD_BATCH=8"
+MAX_BATCH=64 REQUEST_EVENTS=20 LOAD_BATCH=8 LABEL=cpu"
 
 stage() {  # case, stages, extra env...
   local name=$1 stages=$2
@@ -109,7 +109,9 @@ case "${1:-run}" in
     while [ "$(date +%s)" -lt $deadline ] && ! grep -q "finished" "$RUN_OUT/acceptance.log" 2>/dev/null; do
       sleep 5
     done
-    mkdir -p "$OUT" && cp -r "$RUN_OUT"/. "$OUT"/
+    # One archive (a command's $OUT brings back few files) beside the run's own log.
+    mkdir -p "$OUT" && tar czf "$OUT/results.tgz" -C "$RUN_OUT" . \
+        && cp "$RUN_OUT/acceptance.log" "$OUT/" 2>/dev/null
     tail -40 "$RUN_OUT/acceptance.log" ;;
   *) echo "usage: $0 run|start|wait SECONDS" >&2; exit 2 ;;
 esac
