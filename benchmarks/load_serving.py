@@ -151,14 +151,6 @@ def malformed(features: dict, kind: str) -> dict:
     return {"raw": json.dumps({"inputs": good})}
 
 
-def _grpc_statuses() -> dict:
-    import grpc
-
-    codes = grpc.StatusCode
-    return {codes.INVALID_ARGUMENT: 400, codes.NOT_FOUND: 404, codes.RESOURCE_EXHAUSTED: 503,
-            codes.UNAVAILABLE: 503, codes.DEADLINE_EXCEEDED: 504}
-
-
 SHED = (503,)   # an explicit overload refusal: the client retries; not a lost request
 
 
@@ -169,7 +161,6 @@ class Client:
         import grpc
         from tensorflow_serving.apis import prediction_service_pb2_grpc
 
-        self._statuses = _grpc_statuses()
         self._rest_port = rest_port
         self._channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
@@ -193,10 +184,12 @@ class Client:
         import grpc
         import tensorflow as tf
 
+        from tf_frontend.serving.status_codes import http_status_for_code
+
         try:
             response = self._stub.Predict(request, timeout=60)
         except grpc.RpcError as e:
-            return self._statuses.get(e.code(), 500), None
+            return http_status_for_code(e.code()), None
         return 200, {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
 
 

@@ -1,8 +1,9 @@
 """The fuzz suite's child process: ``python tests/fuzz_suite.py CHECK...`` runs, in order,
 the server's decoder surfaces (``grpc``, ``rest``: ``tests/serving/fuzz_decoders.py``),
 TorchCall with a real exported engine package (``torch_call:PACKAGE:SIGNATURE_FILE``:
-``tests/torch_call/fuzz_torch_call.py``) and the DLPack bridge's checks (``dlpack``, ``resize:CASE:SIZE``, ``raw:CASE:SIZE``:
-``tests/bridge/fuzz_dlpack.py``), printing one report line each.
+``tests/torch_call/fuzz_torch_call.py``) and the DLPack bridge's checks (``dlpack``,
+``resize:CASE:SIZE``, ``raw:CASE:SIZE``: ``tests/bridge/fuzz_dlpack.py``), printing one report
+line each.
 
 One process for all of them, because each TensorFlow start costs seconds of ``make test``;
 an abort in one check kills the ones after it, and faulthandler prints where it happened.

@@ -79,3 +79,13 @@ def test_model_errors_take_their_status_class(model_base, error, expected, statu
     with pytest.raises(expected) as raised:
         version.predict("", random_request(np.random.default_rng(32), rows=1))
     assert status_codes.http_status(raised.value) == status
+
+
+def test_a_grpc_code_reads_as_the_rest_status_of_its_class():
+    import grpc
+
+    codes = grpc.StatusCode
+    assert [status_codes.http_status_for_code(c) for c in (
+        codes.INVALID_ARGUMENT, codes.RESOURCE_EXHAUSTED, codes.UNAVAILABLE,
+        codes.DEADLINE_EXCEEDED, codes.NOT_FOUND, codes.INTERNAL, codes.DATA_LOSS)] == [
+        400, 503, 503, 504, 404, 500, 500]

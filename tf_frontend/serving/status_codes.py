@@ -49,6 +49,13 @@ def grpc_code(error: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
+def http_status_for_code(code: grpc.StatusCode) -> int:
+    """The HTTP status the REST API answers where the gRPC API answers ``code``: the last row
+    of the table with that code, the general class (``INVALID_ARGUMENT`` is 400, not a slow
+    client's 408); 500 for a code the table lacks. For clients that compare the two APIs."""
+    return next((status for _, status, row in reversed(_TABLE) if row == code), 500)
+
+
 def message(error: BaseException, request_id: str | None = None) -> str:
     """What the caller sees: the project's own messages without server internals; for a model
     fault or an unexpected error only its class, and the request id the log has it under."""
