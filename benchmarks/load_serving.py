@@ -26,6 +26,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -62,6 +63,8 @@ flags.DEFINE_integer("open_loop_workers", 64, "Client threads that carry the ope
 flags.DEFINE_string("model_label", "tiny pipeline (examples/export_serve_query.py defaults)",
                     "What is served, for the result file.")
 flags.DEFINE_string("label", "cpu", "Device label for the result file name.")
+flags.DEFINE_string("server_log", None,
+                    "Where the server's JSON logs go (default: a file in the temp folder).")
 flags.DEFINE_enum("score_dtype", "float32", ["float32", "bfloat16", "float16"],
                   "The served engine's dtype: 16-bit answers are compared by the ranked-list "
                   "rule of xgr_common.tolerances (items exact except inside score ties).")
@@ -72,21 +75,41 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def start_server(base: str) -> tuple[subprocess.Popen, int, int]:
+    """``xgr serve`` over ``base``; its JSON logs go to ``--server_log`` (the record of what
+    a stop did), its stdout is drained so that nothing it prints can block it."""
     path = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    log_path = FLAGS.server_log or os.path.join(tempfile.gettempdir(),
+                                                f"xgr_load_server_{FLAGS.label}.log")
+    print(f"server log: {log_path}")
+    log = open(log_path, "w")
     process = subprocess.Popen(
         [sys.executable, "-m", "xgr_cli.main", "serve", "--model_name=recs",
          f"--model_base_path={base}", "--port=0", "--rest_api_port=0",
-         "--bind_address=127.0.0.1", "--enable_batching", "--log_level=WARNING",
+         "--bind_address=127.0.0.1", "--enable_batching", "--log_level=INFO",
          f"--max_batch_size={FLAGS.max_batch_size}",
          f"--batch_timeout_micros={FLAGS.batch_timeout_micros}", "--num_batch_threads=2"],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env, cwd=ROOT)
+        stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
+    log.close()   # the child holds its own descriptor
     line = process.stdout.readline()
     if "rest port" not in line:
         process.kill()
         raise RuntimeError(f"xgr serve did not start: {line!r}")
+    threading.Thread(target=process.stdout.read, daemon=True).start()
     words = line.replace(",", "").split()
     return process, int(words[words.index("grpc") + 2]), int(words[words.index("rest") + 2])
+
+
+def stop_server(process: subprocess.Popen, seconds: float = 60.0) -> int | str:
+    """SIGTERM, then the exit code; a server still alive ``seconds`` later is killed and
+    reported as such (the load's figures are kept either way)."""
+    process.terminate()
+    try:
+        return process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        return f"still running {seconds:g} s after SIGTERM (killed)"
 
 
 def build_pool(base: str, rows: int):
@@ -398,8 +421,7 @@ def main(argv: list[str]) -> None:
         with GpuSampler() as gpu:
             result, sweep = _run_all(pool, grpc_port, rest_port, gpu)
     finally:
-        process.terminate()
-        exit_code = process.wait(timeout=60)
+        exit_code = stop_server(process)
     within = []  # conservative: stop at the first rate that misses the target or sheds
     for run in sorted(sweep, key=lambda s: s["offered_rps"]):
         if run["p99_ms"] is None or run["p99_ms"] > FLAGS.p99_target_ms or run["valid_shed_503"]:
@@ -422,7 +444,7 @@ def _gpu_text(run: dict) -> str:
     return "-" if not gpu else f"{gpu['gpu_util_mean_pct']:.0f}"
 
 
-def _report(result: dict, sweep: list[dict], exit_code: int) -> None:
+def _report(result: dict, sweep: list[dict], exit_code: int | str) -> None:
     from xgr_common.errors import ParityError, require
 
     fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731

@@ -6,7 +6,8 @@
 Both ports listen on ``--bind_address`` (default 127.0.0.1: loopback only, because the API has
 no authentication and, without ``--ssl_config_file``, no encryption; give 0.0.0.0 or an
 interface's address to serve other hosts). SIGTERM or Ctrl-C stops accepting, finishes the
-requests already admitted within ``--shutdown_grace_seconds``, then exits 0.
+requests already admitted within ``--shutdown_grace_seconds``, then exits 0; a stop that is still
+under way a while past the grace is ended with exit code 3 and every thread's stack on stderr.
 """
 
 from __future__ import annotations
@@ -131,6 +132,8 @@ def main(argv: list[str]) -> None:
     from tf_frontend.serving.json_logs import install_json_logging
     from tf_frontend.serving.scratch import claim_scratch_folder
     from tf_frontend.serving.server import ModelServer, load_op_libraries
+    from tf_frontend.serving.shutdown import (EXIT_CLEAN, ShutdownWatchdog, leave,
+                                              watchdog_seconds)
 
     install_json_logging(FLAGS.log_level)
     log = logging.getLogger("xgr.serving")
@@ -160,8 +163,11 @@ def main(argv: list[str]) -> None:
     print(f"serving {FLAGS.model_name}: grpc port {server.grpc_port}, "
           f"rest port {server.rest_port}", flush=True)
     stop.wait()
+    finished = ShutdownWatchdog(watchdog_seconds(FLAGS.shutdown_grace_seconds)).arm()
     server.stop()
     shutil.rmtree(scratch, ignore_errors=True)
+    finished.set()
+    leave(EXIT_CLEAN)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,8 @@ def test_load_benchmark_small_run(tmp_path):
          f"--model_base_path={tmp_path / 'features'}", "--requests=80", "--clients=4",
          "--warmup_requests=2", "--malformed_share=0.25", "--rates=20", "--rate_fractions=0.05",
          "--rate_seconds=1",
-         f"--out_dir={tmp_path / 'out'}", "--label=test", "--model_label=feature graph"],
+         f"--out_dir={tmp_path / 'out'}", "--label=test", "--model_label=feature graph",
+         f"--server_log={tmp_path / 'server.log'}"],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
         env=child_env(TF_CPP_MIN_LOG_LEVEL="2"))
     assert done.returncode == 0, done.stderr[-3000:]
@@ -53,3 +54,7 @@ def test_load_benchmark_small_run(tmp_path):
     assert sorted({20.0, fraction}) == offered
     assert result["open_loop"][offered.index(20.0)]["sent"] == 20
     assert result["server_exit_code_after_sigterm"] == 0
+    # The server's own record of the stop, beside the figures.
+    logs = [json.loads(x) for x in (tmp_path / "server.log").read_text().splitlines()
+            if x.startswith("{")]
+    assert [e["message"] for e in logs][-2:] == ["shutting down", "stopped"]
