@@ -23,6 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from xgr_common.errors import ExportError, InvalidInputError, require
+from xgr_export.inductor_int_arrays import int_arrays_keyed_by_buffer
 from xgr_common.import_order import triton_importable
 
 SIGNATURE_KEY = "xgr_signature"          # AOTInductor metadata key (torch_call packages.cc)
@@ -294,10 +295,11 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
         with tempfile.TemporaryDirectory() as tmp:
             built = Path(tmp) / "model.pt2"
             try:
-                torch._inductor.aoti_compile_and_package(
-                    program, package_path=str(built),
-                    inductor_configs={"aot_inductor.metadata": {SIGNATURE_KEY:
-                                                                contract.signature}})
+                with int_arrays_keyed_by_buffer():
+                    torch._inductor.aoti_compile_and_package(
+                        program, package_path=str(built),
+                        inductor_configs={"aot_inductor.metadata": {SIGNATURE_KEY:
+                                                                    contract.signature}})
             except Exception as err:
                 raise ExportError(f"AOTInductor could not compile the program for {device}: "
                                   f"{err}; package_torchscript is the fallback") from err
