@@ -129,8 +129,11 @@ wait "$background"
 
 # Timed stages run alone on the machine.
 if has served && [ -d "$WORK/models/recs/1" ]; then
+  # The anchor runs the attention the package holds (an export may have fallen back to torch).
+  served_attention=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['attention_backend'])" \
+      "$WORK/export.json" 2>/dev/null || echo "$ATTENTION")
   timeout "$SERVED_LIMIT" $PY -m benchmarks.bench_served "${EXPORT_FLAGS[@]}" \
-      --attention_backend="$ATTENTION" --verify_requests=8 --batches="$BATCHES" --repeats=30 \
+      --attention_backend="$served_attention" --verify_requests=8 --batches="$BATCHES" --repeats=30 \
       ${REQUEST_EVENTS:+--request_history_events="$REQUEST_EVENTS"} --label="$CASE" \
       --output_dir="$OUT" > "$OUT/served${CASE:+_$CASE}.log" 2>&1
   note "bench_served rc=$?"
@@ -150,7 +153,7 @@ if has load && [ -d "$WORK/models/recs/1" ]; then
       --rates="$RATES" --rate_fractions="$RATE_FRACTIONS" --rate_seconds=5 \
       --warmup_requests=8 --p99_target_ms="$P99_TARGET" \
       --max_batch_size="$LOAD_BATCH" --batch_timeout_micros=2000 \
-      --label="${CASE:+${CASE}_}${LABEL:-h200}" \
+      --label="${CASE:+${CASE}_}${LABEL:-h200}" --server_log="$OUT/server.log" \
       --score_dtype="$DTYPE" \
       --model_label="$PRESET random $DTYPE, prompt $(( 4 + 4 * KEEP )), beam $BEAM, $ITEMS items, top_k $TOPK, top_n $TOPN" \
       --out_dir="$OUT" >> "$OUT/bench.log" 2>&1
