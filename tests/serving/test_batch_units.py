@@ -8,7 +8,7 @@ import pytest
 import tensorflow as tf
 
 from xgr_common.errors import (ConfigError, DeadlineExceededError, InvalidInputError,
-                               OverloadedError)
+                               OverloadedError, UnavailableError)
 from tf_frontend.serving.batch_merge import UnsplittableOutput, merge_inputs, split_outputs
 from tf_frontend.serving.batching import BatchScheduler
 from tf_frontend.serving.config import BatchingConfig, parse_batching_parameters
@@ -151,3 +151,36 @@ def test_scheduler_drops_cancelled_and_expired_requests_before_their_batch_runs(
     finally:
         release.set()
         scheduler.close()
+
+
+def test_close_runs_the_queue_until_its_deadline_then_refuses_the_rest():
+    sig = _sig()
+    dropped, started, release = [], threading.Event(), threading.Event()
+
+    def run_batch(tasks):
+        started.set()
+        release.wait(30)   # a model call far longer than the stop's grace
+        for t in tasks:
+            t.future.set_result(t.request.inputs["ids"])
+
+    scheduler = BatchScheduler(BatchingConfig(max_batch_size=1, batch_timeout_micros=0,
+                                              max_enqueued_batches=8, num_batch_threads=1),
+                               run_batch, "unit", on_drop=dropped.append)
+    one = lambda i: prepare(sig, _request([i], [[i]]))  # noqa: E731
+    try:
+        running = scheduler.submit(one(1))
+        assert started.wait(10)
+        queued = [scheduler.submit(one(i)) for i in (2, 3, 4)]
+        queued[0].cancel()   # its caller left: dropped, not refused
+        began = time.monotonic()
+        refused = scheduler.close(deadline=began + 0.3)
+        assert time.monotonic() - began < 5   # bounded by the deadline, not by the queue
+        assert refused == 2 and sorted(dropped) == ["cancelled", "shutdown", "shutdown"]
+        for future in queued[1:]:
+            with pytest.raises(UnavailableError, match="stopping.*not run"):
+                future.result(1)
+        with pytest.raises(Exception, match="closed"):
+            scheduler.submit(one(5))
+    finally:
+        release.set()
+    assert running.result(10).tolist() == [1]   # the batch under way still answers its caller

@@ -22,7 +22,7 @@ import time
 from typing import Callable, Sequence
 
 from xgr_common.errors import (DeadlineExceededError, InvalidInputError, OverloadedError,
-                               ServingError, require)
+                               ServingError, UnavailableError, require)
 from tf_frontend.serving.config import BatchingConfig
 from tf_frontend.serving.validation import PreparedRequest
 
@@ -173,10 +173,25 @@ class BatchScheduler:
                     if not task.future.done():
                         task.future.set_exception(e)
 
-    def close(self) -> None:
-        """Refuses new requests, runs everything already queued, then stops the threads."""
+    def close(self, deadline: float | None = None) -> int:
+        """Refuses new requests and runs what is already queued until ``deadline``
+        (``time.monotonic``; None: as long as it takes). What is still queued then is answered
+        ``UnavailableError`` without running, and a batch still running is not waited for (its
+        thread is a daemon): a stop must end within its grace however long the queue.
+        Returns how many requests were refused so."""
         with self._cond:
             self._closing = True
             self._cond.notify_all()
         for thread in self._threads:
-            thread.join()
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        with self._cond:   # a thread still running finds the queue empty and ends
+            left, self._queue, self._queued_rows = list(self._queue), collections.deque(), 0
+        refused = 0
+        for task in left:
+            if task.future.set_running_or_notify_cancel():
+                task.future.set_exception(UnavailableError(
+                    "the server is stopping: the request was still queued when the shutdown "
+                    "grace ended and was not run; retry"))
+                refused += 1
+            self._on_drop("shutdown" if not task.future.cancelled() else "cancelled")
+        return refused

@@ -235,7 +235,8 @@ class ServableVersion:
     # -- life cycle ---------------------------------------------------------------------------
     def unload(self, deadline: float, collect: bool = True) -> None:
         """Waits (until ``deadline``, ``time.monotonic``) for the requests it admitted, stops
-        the batcher (which runs what is still queued), then lets go of the model so its
+        the batcher (which runs what is still queued until the deadline and refuses the rest
+        with 503 / UNAVAILABLE), then lets go of the model so its
         memory can be freed; ``collect`` runs the garbage collector for it (a loaded
         SavedModel is a graph of reference cycles; a collection takes a while, which a
         process about to exit need not spend)."""
@@ -245,7 +246,11 @@ class ServableVersion:
                         extra={"model": self.model_name, "version": self.version,
                                "in_flight": self._gate.admitted})
         if self._scheduler is not None:
-            self._scheduler.close()
+            refused = self._scheduler.close(deadline)
+            if refused:
+                LOG.warning("requests still queued at the deadline were refused",
+                            extra={"model": self.model_name, "version": self.version,
+                                   "refused": refused})
         self._functions, self._loaded = {}, None
         if collect:
             gc.collect()
