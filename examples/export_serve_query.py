@@ -8,6 +8,8 @@
 2. Serve: ``ModelServer`` (what ``xgr serve`` runs) on free loopback ports, with batching.
 3. Query: the same users through ``PredictionServiceStub.Predict`` (gRPC) and ``:predict``
    (REST, row format), checked against the SavedModel called in this process.
+4. Per-request exclusions: each user again through ``serving_with_controls``, leaving out the
+   items it was just shown; no shown item comes back and the lists stay full.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from tf_frontend.feature_graph import features_from_world  # noqa: I001
 from tf_frontend.serving.config import BatchingConfig, ServerConfig
 from tf_frontend.serving.server import ModelServer, load_op_libraries
 from xgr_common.errors import ParityError, require
-from xgr_common.serving_names import SERVING_SIGNATURE
+from xgr_common.serving_names import CONTROLS_SIGNATURE, SERVING_SIGNATURE
 from xgr_common.tolerances import tolerance_for
 from xgr_export import EngineExportConfig, ExportConfig, export_saved_model
 from xgr_world.synthetic import WorldConfig, make_world
@@ -55,10 +57,10 @@ def export(models_dir: str) -> tuple[str, object]:
     return version_dir, make_world(WORLD)
 
 
-def query_grpc(port: int, features: dict) -> dict:
+def query_grpc(port: int, features: dict, signature: str = SERVING_SIGNATURE) -> dict:
     request = predict_pb2.PredictRequest()
     request.model_spec.name = "recs"
-    request.model_spec.signature_name = SERVING_SIGNATURE
+    request.model_spec.signature_name = signature
     for name, value in features.items():
         request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
     with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
@@ -67,8 +69,9 @@ def query_grpc(port: int, features: dict) -> dict:
     return {name: tf.make_ndarray(proto) for name, proto in response.outputs.items()}
 
 
-def query_rest(port: int, features: dict) -> dict:
-    """The row format: one JSON object per user, the history as that user's lists."""
+def query_rest(port: int, features: dict, exclude: list[list[int]] | None = None) -> dict:
+    """The row format: one JSON object per user, the history as that user's lists; with
+    ``exclude``, each user's own items to leave out, through ``serving_with_controls``."""
     splits = features["history_splits"].numpy()
     instances = []
     for row in range(len(splits) - 1):
@@ -79,7 +82,12 @@ def query_rest(port: int, features: dict) -> dict:
             "history_items": features["history_items"][lo:hi].numpy().tolist(),
             "history_times": features["history_times"][lo:hi].numpy().tolist(),
             "request_time": int(features["request_time"][row])})
-    body = json.dumps({"instances": instances}).encode()
+        if exclude is not None:
+            instances[-1]["exclude_items"] = exclude[row]
+    body = {"instances": instances}
+    if exclude is not None:
+        body["signature_name"] = CONTROLS_SIGNATURE
+    body = json.dumps(body).encode()
     request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models/recs:predict", body)
     with urllib.request.urlopen(request, timeout=120) as response:
         predictions = json.loads(response.read())["predictions"]
@@ -94,6 +102,20 @@ def check(name: str, got: dict, want: dict) -> None:
             value, expected, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
         require(same, ParityError, f"{name}: output {output!r} differs from the SavedModel "
                                    f"called in process:\n{value}\nvs\n{expected}")
+
+
+def shown_items(answers: dict) -> list[list[int]]:
+    """Each user's list as shown, to exclude from the next one."""
+    return [[int(i) for i in row[:n]] for row, n in zip(answers["item_ids"], answers["num_items"])]
+
+
+def check_exclusions(got: dict, shown: list[list[int]], top_n: int) -> None:
+    for row, excluded in enumerate(shown):
+        items = [int(i) for i in got["item_ids"][row][: got["num_items"][row]]]
+        require(not set(items) & set(excluded), ParityError,
+                f"user row {row}: an excluded item came back: {items} vs {excluded}")
+        require(len(items) == top_n, ParityError,
+                f"user row {row}: {len(items)} items after its exclusions, not {top_n}")
 
 
 def main(argv: list[str]) -> None:
@@ -116,16 +138,30 @@ def main(argv: list[str]) -> None:
     try:
         by_grpc = query_grpc(server.grpc_port, features)
         by_rest = query_rest(server.rest_port, features)
+        shown = shown_items(by_grpc)
+        controls = {"exclude_items": np.array([i for row in shown for i in row], np.int64),
+                    "exclude_splits": np.cumsum([0] + [len(row) for row in shown])}
+        next_grpc = query_grpc(server.grpc_port, {**features, **controls}, CONTROLS_SIGNATURE)
+        next_rest = query_rest(server.rest_port, features, shown)
     finally:
         server.stop()
     check("gRPC", by_grpc, want)
     check("REST", by_rest, want)
+    want_next = {k: v.numpy() for k, v in loaded.signatures[CONTROLS_SIGNATURE](
+        **features, **{k: tf.constant(v, tf.int64) for k, v in controls.items()}).items()}
+    check("gRPC, exclusions", next_grpc, want_next)
+    check("REST, exclusions", next_rest, want_next)
+    check_exclusions(next_grpc, shown, FLAGS.top_n)
     print("3. answers (gRPC and REST agree with the in-process SavedModel):")
     print(f"   {'user':>6}  {'items (best first)':<40} top score")
     for row in range(FLAGS.users):
         items = [int(i) for i in by_grpc["item_ids"][row][: by_grpc["num_items"][row]]]
         print(f"   {int(world.user_ids[row]):>6}  {str(items):<40} "
               f"{float(by_grpc['scores'][row][0]):.4f}")
+    print("4. next lists, each user excluding what it was shown (none came back, lists full):")
+    for row in range(FLAGS.users):
+        items = [int(i) for i in next_grpc["item_ids"][row][: next_grpc["num_items"][row]]]
+        print(f"   {int(world.user_ids[row]):>6}  {str(items)}")
 
 
 if __name__ == "__main__":

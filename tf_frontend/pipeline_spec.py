@@ -15,12 +15,16 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from tf_frontend.feature_graph import INPUTS
-from tf_frontend.rules import BusinessRules, PostProcessor, engine_feeds
+from tf_frontend.rules import (BusinessRules, PostProcessor, engine_feeds,
+                               with_request_exclusions)
 from xgr_common.errors import ConfigError, require
 
 # The engine's inputs, in order: what the feature graph emits plus the history to exclude.
 ENGINE_INPUTS = ("token_ids", "lengths", "segment_ids", "profile_embeds", "exclude_items")
 OUTPUTS = ("item_ids", "scores", "num_items")
+# A request's own controls (CONTROLS_SIGNATURE): items it must not get back, ragged like the
+# history (``exclude_splits`` [B+1] partitions ``exclude_items``).
+CONTROLS = {"exclude_items": tf.int64, "exclude_splits": tf.int64}
 
 
 @dataclass(frozen=True)
@@ -36,12 +40,20 @@ class PipelineConfig:
     # against oversized requests, written to assets.extra/xgr_serving.json for `xgr serve`.
     max_history_events: int = 4096
     rules: BusinessRules = BusinessRules()
+    # The most items one request may exclude through CONTROLS_SIGNATURE (0: no such
+    # signature); the engine package must accept that many exclusion columns beside the
+    # history.
+    max_request_exclusions: int = 0
 
     def __post_init__(self) -> None:
         for name in ("top_n", "intra_op_threads", "concurrency", "max_history_events"):
             value = getattr(self, name)
             require(isinstance(value, int) and value >= 1, ConfigError,
                     f"PipelineConfig.{name} must be a positive int, got {value!r}")
+        value = self.max_request_exclusions
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                ConfigError, f"PipelineConfig.max_request_exclusions must be an int >= 0, "
+                f"got {value!r}")
         require(isinstance(self.rules, BusinessRules), ConfigError,
                 f"PipelineConfig.rules must be a BusinessRules, got {type(self.rules).__name__}")
 
@@ -49,6 +61,24 @@ class PipelineConfig:
 def feature_signature() -> dict[str, tf.TensorSpec]:
     """The request features as the SavedModel's signature takes them: 1-D, any length."""
     return {name: tf.TensorSpec([None], dtype, name=name) for name, dtype in INPUTS.items()}
+
+
+def controls_signature() -> dict[str, tf.TensorSpec]:
+    """The features plus each request's own controls (``CONTROLS``), as
+    ``serving_with_controls`` takes them."""
+    return {**feature_signature(), **{name: tf.TensorSpec([None], dtype, name=name)
+                                      for name, dtype in CONTROLS.items()}}
+
+
+def apply_controls(feeds: dict[str, tf.Tensor], controls: dict[str, tf.Tensor],
+                   config: PipelineConfig) -> dict[str, tf.Tensor]:
+    """``feeds`` with a request's own exclusions joined to its history's (on the device)."""
+    require(config.max_request_exclusions > 0, ConfigError,
+            "this pipeline takes no per-request exclusions (PipelineConfig."
+            "max_request_exclusions is 0)")
+    exclude = with_request_exclusions(feeds["exclude_items"], controls["exclude_items"],
+                                      controls["exclude_splits"], config.max_request_exclusions)
+    return {**feeds, "exclude_items": exclude}
 
 
 def post_processor(config: PipelineConfig, catalog=None) -> PostProcessor:

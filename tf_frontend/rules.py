@@ -6,7 +6,8 @@ holds the halves both run):
 
 * on the device, before items are ranked: the engine never returns an item of the request's
   cleaned history (``exclude_items``, built by ``history_exclusion``), so a list of ``top_n``
-  is still full after the rule;
+  is still full after the rule; a request's own exclusions (``with_request_exclusions``) join
+  the history there;
 * in TF, after the engine (``PostProcessor``): drop padding, blocked items and items over the
   per-category cap, compact the kept items to the front and cut the list to ``top_n``.
 
@@ -71,6 +72,41 @@ def engine_feeds(out: dict[str, tf.Tensor], rules: BusinessRules) -> dict[str, t
         exclude = tf.fill(tf.stack([tf.shape(out["lengths"], out_type=tf.int64)[0],
                                     tf.constant(1, tf.int64)]), tf.constant(-1, tf.int64))
     return {**out, "exclude_items": exclude}
+
+
+def with_request_exclusions(exclude: tf.Tensor, items: tf.Tensor, splits: tf.Tensor,
+                            max_per_request: int) -> tf.Tensor:
+    """``exclude`` (int64 [B, X], -1 padded: the history) with each request's own exclusions
+    appended to its row: ``items`` int64 [N] partitioned by ``splits`` int64 [B+1] (out of
+    stock, already shown, blocked for this user). Returns int64 [B, X'] with X' = the longest
+    merged row + 1, -1 padded, which the engine applies on the device with the history, so
+    a list stays full. A row over ``max_per_request`` ids, a negative id, or splits that do not
+    partition ``items`` into B rows are refused (InvalidArgument naming the input)."""
+    items, splits = tf.convert_to_tensor(items, tf.int64), tf.convert_to_tensor(splits, tf.int64)
+    rows = tf.shape(exclude, out_type=tf.int64)[0]
+    checks = [
+        tf.debugging.assert_equal(
+            tf.size(splits, out_type=tf.int64), rows + 1,
+            message="exclude_splits must hold one more entry than the batch has requests"),
+        tf.debugging.assert_equal(splits[0], tf.constant(0, tf.int64),
+                                  message="exclude_splits must start at 0"),
+        tf.debugging.assert_equal(
+            splits[-1], tf.size(items, out_type=tf.int64),
+            message="exclude_splits must end at the number of exclude_items"),
+        tf.debugging.assert_non_negative(splits[1:] - splits[:-1],
+                                         message="exclude_splits must be non-decreasing"),
+        tf.debugging.assert_less_equal(
+            splits[1:] - splits[:-1], tf.constant(max_per_request, tf.int64),
+            message=f"exclude_items: a request may exclude at most {max_per_request} items"),
+        tf.debugging.assert_non_negative(items, message="exclude_items must be item ids >= 0"),
+    ]
+    with tf.control_dependencies(checks):
+        own = tf.RaggedTensor.from_row_splits(tf.identity(items), splits, validate=False)
+    history = tf.RaggedTensor.from_tensor(exclude, padding=tf.constant(-1, tf.int64))
+    merged = tf.concat([history, own], axis=1)
+    return tf.concat([merged.to_tensor(default_value=-1),
+                      tf.fill(tf.stack([rows, tf.constant(1, tf.int64)]),
+                              tf.constant(-1, tf.int64))], axis=1)
 
 
 class PostProcessor(tf.Module):

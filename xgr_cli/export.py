@@ -50,6 +50,10 @@ flags.DEFINE_integer("top_k", 12, "Items the engine returns per request (<= beam
                      "items per code path).")
 flags.DEFINE_integer("top_n", 8, "Items per request after the business rules.")
 flags.DEFINE_integer("max_batch", 1024, "Largest batch the exported engine accepts.")
+flags.DEFINE_integer("max_request_exclusions", 256,
+                     "Most items one request may exclude through the serving_with_controls "
+                     "signature (applied on the device beside its history); 0 leaves that "
+                     "signature out.", lower_bound=0)
 flags.DEFINE_string("device", "cpu", "Device the engine runs on when served: cpu or cuda[:i].")
 flags.DEFINE_enum("dtype", None, list(DTYPES),
                   "Engine weights and activations; default bfloat16 on CUDA, float32 on the "
@@ -79,7 +83,8 @@ def config_from_flags() -> ExportConfig:
         world=WorldConfig(num_items=FLAGS.num_items, num_users=FLAGS.num_users,
                           history_events=FLAGS.history_events, seed=FLAGS.seed),
         keep_last=FLAGS.keep_last, window_days=FLAGS.window_days,
-        engine=EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch, FLAGS.device),
+        engine=EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch, FLAGS.device,
+                                  FLAGS.max_request_exclusions),
         top_n=FLAGS.top_n, dtype=FLAGS.dtype, attention_backend=FLAGS.attention_backend,
         cache_dir=FLAGS.cache_dir or None, verify_requests=FLAGS.verify_requests)
 

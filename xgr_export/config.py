@@ -27,17 +27,25 @@ class EngineExportConfig:
     """What the exported engine serves.
 
     beam_width, top_k: fixed at export (they size the search); max_batch: largest batch the
-    package accepts; device: "cpu" or "cuda[:i]" (the engine's device at run time).
+    package accepts; device: "cpu" or "cuda[:i]" (the engine's device at run time);
+    max_request_exclusions: the most items one request may exclude through the
+    ``serving_with_controls`` signature (applied on the device beside its history; 0 leaves
+    that signature out).
     """
 
     beam_width: int = 16
     top_k: int = 10
     max_batch: int = 1024
     device: str = "cpu"
+    max_request_exclusions: int = 256
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "top_k", "max_batch"):
             _positive("EngineExportConfig", name, getattr(self, name))
+        value = self.max_request_exclusions
+        require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+                ConfigError, f"EngineExportConfig.max_request_exclusions must be an int >= 0, "
+                f"got {value!r}")
         require(self.device == "cpu" or self.device.startswith("cuda"), ConfigError,
                 f"EngineExportConfig.device must be 'cpu' or 'cuda[:i]', got {self.device!r}")
 

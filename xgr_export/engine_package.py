@@ -132,8 +132,9 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
                   cache_dir: str | os.PathLike | None = None,
                   prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> torch_package.Package:
     """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
-    dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.keep_last + 1,
-    what ``tf_frontend.rules.history_exclusion`` emits), prefilling with ``prefill_mask``."""
+    dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.keep_last + 1
+    + config.max_request_exclusions: the history ``tf_frontend.rules.history_exclusion`` emits
+    and a request's own exclusions), prefilling with ``prefill_mask``."""
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
@@ -152,7 +153,8 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)
     length = torch.export.Dim.DYNAMIC
-    exclude = torch.export.Dim("exclude", min=1, max=spec.keep_last + 1)
+    exclude = torch.export.Dim("exclude", min=1,
+                               max=spec.keep_last + 1 + config.max_request_exclusions)
     dynamic = ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
                {0: batch, 1: exclude})
     exported = torch_package.export_program(program, example_inputs(engine, spec), dynamic,

@@ -2,7 +2,10 @@
 
 ``export_pipeline(out_dir, feature_graph, package)`` saves a SavedModel whose
 ``serving_default`` takes the feature graph's six request features by name and returns
-``item_ids`` int64 [B, top_n], ``scores`` float32 [B, top_n] and ``num_items`` int32 [B]. The
+``item_ids`` int64 [B, top_n], ``scores`` float32 [B, top_n] and ``num_items`` int32 [B];
+with ``PipelineConfig.max_request_exclusions``, ``serving_with_controls`` takes the same plus
+each request's own ``exclude_items`` (ragged by ``exclude_splits``), which the engine never
+returns, like the history. The
 TF halves (feature signature, engine feeds, business rules) are ``tf_frontend.pipeline_spec``'s,
 the same the in-process ``bridge.pipeline.RecommendPipeline`` runs: the engine gets the cleaned
 history as ``exclude_items`` and never returns it; blocked and over-cap items are dropped after
@@ -19,11 +22,12 @@ from pathlib import Path
 import tensorflow as tf
 
 from custom_ops.torch_call import torch_call
-from tf_frontend.pipeline_spec import (ENGINE_INPUTS, PipelineConfig, feature_signature,
-                                       post_processor, seen_items)
+from tf_frontend.pipeline_spec import (CONTROLS, ENGINE_INPUTS, PipelineConfig, apply_controls,
+                                       controls_signature, feature_signature, post_processor,
+                                       seen_items)
 from tf_frontend.rules import engine_feeds
 from xgr_common.errors import ExportError, require
-from xgr_common.serving_names import SERVING_SIGNATURE, SERVING_SPEC_FILE
+from xgr_common.serving_names import CONTROLS_SIGNATURE, SERVING_SIGNATURE, SERVING_SPEC_FILE
 from xgr_export.torch_package import Package
 from xgr_export.warmup_requests import split_requests, write_warmup_requests
 
@@ -48,9 +52,20 @@ class Pipeline(tf.Module):
         self._output_shapes = [s.static_shape() for s in package.outputs]
         self._engine_inputs, self._config = tuple(engine_inputs), config
         self.serve = tf.function(self._serve, input_signature=[feature_signature()])
+        if config.max_request_exclusions:
+            require("exclude_items" in self._engine_inputs, ExportError,
+                    "per-request exclusions need an engine that takes exclude_items")
+            self.serve_with_controls = tf.function(self._serve_with_controls,
+                                                   input_signature=[controls_signature()])
 
-    def _serve(self, features):
+    def _serve_with_controls(self, inputs):
+        features = {name: value for name, value in inputs.items() if name not in CONTROLS}
+        return self._serve(features, {name: inputs[name] for name in CONTROLS})
+
+    def _serve(self, features, controls=None):
         feeds = engine_feeds(self.graph(features), self._config.rules)
+        if controls is not None:
+            feeds = apply_controls(feeds, controls, self._config)
         args = [tf.cast(feeds[name], dtype) for name, dtype in zip(self._engine_inputs,
                                                                     self._input_dtypes)]
         item_ids, scores = torch_call(self.engine, args, [tf.int64, tf.float32],
@@ -83,8 +98,10 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     version whose engine package does not load is never served."""
     out_dir = require_empty_folder(out_dir)
     module = Pipeline(feature_graph, package, config, engine_inputs, catalog)
-    concrete = module.serve.get_concrete_function()
-    tf.saved_model.save(module, str(out_dir), signatures={SERVING_SIGNATURE: concrete})
+    signatures = {SERVING_SIGNATURE: module.serve.get_concrete_function()}
+    if config.max_request_exclusions:
+        signatures[CONTROLS_SIGNATURE] = module.serve_with_controls.get_concrete_function()
+    tf.saved_model.save(module, str(out_dir), signatures=signatures)
     _write_serving_spec(out_dir, config, _largest_batch(package))
     if warmup_features is not None:
         write_warmup_requests(out_dir, split_requests(warmup_features))
@@ -103,7 +120,8 @@ def _write_serving_spec(out_dir: Path, config: PipelineConfig, max_rows: int | N
     """Tells ``xgr serve`` which inputs are ragged, the history limit and the most rows a
     request may carry (see ``tf_frontend/serving/signature.py``), so serving needs no extra
     flags."""
-    spec = {"ragged": {"history_splits": ["history_items", "history_times"]},
+    spec = {"ragged": {"history_splits": ["history_items", "history_times"],
+                       "exclude_splits": ["exclude_items"]},
             "max_history_events": config.max_history_events}
     if max_rows is not None:
         spec["max_rows"] = int(max_rows)

@@ -32,4 +32,9 @@ def test_export_serve_query_example(tmp_path):
     rows = re.findall(r"^\s+(\d+)\s+\[([\d, ]*)\]\s+(-?[\d.]+|-inf)$", done.stdout, re.M)
     assert len(rows) == 3, done.stdout
     assert all(items for _, items, _ in rows), "every user should get at least one item"
+    # Step 4: each user again, excluding what it was shown, over gRPC and REST (the example
+    # itself checks that nothing shown came back and that the lists stay full).
+    assert "excluding what it was shown (none came back, lists full)" in done.stdout
+    after = re.findall(r"^\s+(\d+)\s+\[([\d, ]*)\]$", done.stdout, re.M)
+    assert len(after) == 3 and all(len(items.split(",")) == 5 for _, items in after)
     assert os.path.exists(tmp_path / "models" / "recs" / "1" / "saved_model.pb")
