@@ -27,7 +27,8 @@ import torch
 from bridge import to_tf, to_torch
 from tf_frontend.feature_graph import INPUTS
 from tf_frontend.pipeline_spec import (CONTROLS, ENGINE_INPUTS, PipelineConfig, apply_controls,
-                                       post_processor, seen_items, traced_feeds)
+                                       engine_lists, post_processor, seen_items,
+                                       traced_feeds)
 from xgr_common.errors import ConfigError, InvalidInputError, require
 from xgr_common.layout import MaskMode
 from xgr_common.model_card import served_mask
@@ -124,8 +125,9 @@ class RecommendPipeline:
     def __call__(self, features: dict) -> dict:
         """Top items for each request of ``features`` (``FeatureGraph``'s input dict, B rows).
 
-        With ``exclude_items`` and ``exclude_splits`` among ``features`` (``CONTROLS``), each
-        request's own exclusions join its history's, as in ``serving_with_controls``.
+        With ``exclude_items``, ``exclude_splits`` and ``top_k`` among ``features``
+        (``CONTROLS``), each request's own exclusions join its history's and its list is cut to
+        its own top_k, as in ``serving_with_controls``.
 
         Returns ``item_ids`` int64 ``[B, top_n]`` and ``scores`` float32 ``[B, top_n]`` (TF
         tensors; best first, -1 / -inf after the last kept item), ``num_items`` int32 ``[B]``,
@@ -146,12 +148,13 @@ class RecommendPipeline:
 
         feeds = self._feeds({name: features[name] for name in INPUTS})
         given = [name for name in CONTROLS if name in features]
-        if given:   # a request's own exclusions, as serving_with_controls takes them
+        controls = None
+        if given:   # a request's own controls, as serving_with_controls takes them
             require(len(given) == len(CONTROLS), InvalidInputError,
                     f"features hold {given} without {sorted(set(CONTROLS) - set(given))}: "
-                    f"per-request exclusions need both")
-            feeds = apply_controls(feeds, {name: features[name] for name in CONTROLS},
-                                   self.config)
+                    f"per-request controls need all of {sorted(CONTROLS)}")
+            controls = {name: features[name] for name in CONTROLS}
+            feeds = apply_controls(feeds, controls, self.config)
         t_graph = lap()
         args = [to_torch(feeds[name], self.device) for name in self.engine_inputs]
         self._sync()
@@ -162,6 +165,7 @@ class RecommendPipeline:
         items_tf = to_tf(item_ids.cpu().contiguous())
         scores_tf = to_tf(scores.float().cpu().contiguous())
         t_out = lap()
+        items_tf, scores_tf = engine_lists(items_tf, scores_tf, controls)
         out = self.post_process(items_tf, scores_tf, seen_items(feeds, self.engine_inputs))
         t_post = lap()
         return {**out, "prompt_lengths": feeds["lengths"],

@@ -82,8 +82,8 @@ def query_rest(port: int, features: dict, exclude: list[list[int]] | None = None
             "history_items": features["history_items"][lo:hi].numpy().tolist(),
             "history_times": features["history_times"][lo:hi].numpy().tolist(),
             "request_time": int(features["request_time"][row])})
-        if exclude is not None:
-            instances[-1]["exclude_items"] = exclude[row]
+        if exclude is not None:   # its own exclusions, and the export's top_k
+            instances[-1].update(exclude_items=exclude[row], top_k=2 * FLAGS.top_n)
     body = {"instances": instances}
     if exclude is not None:
         body["signature_name"] = CONTROLS_SIGNATURE
@@ -140,7 +140,8 @@ def main(argv: list[str]) -> None:
         by_rest = query_rest(server.rest_port, features)
         shown = shown_items(by_grpc)
         controls = {"exclude_items": np.array([i for row in shown for i in row], np.int64),
-                    "exclude_splits": np.cumsum([0] + [len(row) for row in shown])}
+                    "exclude_splits": np.cumsum([0] + [len(row) for row in shown]),
+                    "top_k": np.full(len(shown), 2 * FLAGS.top_n, np.int32)}
         next_grpc = query_grpc(server.grpc_port, {**features, **controls}, CONTROLS_SIGNATURE)
         next_rest = query_rest(server.rest_port, features, shown)
     finally:
@@ -148,7 +149,7 @@ def main(argv: list[str]) -> None:
     check("gRPC", by_grpc, want)
     check("REST", by_rest, want)
     want_next = {k: v.numpy() for k, v in loaded.signatures[CONTROLS_SIGNATURE](
-        **features, **{k: tf.constant(v, tf.int64) for k, v in controls.items()}).items()}
+        **features, **{k: tf.constant(v) for k, v in controls.items()}).items()}
     check("gRPC, exclusions", next_grpc, want_next)
     check("REST, exclusions", next_rest, want_next)
     check_exclusions(next_grpc, shown, FLAGS.top_n)

@@ -15,16 +15,17 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from tf_frontend.feature_graph import INPUTS
-from tf_frontend.rules import (BusinessRules, PostProcessor, engine_feeds,
-                               with_request_exclusions)
+from tf_frontend.rules import (BusinessRules, PostProcessor, cut_to_request_top_k,
+                               engine_feeds, with_request_exclusions)
 from xgr_common.errors import ConfigError, require
 
 # The engine's inputs, in order: what the feature graph emits plus the history to exclude.
 ENGINE_INPUTS = ("token_ids", "lengths", "segment_ids", "profile_embeds", "exclude_items")
 OUTPUTS = ("item_ids", "scores", "num_items")
 # A request's own controls (CONTROLS_SIGNATURE): items it must not get back, ragged like the
-# history (``exclude_splits`` [B+1] partitions ``exclude_items``).
-CONTROLS = {"exclude_items": tf.int64, "exclude_splits": tf.int64}
+# history (``exclude_splits`` [B+1] partitions ``exclude_items``), and its own top_k [B] (at
+# most the export's).
+CONTROLS = {"exclude_items": tf.int64, "exclude_splits": tf.int64, "top_k": tf.int32}
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,8 @@ def controls_signature() -> dict[str, tf.TensorSpec]:
 
 def apply_controls(feeds: dict[str, tf.Tensor], controls: dict[str, tf.Tensor],
                    config: PipelineConfig) -> dict[str, tf.Tensor]:
-    """``feeds`` with a request's own exclusions joined to its history's (on the device)."""
+    """``feeds`` with a request's own exclusions joined to its history's (on the device);
+    its ``top_k`` applies to the engine's lists (``cut_to_request_top_k``)."""
     require(config.max_request_exclusions > 0, ConfigError,
             "this pipeline takes no per-request exclusions (PipelineConfig."
             "max_request_exclusions is 0)")
@@ -94,6 +96,15 @@ def traced_feeds(feature_graph, rules: BusinessRules) -> tf.types.experimental.P
     in-process reference must run the graph this way to match the SavedModel exactly."""
     return tf.function(lambda features: engine_feeds(feature_graph(features), rules),
                        input_signature=[feature_signature()])
+
+
+def engine_lists(item_ids: tf.Tensor, scores: tf.Tensor,
+                 controls: dict[str, tf.Tensor] | None) -> tuple[tf.Tensor, tf.Tensor]:
+    """The engine's lists as the rules see them: cut to each request's ``top_k`` when the
+    request sent controls."""
+    if controls is None:
+        return item_ids, scores
+    return cut_to_request_top_k(item_ids, scores, controls["top_k"])
 
 
 def seen_items(feeds: dict[str, tf.Tensor], engine_inputs: tuple[str, ...]) -> tf.Tensor | None:

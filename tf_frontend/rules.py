@@ -109,6 +109,29 @@ def with_request_exclusions(exclude: tf.Tensor, items: tf.Tensor, splits: tf.Ten
                               tf.constant(-1, tf.int64))], axis=1)
 
 
+def cut_to_request_top_k(item_ids: tf.Tensor, scores: tf.Tensor,
+                         top_k: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """The engine's lists (``item_ids`` int64 [B, K], ``scores`` float32 [B, K], best first)
+    cut to each request's own ``top_k`` int32 [B] in [1, K]: -1 / -inf past it. The search's
+    beams do not depend on top_k and its final pick is sorted, so a list cut to k is what the
+    engine returns for top_k = k. A top_k outside [1, K] is refused (InvalidArgument)."""
+    top_k = tf.cast(tf.convert_to_tensor(top_k), tf.int64)
+    width = tf.shape(item_ids, out_type=tf.int64)[1]
+    checks = [
+        tf.debugging.assert_equal(tf.size(top_k, out_type=tf.int64),
+                                  tf.shape(item_ids, out_type=tf.int64)[0],
+                                  message="top_k must hold one value per request"),
+        tf.debugging.assert_greater_equal(top_k, tf.constant(1, tf.int64),
+                                          message="top_k must be >= 1"),
+        tf.debugging.assert_less_equal(top_k, width,
+                                       message="top_k must not exceed the top_k of the export"),
+    ]
+    with tf.control_dependencies(checks):
+        keep = tf.range(width)[None, :] < tf.identity(top_k)[:, None]
+    return (tf.where(keep, item_ids, tf.constant(-1, item_ids.dtype)),
+            tf.where(keep, scores, tf.constant(float("-inf"), scores.dtype)))
+
+
 class PostProcessor(tf.Module):
     """TF post-processing: drop padding, blocked, already-seen and over-cap items, then compact.
 

@@ -5,7 +5,7 @@
 ``item_ids`` int64 [B, top_n], ``scores`` float32 [B, top_n] and ``num_items`` int32 [B];
 with ``PipelineConfig.max_request_exclusions``, ``serving_with_controls`` takes the same plus
 each request's own ``exclude_items`` (ragged by ``exclude_splits``), which the engine never
-returns, like the history. The
+returns, like the history, and its own ``top_k`` (at most the export's). The
 TF halves (feature signature, engine feeds, business rules) are ``tf_frontend.pipeline_spec``'s,
 the same the in-process ``bridge.pipeline.RecommendPipeline`` runs: the engine gets the cleaned
 history as ``exclude_items`` and never returns it; blocked and over-cap items are dropped after
@@ -23,8 +23,8 @@ import tensorflow as tf
 
 from custom_ops.torch_call import torch_call
 from tf_frontend.pipeline_spec import (CONTROLS, ENGINE_INPUTS, PipelineConfig, apply_controls,
-                                       controls_signature, feature_signature, post_processor,
-                                       seen_items)
+                                       controls_signature, engine_lists, feature_signature,
+                                       post_processor, seen_items)
 from tf_frontend.rules import engine_feeds
 from xgr_common.errors import ExportError, require
 from xgr_common.serving_names import CONTROLS_SIGNATURE, SERVING_SIGNATURE, SERVING_SPEC_FILE
@@ -72,6 +72,7 @@ class Pipeline(tf.Module):
                                       output_shapes=self._output_shapes,
                                       intra_op_threads=self._config.intra_op_threads,
                                       concurrency=self._config.concurrency, name="engine")
+        item_ids, scores = engine_lists(item_ids, scores, controls)
         return self.post_process(item_ids, scores, seen_items(feeds, self._engine_inputs))
 
 

@@ -1,12 +1,12 @@
-"""A request's own exclusions joined to its history's exclusion row (the engine's
-``exclude_items``), and the lists that are refused."""
+"""A request's own controls: its exclusions joined to its history's exclusion row (the
+engine's ``exclude_items``), its list cut to its own top_k, and the values that are refused."""
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from tf_frontend.pipeline_spec import PipelineConfig, apply_controls, controls_signature
-from tf_frontend.rules import with_request_exclusions
+from tf_frontend.rules import cut_to_request_top_k, with_request_exclusions
 from xgr_common.errors import ConfigError
 
 HISTORY = tf.constant([[5, 6, -1], [-1, -1, -1]], tf.int64)
@@ -48,4 +48,19 @@ def test_controls_need_a_pipeline_that_takes_them():
     np.testing.assert_array_equal(out["exclude_items"].numpy(), [[5, 6, 1, -1], [-1, -1, -1, -1]])
     with pytest.raises(ConfigError, match="max_request_exclusions"):
         PipelineConfig(max_request_exclusions=-1)
-    assert {"exclude_items", "exclude_splits", "history_items"} <= set(controls_signature())
+    assert {"exclude_items", "exclude_splits", "top_k", "history_items"} <= set(
+        controls_signature())
+
+
+def test_each_list_is_cut_to_its_own_top_k():
+    items = tf.constant([[7, 8, 9], [4, 5, -1]], tf.int64)
+    scores = tf.constant([[-1.0, -2.0, -3.0], [-0.5, -0.6, float("-inf")]])
+    got_items, got_scores = cut_to_request_top_k(items, scores, tf.constant([2, 3], tf.int32))
+    np.testing.assert_array_equal(got_items.numpy(), [[7, 8, -1], [4, 5, -1]])
+    np.testing.assert_array_equal(got_scores.numpy(), np.float32([[-1.0, -2.0, -np.inf],
+                                                                  [-0.5, -0.6, -np.inf]]))
+    for top_k, message in (([0, 3], "top_k must be >= 1"),
+                           ([2, 4], "must not exceed the top_k of the export"),
+                           ([2], "one value per request")):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            cut_to_request_top_k(items, scores, tf.constant(top_k, tf.int32))

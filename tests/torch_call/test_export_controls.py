@@ -1,8 +1,8 @@
-"""Per-request exclusions through the exported SavedModel's ``serving_with_controls``: each
+"""Per-request controls through the exported SavedModel's ``serving_with_controls``: each
 request's own ``exclude_items`` join its history on the device, so no excluded item comes back
-and the list stays full; the result equals the in-process pipeline over ``Engine.recommend``
-given the same exclusions, and bad exclusion lists are refused naming the input and the rule.
-The export is the session's one (``tests/tiny_export.py``)."""
+and the list stays full, and its own ``top_k`` cuts its list; the result equals the in-process
+pipeline over ``Engine.recommend`` given the same controls, and bad controls are refused
+naming the input and the rule. The export is the session's one (``tests/tiny_export.py``)."""
 
 from __future__ import annotations
 
@@ -39,10 +39,11 @@ def _served(saved_model, features: dict, tmp_path, name: str, signature: str) ->
         return {k: data[k] for k in data.files}
 
 
-def _controls(rows: list[list[int]]) -> dict:
+def _controls(rows: list[list[int]], top_k: list[int] | None = None) -> dict:
     splits = np.concatenate([[0], np.cumsum([len(r) for r in rows])]).astype(np.int64)
     return {"exclude_items": np.array([x for r in rows for x in r], np.int64),
-            "exclude_splits": splits}
+            "exclude_splits": splits,
+            "top_k": np.array(top_k if top_k is not None else [TOP_K] * len(rows), np.int32)}
 
 
 def test_each_requests_exclusions_are_applied_on_the_device(tiny_engine_export, tmp_path):
@@ -57,7 +58,8 @@ def test_each_requests_exclusions_are_applied_on_the_device(tiny_engine_export, 
             top[3, :TOP_N].tolist(),         # its whole list
             top[0, :3].tolist(),             # another request's best items
             list(range(1, 40))]              # many ids, most outside its list
-    controls = _controls(rows)
+    top_k = [TOP_K, 3, TOP_K, TOP_K, TOP_K, 1]   # rows 1 and 5 ask for shorter lists
+    controls = _controls(rows, top_k)
     got = _served(saved_model, {**features, **controls}, tmp_path, "controlled",
                   CONTROLS_SIGNATURE)
     assert "error" not in got
@@ -65,8 +67,10 @@ def test_each_requests_exclusions_are_applied_on_the_device(tiny_engine_export, 
     for row, excluded in enumerate(rows):
         returned = got["item_ids"][row][got["item_ids"][row] >= 0].tolist()
         assert not set(returned) & set(excluded), f"request {row} got an excluded item back"
-        assert got["num_items"][row] == TOP_N, f"request {row}'s list came back short"
-    np.testing.assert_array_equal(got["item_ids"][1], top[1])
+        assert got["num_items"][row] == min(TOP_N, top_k[row]), f"request {row}'s list is short"
+    # No exclusions, top_k 3: the first three of its plain list.
+    np.testing.assert_array_equal(got["item_ids"][1][:3], top[1][:3])
+    assert (got["item_ids"][1][3:] == -1).all()
     np.testing.assert_array_equal(got["item_ids"][2], top[2])
     assert not np.array_equal(got["item_ids"][0], top[0])
 
@@ -82,14 +86,17 @@ def test_each_requests_exclusions_are_applied_on_the_device(tiny_engine_export, 
     np.testing.assert_array_equal(got["num_items"], want["num_items"].numpy())
 
 
-@pytest.mark.parametrize("rows, rule", [
-    ([list(range(MAX_EXCLUSIONS + 1)), []], f"at most {MAX_EXCLUSIONS} items"),
-    ([[5, -3], []], "item ids >= 0"),
+@pytest.mark.parametrize("rows, top_k, rule", [
+    ([list(range(MAX_EXCLUSIONS + 1)), []], None,
+     f"exclude_items: a request may exclude at most {MAX_EXCLUSIONS} items"),
+    ([[5, -3], []], None, "exclude_items must be item ids >= 0"),
+    ([[], []], [0, 2], "top_k must be >= 1"),
+    ([[], []], [2, TOP_K + 1], "top_k must not exceed the top_k of the export"),
 ])
-def test_bad_exclusion_lists_are_refused_naming_the_rule(tiny_engine_export, tmp_path, rows,
-                                                         rule):
+def test_bad_controls_are_refused_naming_the_rule(tiny_engine_export, tmp_path, rows, top_k,
+                                                  rule):
     world = make_world(WorldConfig(num_items=ITEMS, seed=SEED))
     features = features_from_world(world, slice(0, 2))
-    got = _served(tiny_engine_export[0], {**features, **_controls(rows)}, tmp_path, "bad",
-                  CONTROLS_SIGNATURE)
-    assert "error" in got and rule in str(got["error"]) and "exclude_items" in str(got["error"])
+    got = _served(tiny_engine_export[0], {**features, **_controls(rows, top_k)}, tmp_path,
+                  "bad", CONTROLS_SIGNATURE)
+    assert "error" in got and rule in str(got["error"])

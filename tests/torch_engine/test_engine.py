@@ -139,6 +139,23 @@ def test_ranked_beams_equal_python_beam_search(world, width, top_k):
     assert_same(items[0], scores[0], expected)
 
 
+@pytest.mark.parametrize("exclude", [False, True])
+def test_a_smaller_top_k_returns_the_first_items_of_a_larger_one(world, exclude):
+    """What lets a served request have its own top_k without its own search: the beams do
+    not depend on top_k, and the final pick is sorted by one order (score, then item id)."""
+    ids, _, engine = world
+    tokens, lengths, segs = prompts(3, [11, 4, 7])
+    excluded = torch.tensor([[int(ids[0]), int(ids[5]), -1]] * 3) if exclude else None
+    width, most = 4, 12
+    full_items, full_scores = engine.recommend(tokens, lengths, segs, beam_width=width,
+                                               top_k=most, exclude_items=excluded)
+    for k in (1, 2, 5, most - 1):
+        items, scores = engine.recommend(tokens, lengths, segs, beam_width=width, top_k=k,
+                                         exclude_items=excluded)
+        assert torch.equal(items, full_items[:, :k]), k
+        assert torch.equal(scores, full_scores[:, :k]), k
+
+
 @pytest.mark.parametrize("as_list", [False, True], ids=["table", "list"])
 @pytest.mark.parametrize("width,top_k", [(1, 1), (4, 6)])
 def test_excluded_items_never_returned_and_exhausted_paths_never_expanded(world, width, top_k,
