@@ -10,9 +10,10 @@
 #   qwen2-0.5b, item-causal (the headline request: profile soft prompt, the history excluded),
 #     prompt 1024, beam 256, top_k 300, batch 1 and 8; load target 200 req/s at P99 <= 100 ms;
 #   qwen2-0.5b, causal: the same beside it;
-#   qwen3-1.7b, item-causal, context 5000 (the export), batch 1, and context 1000 through the
-#     same SavedModel (its prompt buckets take any shorter length); load target 20 req/s at
-#     P99 <= 200 ms at context 5000.
+#   qwen3-1.7b, item-causal, context 5000 (the export), batch 1 and 4, and context 1000 through
+#     the same SavedModel (its prompt buckets take any shorter length); load target 20 req/s at
+#     P99 <= 200 ms at context 5000;
+#   qwen3-1.7b, item-causal, prompt 1024 (an export of its own), batch 1 and 8.
 # Usage: `gpu_acceptance.sh run` (everything, in the foreground), `gpu_acceptance.sh start`
 # (the same in a new process session, so it outlives the command that started it) and
 # `gpu_acceptance.sh wait SECONDS` (waits for a started run, then archives its logs and results
@@ -24,7 +25,7 @@ cd "$ROOT" || exit 1
 BASE=${BASE:-/tmp/xgr_acceptance}
 OUT=${OUT:-$BASE/out}
 PHASES=" ${PHASES:-exports served load} "
-CASES=${CASES:-"q2_item q2_causal q3_ctx5000"}
+CASES=${CASES:-"q2_item q2_causal q3_ctx5000 q3_ctx1000"}
 RUN_OUT=$BASE/run_out     # where a run writes; `wait` copies it to $OUT
 
 case_env() {  # the environment of one case, as `env` arguments
@@ -35,6 +36,7 @@ RATES=200 RATE_FRACTIONS=0.6,0.8,1.0,1.2 P99_TARGET=100 LOAD_BATCH=16" ;;
     q3_ctx5000) echo "PRESET=qwen3-1.7b EVENTS=1420 KEEP=1249 WINDOW_DAYS=36500 MAX_BATCH=16 \
 CASE=qwen3-1.7b_ctx5000 BATCHES=1,4 RATES=15,20,25 RATE_FRACTIONS=0.8,1.0 P99_TARGET=200 \
 LOAD_BATCH=4" ;;
+    q3_ctx1000) echo "PRESET=qwen3-1.7b CASE=qwen3-1.7b_ctx1000 BATCHES=1,8" ;;
     *) echo "unknown case $1" >&2; return 1 ;;
   esac
 }
@@ -81,7 +83,7 @@ run() {
       stage "$name" served SERVED_LIMIT=${SERVED_LIMIT:-300} > "$RUN_OUT/$name.served.log" 2>&1
       note "served $name done"
       if [ "$name" = q3_ctx5000 ]; then
-        stage "$name" served CASE=qwen3-1.7b_ctx1000 BATCHES=1,8 REQUEST_EVENTS=272 \
+        stage "$name" served CASE=qwen3-1.7b_ctx5000_at_1000 BATCHES=1,8 REQUEST_EVENTS=272 \
             SERVED_LIMIT=${SERVED_LIMIT:-300} > "$RUN_OUT/$name.served1000.log" 2>&1
         note "served $name at context 1000 done"
       fi
@@ -89,7 +91,7 @@ run() {
   fi
   if [[ "$PHASES" == *" load "* ]]; then
     for name in $CASES; do
-      [ "$name" = q2_causal ] && continue   # no load target of its own
+      case "$name" in q2_causal|q3_ctx1000) continue ;; esac   # no load target of their own
       stage "$name" load LOAD_LIMIT=${LOAD_LIMIT:-240} > "$RUN_OUT/$name.load.log" 2>&1
       note "load $name done"
     done
