@@ -82,8 +82,8 @@ def query_rest(port: int, features: dict, exclude: list[list[int]] | None = None
             "history_items": features["history_items"][lo:hi].numpy().tolist(),
             "history_times": features["history_times"][lo:hi].numpy().tolist(),
             "request_time": int(features["request_time"][row])})
-        if exclude is not None:   # its own exclusions, and the export's top_k
-            instances[-1].update(exclude_items=exclude[row], top_k=2 * FLAGS.top_n)
+        if exclude is not None:   # its own exclusions; top_k left out: the export's
+            instances[-1]["exclude_items"] = exclude[row]
     body = {"instances": instances}
     if exclude is not None:
         body["signature_name"] = CONTROLS_SIGNATURE

@@ -103,7 +103,7 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     if config.max_request_exclusions:
         signatures[CONTROLS_SIGNATURE] = module.serve_with_controls.get_concrete_function()
     tf.saved_model.save(module, str(out_dir), signatures=signatures)
-    _write_serving_spec(out_dir, config, _largest_batch(package))
+    _write_serving_spec(out_dir, config, _largest_batch(package), package.outputs[0].dims[1])
     if warmup_features is not None:
         write_warmup_requests(out_dir, split_requests(warmup_features))
     return out_dir
@@ -117,13 +117,16 @@ def _largest_batch(package: Package) -> int | None:
     return next((hi for name, _, hi in package.ranges if name == first), None)
 
 
-def _write_serving_spec(out_dir: Path, config: PipelineConfig, max_rows: int | None) -> None:
-    """Tells ``xgr serve`` which inputs are ragged, the history limit and the most rows a
-    request may carry (see ``tf_frontend/serving/signature.py``), so serving needs no extra
-    flags."""
+def _write_serving_spec(out_dir: Path, config: PipelineConfig, max_rows: int | None,
+                        top_k) -> None:
+    """Tells ``xgr serve`` which inputs are ragged, the history limit, the most rows a
+    request may carry and the controls a request may leave out (no exclusions, the export's
+    ``top_k``; see ``tf_frontend/serving/signature.py``), so serving needs no extra flags."""
     spec = {"ragged": {"history_splits": ["history_items", "history_times"],
                        "exclude_splits": ["exclude_items"]},
             "max_history_events": config.max_history_events}
+    if config.max_request_exclusions and isinstance(top_k, int):
+        spec["defaults"] = {"exclude_items": [], "top_k": top_k}
     if max_rows is not None:
         spec["max_rows"] = int(max_rows)
     path = out_dir / SERVING_SPEC_FILE

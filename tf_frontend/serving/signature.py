@@ -11,7 +11,9 @@ which tensors belong together. That pairing comes from, in order:
         "max_history_events": 512}
 
    ``ragged`` maps a row-splits tensor to the value tensors it partitions; it applies to the
-   inputs and outputs of every signature that has those names.
+   inputs and outputs of every signature that has those names. ``defaults`` names inputs a
+   request may leave out: a number fills a batch-major input (one value per row), ``[]`` a
+   ragged group's values (every row empty, its splits all zero).
 2. A naming convention when the file is absent: a rank-1 integer tensor named ``P_splits``
    or ``P_row_splits`` partitions every other tensor named ``P_*`` whose first dimension is
    unknown (``history_splits`` -> ``history_items``, ``history_times``).
@@ -64,7 +66,7 @@ class RaggedGroup:
 
 # Keys of ``xgr_serving.json``; the limits among them are RequestLimits fields.
 _LIMIT_KEYS = tuple(field.name for field in dataclasses.fields(RequestLimits))
-_SPEC_KEYS = {"ragged", *_LIMIT_KEYS}
+_SPEC_KEYS = {"ragged", "defaults", *_LIMIT_KEYS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +74,8 @@ class ServingSpec:
     """The model's own serving hints (``assets.extra/xgr_serving.json``), or none.
 
     ragged: splits name -> the value names it partitions.
+    defaults: input name -> the value a request that leaves it out gets (a number per row, or
+      ``()`` for a ragged value input: empty rows).
     limits: the request limits the model asks for (``RequestLimits``; server flags win):
       ``max_rows`` (the largest batch the model's engine accepts), ``max_history_events``,
       ``max_tensor_elements``, ``max_pending_requests``, ``rest_api_timeout_in_ms``.
@@ -79,6 +83,7 @@ class ServingSpec:
 
     ragged: Mapping[str, tuple[str, ...]] | None = None
     limits: RequestLimits = RequestLimits()
+    defaults: Mapping[str, int | float | tuple] = dataclasses.field(default_factory=dict)
 
     @property
     def max_history_events(self) -> int | None:
@@ -109,12 +114,18 @@ class ServingSpec:
                 isinstance(v, list) and all(isinstance(n, str) for n in v) for v in ragged.values()),
                 ExportError, f"{where}: 'ragged' must map a splits name to a list of value names")
             ragged = {k: tuple(v) for k, v in ragged.items()}
+        defaults = raw.get("defaults", {})
+        require(isinstance(defaults, dict) and all(
+            v == [] or (isinstance(v, (int, float)) and not isinstance(v, bool))
+            for v in defaults.values()), ExportError,
+            f"{where}: 'defaults' must map an input name to a number or []")
+        defaults = {k: (() if v == [] else v) for k, v in defaults.items()}
         values = {key: raw.get(key) for key in _LIMIT_KEYS}
         for key, value in values.items():
             require(value is None or (isinstance(value, int) and not isinstance(value, bool)
                                       and value >= 1), ExportError,
                     f"{where}: {key!r} must be a positive integer, got {value!r}")
-        return cls(ragged=ragged, limits=RequestLimits(**values))
+        return cls(ragged=ragged, limits=RequestLimits(**values), defaults=defaults)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +137,8 @@ class SignatureInfo:
     output_groups: tuple[RaggedGroup, ...]
     max_history_events: int | None
     max_rows: int | None = None
+    # Inputs a request may leave out, and what they get (ServingSpec.defaults).
+    defaults: Mapping[str, int | float | tuple] = dataclasses.field(default_factory=dict)
 
     @property
     def ragged_input_names(self) -> frozenset[str]:
@@ -189,6 +202,12 @@ def describe_signature(name: str, function, spec: ServingSpec,
         out_groups = _groups_from_spec(outputs, spec.ragged, name)
     else:
         in_groups, out_groups = _groups_by_convention(inputs), _groups_by_convention(outputs)
+    defaults = {n: v for n, v in spec.defaults.items() if n in inputs}
+    grouped = {n for g in in_groups for n in g.values}
+    for n, v in defaults.items():   # a ragged value's default is its rows left empty
+        require((v == ()) == (n in grouped), ExportError,
+                f"signature {name!r}: the default of {n!r} must be [] exactly when it is a "
+                f"ragged value input")
     return SignatureInfo(name=name, inputs=inputs, outputs=outputs, input_groups=in_groups,
                          output_groups=out_groups, max_history_events=max_history_events,
-                         max_rows=max_rows)
+                         max_rows=max_rows, defaults=defaults)

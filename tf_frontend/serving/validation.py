@@ -86,8 +86,44 @@ def _rows(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> int | None:
     return next(iter(sizes.values()))
 
 
+def with_defaults(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]
+                  ) -> Mapping[str, np.ndarray]:
+    """``inputs`` with the inputs it leaves out that ``sig.defaults`` fills: a ragged group
+    whose values all have defaults gets empty rows, a batch-major input its value per row.
+    The batch size comes from the inputs that were sent; nothing is filled without one."""
+    absent = [n for n in sig.defaults if n not in inputs]
+    if not absent:
+        return inputs
+    filled = dict(inputs)
+    present = SignatureInfo(sig.name, {n: i for n, i in sig.inputs.items() if n in inputs},
+                            sig.outputs, tuple(g for g in sig.input_groups if g.splits in inputs),
+                            sig.output_groups, sig.max_history_events)
+    try:
+        rows = _rows(present, inputs)
+    except InvalidInputError:
+        return inputs   # prepare names the disagreement
+    if rows is None:
+        return inputs
+    for group in sig.input_groups:
+        if group.splits not in inputs and all(v in absent for v in group.values):
+            filled[group.splits] = np.zeros(rows + 1, sig.inputs[group.splits].dtype.as_numpy_dtype)
+            for value in group.values:
+                info = sig.inputs[value]
+                tail = tuple(d or 0 for d in (info.shape or (None,))[1:])
+                filled[value] = np.zeros((0, *tail), info.dtype.as_numpy_dtype)
+    grouped = {n for g in sig.input_groups for n in (g.splits, *g.values)}
+    for name in absent:
+        info = sig.inputs[name]
+        if name not in grouped and info.batch_major and info.shape is not None \
+                and len(info.shape) == 1:
+            filled[name] = np.full(rows, sig.defaults[name], info.dtype.as_numpy_dtype)
+    return filled
+
+
 def prepare(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> PreparedRequest:
-    """Validates ``inputs`` (already decoded to arrays) against ``sig``."""
+    """Validates ``inputs`` (already decoded to arrays) against ``sig``, after filling the
+    inputs it may leave out (``with_defaults``)."""
+    inputs = with_defaults(sig, inputs)
     missing = sorted(set(sig.inputs) - set(inputs))
     require(not missing, InvalidInputError,
             f"signature {sig.name!r}: missing input(s) {missing}; expected "

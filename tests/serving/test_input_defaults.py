@@ -1,0 +1,59 @@
+"""Inputs a request may leave out (``xgr_serving.json``'s ``defaults``): filled per row before
+the checks, so an omitted control behaves as the model's own default and merges into batches
+with requests that sent it."""
+
+import json
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from tf_frontend.serving.signature import (RaggedGroup, ServingSpec, SignatureInfo,
+                                           TensorInfo)
+from tf_frontend.serving.validation import prepare
+from xgr_common.errors import ExportError, InvalidInputError
+
+
+def _sig() -> SignatureInfo:
+    vec = lambda n, d=tf.int64: TensorInfo(n, d, (None,))  # noqa: E731
+    return SignatureInfo(
+        name="serving_with_controls",
+        inputs={"user_id": vec("user_id"), "exclude_items": vec("exclude_items"),
+                "exclude_splits": vec("exclude_splits"), "top_k": vec("top_k", tf.int32)},
+        outputs={"item_ids": TensorInfo("item_ids", tf.int64, (None, 5))},
+        input_groups=(RaggedGroup("exclude_splits", ("exclude_items",)),),
+        output_groups=(), max_history_events=None,
+        defaults={"exclude_items": (), "top_k": 10})
+
+
+def test_left_out_controls_get_their_defaults_per_row():
+    request = prepare(_sig(), {"user_id": np.array([3, 4, 5], np.int64)})
+    assert request.rows == 3
+    np.testing.assert_array_equal(request.inputs["top_k"], [10, 10, 10])
+    assert request.inputs["top_k"].dtype == np.int32
+    np.testing.assert_array_equal(request.inputs["exclude_splits"], [0, 0, 0, 0])
+    assert request.inputs["exclude_items"].shape == (0,)
+    # Sent or filled, the same merge key: such requests share a model call.
+    sent = prepare(_sig(), {"user_id": np.array([1], np.int64),
+                            "exclude_items": np.array([7], np.int64),
+                            "exclude_splits": np.array([0, 1], np.int64),
+                            "top_k": np.array([4], np.int32)})
+    assert sent.merge_key == request.merge_key
+    np.testing.assert_array_equal(sent.inputs["top_k"], [4])
+
+
+def test_half_a_ragged_group_is_still_refused():
+    with pytest.raises(InvalidInputError, match="missing input.*exclude_splits"):
+        prepare(_sig(), {"user_id": np.array([3], np.int64),
+                         "exclude_items": np.array([7], np.int64)})
+
+
+def test_the_spec_file_declares_defaults(tmp_path):
+    (tmp_path / "assets.extra").mkdir()
+    path = tmp_path / "assets.extra" / "xgr_serving.json"
+    path.write_text(json.dumps({"ragged": {"exclude_splits": ["exclude_items"]},
+                                "defaults": {"exclude_items": [], "top_k": 10}}))
+    assert ServingSpec.read(str(tmp_path)).defaults == {"exclude_items": (), "top_k": 10}
+    path.write_text(json.dumps({"defaults": {"top_k": "ten"}}))
+    with pytest.raises(ExportError, match="'defaults' must map an input name"):
+        ServingSpec.read(str(tmp_path))
