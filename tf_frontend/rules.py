@@ -63,9 +63,27 @@ def history_exclusion(history_values: tf.Tensor, history_splits: tf.Tensor) -> t
                               tf.constant(-1, tf.int64))], axis=1)
 
 
+def trimmed_prompts(out: dict[str, tf.Tensor]) -> dict[str, tf.Tensor]:
+    """``token_ids`` and ``segment_ids`` cut to the batch's longest prompt (at least 2 columns,
+    at most what the graph emitted). A feature graph pads every prompt to its longest possible
+    one; the engine's work follows the width it is given, so a batch of short histories from
+    a model exported for long ones would pay for the whole context. Columns past every row's
+    ``lengths`` are padding: cutting them changes no result."""
+    tokens, lengths = out["token_ids"], out["lengths"]
+    emitted = tf.shape(tokens)[1]
+    longest = tf.reduce_max(tf.concat([tf.cast(lengths, tf.int32), [2]], axis=0))
+    width = tf.minimum(emitted, longest)
+    trimmed = {**out, "token_ids": tokens[:, :width]}
+    if "segment_ids" in out:
+        trimmed["segment_ids"] = out["segment_ids"][:, :width]
+    return trimmed
+
+
 def engine_feeds(out: dict[str, tf.Tensor], rules: BusinessRules) -> dict[str, tf.Tensor]:
-    """The feature graph's outputs plus ``exclude_items`` int64 [B, X] (the history the engine
-    must not return, -1 padded; one -1 column when ``rules.exclude_history`` is off)."""
+    """The feature graph's outputs, prompts trimmed to the batch's longest
+    (``trimmed_prompts``), plus ``exclude_items`` int64 [B, X] (the history the engine must not
+    return, -1 padded; one -1 column when ``rules.exclude_history`` is off)."""
+    out = trimmed_prompts(out)
     if rules.exclude_history:
         exclude = history_exclusion(out["history_values"], out["history_splits"])
     else:

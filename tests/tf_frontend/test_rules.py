@@ -25,8 +25,15 @@ def test_history_exclusion_pads_with_minus_one_and_keeps_a_column():
                              tf.constant([0], tf.int64)).shape == (0, 1)
 
 
+def _prompts(lengths, width):
+    rows = len(lengths)
+    tokens = np.arange(rows * width, dtype=np.int32).reshape(rows, width)
+    return {"lengths": tf.constant(lengths, tf.int32), "token_ids": tf.constant(tokens),
+            "segment_ids": tf.constant(tokens // 3)}
+
+
 def test_engine_feeds_follow_the_exclude_history_rule():
-    out = {"lengths": tf.constant([3, 4], tf.int32),
+    out = {**_prompts([3, 4], 6),
            "history_values": tf.constant([11, 12, 13], tf.int64),
            "history_splits": tf.constant([0, 2, 3], tf.int64)}
     feeds = engine_feeds(out, BusinessRules())
@@ -34,6 +41,22 @@ def test_engine_feeds_follow_the_exclude_history_rule():
     assert feeds["lengths"] is out["lengths"]
     off = engine_feeds(out, BusinessRules(exclude_history=False))
     assert off["exclude_items"].numpy().tolist() == [[-1], [-1]]
+
+
+@pytest.mark.parametrize("lengths, width, kept", [
+    ([3, 4], 6, 4),      # the longest prompt of the batch
+    ([1, 1], 6, 2),      # at least two columns, as engine packages take
+    ([5, 9], 6, 6),      # never wider than emitted (a length past it is refused downstream)
+    ([2], 1, 1),
+])
+def test_prompts_are_cut_to_the_batchs_longest(lengths, width, kept):
+    out = _prompts(lengths, width)
+    feeds = engine_feeds({**out, "history_values": tf.zeros([0], tf.int64),
+                          "history_splits": tf.zeros([len(lengths) + 1], tf.int64)},
+                         BusinessRules())
+    np.testing.assert_array_equal(feeds["token_ids"].numpy(), out["token_ids"].numpy()[:, :kept])
+    np.testing.assert_array_equal(feeds["segment_ids"].numpy(),
+                                  out["segment_ids"].numpy()[:, :kept])
 
 
 def test_post_processor_cuts_and_pads_to_top_n():
