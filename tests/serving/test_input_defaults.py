@@ -42,6 +42,12 @@ def test_left_out_controls_get_their_defaults_per_row():
     np.testing.assert_array_equal(sent.inputs["top_k"], [4])
 
 
+def test_a_scalar_where_a_batch_is_expected_is_a_clear_refusal():
+    # No batch size to fill the defaults with: a 400 naming what the signature takes.
+    with pytest.raises(InvalidInputError, match=r"missing input.*user_id: int64\[\?\]"):
+        prepare(_sig(), {"user_id": np.array(3, np.int64)})
+
+
 def test_half_a_ragged_group_is_still_refused():
     with pytest.raises(InvalidInputError, match="missing input.*exclude_splits"):
         prepare(_sig(), {"user_id": np.array([3], np.int64),

@@ -73,11 +73,13 @@ def _check_splits(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> None:
 
 
 def _rows(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> int | None:
-    """The common batch size of all batch-major inputs and ragged groups."""
+    """The common batch size of the batch-major inputs and ragged groups among ``inputs``
+    (those of a rank the signature allows; ``prepare`` checks the ranks)."""
     ragged = sig.ragged_input_names
     sizes = {n: a.shape[0] for n, a in inputs.items()
-             if n not in ragged and sig.inputs[n].batch_major}
-    sizes.update({g.splits: inputs[g.splits].shape[0] - 1 for g in sig.input_groups})
+             if n in sig.inputs and n not in ragged and sig.inputs[n].batch_major and a.ndim}
+    sizes.update({g.splits: inputs[g.splits].shape[0] - 1 for g in sig.input_groups
+                  if g.splits in inputs and inputs[g.splits].ndim})
     if not sizes:
         return None
     require(len(set(sizes.values())) == 1, InvalidInputError,
@@ -95,11 +97,8 @@ def with_defaults(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]
     if not absent:
         return inputs
     filled = dict(inputs)
-    present = SignatureInfo(sig.name, {n: i for n, i in sig.inputs.items() if n in inputs},
-                            sig.outputs, tuple(g for g in sig.input_groups if g.splits in inputs),
-                            sig.output_groups, sig.max_history_events)
     try:
-        rows = _rows(present, inputs)
+        rows = _rows(sig, inputs)
     except InvalidInputError:
         return inputs   # prepare names the disagreement
     if rows is None:
