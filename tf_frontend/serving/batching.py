@@ -188,10 +188,12 @@ class BatchScheduler:
             left, self._queue, self._queued_rows = list(self._queue), collections.deque(), 0
         refused = 0
         for task in left:
-            if task.future.set_running_or_notify_cancel():
-                task.future.set_exception(UnavailableError(
-                    "the server is stopping: the request was still queued when the shutdown "
-                    "grace ended and was not run; retry"))
-                refused += 1
-            self._on_drop("shutdown" if not task.future.cancelled() else "cancelled")
+            if not task.future.set_running_or_notify_cancel():
+                self._on_drop("cancelled")
+                continue
+            task.future.set_exception(UnavailableError(
+                "the server is stopping: the request was still queued when the shutdown grace "
+                "ended and was not run; retry"))
+            refused += 1
+            self._on_drop("shutdown")
         return refused
