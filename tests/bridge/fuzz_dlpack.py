@@ -10,7 +10,8 @@ where). Checks, one report line each:
   storage (``set_``) and drops it, and the allocator is made to reuse freed memory. TF must
   still read the original values; a resize must be refused. ``ok`` or ``wrong``.
 * ``raw CASE SIZE``: the same with raw DLPack instead of ``to_tf``: the hazard the bridge
-  guards against (prints ``wrong``, or dies at 64 MB).
+  guards against (prints ``wrong``, or dies at 64 MB): TF reads an address torch freed,
+  whether or not the allocator has handed it out again (that part is up to malloc).
 * ``fuzz``: hypothesis over dtypes, shapes, views (transposed, offset, broadcast, conj,
   neg, grad), devices and the operations above, both directions: each case crosses with
   equal values and survives what follows, or raises ``BridgeError``. Last line
@@ -45,11 +46,20 @@ def _raw_to_tf(tensor: torch.Tensor) -> tf.Tensor:
     return tf.experimental.dlpack.from_dlpack(torch.utils.dlpack.to_dlpack(tensor))
 
 
+def _tf_address(x: tf.Tensor) -> int:
+    """Where a TF tensor's buffer lies (DLPack back to torch shares it, copies nothing)."""
+    return torch.utils.dlpack.from_dlpack(tf.experimental.dlpack.to_dlpack(x)).data_ptr()
+
+
 def resize_case(case: str, nbytes: int, hand_off) -> str:
+    """``ok`` when TF still reads the original values from memory torch keeps; ``wrong`` when
+    it reads other values, or reads memory torch has let go of (its storage moved away from
+    the address TF reads: a dangling view, whether or not the allocator reused it yet)."""
     n = nbytes // 4
     tensor = torch.arange(n, dtype=torch.float32)
     expected = float(np.arange(n, dtype=np.float64).sum())
     x = hand_off(tensor)
+    storage, before = tensor.untyped_storage(), tensor.untyped_storage().data_ptr()
     refused = 0
     try:
         if case == "resize":
@@ -60,12 +70,15 @@ def resize_case(case: str, nbytes: int, hand_off) -> str:
             tensor.set_(torch.zeros(3))
     except RuntimeError as e:
         refused = "not resizable" in str(e)
-    del tensor   # reference counting frees it now (and whatever torch freed before)
+    # The same storage object now elsewhere (or empty) while TF reads the old address: freed.
+    dangling = (case != "set" and storage.data_ptr() != before
+                and _tf_address(x) == before)
+    del tensor, storage   # reference counting frees it now (and whatever torch freed before)
     junk = _churn(nbytes)
     got = float(tf.reduce_sum(tf.cast(x, tf.float64)))
     head = x[:4].numpy().tolist()
     del junk
-    ok = got == expected and head == [0.0, 1.0, 2.0, 3.0][:min(4, n)]
+    ok = got == expected and head == [0.0, 1.0, 2.0, 3.0][:min(4, n)] and not dangling
     return f"{'ok' if ok else 'wrong'} refused={int(refused)}"
 
 
