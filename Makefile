@@ -6,6 +6,9 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 OP_SOURCES := $(shell find custom_ops/cc -name '*.cc' -o -name '*.h' 2>/dev/null)
 PYTEST_ARGS ?=
+# Test workers (pytest-xdist); tests/conftest.py groups the tests that share a costly build.
+WORKERS ?= 2
+XDIST  := -n $(WORKERS) --dist loadgroup
 
 export TF_CPP_MIN_LOG_LEVEL ?= 2
 
@@ -16,14 +19,14 @@ demo: $(VENV)/.built
 
 # The full gate (CI runs this); prints its wall time.
 test: $(VENV)/.built
-	@start=$$(date +%s); $(PY) -m pytest tests $(PYTEST_ARGS); status=$$?; \
+	@start=$$(date +%s); $(PY) -m pytest tests $(XDIST) $(PYTEST_ARGS); status=$$?; \
 	echo "make test: $$(( $$(date +%s) - start )) s wall"; exit $$status
 
 # A developer's inner loop: everything but the tests marked heavy (subprocess builds,
 # AOTInductor packages, SavedModel exports, servers) or slow (the larger cases of the
 # interpreter grids); stops at the first failure.
 test-quick: $(VENV)/.built
-	@start=$$(date +%s); $(PY) -m pytest tests -m "not heavy and not slow" -x $(PYTEST_ARGS); \
+	@start=$$(date +%s); $(PY) -m pytest tests $(XDIST) -m "not heavy and not slow" -x $(PYTEST_ARGS); \
 	status=$$?; \
 	echo "make test-quick: $$(( $$(date +%s) - start )) s wall"; exit $$status
 

@@ -66,11 +66,24 @@ def _has_cuda() -> bool:
 HEAVY_FIXTURES = frozenset({"quick_run", "packages", "cuda_packages", "tiny_engine_export"})
 
 
+# `make test` runs on two workers (pytest-xdist, ``--dist loadgroup``). A session fixture is
+# built once per worker, so the tests of each costly one form one group, which one worker
+# runs; every other test is grouped by its module (a module's fixtures are built once too).
+SHARED_BUILDS = ("tiny_engine_export", "quick_run", "packages", "cuda_packages",
+                 "engine_models", "stand_ins")
+
+
+def _worker_group(item) -> str:
+    names = getattr(item, "fixturenames", ())
+    return next((name for name in SHARED_BUILDS if name in names), item.nodeid.split("::")[0])
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` selects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if HEAVY_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.heavy)
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))
     if _has_cuda():
         return
     skip = pytest.mark.skip(reason="needs a CUDA device; runs with `make test-gpu` on the GPU machine")
