@@ -69,8 +69,7 @@ HEAVY_FIXTURES = frozenset({"quick_run", "packages", "cuda_packages", "tiny_engi
 # `make test` runs on two workers (pytest-xdist, ``--dist loadgroup``). A session fixture is
 # built once per worker, so the tests of each costly one form one group, which one worker
 # runs; every other test is grouped by its module (a module's fixtures are built once too).
-SHARED_BUILDS = ("tiny_engine_export", "quick_run", "packages", "cuda_packages",
-                 "engine_models", "stand_ins")
+SHARED_BUILDS = (*sorted(HEAVY_FIXTURES), "engine_models", "stand_ins")
 
 
 def _worker_group(item) -> str:

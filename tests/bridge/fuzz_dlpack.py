@@ -59,7 +59,8 @@ def resize_case(case: str, nbytes: int, hand_off) -> str:
     tensor = torch.arange(n, dtype=torch.float32)
     expected = float(np.arange(n, dtype=np.float64).sum())
     x = hand_off(tensor)
-    storage, before = tensor.untyped_storage(), tensor.untyped_storage().data_ptr()
+    storage = tensor.untyped_storage()
+    before = storage.data_ptr()
     refused = 0
     try:
         if case == "resize":
