@@ -45,6 +45,7 @@ PYTEST_LIMIT=${PYTEST_LIMIT:-260}
 LOAD_LIMIT=${LOAD_LIMIT:-150}
 BENCH_LIMIT=${BENCH_LIMIT:-120}
 ATTENTION=${ATTENTION:-auto}   # the export's --attention_backend
+LAYER_KERNELS=${LAYER_KERNELS:-auto}  # the export's --layer_kernels
 DTYPE=${DTYPE:-bfloat16}       # the export's --dtype (its verification follows the dtype's rule)
 MASK=${MASK:-}                 # the export's --mask (empty: the preset's item-causal default)
 MAX_BATCH=${MAX_BATCH:-64}     # the export's --max_batch
@@ -102,23 +103,27 @@ EXPORT_FLAGS=(--out="$WORK/models/recs/1" --preset="$PRESET" --device="$DEVICE"
               --keep_last="$KEEP" --window_days="$WINDOW_DAYS" --beam_width="$BEAM" --top_k="$TOPK"
               --top_n="$TOPN" --max_batch="$MAX_BATCH" --dtype="$DTYPE" --cache_dir=)
 [ -n "$MASK" ] && EXPORT_FLAGS+=(--mask="$MASK")
-export_with() {  # attention backend, seconds
+export_with() {  # attention backend, layer kernels, seconds
   rm -rf "$WORK/models"
-  echo "$(date +%T) export with $1 attention" >> "$OUT/export.log"
-  timeout "$2" $PY -m xgr_cli.main export "${EXPORT_FLAGS[@]}" --verify_requests="$VERIFY" \
-      --attention_backend="$1" --report_json="$OUT/export.json" >> "$OUT/export.log" 2>&1
+  echo "$(date +%T) export with $1 attention, layer kernels $2" >> "$OUT/export.log"
+  timeout "$3" $PY -m xgr_cli.main export "${EXPORT_FLAGS[@]}" --verify_requests="$VERIFY" \
+      --attention_backend="$1" --layer_kernels="$2" --report_json="$OUT/export.json" \
+      >> "$OUT/export.log" 2>&1
 }
 if has export; then
   export_started=$(date +%s)
-  export_with "$ATTENTION" "$EXPORT_LIMIT"
+  export_with "$ATTENTION" "$LAYER_KERNELS" "$EXPORT_LIMIT"
   rc=$?
-  note "export (attention $ATTENTION) rc=$rc ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
+  note "export (attention $ATTENTION, layer kernels $LAYER_KERNELS) rc=$rc ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
   spent=$(( $(date +%s) - export_started ))
   if [ $rc -ne 0 ] && [ ! -f "$OUT/export.json" ] && [ $spent -lt $(( EXPORT_LIMIT / 2 )) ] \
-      && [ "$ATTENTION" != torch ]; then
-    # A quick failure of the Triton path leaves time for the plain-torch one.
-    export_with torch $(( EXPORT_LIMIT - spent ))
-    note "export (attention torch) rc=$? ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
+      && { [ "$ATTENTION" != torch ] || [ "$LAYER_KERNELS" != off ]; }; then
+    # A quick failure of a Triton path leaves time for the plain layer; the attention falls
+    # back to plain torch only when the layer was already plain.
+    fallback=$ATTENTION
+    [ "$LAYER_KERNELS" = off ] && fallback=torch
+    export_with "$fallback" off $(( EXPORT_LIMIT - spent ))
+    note "export (attention $fallback, layer kernels off) rc=$? ($(grep -E '^verify:' "$OUT/export.log" | cut -c1-150))"
   fi
   if [ -f "$OUT/export.json" ]; then
     $PY -m benchmarks.results_file "$OUT/export.json" > /dev/null

@@ -174,6 +174,12 @@ class DecoderLayer(nn.Module):
         same = all(a is b for a, b in zip(fused.sources, self._sources()))
         return fused if same and fused.current() else None
 
+    def runs_kernels(self, t: torch.Tensor) -> bool:
+        """Whether a pass over ``t`` runs the fused layer kernels (``fuse_projections`` with
+        kernels, copies current, not tracing, ``t`` on CUDA)."""
+        fused = self._live_fused()
+        return fused is not None and fused.kernels and t.is_cuda
+
     def _sources(self) -> list[torch.Tensor]:
         attn, mlp = self.self_attn, self.mlp
         found = [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight,

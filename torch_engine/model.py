@@ -114,7 +114,9 @@ class Model(nn.Module):
         if (self._layer_kernels(positions) and freqs is not None
                 and freqs.device == positions.device):
             from torch_engine.kernels import layer_ops
-            return layer_ops.rotary_cos_sin(positions, freqs, dtype, repeat)
+            run = (layer_ops.traced_rotary_cos_sin if torch.compiler.is_compiling()
+                   else layer_ops.rotary_cos_sin)
+            return run(positions, freqs, dtype, repeat)
         if repeat > 1:
             positions = positions[..., None].expand(*positions.shape, repeat)
         return rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
@@ -212,13 +214,15 @@ class Model(nn.Module):
         norm = self.model.norm
         if self._layer_kernels(x):
             from torch_engine.kernels import layer_ops
-            return layer_ops.rms_norm(x, norm.weight, norm.eps)
+            run = (layer_ops.traced_rms_norm if torch.compiler.is_compiling()
+                   else layer_ops.rms_norm)
+            return run(x, norm.weight, norm.eps)
         return norm(x)
 
     def _layer_kernels(self, t: torch.Tensor) -> bool:
-        """Whether a pass over ``t`` runs the fused layer kernels (``fuse_projections`` with
-        kernels, copies current, not tracing, ``t`` on CUDA)."""
-        first = self.model.layers[0]._live_fused()
-        return first is not None and first.kernels and t.is_cuda
+        """Whether a pass over ``t`` runs the fused layer kernels: ``DecoderLayer``s with
+        current kernel copies outside tracing on CUDA, or the ``KernelLayer``s of
+        ``torch_engine.kernel_layers.kernel_model`` (traced, or eagerly in tests)."""
+        return self.model.layers[0].runs_kernels(t)
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from absl import flags
 
-from xgr_export.config import ATTENTION_BACKENDS, DTYPES, MASKS, EngineExportConfig, \
-    ExportConfig
+from xgr_export.config import ATTENTION_BACKENDS, DTYPES, LAYER_KERNELS, MASKS, \
+    EngineExportConfig, ExportConfig
 from xgr_world.synthetic import WorldConfig
 
 FLAGS = flags.FLAGS
@@ -63,6 +63,11 @@ flags.DEFINE_enum("attention_backend", "auto", list(ATTENTION_BACKENDS),
                   "are registered with torch.library.triton_op (AOTInductor then compiles them "
                   "into the package), else plain torch. 'triton' insists (export refuses "
                   "Python-only custom ops: a TorchCall process has no Python).")
+flags.DEFINE_enum("layer_kernels", "auto", list(LAYER_KERNELS),
+                  "The fused layer kernels in the package (what Engine.recommend runs on CUDA: "
+                  "concatenated projections with the norms folded in, q/k/v split with rotary, "
+                  "SwiGLU, final norm). 'auto': on CUDA when AOTInductor can embed them; 'on' "
+                  "insists (CUDA only); 'off': Inductor fuses the plain layer.")
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
                     "Compiled packages by content hash (AOTInductor is slow even for a small "
                     "model); empty: no cache.")
@@ -86,7 +91,8 @@ def config_from_flags() -> ExportConfig:
         engine=EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch, FLAGS.device,
                                   FLAGS.max_request_exclusions),
         top_n=FLAGS.top_n, dtype=FLAGS.dtype, attention_backend=FLAGS.attention_backend,
-        cache_dir=FLAGS.cache_dir or None, verify_requests=FLAGS.verify_requests)
+        layer_kernels=FLAGS.layer_kernels, cache_dir=FLAGS.cache_dir or None,
+        verify_requests=FLAGS.verify_requests)
 
 
 def main(argv: list[str]) -> int:

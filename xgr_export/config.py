@@ -12,6 +12,7 @@ from xgr_world.synthetic import WorldConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch", "triton", "auto")
+LAYER_KERNELS = ("auto", "on", "off")
 MASKS = ("item_causal", "causal")
 # Requests drawn from a catalog file to verify with (one batch through both pipelines).
 MAX_PROBE_REQUESTS = 1024
@@ -71,6 +72,10 @@ class ExportConfig:
     dtype: engine weights and activations; None: bfloat16 on CUDA, float32 on the CPU.
     attention_backend: "auto" takes the Triton kernels on CUDA when AOTInductor can embed
         them (registered with ``torch.library.triton_op``), else plain torch; "triton" insists.
+    layer_kernels: the fused layer kernels in the package (``torch_engine.kernel_layers``:
+        what ``Engine.recommend`` runs on CUDA): "auto" on CUDA when AOTInductor can embed
+        them, "on" insists (CUDA only: they are Triton kernels), "off" leaves the layer to
+        Inductor.
     cache_dir: compiled packages by content hash (None: no cache).
     verify_requests: after saving, send this many requests (the world's users, or requests
         drawn from the catalog) through the SavedModel in a fresh process (TF + custom_ops
@@ -91,6 +96,7 @@ class ExportConfig:
     top_n: int = 8
     dtype: str | None = None
     attention_backend: str = "auto"
+    layer_kernels: str = "auto"
     cache_dir: str | None = None
     verify_requests: int = 0
 
@@ -121,6 +127,12 @@ class ExportConfig:
         require(self.attention_backend in ATTENTION_BACKENDS, ConfigError,
                 f"ExportConfig.attention_backend must be one of {ATTENTION_BACKENDS}, got "
                 f"{self.attention_backend!r}")
+        require(self.layer_kernels in LAYER_KERNELS, ConfigError,
+                f"ExportConfig.layer_kernels must be one of {LAYER_KERNELS}, got "
+                f"{self.layer_kernels!r}")
+        require(self.layer_kernels != "on" or self.engine.device.startswith("cuda"),
+                ConfigError, "ExportConfig.layer_kernels 'on' needs a CUDA export (engine."
+                f"device is {self.engine.device!r}): the layer kernels are Triton kernels")
         limit, bound = ((self.world.num_users, "world.num_users") if self.model is None
                         else (MAX_PROBE_REQUESTS, "the probe request limit"))
         require(isinstance(self.verify_requests, int) and

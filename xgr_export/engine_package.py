@@ -15,6 +15,7 @@ from dataclasses import fields, replace
 
 import torch
 
+from torch_engine.kernel_layers import kernel_model
 from torch_engine.search import search_features
 from xgr_common.errors import ConfigError, require
 from xgr_common.layout import MaskMode
@@ -78,13 +79,16 @@ class RecommendProgram(torch.nn.Module):
 
     prefill_mask: the mask the model was trained with (``xgr_model.json``). Under the causal
     mask the segment ids are taken (the signature stays one for every model) but not read.
+    layer_kernels: trace the model as ``Engine.recommend`` runs it on CUDA, through the fused
+    layer kernels (``torch_engine.kernel_layers``); off, Inductor fuses the plain layer.
     """
 
     def __init__(self, engine, beam_width: int, top_k: int,
-                 prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL):
+                 prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL, layer_kernels: bool = False):
         super().__init__()
         self.engine = engine
-        self.model = engine.model  # registered, so its weights become package constants
+        # Registered, so its weights become package constants (each once).
+        self.model = kernel_model(engine.model) if layer_kernels else engine.model
         self.tables = DeviceTables(catalog=engine.catalog, exclusions=engine.runner.exclusions)
         self.beam_width, self.top_k = beam_width, top_k
         self.prefill_mask = served_mask(prefill_mask)
@@ -130,11 +134,13 @@ def example_inputs(engine, spec, batch: int = 2) -> tuple[torch.Tensor, ...]:
 def export_engine(engine, spec, out_path: str | os.PathLike,
                   config: EngineExportConfig = EngineExportConfig(),
                   cache_dir: str | os.PathLike | None = None,
-                  prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> torch_package.Package:
+                  prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL,
+                  layer_kernels: bool = False) -> torch_package.Package:
     """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
     dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.keep_last + 1
     + config.max_request_exclusions: the history ``tf_frontend.rules.history_exclusion`` emits
-    and a request's own exclusions), prefilling with ``prefill_mask``."""
+    and a request's own exclusions), prefilling with ``prefill_mask``; ``layer_kernels``: the
+    fused layer kernels in the package (CUDA)."""
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
@@ -148,7 +154,8 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
             f"top_k {config.top_k} exceeds the {reachable} items beam_width "
             f"{config.beam_width} can reach (catalog of {catalog.num_items} items, at most "
             f"{catalog.max_items_per_path} per path)")
-    program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask)
+    program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
+                               layer_kernels)
     # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
     # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)

@@ -30,7 +30,7 @@ from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_checkpoint.catalog_file import read_catalog
-from xgr_common.errors import ConfigError, require
+from xgr_common.errors import ConfigError, ExportError, require
 from xgr_common.layout import MaskMode
 from xgr_common.model_card import ModelCard
 from xgr_common.prompt_spec import PromptSpec
@@ -46,7 +46,8 @@ from xgr_world.synthetic import make_world
 CONTRACT_PROBES = 8   # requests the feature graph is checked with before the compile
 
 __all__ = ["ExportConfig", "ExportReport", "Sources", "build_engine", "export_saved_model",
-           "resolve_attention", "resolve_selection", "synthetic_sources", "team_sources"]
+           "resolve_attention", "resolve_layer_kernels", "resolve_selection",
+           "synthetic_sources", "team_sources"]
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class ExportReport:
     package_bytes: int
     check: PipelineCheck | None = None
     selection_backend: str = "torch"
+    layer_kernels: bool = False
 
     @property
     def ok(self) -> bool:
@@ -86,6 +88,7 @@ class ExportReport:
                   "prefill_mask": self.prefill_mask,
                   "device": self.device, "attention_backend": self.attention_backend,
                   "selection_backend": self.selection_backend,
+                  "layer_kernels": self.layer_kernels,
                   "dtype": self.dtype, "num_items": self.num_items,
                   "max_prompt_tokens": self.max_prompt_tokens, "beam_width": self.beam_width,
                   "top_k": self.top_k, "top_n": self.top_n, "torch": self.torch_version,
@@ -188,6 +191,21 @@ def resolve_selection(device: str) -> str:
     return "triton" if all(is_triton_op(name) for name in FUSED_SELECTION_OPS) else "torch"
 
 
+def resolve_layer_kernels(requested: str, device: str) -> bool:
+    """Whether the package runs the fused layer kernels (``torch_engine.kernel_layers``):
+    ``auto`` on CUDA when AOTInductor can embed them (each a ``torch.library.triton_op``);
+    ``on`` insists (``ExportConfig`` allows it for CUDA only); never on a CPU package."""
+    if requested == "off" or not device.startswith("cuda"):
+        return False
+    from torch_engine.kernels.layer_ops import LAYER_OPS
+
+    embeddable = all(is_triton_op(name) for name in LAYER_OPS)
+    require(embeddable or requested == "auto", ExportError,
+            f"layer_kernels 'on': AOTInductor cannot embed {LAYER_OPS} here (not all are "
+            f"torch.library.triton_op in torch {torch.__version__})")
+    return embeddable
+
+
 def build_engine(config: ExportConfig, sources: Sources, attention: str,
                  selection: str) -> Engine:
     """The engine an export packages (and checks against): the model, the catalog of
@@ -210,6 +228,7 @@ def export_saved_model(config: ExportConfig,
     started = time.perf_counter()
     attention = resolve_attention(config.attention_backend, config.engine.device)
     selection = resolve_selection(config.engine.device)
+    layer_kernels = resolve_layer_kernels(config.layer_kernels, config.engine.device)
     progress(f"reading {'the team files' if config.model else 'the synthetic world'} ...")
     sources = team_sources(config) if config.model else synthetic_sources(config)
     engine = build_engine(config, sources, attention, selection)
@@ -217,7 +236,9 @@ def export_saved_model(config: ExportConfig,
     setup_seconds = time.perf_counter() - started
     search = config.engine
     progress(f"exporting Engine.recommend ({config.model_name}, {engine.dtype}, {attention} "
-             f"attention, {selection} selection, {sources.prefill_mask.value} mask, "
+             f"attention, {selection} selection, "
+             f"{'fused layer kernels' if layer_kernels else 'Inductor layers'}, "
+             f"{sources.prefill_mask.value} mask, "
              f"beam_width {search.beam_width}, "
              f"top_k {search.top_k}) for {search.device}; AOTInductor takes a while ...")
     pipeline_config = PipelineConfig(top_n=config.top_n,
@@ -225,7 +246,7 @@ def export_saved_model(config: ExportConfig,
     with tempfile.TemporaryDirectory(prefix="xgr_export_") as tmp:
         started = time.perf_counter()
         package = export_engine(engine, spec, Path(tmp) / "engine.pt2", search, config.cache_dir,
-                                sources.prefill_mask)
+                                sources.prefill_mask, layer_kernels)
         package_seconds = time.perf_counter() - started
         package_bytes = package.path.stat().st_size
         # The probe requests become the warm-up file: a server replays them before the version
@@ -245,7 +266,7 @@ def export_saved_model(config: ExportConfig,
         saved_model=saved, engine_signature=package.signature, model=config.model_name,
         catalog=sources.catalog, feature_graph=sources.feature_graph,
         prefill_mask=sources.prefill_mask.value, device=search.device,
-        attention_backend=attention, selection_backend=selection,
+        attention_backend=attention, selection_backend=selection, layer_kernels=layer_kernels,
         dtype=str(engine.dtype).removeprefix("torch."),
         num_items=len(sources.item_ids), max_prompt_tokens=spec.max_prompt_tokens,
         beam_width=search.beam_width, top_k=search.top_k, top_n=config.top_n,

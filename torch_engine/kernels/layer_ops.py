@@ -26,16 +26,24 @@ elementwise launches (``qkv_rotary``, ``silu_mul``) instead of 4.
 Arithmetic in float32, one rounding to the output dtype; same functions as the torch ops they
 replace, defined in ``torch_engine.reference.layer_ops``. Each launcher checks shapes, dtypes,
 strides and devices (never values, which would cost a host synchronisation) and raises
-``InvalidInputError`` naming the argument and the rule. Plain launches (no custom op):
-the engine calls them only outside tracing (``torch.export`` sees the torch ops, which
-Inductor fuses itself), and shapes alone decide each launch, so they capture in CUDA graphs.
+``InvalidInputError`` naming the argument and the rule; shapes alone decide each launch, so
+they capture in CUDA graphs.
+
+The engine's eager and captured searches call the launchers (``qkv_rotary`` writes keys and
+values straight into their slot). Traced programs call the same kernels as functional ops
+registered with ``torch.library.triton_op`` (``xgr::qkv_rotary``, ``xgr::silu_mul``,
+``xgr::rms_norm``, ``xgr::rotary_cos_sin``; the ``traced_*`` functions), so AOTInductor
+compiles them into an engine package (``torch_engine.kernel_layers``).
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
+from torch.library import triton_op, wrap_triton
 
 from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
@@ -105,6 +113,12 @@ def _qkv_rotary_kernel(qkv_ptr, x_ptr, bias_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
                    BIAS)
     tl.store(v_ptr + b * s_vb + w * s_vw + hk * D + d[None, :], v.to(v_ptr.dtype.element_ty),
              mask=hk < HKV)
+
+
+def _nothing_to_launch(rows) -> bool:
+    """True for an empty launch. Under tracing the row count is symbolic and a test of it
+    would guard the dynamic size: the traced launch is kept (its grid is empty at run time)."""
+    return isinstance(rows, int) and rows == 0
 
 
 def _check_row_inputs(op: str, inputs: torch.Tensor, rows: int, product_name: str,
@@ -212,11 +226,11 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
     q = torch.empty((*lead, num_heads, dim), dtype=qkv.dtype, device=qkv.device)
     width, s_kb, s_kw = _rows(k_out, num_kv_heads * dim)
     _, s_vb, s_vw = _rows(v_out, num_kv_heads * dim)
-    if rows == 0:
+    if _nothing_to_launch(rows):
         return q
     norm = q_norm is not None
     hidden = inputs.shape[-1] if inputs is not None else 1
-    _qkv_rotary_kernel[(rows,)](
+    wrap_triton(_qkv_rotary_kernel)[(rows,)](
         flat, inputs if inputs is not None else cos2, bias if bias is not None else cos2,
         cos2, sin2, q_norm if norm else cos2, k_norm if norm else cos2, q, k_out, v_out,
         width, hidden, input_eps, eps, flat.stride(0), cos2.stride(0), num_heads * dim,
@@ -252,8 +266,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     size = x.shape[-1]
     out = torch.empty_like(x)
     rows = x.numel() // max(size, 1)
-    if rows:
-        _rms_norm_kernel[(rows,)](x, weight, out, size, eps, BLOCK=triton.next_power_of_2(size),
+    if not _nothing_to_launch(rows):
+        wrap_triton(_rms_norm_kernel)[(rows,)](x, weight, out, size, eps,
+                                               BLOCK=triton.next_power_of_2(size),
                                   num_warps=4)
     return out
 
@@ -295,10 +310,10 @@ def silu_mul(gate_up: torch.Tensor, inputs: torch.Tensor | None = None,
     if inputs is not None:
         _check_row_inputs(op, inputs, rows, "gate_up", gate_up, input_eps)
     hidden = inputs.shape[-1] if inputs is not None else 1
-    if rows:
+    if not _nothing_to_launch(rows):
         # Long rows in few programs: each one computes its row's scale again.
         block = min(triton.next_power_of_2(size), 4096)
-        _silu_mul_kernel[(rows, triton.cdiv(size, block))](
+        wrap_triton(_silu_mul_kernel)[(rows, triton.cdiv(size, block))](
             gate_up, inputs if inputs is not None else gate_up, out, size, hidden, input_eps,
             BLOCK=block, SCALE=inputs is not None, HIDDEN_P2=triton.next_power_of_2(hidden),
             num_warps=8 if block >= 4096 else 4)
@@ -355,10 +370,118 @@ def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch
     shape = (*positions.shape, *((repeat,) if repeat > 1 else ()), 2 * half)
     cos = torch.empty(shape, dtype=dtype, device=positions.device)
     sin = torch.empty_like(cos)
-    if rows == 0:
+    if _nothing_to_launch(rows):
         return cos, sin
     block = 16
     with c.on_device(positions.device):
-        _rotary_cos_sin_kernel[(triton.cdiv(rows, block),)](
+        wrap_triton(_rotary_cos_sin_kernel)[(triton.cdiv(rows, block),)](
             flat, inv_freq, cos, sin, rows, repeat, D=2 * half, BLOCK_R=block, num_warps=4)
     return cos, sin
+
+
+# --------------------------------------------------------------- the kernels as traced ops
+def _functional_qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                           inputs: torch.Tensor, bias: torch.Tensor | None,
+                           q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                           num_heads: int, num_kv_heads: int, eps: float, input_eps: float
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``qkv_rotary`` with keys and values in new tensors ``[..., Hkv, D]`` (qkv's leading
+    axes: one or two), returned after the queries."""
+    require(qkv.dim() in (2, 3), InvalidInputError,
+            f"qkv_rotary: qkv must be [N, (Hq + 2 Hkv) * D] or [B, W, (Hq + 2 Hkv) * D], got "
+            f"shape {tuple(qkv.shape)}")
+    dim = cos.shape[-1]
+    k = qkv.new_empty((*qkv.shape[:-1], num_kv_heads, dim))
+    v = torch.empty_like(k)
+    q = qkv_rotary(qkv, cos, sin, num_heads, num_kv_heads, k, v, q_norm, k_norm, eps, inputs,
+                   input_eps, bias)
+    return q, k, v
+
+
+def _fake_qkv_rotary(qkv, cos, sin, inputs, bias, q_norm, k_norm, num_heads, num_kv_heads,
+                     eps, input_eps):
+    dim, lead = cos.shape[-1], qkv.shape[:-1]
+    k = qkv.new_empty((*lead, num_kv_heads, dim))
+    return qkv.new_empty((*lead, num_heads, dim)), k, torch.empty_like(k)
+
+
+def _functional_silu_mul(gate_up: torch.Tensor, inputs: torch.Tensor | None,
+                         input_eps: float) -> torch.Tensor:
+    return silu_mul(gate_up, inputs, input_eps)
+
+
+def _fake_silu_mul(gate_up, inputs, input_eps):
+    return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
+
+
+def _functional_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return rms_norm(x, weight, eps)
+
+
+def _fake_rms_norm(x, weight, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _functional_rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
+                               dtype: torch.dtype, repeat: int
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    return rotary_cos_sin(positions, inv_freq, dtype, repeat)
+
+
+def _fake_rotary_cos_sin(positions, inv_freq, dtype, repeat):
+    shape = (*positions.shape, *((repeat,) if repeat > 1 else ()), 2 * inv_freq.shape[0])
+    cos = positions.new_empty(shape, dtype=dtype)
+    return cos, torch.empty_like(cos)
+
+
+def _traced_op(name: str, launch, fake):
+    """``launch`` as the op ``xgr::<name>``, a ``torch.library.triton_op`` (its wrapped
+    launches are what AOTInductor compiles into a package). Under ``TRITON_INTERPRET=1``
+    interpreted kernels cannot be traced, so the op then calls ``xgr::<name>_interpreted``,
+    an opaque custom op with ``fake`` for its shapes (CPU tests trace and run it)."""
+    interpreted = torch.library.custom_op(f"xgr::{name}_interpreted", launch, mutates_args=())
+    interpreted.register_fake(fake)
+
+    @functools.wraps(launch)
+    def dispatch(*args):
+        return interpreted(*args) if c.interpreting() else launch(*args)
+
+    return triton_op(f"xgr::{name}", dispatch, mutates_args=())
+
+
+_traced_op("qkv_rotary", _functional_qkv_rotary, _fake_qkv_rotary)
+_traced_op("silu_mul", _functional_silu_mul, _fake_silu_mul)
+_traced_op("rms_norm", _functional_rms_norm, _fake_rms_norm)
+_traced_op("rotary_cos_sin", _functional_rotary_cos_sin, _fake_rotary_cos_sin)
+
+# The ops whose kernels an engine package holds when it runs the layer kernels.
+LAYER_OPS = ("xgr::qkv_rotary", "xgr::silu_mul", "xgr::rms_norm", "xgr::rotary_cos_sin")
+
+
+def traced_qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                      inputs: torch.Tensor, bias: torch.Tensor | None,
+                      q_norm: torch.Tensor | None, k_norm: torch.Tensor | None,
+                      num_heads: int, num_kv_heads: int, eps: float, input_eps: float
+                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``qkv_rotary`` as the op ``xgr::qkv_rotary``, for traced programs: qkv ``[N, ...]`` or
+    ``[B, W, ...]``, its product input rows ``inputs`` (the input norm's row scale is always
+    applied); returns q ``[..., Hq, D]`` and new k, v ``[..., Hkv, D]``."""
+    return torch.ops.xgr.qkv_rotary(qkv, cos, sin, inputs, bias, q_norm, k_norm, num_heads,
+                                    num_kv_heads, eps, input_eps)
+
+
+def traced_silu_mul(gate_up: torch.Tensor, inputs: torch.Tensor | None,
+                    input_eps: float) -> torch.Tensor:
+    """``silu_mul`` as the op ``xgr::silu_mul``, for traced programs."""
+    return torch.ops.xgr.silu_mul(gate_up, inputs, input_eps)
+
+
+def traced_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``rms_norm`` as the op ``xgr::rms_norm``, for traced programs."""
+    return torch.ops.xgr.rms_norm(x, weight, eps)
+
+
+def traced_rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                          repeat: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rotary_cos_sin`` as the op ``xgr::rotary_cos_sin``, for traced programs."""
+    return torch.ops.xgr.rotary_cos_sin(positions, inv_freq, dtype, repeat)
