@@ -63,11 +63,11 @@ flags.DEFINE_enum("attention_backend", "auto", list(ATTENTION_BACKENDS),
                   "are registered with torch.library.triton_op (AOTInductor then compiles them "
                   "into the package), else plain torch. 'triton' insists (export refuses "
                   "Python-only custom ops: a TorchCall process has no Python).")
-flags.DEFINE_enum("layer_kernels", "auto", list(LAYER_KERNELS),
-                  "The fused layer kernels in the package (what Engine.recommend runs on CUDA: "
-                  "concatenated projections with the norms folded in, q/k/v split with rotary, "
-                  "SwiGLU, final norm). 'auto': on CUDA when AOTInductor can embed them; 'on' "
-                  "insists (CUDA only); 'off': Inductor fuses the plain layer.")
+flags.DEFINE_enum("layer_kernels", "off", list(LAYER_KERNELS),
+                  "'on': the fused layer kernels in the package (what Engine.recommend runs on "
+                  "CUDA: concatenated projections with the norms folded in, q/k/v split with "
+                  "rotary, SwiGLU, final norm; CUDA only). 'off' (default): Inductor fuses the "
+                  "plain layer, which served faster on the H200 (docs/notes/gpu_serving.md).")
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
                     "Compiled packages by content hash (AOTInductor is slow even for a small "
                     "model); empty: no cache.")

@@ -12,7 +12,7 @@ from xgr_world.synthetic import WorldConfig
 
 DTYPES = ("float32", "bfloat16", "float16")
 ATTENTION_BACKENDS = ("torch", "triton", "auto")
-LAYER_KERNELS = ("auto", "on", "off")
+LAYER_KERNELS = ("off", "on")
 MASKS = ("item_causal", "causal")
 # Requests drawn from a catalog file to verify with (one batch through both pipelines).
 MAX_PROBE_REQUESTS = 1024
@@ -72,10 +72,10 @@ class ExportConfig:
     dtype: engine weights and activations; None: bfloat16 on CUDA, float32 on the CPU.
     attention_backend: "auto" takes the Triton kernels on CUDA when AOTInductor can embed
         them (registered with ``torch.library.triton_op``), else plain torch; "triton" insists.
-    layer_kernels: the fused layer kernels in the package (``torch_engine.kernel_layers``:
-        what ``Engine.recommend`` runs on CUDA): "auto" on CUDA when AOTInductor can embed
-        them, "on" insists (CUDA only: they are Triton kernels), "off" leaves the layer to
-        Inductor.
+    layer_kernels: "on" puts the fused layer kernels in the package
+        (``torch_engine.kernel_layers``: what ``Engine.recommend`` runs on CUDA; CUDA only,
+        they are Triton kernels); "off" (the default) leaves the layer to Inductor, which
+        served faster on the H200 (``docs/notes/gpu_serving.md``).
     cache_dir: compiled packages by content hash (None: no cache).
     verify_requests: after saving, send this many requests (the world's users, or requests
         drawn from the catalog) through the SavedModel in a fresh process (TF + custom_ops
@@ -96,7 +96,7 @@ class ExportConfig:
     top_n: int = 8
     dtype: str | None = None
     attention_backend: str = "auto"
-    layer_kernels: str = "auto"
+    layer_kernels: str = "off"
     cache_dir: str | None = None
     verify_requests: int = 0
 

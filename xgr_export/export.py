@@ -193,17 +193,16 @@ def resolve_selection(device: str) -> str:
 
 def resolve_layer_kernels(requested: str, device: str) -> bool:
     """Whether the package runs the fused layer kernels (``torch_engine.kernel_layers``):
-    ``auto`` on CUDA when AOTInductor can embed them (each a ``torch.library.triton_op``);
-    ``on`` insists (``ExportConfig`` allows it for CUDA only); never on a CPU package."""
+    ``on`` for CUDA (``ExportConfig`` refuses it for the CPU), when AOTInductor can embed
+    them (each a ``torch.library.triton_op``); ``off`` never."""
     if requested == "off" or not device.startswith("cuda"):
         return False
     from torch_engine.kernels.layer_ops import LAYER_OPS
 
-    embeddable = all(is_triton_op(name) for name in LAYER_OPS)
-    require(embeddable or requested == "auto", ExportError,
+    require(all(is_triton_op(name) for name in LAYER_OPS), ExportError,
             f"layer_kernels 'on': AOTInductor cannot embed {LAYER_OPS} here (not all are "
             f"torch.library.triton_op in torch {torch.__version__})")
-    return embeddable
+    return True
 
 
 def build_engine(config: ExportConfig, sources: Sources, attention: str,

@@ -21,6 +21,7 @@ from torch_engine.search import search_features
 from xgr_common.errors import ConfigError
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import tolerance_for
+from xgr_export.config import ExportConfig
 from xgr_export.export import resolve_layer_kernels
 from xgr_export.torch_package import is_triton_op
 
@@ -40,11 +41,15 @@ def fused_model(qwen3: bool, seed: int = 0) -> Model:
     return model
 
 
-def test_the_layer_ops_are_embeddable():
+def test_the_layer_ops_are_embeddable_and_asked_for_by_name():
     assert [name for name in layer_ops.LAYER_OPS if not is_triton_op(name)] == []
-    assert resolve_layer_kernels("auto", "cuda:0") is True
+    assert resolve_layer_kernels("on", "cuda:0") is True
     assert resolve_layer_kernels("off", "cuda:0") is False
-    assert resolve_layer_kernels("auto", "cpu") is False
+    assert ExportConfig(out="x").layer_kernels == "off"
+    with pytest.raises(ConfigError, match="layer_kernels 'on' needs a CUDA export"):
+        ExportConfig(out="x", layer_kernels="on")
+    with pytest.raises(ConfigError, match="layer_kernels must be one of"):
+        ExportConfig(out="x", layer_kernels="auto")
 
 
 def _op_inputs(gen, rows_shape, hq=4, hkv=2, dim=32, hidden=48):
