@@ -32,6 +32,9 @@ class EngineExportConfig:
     max_request_exclusions: the most items one request may exclude through the
     ``serving_with_controls`` signature (applied on the device beside its history; 0 leaves
     that signature out).
+    beam_widths: the widths a call may ask for (empty: ``beam_width`` only). Given, the
+    package takes the width as the length of one more input (``beam_slots``, int8 ``[W]``,
+    values unused) and ``beam_width`` is its default; each width must reach ``top_k`` items.
     """
 
     beam_width: int = 16
@@ -39,10 +42,19 @@ class EngineExportConfig:
     max_batch: int = 1024
     device: str = "cpu"
     max_request_exclusions: int = 256
+    beam_widths: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("beam_width", "top_k", "max_batch"):
             _positive("EngineExportConfig", name, getattr(self, name))
+        require(isinstance(self.beam_widths, tuple), ConfigError,
+                f"EngineExportConfig.beam_widths must be a tuple of ints, got "
+                f"{self.beam_widths!r}")
+        for width in self.beam_widths:
+            _positive("EngineExportConfig", "beam_widths entry", width)
+        require(not self.beam_widths or self.beam_width in self.beam_widths, ConfigError,
+                f"EngineExportConfig.beam_width {self.beam_width} is the default width and "
+                f"must be one of beam_widths {self.beam_widths}")
         value = self.max_request_exclusions
         require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                 ConfigError, f"EngineExportConfig.max_request_exclusions must be an int >= 0, "
@@ -127,6 +139,10 @@ class ExportConfig:
         require(self.attention_backend in ATTENTION_BACKENDS, ConfigError,
                 f"ExportConfig.attention_backend must be one of {ATTENTION_BACKENDS}, got "
                 f"{self.attention_backend!r}")
+        require(not self.engine.beam_widths, ConfigError,
+                f"ExportConfig.engine.beam_widths {self.engine.beam_widths}: the SavedModel's "
+                f"signatures take no beam width yet; export_engine packages such an engine for "
+                f"TorchCall alone (the width as its sixth input)")
         require(self.layer_kernels in LAYER_KERNELS, ConfigError,
                 f"ExportConfig.layer_kernels must be one of {LAYER_KERNELS}, got "
                 f"{self.layer_kernels!r}")

@@ -17,7 +17,7 @@ import torch
 
 from torch_engine.kernel_layers import kernel_model
 from torch_engine.search import search_features
-from xgr_common.errors import ConfigError, require
+from xgr_common.errors import ConfigError, ExportError, require
 from xgr_common.layout import MaskMode
 from xgr_common.model_card import served_mask
 from xgr_common.value_rules import contract_lines
@@ -81,6 +81,9 @@ class RecommendProgram(torch.nn.Module):
     mask the segment ids are taken (the signature stays one for every model) but not read.
     layer_kernels: trace the model as ``Engine.recommend`` runs it on CUDA, through the fused
     layer kernels (``torch_engine.kernel_layers``); off, Inductor fuses the plain layer.
+    A sixth input ``beam_slots`` (any dtype, ``[W]``, values unused), when given, sets the
+    call's beam width to W instead of ``beam_width``: traced with W dynamic, one program
+    serves every width in its range.
     """
 
     def __init__(self, engine, beam_width: int, top_k: int,
@@ -93,13 +96,15 @@ class RecommendProgram(torch.nn.Module):
         self.beam_width, self.top_k = beam_width, top_k
         self.prefill_mask = served_mask(prefill_mask)
 
-    def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items):
+    def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items,
+                beam_slots=None):
         engine = self.engine
         if self.prefill_mask is MaskMode.CAUSAL:
             segment_ids = None
+        width = self.beam_width if beam_slots is None else beam_slots.shape[0]
         item_ids, scores, _ = search_features(
             self.model, self.tables.get("catalog"), token_ids, lengths, segment_ids,
-            profile_embeds, exclude_items, self.beam_width, self.top_k, engine.options,
+            profile_embeds, exclude_items, width, self.top_k, engine.options,
             self.tables.get("exclusions"))
         return item_ids, scores.to(torch.float32)
 
@@ -146,14 +151,15 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
             f"engine first (the package runs where it was compiled)")
     # The host checks of recommend() do not run in the package: check the fixed sizes now.
     catalog = engine.catalog
-    require(config.beam_width <= engine.config.max_beam_width, ConfigError,
-            f"beam_width {config.beam_width} exceeds EngineConfig.max_beam_width "
-            f"{engine.config.max_beam_width}")
-    reachable = catalog.reachable_items(config.beam_width)
-    require(config.top_k <= reachable, ConfigError,
-            f"top_k {config.top_k} exceeds the {reachable} items beam_width "
-            f"{config.beam_width} can reach (catalog of {catalog.num_items} items, at most "
-            f"{catalog.max_items_per_path} per path)")
+    for width in config.beam_widths or (config.beam_width,):
+        require(width <= engine.config.max_beam_width, ConfigError,
+                f"beam width {width} exceeds EngineConfig.max_beam_width "
+                f"{engine.config.max_beam_width}")
+        reachable = catalog.reachable_items(width)
+        require(config.top_k <= reachable, ConfigError,
+                f"top_k {config.top_k} exceeds the {reachable} items beam width {width} can "
+                f"reach (catalog of {catalog.num_items} items, at most "
+                f"{catalog.max_items_per_path} per path)")
     program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
                                layer_kernels)
     # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
@@ -164,14 +170,43 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
                                max=spec.keep_last + 1 + config.max_request_exclusions)
     dynamic = ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
                {0: batch, 1: exclude})
-    exported = torch_package.export_program(program, example_inputs(engine, spec), dynamic,
-                                            config.device)
+    inputs = example_inputs(engine, spec)
+    if config.beam_widths:
+        # The width is the length of beam_slots, a dimension torch.export bounds itself.
+        inputs += (torch.zeros(config.beam_width, dtype=torch.int8),)
+        dynamic += ({0: torch.export.Dim.DYNAMIC},)
+    exported = torch_package.export_program(program, inputs, dynamic, config.device)
+    if config.beam_widths:
+        require_widths_traced(exported, config.beam_widths)
     # token_ids and segment_ids share their length; the trace names them apart (Dim.DYNAMIC),
     # so the contract ties them: a mismatch is refused instead of read out of bounds.
     return torch_package.package_aoti(exported, out_path, config.device, cache_dir,
                                       same_dims=[((0, 1), (2, 1))],
                                       rules=engine_rules(engine, program.prefill_mask),
                                       replay=engine_replay(engine, spec))
+
+
+def require_widths_traced(exported: torch.export.ExportedProgram,
+                          widths: tuple[int, ...]) -> None:
+    """Every named width inside the range torch.export derived for ``beam_slots`` (the
+    search's shape rules bound it, e.g. by top_k), else ``ExportError`` naming the range;
+    then that range narrowed to the named widths' span, which the package's contract (and so
+    TorchCall, before anything runs) enforces."""
+    from torch.utils._sympy.value_ranges import ValueRanges
+
+    slots = [n for n in exported.graph.nodes if n.op == "placeholder"][-1]
+    size = slots.meta["val"].shape[0]
+    require(not isinstance(size, int), ExportError,
+            f"the traced search fixed its beam width to {size}: it cannot serve {widths}")
+    symbol = size.node.expr
+    span = exported.range_constraints[symbol]
+    low = int(span.lower)
+    high = int(span.upper) if span.upper.is_finite else max(widths)
+    outside = [w for w in widths if not low <= w <= high]
+    require(not outside, ExportError,
+            f"beam widths {outside} are outside [{low}, {high}], the widths the traced search "
+            f"serves (its shape rules bound them); name widths inside that range")
+    exported.range_constraints[symbol] = ValueRanges(min(widths), max(widths))
 
 
 def engine_replay(engine, spec) -> torch_package.Replay:
