@@ -26,9 +26,9 @@ import torch
 
 from bridge import to_tf, to_torch
 from tf_frontend.feature_graph import INPUTS
-from tf_frontend.pipeline_spec import (CONTROLS, ENGINE_INPUTS, PipelineConfig, apply_controls,
-                                       engine_lists, post_processor, seen_items,
-                                       traced_feeds)
+from tf_frontend.pipeline_spec import (PipelineConfig, apply_controls, controls_of,
+                                       engine_inputs_of, engine_lists, post_processor,
+                                       seen_items, traced_feeds, with_beam_slots)
 from xgr_common.errors import ConfigError, InvalidInputError, require
 from xgr_common.layout import MaskMode
 from xgr_common.model_card import served_mask
@@ -61,9 +61,10 @@ class StageTimings:
 @dataclass(frozen=True)
 class EngineSearch:
     """``Engine.recommend`` with fixed ``beam_width`` and ``top_k``, called with the pipeline's
-    ``ENGINE_INPUTS`` (token_ids int32 [B, L], lengths int32 [B], segment_ids int32 [B, L],
-    profile_embeds float32 [B, S, hidden], exclude_items int64 [B, X]); returns item_ids int64
-    [B, top_k] and scores [B, top_k].
+    engine inputs (token_ids int32 [B, L], lengths int32 [B], segment_ids int32 [B, L],
+    profile_embeds float32 [B, S, hidden], exclude_items int64 [B, X], and where the pipeline
+    serves several widths beam_slots [W], whose length is the call's width); returns item_ids
+    int64 [B, top_k] and scores [B, top_k].
 
     prefill_mask: the mask the model was trained with. ``ITEM_CAUSAL`` hands the graph's
     segment ids to the engine (hybrid-mask prefill); ``CAUSAL`` leaves them out.
@@ -77,12 +78,14 @@ class EngineSearch:
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_mask", served_mask(self.prefill_mask))
 
-    def __call__(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items):
+    def __call__(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items,
+                 beam_slots=None):
         engine = self.engine
         if self.prefill_mask is MaskMode.CAUSAL:
             segment_ids = None
+        width = self.beam_width if beam_slots is None else int(beam_slots.shape[0])
         with torch.no_grad():
-            return engine.recommend(token_ids, lengths, segment_ids, self.beam_width, self.top_k,
+            return engine.recommend(token_ids, lengths, segment_ids, width, self.top_k,
                                     prefix_embeds=profile_embeds.to(engine.dtype),
                                     exclude_items=exclude_items)
 
@@ -99,12 +102,13 @@ class RecommendPipeline:
 
     def __init__(self, feature_graph, recommend: Callable,
                  config: PipelineConfig = PipelineConfig(),
-                 engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None,
+                 engine_inputs: tuple[str, ...] | None = None, catalog=None,
                  device: str | torch.device = "cpu"):
         require(isinstance(config, PipelineConfig), ConfigError,
                 f"config must be a PipelineConfig, got {type(config).__name__}")
         self.feature_graph, self.recommend, self.config = feature_graph, recommend, config
-        self.engine_inputs = tuple(engine_inputs)
+        self.engine_inputs = tuple(engine_inputs_of(config) if engine_inputs is None
+                                   else engine_inputs)
         self.device = torch.device(device)
         self.post_process = post_processor(config, catalog)
         self._feeds = traced_feeds(feature_graph, config.rules)
@@ -126,8 +130,9 @@ class RecommendPipeline:
         """Top items for each request of ``features`` (``FeatureGraph``'s input dict, B rows).
 
         With ``exclude_items``, ``exclude_splits`` and ``top_k`` among ``features``
-        (``CONTROLS``), each request's own exclusions join its history's and its list is cut to
-        its own top_k, as in ``serving_with_controls``.
+        (``controls_of(config)``, and ``beam_width`` where the config names widths), each
+        request's own exclusions join its history's and its list is cut to its own top_k, and
+        the call runs at the requests' width, as in ``serving_with_controls``.
 
         Returns ``item_ids`` int64 ``[B, top_n]`` and ``scores`` float32 ``[B, top_n]`` (TF
         tensors; best first, -1 / -inf after the last kept item), ``num_items`` int32 ``[B]``,
@@ -147,14 +152,16 @@ class RecommendPipeline:
             return (clock[-1] - clock[-2]) * 1e3
 
         feeds = self._feeds({name: features[name] for name in INPUTS})
-        given = [name for name in CONTROLS if name in features]
+        names = controls_of(self.config)
+        given = [name for name in names if name in features]
         controls = None
         if given:   # a request's own controls, as serving_with_controls takes them
-            require(len(given) == len(CONTROLS), InvalidInputError,
-                    f"features hold {given} without {sorted(set(CONTROLS) - set(given))}: "
-                    f"per-request controls need all of {sorted(CONTROLS)}")
-            controls = {name: features[name] for name in CONTROLS}
+            require(len(given) == len(names), InvalidInputError,
+                    f"features hold {given} without {sorted(set(names) - set(given))}: "
+                    f"per-request controls need all of {sorted(names)}")
+            controls = {name: features[name] for name in names}
             feeds = apply_controls(feeds, controls, self.config)
+        feeds = with_beam_slots(feeds, controls, self.config)
         t_graph = lap()
         args = [to_torch(feeds[name], self.device) for name in self.engine_inputs]
         self._sync()

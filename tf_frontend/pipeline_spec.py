@@ -26,6 +26,10 @@ OUTPUTS = ("item_ids", "scores", "num_items")
 # history (``exclude_splits`` [B+1] partitions ``exclude_items``), and its own top_k [B] (at
 # most the export's).
 CONTROLS = {"exclude_items": tf.int64, "exclude_splits": tf.int64, "top_k": tf.int32}
+# A request's beam width [B] (one value for all its rows), where the engine serves several
+# (PipelineConfig.beam_widths); the engine reads it as the length of BEAM_SLOTS.
+WIDTH_CONTROL = "beam_width"
+BEAM_SLOTS = "beam_slots"
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,10 @@ class PipelineConfig:
     # signature); the engine package must accept that many exclusion columns beside the
     # history.
     max_request_exclusions: int = 0
+    # The beam widths a request may ask for through CONTROLS_SIGNATURE's beam_width (empty:
+    # the engine's one width), and the width of a request that names none.
+    beam_widths: tuple[int, ...] = ()
+    beam_width: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("top_n", "intra_op_threads", "concurrency", "max_history_events"):
@@ -55,6 +63,15 @@ class PipelineConfig:
         require(isinstance(value, int) and not isinstance(value, bool) and value >= 0,
                 ConfigError, f"PipelineConfig.max_request_exclusions must be an int >= 0, "
                 f"got {value!r}")
+        require(isinstance(self.beam_widths, tuple) and all(
+            isinstance(w, int) and not isinstance(w, bool) and w >= 1 for w in self.beam_widths),
+            ConfigError, f"PipelineConfig.beam_widths must be a tuple of positive ints, got "
+            f"{self.beam_widths!r}")
+        require(not self.beam_widths or (self.beam_width in self.beam_widths
+                                         and self.max_request_exclusions > 0), ConfigError,
+                f"PipelineConfig.beam_widths {self.beam_widths} need beam_width, the default, "
+                f"among them (got {self.beam_width!r}) and the controls signature "
+                f"(max_request_exclusions > 0, got {self.max_request_exclusions})")
         require(isinstance(self.rules, BusinessRules), ConfigError,
                 f"PipelineConfig.rules must be a BusinessRules, got {type(self.rules).__name__}")
 
@@ -64,11 +81,54 @@ def feature_signature() -> dict[str, tf.TensorSpec]:
     return {name: tf.TensorSpec([None], dtype, name=name) for name, dtype in INPUTS.items()}
 
 
-def controls_signature() -> dict[str, tf.TensorSpec]:
-    """The features plus each request's own controls (``CONTROLS``), as
+def engine_inputs_of(config: PipelineConfig) -> tuple[str, ...]:
+    """The engine's inputs: ``ENGINE_INPUTS``, then ``beam_slots`` where it serves several
+    widths."""
+    return ENGINE_INPUTS + ((BEAM_SLOTS,) if config.beam_widths else ())
+
+
+def controls_of(config: PipelineConfig) -> dict[str, tf.DType]:
+    """The controls a request may send: ``CONTROLS``, and ``beam_width`` where the engine
+    serves several widths."""
+    return {**CONTROLS, **({WIDTH_CONTROL: tf.int32} if config.beam_widths else {})}
+
+
+def controls_signature(config: PipelineConfig = PipelineConfig()) -> dict[str, tf.TensorSpec]:
+    """The features plus each request's own controls (``controls_of``), as
     ``serving_with_controls`` takes them."""
     return {**feature_signature(), **{name: tf.TensorSpec([None], dtype, name=name)
-                                      for name, dtype in CONTROLS.items()}}
+                                      for name, dtype in controls_of(config).items()}}
+
+
+def with_beam_slots(feeds: dict[str, tf.Tensor], controls: dict[str, tf.Tensor] | None,
+                    config: PipelineConfig) -> dict[str, tf.Tensor]:
+    """``feeds`` plus ``beam_slots`` (int8 ``[W]``: the engine's width is its length) where
+    the engine serves several widths: the width every row of the call asks for
+    (``controls["beam_width"]``), or the default. Refused with ``InvalidArgument`` naming
+    ``beam_width`` when the rows disagree (one width per call) or the width is not one of
+    ``config.beam_widths``."""
+    if not config.beam_widths:
+        return feeds
+    rows = tf.shape(feeds["lengths"])[0]
+    asked = (tf.cast(controls[WIDTH_CONTROL], tf.int32)
+             if controls is not None and WIDTH_CONTROL in controls
+             else tf.fill([rows], tf.constant(config.beam_width, tf.int32)))
+    width = tf.reduce_max(asked)
+    checks = [
+        tf.debugging.assert_equal(
+            tf.shape(asked)[0], rows,
+            message=f"{WIDTH_CONTROL} must give one width per request"),
+        tf.debugging.assert_equal(
+            tf.reduce_min(asked), width,
+            message=f"{WIDTH_CONTROL} must be the same for every request of one call (the "
+                    f"engine runs one width per call)"),
+        tf.debugging.assert_equal(
+            tf.reduce_any(tf.equal(width, tf.constant(config.beam_widths, tf.int32))), True,
+            message=f"{WIDTH_CONTROL} must be one of {list(config.beam_widths)}"),
+    ]
+    with tf.control_dependencies(checks):
+        slots = tf.zeros(tf.reshape(width, [1]), tf.int8)
+    return {**feeds, BEAM_SLOTS: slots}
 
 
 def apply_controls(feeds: dict[str, tf.Tensor], controls: dict[str, tf.Tensor],

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from absl import flags
 
+from xgr_common.errors import ConfigError
 from xgr_export.config import ATTENTION_BACKENDS, DTYPES, LAYER_KERNELS, MASKS, \
     EngineExportConfig, ExportConfig
 from xgr_world.synthetic import WorldConfig
@@ -63,6 +64,10 @@ flags.DEFINE_enum("attention_backend", "auto", list(ATTENTION_BACKENDS),
                   "are registered with torch.library.triton_op (AOTInductor then compiles them "
                   "into the package), else plain torch. 'triton' insists (export refuses "
                   "Python-only custom ops: a TorchCall process has no Python).")
+flags.DEFINE_list("beam_widths", [], "Beam widths a request may ask for through "
+                  "serving_with_controls' beam_width (comma-separated; must include "
+                  "--beam_width, the default): one package serves them all, one width per model "
+                  "call. Empty: --beam_width only.")
 flags.DEFINE_enum("layer_kernels", "off", list(LAYER_KERNELS),
                   "'on': the fused layer kernels in the package (what Engine.recommend runs on "
                   "CUDA: concatenated projections with the norms folded in, q/k/v split with "
@@ -80,6 +85,14 @@ flags.DEFINE_string("report_json", None, "Write the export and verification repo
 flags.mark_flag_as_required("out")
 
 
+def _widths(values: list[str]) -> tuple[int, ...]:
+    try:
+        return tuple(sorted({int(v) for v in values}))
+    except ValueError as err:
+        raise ConfigError(f"--beam_widths must be comma-separated integers, got "
+                          f"{','.join(values)!r}") from err
+
+
 def config_from_flags() -> ExportConfig:
     return ExportConfig(
         out=FLAGS.out, model=FLAGS.model, catalog=FLAGS.catalog,
@@ -89,7 +102,7 @@ def config_from_flags() -> ExportConfig:
                           history_events=FLAGS.history_events, seed=FLAGS.seed),
         keep_last=FLAGS.keep_last, window_days=FLAGS.window_days,
         engine=EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch, FLAGS.device,
-                                  FLAGS.max_request_exclusions),
+                                  FLAGS.max_request_exclusions, _widths(FLAGS.beam_widths)),
         top_n=FLAGS.top_n, dtype=FLAGS.dtype, attention_backend=FLAGS.attention_backend,
         layer_kernels=FLAGS.layer_kernels, cache_dir=FLAGS.cache_dir or None,
         verify_requests=FLAGS.verify_requests)

@@ -139,10 +139,10 @@ class ExportConfig:
         require(self.attention_backend in ATTENTION_BACKENDS, ConfigError,
                 f"ExportConfig.attention_backend must be one of {ATTENTION_BACKENDS}, got "
                 f"{self.attention_backend!r}")
-        require(not self.engine.beam_widths, ConfigError,
-                f"ExportConfig.engine.beam_widths {self.engine.beam_widths}: the SavedModel's "
-                f"signatures take no beam width yet; export_engine packages such an engine for "
-                f"TorchCall alone (the width as its sixth input)")
+        require(not self.engine.beam_widths or self.engine.max_request_exclusions > 0,
+                ConfigError, f"ExportConfig.engine.beam_widths {self.engine.beam_widths} are "
+                f"chosen through serving_with_controls, which max_request_exclusions 0 leaves "
+                f"out")
         require(self.layer_kernels in LAYER_KERNELS, ConfigError,
                 f"ExportConfig.layer_kernels must be one of {LAYER_KERNELS}, got "
                 f"{self.layer_kernels!r}")

@@ -241,7 +241,9 @@ def export_saved_model(config: ExportConfig,
              f"beam_width {search.beam_width}, "
              f"top_k {search.top_k}) for {search.device}; AOTInductor takes a while ...")
     pipeline_config = PipelineConfig(top_n=config.top_n,
-                                     max_request_exclusions=search.max_request_exclusions)
+                                     max_request_exclusions=search.max_request_exclusions,
+                                     beam_widths=search.beam_widths,
+                                     beam_width=search.beam_width if search.beam_widths else None)
     with tempfile.TemporaryDirectory(prefix="xgr_export_") as tmp:
         started = time.perf_counter()
         package = export_engine(engine, spec, Path(tmp) / "engine.pt2", search, config.cache_dir,

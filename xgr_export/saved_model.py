@@ -19,12 +19,14 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import tensorflow as tf
 
 from custom_ops.torch_call import torch_call
-from tf_frontend.pipeline_spec import (CONTROLS, ENGINE_INPUTS, PipelineConfig, apply_controls,
-                                       controls_signature, engine_lists, feature_signature,
-                                       post_processor, seen_items)
+from tf_frontend.pipeline_spec import (WIDTH_CONTROL, PipelineConfig, apply_controls,
+                                       controls_of, controls_signature, engine_inputs_of,
+                                       engine_lists, feature_signature, post_processor,
+                                       seen_items, with_beam_slots)
 from tf_frontend.rules import engine_feeds
 from xgr_common.errors import ExportError, require
 from xgr_common.serving_names import CONTROLS_SIGNATURE, SERVING_SIGNATURE, SERVING_SPEC_FILE
@@ -37,8 +39,9 @@ class Pipeline(tf.Module):
 
     def __init__(self, feature_graph, package: Package,
                  config: PipelineConfig = PipelineConfig(),
-                 engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None):
+                 engine_inputs: tuple[str, ...] | None = None, catalog=None):
         super().__init__(name="xgr_pipeline")
+        engine_inputs = engine_inputs_of(config) if engine_inputs is None else engine_inputs
         require(len(engine_inputs) == len(package.inputs), ExportError,
                 f"the package takes {len(package.inputs)} inputs, engine_inputs names "
                 f"{len(engine_inputs)}: {engine_inputs}")
@@ -56,16 +59,18 @@ class Pipeline(tf.Module):
             require("exclude_items" in self._engine_inputs, ExportError,
                     "per-request exclusions need an engine that takes exclude_items")
             self.serve_with_controls = tf.function(self._serve_with_controls,
-                                                   input_signature=[controls_signature()])
+                                                   input_signature=[controls_signature(config)])
 
     def _serve_with_controls(self, inputs):
-        features = {name: value for name, value in inputs.items() if name not in CONTROLS}
-        return self._serve(features, {name: inputs[name] for name in CONTROLS})
+        controls = controls_of(self._config)
+        features = {name: value for name, value in inputs.items() if name not in controls}
+        return self._serve(features, {name: inputs[name] for name in controls})
 
     def _serve(self, features, controls=None):
         feeds = engine_feeds(self.graph(features), self._config.rules)
         if controls is not None:
             feeds = apply_controls(feeds, controls, self._config)
+        feeds = with_beam_slots(feeds, controls, self._config)
         args = [tf.cast(feeds[name], dtype) for name, dtype in zip(self._engine_inputs,
                                                                     self._input_dtypes)]
         item_ids, scores = torch_call(self.engine, args, [tf.int64, tf.float32],
@@ -87,7 +92,7 @@ def require_empty_folder(out_dir: str | os.PathLike) -> Path:
 
 def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
                     config: PipelineConfig = PipelineConfig(),
-                    engine_inputs: tuple[str, ...] = ENGINE_INPUTS, catalog=None,
+                    engine_inputs: tuple[str, ...] | None = None, catalog=None,
                     warmup_features=None) -> Path:
     """Saves feature graph + engine package + business rules as one SavedModel in ``out_dir``;
     returns it. The package file is copied into the SavedModel's assets. ``catalog``
@@ -105,8 +110,23 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     tf.saved_model.save(module, str(out_dir), signatures=signatures)
     _write_serving_spec(out_dir, config, _largest_batch(package), package.outputs[0].dims[1])
     if warmup_features is not None:
-        write_warmup_requests(out_dir, split_requests(warmup_features))
+        requests = split_requests(warmup_features)
+        # Each other named width once too, so its graph is captured before the first client.
+        others = [(CONTROLS_SIGNATURE, width_request(requests[0], width, config,
+                                                     package.outputs[0].dims[1]))
+                  for width in config.beam_widths if width != config.beam_width]
+        write_warmup_requests(out_dir, requests, more=others)
     return out_dir
+
+
+def width_request(request: dict, width: int, config: PipelineConfig, top_k) -> dict:
+    """``request`` (features) for ``serving_with_controls`` at beam ``width``: no
+    exclusions of its own, the export's ``top_k``."""
+    rows = len(request["history_splits"]) - 1
+    return {**request, "exclude_items": np.zeros(0, np.int64),
+            "exclude_splits": np.zeros(rows + 1, np.int64),
+            "top_k": np.full(rows, int(top_k), np.int32),
+            WIDTH_CONTROL: np.full(rows, width, np.int32)}
 
 
 def _largest_batch(package: Package) -> int | None:
@@ -127,6 +147,9 @@ def _write_serving_spec(out_dir: Path, config: PipelineConfig, max_rows: int | N
             "max_history_events": config.max_history_events}
     if config.max_request_exclusions and isinstance(top_k, int):
         spec["defaults"] = {"exclude_items": [], "top_k": top_k}
+    if config.beam_widths:   # one width per model call: the batcher merges equal widths only
+        spec.setdefault("defaults", {})[WIDTH_CONTROL] = config.beam_width
+        spec["per_call"] = [WIDTH_CONTROL]
     if max_rows is not None:
         spec["max_rows"] = int(max_rows)
     path = out_dir / SERVING_SPEC_FILE

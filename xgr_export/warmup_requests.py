@@ -71,14 +71,15 @@ def split_requests(features: Mapping[str, object], rows_per_request: Sequence[in
 
 def write_warmup_requests(saved_model_dir: str | os.PathLike,
                           requests: Sequence[Mapping[str, np.ndarray]],
-                          signature_name: str = SERVING_SIGNATURE) -> Path:
-    """Writes ``requests`` (name -> array, one dict per request) as the SavedModel's warm-up
-    file; returns its path."""
+                          signature_name: str = SERVING_SIGNATURE,
+                          more: Sequence[tuple[str, Mapping[str, np.ndarray]]] = ()) -> Path:
+    """Writes ``requests`` (name -> array, one dict per request) for ``signature_name``, then
+    ``more`` (signature, request) pairs, as the SavedModel's warm-up file; returns its path."""
     require(len(requests) >= 1, ExportError, "warm-up requests: need at least one request")
     path = Path(saved_model_dir) / WARMUP_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     with tf.io.TFRecordWriter(str(path)) as writer:
-        for request in requests:
+        for signature_name, request in [(signature_name, r) for r in requests] + list(more):
             proto = predict_pb2.PredictRequest()
             proto.model_spec.signature_name = signature_name
             for name, array in request.items():

@@ -63,3 +63,40 @@ def test_the_spec_file_declares_defaults(tmp_path):
     path.write_text(json.dumps({"defaults": {"top_k": "ten"}}))
     with pytest.raises(ExportError, match="'defaults' must map an input name"):
         ServingSpec.read(str(tmp_path))
+
+
+def _per_call_sig() -> SignatureInfo:
+    sig = _sig()
+    vec = TensorInfo("beam_width", tf.int32, (None,))
+    return SignatureInfo(name=sig.name, inputs={**sig.inputs, "beam_width": vec},
+                         outputs=sig.outputs, input_groups=sig.input_groups, output_groups=(),
+                         max_history_events=None,
+                         defaults={**sig.defaults, "beam_width": 16}, per_call=("beam_width",))
+
+
+def test_per_call_inputs_split_the_merge_key_by_value():
+    sig = _per_call_sig()
+    users = {"user_id": np.array([3, 4], np.int64)}
+    default = prepare(sig, users)
+    np.testing.assert_array_equal(default.inputs["beam_width"], [16, 16])
+    same = prepare(sig, {**users, "beam_width": np.array([16, 16], np.int32)})
+    other = prepare(sig, {**users, "beam_width": np.array([64, 64], np.int32)})
+    # Left out or sent, width 16 shares a call; width 64 never joins them.
+    assert default.merge_key == same.merge_key != other.merge_key
+
+
+def test_a_request_whose_rows_disagree_on_a_per_call_input_is_refused():
+    with pytest.raises(InvalidInputError, match=r"beam_width: every row of one request must "
+                                                r"carry the same value.*\[16, 64\]"):
+        prepare(_per_call_sig(), {"user_id": np.array([3, 4], np.int64),
+                                  "beam_width": np.array([16, 64], np.int32)})
+
+
+def test_the_spec_file_declares_per_call_inputs(tmp_path):
+    (tmp_path / "assets.extra").mkdir()
+    path = tmp_path / "assets.extra" / "xgr_serving.json"
+    path.write_text(json.dumps({"per_call": ["beam_width"], "defaults": {"beam_width": 16}}))
+    assert ServingSpec.read(str(tmp_path)).per_call == ("beam_width",)
+    path.write_text(json.dumps({"per_call": "beam_width"}))
+    with pytest.raises(ExportError, match="'per_call' must be a list of input names"):
+        ServingSpec.read(str(tmp_path))

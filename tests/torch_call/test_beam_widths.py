@@ -1,34 +1,64 @@
-"""One engine package for several beam widths (``EngineExportConfig.beam_widths``): the width
-is the length of a sixth input (``beam_slots``), traced dynamic, so one package (the weights
-once) serves each width, and TorchCall runs each call at its own width: every named width
-returns ``Engine.recommend``'s items at that width, widths outside the named span are refused
-naming the input before anything runs, and a width the traced search cannot serve is refused
-at export."""
+"""Per-request beam widths (``xgr export --beam_widths``): one engine package serves every
+named width, the width the length of its sixth input (``beam_slots``, traced dynamic).
+Through TorchCall each named width returns ``Engine.recommend``'s items at that width and
+widths outside the named span are refused before anything runs; through the SavedModel's
+``serving_with_controls`` each request's ``beam_width`` gives the in-process pipeline's items
+at that width, and a call whose requests disagree, or a width not named, is refused naming
+``beam_width``; widths the traced search cannot serve are refused at export."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 import tensorflow as tf
 import torch
 
+from bridge.pipeline import RecommendPipeline
 from custom_ops.torch_call import torch_call
+from tests.tiny_export import ITEMS, SEED, TOP_N, run_python
 from tests.torch_engine.engine_worlds import prompts, small_world
+from tf_frontend.feature_graph import FeatureGraph, features_from_world
+from tf_frontend.pipeline_spec import PipelineConfig
 from torch_engine.catalog import Catalog
 from torch_engine.config import PRESETS, EngineConfig
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.errors import ConfigError, ExportError, InvalidInputError
 from xgr_common.prompt_spec import PromptSpec
+from xgr_common.serving_names import CONTROLS_SIGNATURE, SERVING_SPEC_FILE
 from xgr_common.tolerances import tolerance_for
 from xgr_export.config import EngineExportConfig, ExportConfig
 from xgr_export.engine_package import export_engine
+from xgr_world.synthetic import WorldConfig, make_world
 
-# Heavy (an AOTInductor compile of the search): left out of `make test-quick`.
+# Heavy (an AOTInductor compile of the search, fresh processes): out of `make test-quick`.
 pytestmark = pytest.mark.heavy
 
-WIDTHS, DEFAULT, TOP_K = (8, 16, 32), 16, 10
+HERE = Path(__file__).resolve().parent
+WIDTHS, DEFAULT, TOP_K, MAX_EXCLUSIONS = (16, 24, 32), 16, 10, 256
 FP32 = tolerance_for(torch.float32)
+
+
+@pytest.fixture(scope="module")
+def widths_export(tmp_path_factory):
+    """(SavedModel folder, its engine package's contract) of one `xgr export --beam_widths`."""
+    folder = tmp_path_factory.mktemp("widths")
+    out, report = folder / "pipeline", folder / "report.json"
+    run_python(["-m", "xgr_cli.main", "export", f"--out={out}", f"--seed={SEED}",
+                f"--num_items={ITEMS}", f"--beam_width={DEFAULT}",
+                f"--beam_widths={','.join(map(str, WIDTHS))}", f"--top_k={TOP_K}",
+                f"--top_n={TOP_N}", "--max_batch=16", "--cache_dir=", "--verify_requests=2",
+                f"--report_json={report}"], timeout=900)
+    return out, json.loads(report.read_text())
+
+
+def _world_engine():
+    world = make_world(WorldConfig(num_items=ITEMS, seed=SEED))
+    model = Model.from_preset("tiny", seed=SEED)
+    return world, Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes))
 
 
 def _engine() -> tuple[Engine, np.ndarray, PromptSpec]:
@@ -40,16 +70,6 @@ def _engine() -> tuple[Engine, np.ndarray, PromptSpec]:
     return engine, ids, PromptSpec(model_hidden=model.config.hidden_size, keep_last=3)
 
 
-@pytest.fixture(scope="module")
-def widths_package(tmp_path_factory):
-    engine, ids, spec = _engine()
-    path = tmp_path_factory.mktemp("widths") / "engine.pt2"
-    package = export_engine(engine, spec, path,
-                            EngineExportConfig(beam_width=DEFAULT, top_k=TOP_K, max_batch=8,
-                                               beam_widths=WIDTHS))
-    return package, engine, ids, spec
-
-
 def _request(engine, ids, spec):
     tokens, lengths, segments = prompts(9, [7, 12, 10], width=12)
     tokens = (tokens % (engine.model.config.vocab_size - 8)).to(torch.int32)
@@ -59,26 +79,32 @@ def _request(engine, ids, spec):
     return tokens, lengths.to(torch.int32), segments, soft, exclude
 
 
-def _call(package, inputs, width: int):
+def _call(saved_model: Path, inputs, width: int):
     args = [tf.constant(t.numpy()) for t in inputs] + [tf.zeros([width], tf.int8)]
-    items, scores = torch_call(str(package.path), args, [tf.int64, tf.float32])
+    items, scores = torch_call(str(saved_model / "assets" / "engine.pt2"), args,
+                               [tf.int64, tf.float32])
     return items.numpy(), scores.numpy()
 
 
-def test_the_package_takes_the_width_as_an_input_bounded_by_the_named_widths(widths_package):
-    package = widths_package[0]
-    width_input = package.inputs[-1]
-    assert width_input.dtype == "int8" and len(package.inputs) == 6
-    symbol = width_input.dims[0]
-    assert (symbol, WIDTHS[0], WIDTHS[-1]) in package.ranges
+def test_the_package_takes_the_width_bounded_by_the_named_widths(widths_export):
+    out, report = widths_export
+    contract = report["engine_signature"].splitlines()
+    inputs = [line.split() for line in contract if line.startswith("in ")]
+    assert len(inputs) == 6 and inputs[-1][1] == "int8"
+    assert f"dim {inputs[-1][2]} {WIDTHS[0]} {WIDTHS[-1]}" in contract
+    assert report["verify"]["ok"]   # serving_default, at the default width
+    spec = json.loads((out / SERVING_SPEC_FILE).read_text())
+    assert spec["per_call"] == ["beam_width"] and spec["defaults"]["beam_width"] == DEFAULT
 
 
-def test_each_named_width_answers_like_recommend_at_that_width(widths_package):
-    package, engine, ids, spec = widths_package
-    inputs = _request(engine, ids, spec)
+def test_each_named_width_answers_like_recommend_at_that_width(widths_export):
+    world, engine = _world_engine()
+    spec = PromptSpec(model_hidden=engine.model.config.hidden_size)
+    inputs = _request(engine, world.item_ids, spec)
+    saved_model = widths_export[0]
     answers = {}
     for width in WIDTHS:
-        items, scores = _call(package, inputs, width)
+        items, scores = _call(saved_model, inputs, width)
         want_items, want_scores = engine.recommend(
             *inputs[:3], beam_width=width, top_k=TOP_K, prefix_embeds=inputs[3],
             exclude_items=inputs[4])[:2]
@@ -88,27 +114,75 @@ def test_each_named_width_answers_like_recommend_at_that_width(widths_package):
     # The widths search differently: a package that ignored its input would answer alike.
     assert not all(np.array_equal(answers[WIDTHS[0]], a) for a in answers.values())
     # The next call at the default width is unaffected by the ones before it.
-    np.testing.assert_array_equal(_call(package, inputs, DEFAULT)[0], answers[DEFAULT])
+    np.testing.assert_array_equal(_call(saved_model, inputs, DEFAULT)[0], answers[DEFAULT])
 
 
 @pytest.mark.parametrize("width", [WIDTHS[0] - 1, WIDTHS[-1] + 1])
-def test_widths_outside_the_named_span_are_refused_before_anything_runs(widths_package, width):
-    package, engine, ids, spec = widths_package
-    inputs = _request(engine, ids, spec)
-    with pytest.raises((tf.errors.InvalidArgumentError, InvalidInputError),
-                       match=r"input 5"):
-        _call(package, inputs, width)
+def test_widths_outside_the_named_span_are_refused_before_anything_runs(widths_export, width):
+    world, engine = _world_engine()
+    inputs = _request(engine, world.item_ids,
+                      PromptSpec(model_hidden=engine.model.config.hidden_size))
+    with pytest.raises((tf.errors.InvalidArgumentError, InvalidInputError), match=r"input 5"):
+        _call(widths_export[0], inputs, width)
     # The refusal cost the next call nothing.
-    _call(package, inputs, DEFAULT)
+    _call(widths_export[0], inputs, DEFAULT)
+
+
+def _served(saved_model: Path, features: dict, tmp_path: Path, name: str) -> dict:
+    arrays = {k: (v.numpy() if hasattr(v, "numpy") else np.asarray(v))
+              for k, v in features.items()}
+    arrays["country"] = arrays["country"].astype("S")
+    np.savez(tmp_path / f"{name}.npz", **arrays)
+    run_python([str(HERE / "reload_child.py"), str(saved_model), str(tmp_path / f"{name}.npz"),
+                str(tmp_path / f"{name}.out.npz"), CONTROLS_SIGNATURE], timeout=300)
+    with np.load(tmp_path / f"{name}.out.npz", allow_pickle=True) as data:
+        return {k: data[k] for k in data.files}
+
+
+def _controls(rows: int, widths: list[int]) -> dict:
+    return {"exclude_items": np.zeros(0, np.int64), "exclude_splits": np.zeros(rows + 1, np.int64),
+            "top_k": np.full(rows, TOP_K, np.int32), "beam_width": np.array(widths, np.int32)}
+
+
+def test_each_requests_width_through_the_saved_model(widths_export, tmp_path):
+    world, engine = _world_engine()
+    features = features_from_world(world, slice(0, 3))
+    graph = FeatureGraph(PromptSpec(model_hidden=engine.model.config.hidden_size),
+                         world.item_ids, world.item_codes, seed=SEED)
+    python = RecommendPipeline.for_engine(
+        graph, engine, DEFAULT, TOP_K,
+        PipelineConfig(top_n=TOP_N, max_request_exclusions=MAX_EXCLUSIONS, beam_widths=WIDTHS,
+                       beam_width=DEFAULT))
+    lists = {}
+    for width in WIDTHS:
+        controls = _controls(3, [width] * 3)
+        got = _served(widths_export[0], {**features, **controls}, tmp_path, f"w{width}")
+        assert "error" not in got, got.get("error")
+        want = python({**features, **controls})
+        np.testing.assert_array_equal(got["item_ids"], want["item_ids"].numpy())
+        lists[width] = got["item_ids"]
+    assert not all(np.array_equal(lists[WIDTHS[0]], v) for v in lists.values())
+
+
+@pytest.mark.parametrize("widths, rule", [
+    ([16, 24, 16], "beam_width must be the same for every request of one call"),
+    ([20, 20, 20], "beam_width must be one of [16, 24, 32]"),
+])
+def test_bad_widths_are_refused_naming_the_rule(widths_export, tmp_path, widths, rule):
+    world, _ = _world_engine()
+    features = features_from_world(world, slice(0, 3))
+    got = _served(widths_export[0], {**features, **_controls(3, widths)}, tmp_path, "bad")
+    assert "error" in got and rule in str(got["error"])
 
 
 def test_named_widths_are_checked_before_the_compile(tmp_path):
     engine, _, spec = _engine()
     with pytest.raises(ConfigError, match="default width and must be one of beam_widths"):
         EngineExportConfig(beam_width=12, beam_widths=WIDTHS)
-    # The SavedModel's signatures do not take a width yet: refused, not half-served.
-    with pytest.raises(ConfigError, match="signatures take no beam width yet"):
-        ExportConfig(out="x", engine=EngineExportConfig(beam_width=16, beam_widths=WIDTHS))
+    # Widths are chosen through serving_with_controls: an export without it is refused.
+    with pytest.raises(ConfigError, match="max_request_exclusions 0 leaves out"):
+        ExportConfig(out="x", engine=EngineExportConfig(beam_width=16, beam_widths=WIDTHS,
+                                                        max_request_exclusions=0))
     reachable = engine.catalog.reachable_items(1)
     with pytest.raises(ConfigError, match="beam width 1 can reach"):
         export_engine(engine, spec, tmp_path / "e.pt2",

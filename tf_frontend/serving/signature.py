@@ -66,7 +66,7 @@ class RaggedGroup:
 
 # Keys of ``xgr_serving.json``; the limits among them are RequestLimits fields.
 _LIMIT_KEYS = tuple(field.name for field in dataclasses.fields(RequestLimits))
-_SPEC_KEYS = {"ragged", "defaults", *_LIMIT_KEYS}
+_SPEC_KEYS = {"ragged", "defaults", "per_call", *_LIMIT_KEYS}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,11 +79,15 @@ class ServingSpec:
     limits: the request limits the model asks for (``RequestLimits``; server flags win):
       ``max_rows`` (the largest batch the model's engine accepts), ``max_history_events``,
       ``max_tensor_elements``, ``max_pending_requests``, ``rest_api_timeout_in_ms``.
+    per_call: batch-major inputs whose value is one per model call (e.g. ``beam_width``: the
+      model runs one width per call): every row of a request must carry the same value, and
+      only requests with equal values share a call.
     """
 
     ragged: Mapping[str, tuple[str, ...]] | None = None
     limits: RequestLimits = RequestLimits()
     defaults: Mapping[str, int | float | tuple] = dataclasses.field(default_factory=dict)
+    per_call: tuple[str, ...] = ()
 
     @property
     def max_history_events(self) -> int | None:
@@ -120,12 +124,16 @@ class ServingSpec:
             for v in defaults.values()), ExportError,
             f"{where}: 'defaults' must map an input name to a number or []")
         defaults = {k: (() if v == [] else v) for k, v in defaults.items()}
+        per_call = raw.get("per_call", [])
+        require(isinstance(per_call, list) and all(isinstance(n, str) for n in per_call),
+                ExportError, f"{where}: 'per_call' must be a list of input names")
         values = {key: raw.get(key) for key in _LIMIT_KEYS}
         for key, value in values.items():
             require(value is None or (isinstance(value, int) and not isinstance(value, bool)
                                       and value >= 1), ExportError,
                     f"{where}: {key!r} must be a positive integer, got {value!r}")
-        return cls(ragged=ragged, limits=RequestLimits(**values), defaults=defaults)
+        return cls(ragged=ragged, limits=RequestLimits(**values), defaults=defaults,
+                   per_call=tuple(per_call))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +147,8 @@ class SignatureInfo:
     max_rows: int | None = None
     # Inputs a request may leave out, and what they get (ServingSpec.defaults).
     defaults: Mapping[str, int | float | tuple] = dataclasses.field(default_factory=dict)
+    # Inputs with one value per model call (ServingSpec.per_call).
+    per_call: tuple[str, ...] = ()
 
     @property
     def ragged_input_names(self) -> frozenset[str]:
@@ -208,6 +218,13 @@ def describe_signature(name: str, function, spec: ServingSpec,
         require((v == ()) == (n in grouped), ExportError,
                 f"signature {name!r}: the default of {n!r} must be [] exactly when it is a "
                 f"ragged value input")
+    per_call = tuple(n for n in spec.per_call if n in inputs)
+    for n in per_call:
+        info = inputs[n]
+        require(n not in grouped and info.batch_major and info.shape is not None
+                and len(info.shape) == 1, ExportError,
+                f"signature {name!r}: per-call input {n!r} must be a 1-D batch-major input, got "
+                f"{info.describe()}")
     return SignatureInfo(name=name, inputs=inputs, outputs=outputs, input_groups=in_groups,
                          output_groups=out_groups, max_history_events=max_history_events,
-                         max_rows=max_rows, defaults=defaults)
+                         max_rows=max_rows, defaults=defaults, per_call=per_call)

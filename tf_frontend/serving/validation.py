@@ -137,8 +137,25 @@ def prepare(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> PreparedReq
     require(rows is None or sig.max_rows is None or rows <= sig.max_rows, InvalidInputError,
             f"signature {sig.name!r}: the request has {rows} rows; at most {sig.max_rows} are "
             f"served per request (the engine's largest batch, or --max_request_rows)")
+    values = {n: _per_call_value(n, inputs[n]) for n in sig.per_call}
     key = None
     if sig.batchable and rows is not None:
         splits = {g.splits for g in sig.input_groups}
         key = (sig.name,) + tuple((n, inputs[n].shape[1:]) for n in sorted(inputs) if n not in splits)
+        # Requests share a call only with equal per-call values.
+        key += tuple(sorted(values.items()))
     return PreparedRequest(signature=sig, inputs=dict(inputs), rows=rows, merge_key=key)
+
+
+def _per_call_value(name: str, array: np.ndarray):
+    """The one value every row of a per-call input carries (None for no rows); refused when
+    the rows disagree."""
+    flat = array.reshape(-1)
+    if flat.size == 0:
+        return None
+    distinct = np.unique(flat)
+    require(distinct.size == 1, InvalidInputError,
+            f"{name}: every row of one request must carry the same value (the model runs one "
+            f"{name} per call; send rows with other values as their own requests), got "
+            f"{distinct[:8].tolist()}")
+    return distinct[0].item()
