@@ -195,3 +195,69 @@ def test_named_widths_are_checked_before_the_compile(tmp_path):
         export_engine(engine, spec, tmp_path / "f.pt2",
                       EngineExportConfig(beam_width=16, top_k=TOP_K, max_batch=8,
                                          beam_widths=(3, 16)))
+
+
+def test_concurrent_requests_of_several_widths_through_the_server(widths_export, tmp_path):
+    """REST clients at once, each with its own width, top_k and exclusions: the batcher merges
+    only equal widths, and each answer is the in-process pipeline's for that request alone."""
+    import concurrent.futures
+    import shutil
+    import threading
+
+    from tests.serving.helpers import http, start_server
+    from tf_frontend.serving.config import BatchingConfig
+
+    base = tmp_path / "models"
+    shutil.copytree(widths_export[0], base / "1")
+    world, engine = _world_engine()
+    features = features_from_world(world, slice(0, 6))
+    splits = features["history_splits"].numpy()
+    widths, top_ks = [16, 24, 16, 32, 24, 16], [10, 4, 7, 10, 10, 2]
+    excluded = [[], [int(world.item_ids[0])], [], list(map(int, world.item_ids[:5])), [], []]
+    rows = [{"user_id": int(features["user_id"][r]),
+             "country": features["country"][r].numpy().decode(),
+             "request_time": int(features["request_time"][r]),
+             "history_items": features["history_items"][splits[r]:splits[r + 1]].numpy().tolist(),
+             "history_times": features["history_times"][splits[r]:splits[r + 1]].numpy().tolist(),
+             "exclude_items": excluded[r], "top_k": top_ks[r], "beam_width": widths[r]}
+            for r in range(6)]
+    server = start_server(str(base), file_system_poll_wait_seconds=0,
+                          batching=BatchingConfig(max_batch_size=16, batch_timeout_micros=50_000,
+                                                  max_enqueued_batches=50, num_batch_threads=1))
+    try:
+        start = threading.Barrier(len(rows))
+
+        def client(row: dict):
+            start.wait()
+            return http(server.rest_port, "/v1/models/recs:predict",
+                        {"signature_name": CONTROLS_SIGNATURE, "instances": [row]})
+
+        with concurrent.futures.ThreadPoolExecutor(len(rows)) as pool:
+            answers = list(pool.map(client, rows))
+        mixed = http(server.rest_port, "/v1/models/recs:predict",
+                     {"signature_name": CONTROLS_SIGNATURE, "instances": rows[:2]})
+    finally:
+        server.stop()
+    graph = FeatureGraph(PromptSpec(model_hidden=engine.model.config.hidden_size),
+                         world.item_ids, world.item_codes, seed=SEED)
+    python = RecommendPipeline.for_engine(
+        graph, engine, DEFAULT, TOP_K,
+        PipelineConfig(top_n=TOP_N, max_request_exclusions=MAX_EXCLUSIONS, beam_widths=WIDTHS,
+                       beam_width=DEFAULT))
+    for r, (status, body) in enumerate(answers):
+        assert status == 200, body
+        one = {k: v[r:r + 1] for k, v in features.items() if k != "history_splits"}
+        lo, hi = splits[r], splits[r + 1]
+        one.update(history_items=features["history_items"][lo:hi],
+                   history_times=features["history_times"][lo:hi],
+                   history_splits=np.array([0, hi - lo], np.int64))
+        want = python({**one, "exclude_items": np.array(excluded[r], np.int64),
+                       "exclude_splits": np.array([0, len(excluded[r])], np.int64),
+                       "top_k": np.array([top_ks[r]], np.int32),
+                       "beam_width": np.array([widths[r]], np.int32)})
+        got = body["predictions"][0]
+        np.testing.assert_array_equal(got["item_ids"], want["item_ids"].numpy()[0],
+                                      err_msg=f"request {r} at width {widths[r]}")
+        assert not set(got["item_ids"]) & set(excluded[r])
+    # One request whose rows ask for two widths: refused naming the input, before the model.
+    assert mixed[0] == 400 and "beam_width" in json.dumps(mixed[1])
