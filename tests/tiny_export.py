@@ -26,6 +26,24 @@ def run_python(args: list[str], timeout: int) -> subprocess.CompletedProcess:
     return done
 
 
+def served(saved_model: Path, features: dict, tmp_path: Path, name: str,
+           signature: str) -> dict:
+    """``signature``'s outputs on ``features`` from the SavedModel reloaded in a fresh process
+    (``tests/torch_call/reload_child.py``: TF and custom_ops only); a refused request gives
+    its message under ``error``."""
+    import numpy as np
+
+    arrays = {k: (v.numpy() if hasattr(v, "numpy") else np.asarray(v))
+              for k, v in features.items()}
+    arrays["country"] = arrays["country"].astype("S")
+    np.savez(tmp_path / f"{name}.npz", **arrays)
+    run_python([str(ROOT / "tests" / "torch_call" / "reload_child.py"), str(saved_model),
+                str(tmp_path / f"{name}.npz"), str(tmp_path / f"{name}.out.npz"), signature],
+               timeout=300)
+    with np.load(tmp_path / f"{name}.out.npz", allow_pickle=True) as data:
+        return {k: data[k] for k in data.files}
+
+
 def export_tiny(folder: Path) -> tuple[Path, str, dict]:
     """(SavedModel folder, stdout, JSON report) of the export into ``folder``."""
     out, report = folder / "pipeline", folder / "report.json"

@@ -18,7 +18,7 @@ import torch
 
 from bridge.pipeline import RecommendPipeline
 from custom_ops.torch_call import torch_call
-from tests.tiny_export import ITEMS, SEED, TOP_N, run_python
+from tests.tiny_export import ITEMS, SEED, TOP_N, run_python, served
 from tests.torch_engine.engine_worlds import prompts, small_world
 from tf_frontend.feature_graph import FeatureGraph, features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
@@ -37,7 +37,6 @@ from xgr_world.synthetic import WorldConfig, make_world
 # Heavy (an AOTInductor compile of the search, fresh processes): out of `make test-quick`.
 pytestmark = pytest.mark.heavy
 
-HERE = Path(__file__).resolve().parent
 WIDTHS, DEFAULT, TOP_K, MAX_EXCLUSIONS = (16, 24, 32), 16, 10, 256
 FP32 = tolerance_for(torch.float32)
 
@@ -129,14 +128,17 @@ def test_widths_outside_the_named_span_are_refused_before_anything_runs(widths_e
 
 
 def _served(saved_model: Path, features: dict, tmp_path: Path, name: str) -> dict:
-    arrays = {k: (v.numpy() if hasattr(v, "numpy") else np.asarray(v))
-              for k, v in features.items()}
-    arrays["country"] = arrays["country"].astype("S")
-    np.savez(tmp_path / f"{name}.npz", **arrays)
-    run_python([str(HERE / "reload_child.py"), str(saved_model), str(tmp_path / f"{name}.npz"),
-                str(tmp_path / f"{name}.out.npz"), CONTROLS_SIGNATURE], timeout=300)
-    with np.load(tmp_path / f"{name}.out.npz", allow_pickle=True) as data:
-        return {k: data[k] for k in data.files}
+    return served(saved_model, features, tmp_path, name, CONTROLS_SIGNATURE)
+
+
+def _python_pipeline(world, engine) -> RecommendPipeline:
+    """The in-process pipeline the SavedModel must equal, with the export's named widths."""
+    graph = FeatureGraph(PromptSpec(model_hidden=engine.model.config.hidden_size),
+                         world.item_ids, world.item_codes, seed=SEED)
+    return RecommendPipeline.for_engine(
+        graph, engine, DEFAULT, TOP_K,
+        PipelineConfig(top_n=TOP_N, max_request_exclusions=MAX_EXCLUSIONS, beam_widths=WIDTHS,
+                       beam_width=DEFAULT))
 
 
 def _controls(rows: int, widths: list[int]) -> dict:
@@ -147,12 +149,7 @@ def _controls(rows: int, widths: list[int]) -> dict:
 def test_each_requests_width_through_the_saved_model(widths_export, tmp_path):
     world, engine = _world_engine()
     features = features_from_world(world, slice(0, 3))
-    graph = FeatureGraph(PromptSpec(model_hidden=engine.model.config.hidden_size),
-                         world.item_ids, world.item_codes, seed=SEED)
-    python = RecommendPipeline.for_engine(
-        graph, engine, DEFAULT, TOP_K,
-        PipelineConfig(top_n=TOP_N, max_request_exclusions=MAX_EXCLUSIONS, beam_widths=WIDTHS,
-                       beam_width=DEFAULT))
+    python = _python_pipeline(world, engine)
     lists = {}
     for width in WIDTHS:
         controls = _controls(3, [width] * 3)
@@ -238,12 +235,7 @@ def test_concurrent_requests_of_several_widths_through_the_server(widths_export,
                      {"signature_name": CONTROLS_SIGNATURE, "instances": rows[:2]})
     finally:
         server.stop()
-    graph = FeatureGraph(PromptSpec(model_hidden=engine.model.config.hidden_size),
-                         world.item_ids, world.item_codes, seed=SEED)
-    python = RecommendPipeline.for_engine(
-        graph, engine, DEFAULT, TOP_K,
-        PipelineConfig(top_n=TOP_N, max_request_exclusions=MAX_EXCLUSIONS, beam_widths=WIDTHS,
-                       beam_width=DEFAULT))
+    python = _python_pipeline(world, engine)
     for r, (status, body) in enumerate(answers):
         assert status == 200, body
         one = {k: v[r:r + 1] for k, v in features.items() if k != "history_splits"}

@@ -6,13 +6,12 @@ naming the input and the rule. The export is the session's one (``tests/tiny_exp
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from bridge.pipeline import RecommendPipeline
-from tests.tiny_export import BEAMS, ITEMS, SEED, TOP_K, TOP_N, run_python
+from tests.tiny_export import BEAMS, ITEMS, SEED, TOP_K, TOP_N, served
 from tf_frontend.feature_graph import FeatureGraph, features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
 from torch_engine.catalog import Catalog
@@ -22,21 +21,9 @@ from xgr_common.prompt_spec import PromptSpec
 from xgr_common.serving_names import CONTROLS_SIGNATURE, SERVING_SIGNATURE
 from xgr_world.synthetic import WorldConfig, make_world
 
-HERE = Path(__file__).resolve().parent
 MAX_EXCLUSIONS = 256   # xgr export's default --max_request_exclusions
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
-
-
-def _served(saved_model, features: dict, tmp_path, name: str, signature: str) -> dict:
-    arrays = {k: (v.numpy() if hasattr(v, "numpy") else np.asarray(v)) for k, v in
-              features.items()}
-    arrays["country"] = arrays["country"].astype("S")
-    np.savez(tmp_path / f"{name}.npz", **arrays)
-    run_python([str(HERE / "reload_child.py"), str(saved_model), str(tmp_path / f"{name}.npz"),
-                str(tmp_path / f"{name}.out.npz"), signature], timeout=300)
-    with np.load(tmp_path / f"{name}.out.npz", allow_pickle=True) as data:
-        return {k: data[k] for k in data.files}
 
 
 def _controls(rows: list[list[int]], top_k: list[int] | None = None) -> dict:
@@ -50,7 +37,7 @@ def test_each_requests_exclusions_are_applied_on_the_device(tiny_engine_export, 
     saved_model = tiny_engine_export[0]
     world = make_world(WorldConfig(num_items=ITEMS, seed=SEED))
     features = features_from_world(world, slice(0, 6))
-    plain = _served(saved_model, features, tmp_path, "plain", SERVING_SIGNATURE)
+    plain = served(saved_model, features, tmp_path, "plain", SERVING_SIGNATURE)
     top = plain["item_ids"]
     rows = [top[0, :3].tolist(),             # the three best items of its own list
             [],                              # nothing: its list is unchanged
@@ -60,7 +47,7 @@ def test_each_requests_exclusions_are_applied_on_the_device(tiny_engine_export, 
             list(range(1, 40))]              # many ids, most outside its list
     top_k = [TOP_K, 3, TOP_K, TOP_K, TOP_K, 1]   # rows 1 and 5 ask for shorter lists
     controls = _controls(rows, top_k)
-    got = _served(saved_model, {**features, **controls}, tmp_path, "controlled",
+    got = served(saved_model, {**features, **controls}, tmp_path, "controlled",
                   CONTROLS_SIGNATURE)
     assert "error" not in got
 
@@ -97,6 +84,6 @@ def test_bad_controls_are_refused_naming_the_rule(tiny_engine_export, tmp_path, 
                                                   rule):
     world = make_world(WorldConfig(num_items=ITEMS, seed=SEED))
     features = features_from_world(world, slice(0, 2))
-    got = _served(tiny_engine_export[0], {**features, **_controls(rows, top_k)}, tmp_path,
+    got = served(tiny_engine_export[0], {**features, **_controls(rows, top_k)}, tmp_path,
                   "bad", CONTROLS_SIGNATURE)
     assert "error" in got and rule in str(got["error"])
