@@ -90,7 +90,8 @@ fi
     # test_gpu_engine_package.py (the TF-free twin of the export below) is left to runs
     # without TensorFlow.
     timeout "$PYTEST_LIMIT" $PY -m pytest tests/torch_call/test_gpu.py \
-        tests/torch_call/test_gpu_export.py -m gpu -q >> "$OUT/build_and_tests.log" 2>&1
+        tests/torch_call/test_gpu_export.py tests/torch_call/test_beam_widths.py -m gpu -q \
+        >> "$OUT/build_and_tests.log" 2>&1
     note "gpu tests rc=$? ($(grep -Eo '[0-9]+ (passed|failed|error)[^=]*' \
         "$OUT/build_and_tests.log" | tail -1))"
   fi

@@ -253,3 +253,34 @@ def test_concurrent_requests_of_several_widths_through_the_server(widths_export,
         assert not set(got["item_ids"]) & set(excluded[r])
     # One request whose rows ask for two widths: refused naming the input, before the model.
     assert mixed[0] == 400 and "beam_width" in json.dumps(mixed[1])
+
+
+@pytest.mark.gpu
+def test_cuda_package_captures_one_graph_per_width_and_answers_like_recommend(tmp_path):
+    """The same on the GPU, in float32: each named width through TorchCall equals
+    ``Engine.recommend`` on CUDA at that width, and each width is its own captured graph,
+    replayed on the next call at that width (no eager runs, no failure)."""
+    from custom_ops.torch_call import package_stats
+
+    out, report = tmp_path / "pipeline", tmp_path / "report.json"
+    run_python(["-m", "xgr_cli.main", "export", f"--out={out}", f"--seed={SEED}",
+                f"--num_items={ITEMS}", f"--beam_width={DEFAULT}",
+                f"--beam_widths={','.join(map(str, WIDTHS))}", f"--top_k={TOP_K}",
+                f"--top_n={TOP_N}", "--max_batch=16", "--cache_dir=", "--verify_requests=2",
+                "--device=cuda:0", "--dtype=float32", f"--report_json={report}"], timeout=900)
+    assert json.loads(report.read_text())["verify"]["ok"]
+    world = make_world(WorldConfig(num_items=ITEMS, seed=SEED))
+    model = Model.from_preset("tiny", seed=SEED, device="cuda:0")
+    engine = Engine(model, Catalog.from_arrays(world.item_ids, world.item_codes))
+    inputs = _request(engine, world.item_ids,
+                      PromptSpec(model_hidden=model.config.hidden_size))
+    for _ in range(2):
+        for width in WIDTHS:
+            items, _scores = _call(out, inputs, width)
+            want = engine.recommend(*(t.cuda() for t in inputs[:3]), beam_width=width,
+                                    top_k=TOP_K, prefix_embeds=inputs[3].cuda(),
+                                    exclude_items=inputs[4].cuda())[0]
+            np.testing.assert_array_equal(items, want.cpu().numpy(), err_msg=f"width {width}")
+    stats = package_stats()[str(out / "assets" / "engine.pt2")]
+    assert stats["graphs"] and stats["failure"] == "" and stats["eager_runs"] == 0, stats
+    assert stats["captures"] == len(WIDTHS) and stats["replays"] == 2 * len(WIDTHS), stats
