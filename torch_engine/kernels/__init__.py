@@ -5,10 +5,11 @@
 level: CSR-masked log-softmax and per-request top-k) keep the signatures of
 ``torch_engine.reference``; each is also the torch custom op ``xgr::<name>``.
 
-Beside them, plain launches that the engine calls outside tracing, each equal to the torch
-code it replaces: ``layer_ops`` (a decoder layer's elementwise steps, rotary rows),
-``input_rules`` (the value rules of a request), ``exclusions`` (excluded rows and exhausted
-prefixes) and ``item_expansion`` (final paths to items).
+Beside them, launches that the engine calls outside tracing, each equal to the torch code it
+replaces: ``layer_ops`` (a decoder layer's elementwise steps, rotary rows; also traced ops for
+packages that ask for them, ``torch_engine.kernel_layers``), ``input_rules`` (the value rules
+of a request), ``exclusions`` (excluded rows and exhausted prefixes) and ``item_expansion``
+(final paths to items); the last two are traced ops as well, for the fused selection.
 """
 
 from xgr_common.import_order import check_triton_importable
