@@ -153,11 +153,11 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     catalog = engine.catalog
     for width in config.beam_widths or (config.beam_width,):
         require(width <= engine.config.max_beam_width, ConfigError,
-                f"beam width {width} exceeds EngineConfig.max_beam_width "
+                f"beam_width {width} exceeds EngineConfig.max_beam_width "
                 f"{engine.config.max_beam_width}")
         reachable = catalog.reachable_items(width)
         require(config.top_k <= reachable, ConfigError,
-                f"top_k {config.top_k} exceeds the {reachable} items beam width {width} can "
+                f"top_k {config.top_k} exceeds the {reachable} items beam_width {width} can "
                 f"reach (catalog of {catalog.num_items} items, at most "
                 f"{catalog.max_items_per_path} per path)")
     program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,

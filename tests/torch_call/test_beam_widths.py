@@ -181,7 +181,7 @@ def test_named_widths_are_checked_before_the_compile(tmp_path):
         ExportConfig(out="x", engine=EngineExportConfig(beam_width=16, beam_widths=WIDTHS,
                                                         max_request_exclusions=0))
     reachable = engine.catalog.reachable_items(1)
-    with pytest.raises(ConfigError, match="beam width 1 can reach"):
+    with pytest.raises(ConfigError, match="beam_width 1 can reach"):
         export_engine(engine, spec, tmp_path / "e.pt2",
                       EngineExportConfig(beam_width=16, top_k=reachable + 1, max_batch=8,
                                          beam_widths=(1, 16)))
