@@ -104,22 +104,22 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     version whose engine package does not load is never served."""
     out_dir = require_empty_folder(out_dir)
     module = Pipeline(feature_graph, package, config, engine_inputs, catalog)
+    top_k = package.outputs[0].dims[1]
     signatures = {SERVING_SIGNATURE: module.serve.get_concrete_function()}
     if config.max_request_exclusions:
         signatures[CONTROLS_SIGNATURE] = module.serve_with_controls.get_concrete_function()
     tf.saved_model.save(module, str(out_dir), signatures=signatures)
-    _write_serving_spec(out_dir, config, _largest_batch(package), package.outputs[0].dims[1])
+    _write_serving_spec(out_dir, config, _largest_batch(package), top_k)
     if warmup_features is not None:
         requests = split_requests(warmup_features)
         # Each other named width once too, so its graph is captured before the first client.
-        others = [(CONTROLS_SIGNATURE, width_request(requests[0], width, config,
-                                                     package.outputs[0].dims[1]))
+        others = [(CONTROLS_SIGNATURE, width_request(requests[0], width, top_k))
                   for width in config.beam_widths if width != config.beam_width]
         write_warmup_requests(out_dir, requests, more=others)
     return out_dir
 
 
-def width_request(request: dict, width: int, config: PipelineConfig, top_k) -> dict:
+def width_request(request: dict, width: int, top_k) -> dict:
     """``request`` (features) for ``serving_with_controls`` at beam ``width``: no
     exclusions of its own, the export's ``top_k``."""
     rows = len(request["history_splits"]) - 1

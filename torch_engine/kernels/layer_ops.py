@@ -405,30 +405,15 @@ def _fake_qkv_rotary(qkv, cos, sin, inputs, bias, q_norm, k_norm, num_heads, num
     return qkv.new_empty((*lead, num_heads, dim)), k, torch.empty_like(k)
 
 
-def _functional_silu_mul(gate_up: torch.Tensor, inputs: torch.Tensor | None,
-                         input_eps: float) -> torch.Tensor:
-    return silu_mul(gate_up, inputs, input_eps)
-
-
-def _fake_silu_mul(gate_up, inputs, input_eps):
+def _fake_silu_mul(gate_up, inputs=None, input_eps=1e-6):
     return gate_up.new_empty((*gate_up.shape[:-1], gate_up.shape[-1] // 2))
-
-
-def _functional_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return rms_norm(x, weight, eps)
 
 
 def _fake_rms_norm(x, weight, eps):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
 
 
-def _functional_rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor,
-                               dtype: torch.dtype, repeat: int
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    return rotary_cos_sin(positions, inv_freq, dtype, repeat)
-
-
-def _fake_rotary_cos_sin(positions, inv_freq, dtype, repeat):
+def _fake_rotary_cos_sin(positions, inv_freq, dtype, repeat=1):
     shape = (*positions.shape, *((repeat,) if repeat > 1 else ()), 2 * inv_freq.shape[0])
     cos = positions.new_empty(shape, dtype=dtype)
     return cos, torch.empty_like(cos)
@@ -443,16 +428,19 @@ def _traced_op(name: str, launch, fake):
     interpreted.register_fake(fake)
 
     @functools.wraps(launch)
-    def dispatch(*args):
-        return interpreted(*args) if c.interpreting() else launch(*args)
+    def dispatch(*args, **kwargs):
+        run = interpreted if c.interpreting() else launch
+        return run(*args, **kwargs)
 
     return triton_op(f"xgr::{name}", dispatch, mutates_args=())
 
 
 _traced_op("qkv_rotary", _functional_qkv_rotary, _fake_qkv_rotary)
-_traced_op("silu_mul", _functional_silu_mul, _fake_silu_mul)
-_traced_op("rms_norm", _functional_rms_norm, _fake_rms_norm)
-_traced_op("rotary_cos_sin", _functional_rotary_cos_sin, _fake_rotary_cos_sin)
+# These launchers are functional already and serve as the ops' bodies; qkv_rotary's launcher
+# writes into the caller's slot, so its op allocates the keys and values itself.
+_traced_op("silu_mul", silu_mul, _fake_silu_mul)
+_traced_op("rms_norm", rms_norm, _fake_rms_norm)
+_traced_op("rotary_cos_sin", rotary_cos_sin, _fake_rotary_cos_sin)
 
 # The ops whose kernels an engine package holds when it runs the layer kernels.
 LAYER_OPS = ("xgr::qkv_rotary", "xgr::silu_mul", "xgr::rms_norm", "xgr::rotary_cos_sin")
