@@ -91,6 +91,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook, called in the controller
+def pytest_xdist_node_collection_finished(node, ids):
+    """Under ``--dist loadgroup`` pytest-xdist tags each node id with its group; where a pytest
+    release stores node ids so that the tag is lost, every costly build would run on both
+    workers (and past CI's time limits): stop with the reason instead."""
+    if node.config.getoption("dist") == "loadgroup" and ids and not any("@" in i for i in ids):
+        pytest.exit(f"pytest-xdist's --dist loadgroup does not group tests under pytest "
+                    f"{pytest.__version__}: install the pytest pinned in requirements.txt",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
+
+
 @pytest.fixture(scope="session")
 def tiny_engine_export(tmp_path_factory):
     """(SavedModel folder, stdout, JSON report) of the session's one export of the tiny

@@ -38,7 +38,8 @@ def quick_run(tmp_path_factory):
     cache = tmp_path_factory.mktemp("xgr_cache")
     report = cache / "report.json"
     proc = run_xgr("demo", "--quick", f"--cache_dir={cache}", f"--report_json={report}",
-                   "--users=300", "--batch_size=100", "--show_users=2", "--recall_at=10,50")
+                   "--users=300", "--batch_size=100", "--show_users=2", "--recall_at=10,50",
+                   timeout=1200)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return cache, proc.stdout, json.loads(report.read_text())
 
