@@ -201,6 +201,9 @@ class Model(nn.Module):
         """
         x = self.embed(tokens)
         cos, sin = self._rotary(positions, x.dtype, repeat=tokens.shape[1])
+        # [B, W, D] also for one beam (the rotary drops a repeat of 1, and [B, D] would
+        # broadcast against the batch).
+        cos, sin = cos.reshape(*tokens.shape, -1), sin.reshape(*tokens.shape, -1)
         for index, layer in enumerate(self.model.layers):
             q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot))
             beam_k, beam_v = beams.layer(index)
