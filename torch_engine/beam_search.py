@@ -160,7 +160,10 @@ def keep_all(scores: torch.Tensor, logp: torch.Tensor, catalog: Catalog, level: 
     codes = torch.zeros(width, dtype=torch.int64, device=device)
     parents[:count] = catalog.level_parents[level]
     codes[:count] = catalog.level_codes[level]
-    live = torch.arange(width, device=device) < count
+    # A padded catalog's table holds ``count`` entries, of which the first live_prefixes are
+    # real: a tensor, so the traced search serves every catalog within the capacity.
+    real = count if catalog.live_prefixes is None else catalog.live_prefixes[level + 1]
+    live = torch.arange(width, device=device) < real
     batch = scores.shape[0]
     parents, codes = parents.expand(batch, width), codes.expand(batch, width)
     step = logp.gather(1, parents[..., None].expand(-1, -1, logp.shape[-1]))

@@ -15,10 +15,18 @@ in sorted order), so beam search carries prefix ids instead of code tuples. Then
     item_lookup_ids [N], item_lookup_rows [N]  sorted item ids and their row in path_items
     prefix_indptr[l] [P_{l+1} + 1]  for l < L - 1: the rows of path_items under each prefix of
                                     length l + 1 (``item_indptr`` also gives path_indptr)
+
+A catalog *padded* to a ``CatalogCapacity`` (``Catalog.padded``) has tables of the capacity's
+sizes, so that a program traced on it serves any catalog within the capacity: its ints are the
+capacities, and its real counts live in ``live`` (host) and ``live_prefixes`` (device). Padding
+is inert: an empty prefix repeats the last ``indptr`` value, so no real prefix reaches a padded
+CSR entry or path; padded lookup ids are ``PAD_ID`` (above every item id) with the row sentinel
+(``num_items``), so an exclusion of that id excludes nothing.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
@@ -28,9 +36,74 @@ from xgr_common.errors import CatalogError, require
 from xgr_common.layout import TokenLayout
 
 
+# Padded entries of the sorted item ids: larger than any item id, so they sort last.
+PAD_ID = 2 ** 63 - 1
+
+
+@dataclass(frozen=True)
+class CatalogSize:
+    """A catalog's sizes, or the capacities a padded catalog's tables are built to: ``items``;
+    ``prefixes`` of each length 1..L (P_L = distinct paths); ``fanout`` per level (most
+    children of one prefix); ``items_per_path``."""
+
+    items: int
+    prefixes: tuple[int, ...]
+    fanout: tuple[int, ...]
+    items_per_path: int
+
+    def __post_init__(self) -> None:
+        require(len(self.prefixes) == len(self.fanout) >= 1, CatalogError,
+                f"prefixes {self.prefixes} and fanout {self.fanout} need one entry per level")
+        values = (self.items, *self.prefixes, *self.fanout, self.items_per_path)
+        require(all(isinstance(v, int) and v >= 1 for v in values), CatalogError,
+                f"catalog sizes must be positive ints, got {self}")
+
+    @classmethod
+    def with_headroom(cls, size: "CatalogSize", headroom: float, codebook_size: int
+                      ) -> "CatalogSize":
+        """``size`` grown by ``headroom`` (1.5 = half again), within what ``codebook_size``
+        codes per level allow."""
+        require(headroom >= 1.0, CatalogError, f"headroom must be >= 1.0, got {headroom}")
+        grow = lambda n: int(math.ceil(n * headroom))  # noqa: E731
+        prefixes = tuple(min(grow(p), codebook_size ** (length + 1))
+                         for length, p in enumerate(size.prefixes))
+        return cls(items=grow(size.items), prefixes=prefixes,
+                   fanout=tuple(min(grow(f), codebook_size) for f in size.fanout),
+                   items_per_path=grow(size.items_per_path))
+
+    def over(self, capacity: "CatalogSize") -> list[str]:
+        """Each size above ``capacity``, as "name value > capacity" (empty: it fits)."""
+        over = []
+        pairs = [("items", self.items, capacity.items),
+                 ("items_per_path", self.items_per_path, capacity.items_per_path)]
+        pairs += [(f"prefixes of length {i + 1}", v, c)
+                  for i, (v, c) in enumerate(zip(self.prefixes, capacity.prefixes))]
+        pairs += [(f"fanout of level {i}", v, c)
+                  for i, (v, c) in enumerate(zip(self.fanout, capacity.fanout))]
+        for name, value, cap in pairs:
+            if value > cap:
+                over.append(f"{name} {value} > {cap}")
+        return over
+
+    def to_json(self) -> dict:
+        return {"items": self.items, "prefixes": list(self.prefixes),
+                "fanout": list(self.fanout), "items_per_path": self.items_per_path}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CatalogSize":
+        try:
+            return cls(items=int(data["items"]), prefixes=tuple(int(p) for p in data["prefixes"]),
+                       fanout=tuple(int(f) for f in data["fanout"]),
+                       items_per_path=int(data["items_per_path"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise CatalogError(f"a catalog capacity needs items, prefixes, fanout and "
+                               f"items_per_path; got {data!r} ({error})") from None
+
+
 @dataclass(frozen=True)
 class Catalog:
-    """Device tables of one catalog (all int64 tensors); build with ``Catalog.from_arrays``."""
+    """Device tables of one catalog (all int64 tensors); build with ``Catalog.from_arrays``,
+    pad to capacities with ``padded``."""
 
     layout: TokenLayout
     num_items: int
@@ -45,6 +118,9 @@ class Catalog:
     item_lookup_ids: torch.Tensor
     item_lookup_rows: torch.Tensor
     prefix_indptr: tuple[torch.Tensor, ...]   # lengths 1 .. L-1; length L is path_indptr
+    # Padded catalogs only: the real sizes, and the real prefix counts P_0..P_L on the device.
+    live: CatalogSize | None = None
+    live_prefixes: torch.Tensor | None = None
 
     @classmethod
     def from_arrays(cls, item_ids, codes, layout: TokenLayout | None = None) -> "Catalog":
@@ -111,11 +187,79 @@ class Catalog:
     def levels(self) -> int:
         return self.layout.levels
 
+    @property
+    def size(self) -> CatalogSize:
+        """The real sizes (of the items in hand, also when the tables are padded)."""
+        return self.live or self.table_size
+
+    @property
+    def table_size(self) -> CatalogSize:
+        """The sizes the tables are built to: the capacity of a padded catalog."""
+        return CatalogSize(items=self.num_items, prefixes=self.num_prefixes[1:],
+                           fanout=self.max_fanout, items_per_path=self.max_items_per_path)
+
     def reachable_items(self, beam_width: int) -> int:
         """The most items ``beam_width`` final beams can reach, the bound on ``top_k``: beam
         search returns only items on surviving code paths, each path holds at most
-        ``max_items_per_path`` items, and there are ``num_items`` in all."""
-        return min(self.num_items, beam_width * self.max_items_per_path)
+        ``max_items_per_path`` items, and there are ``num_items`` in all (the real counts)."""
+        size = self.size
+        return min(size.items, beam_width * size.items_per_path)
+
+    def padded(self, capacity: CatalogSize) -> "Catalog":
+        """This catalog with tables padded to ``capacity`` (see the module docstring); raises
+        ``CatalogError`` naming each size over its capacity."""
+        real = self.size
+        require(len(capacity.prefixes) == self.levels, CatalogError,
+                f"the capacity names {len(capacity.prefixes)} levels, the catalog has "
+                f"{self.levels}")
+        over = real.over(capacity)
+        require(not over, CatalogError,
+                f"the catalog is over the capacity its package was exported with: "
+                f"{'; '.join(over)}. Export a package with a larger capacity")
+        source = self.to("cpu") if self.live is None else self.unpadded().to("cpu")
+        levels, sentinel = self.levels, capacity.items
+        counts = (1, *capacity.prefixes)
+
+        def grow(t: torch.Tensor, size: int, fill: int | None = None) -> torch.Tensor:
+            value = int(t[-1]) if fill is None else fill
+            return torch.cat([t, t.new_full((size - t.shape[0],), value)])
+
+        level_indptr = tuple(grow(source.level_indptr[l], counts[l] + 1) for l in range(levels))
+        level_codes = tuple(grow(source.level_codes[l], counts[l + 1], 0) for l in range(levels))
+        level_parents = tuple(grow(source.level_parents[l], counts[l + 1], 0)
+                              for l in range(levels))
+        padded = replace(
+            source, num_items=capacity.items, num_prefixes=counts, max_fanout=capacity.fanout,
+            max_items_per_path=capacity.items_per_path, level_indptr=level_indptr,
+            level_codes=level_codes, level_parents=level_parents,
+            path_indptr=grow(source.path_indptr, counts[levels] + 1),
+            path_items=grow(source.path_items, sentinel, -1),
+            item_lookup_ids=grow(source.item_lookup_ids, sentinel, PAD_ID),
+            item_lookup_rows=grow(source.item_lookup_rows, sentinel, sentinel),
+            prefix_indptr=tuple(grow(t, counts[l + 1] + 1)
+                                for l, t in enumerate(source.prefix_indptr)),
+            live=real,
+            live_prefixes=torch.tensor((1, *real.prefixes), dtype=torch.int64))
+        return padded.to(self.device)
+
+    def unpadded(self) -> "Catalog":
+        """The catalog's tables at its real sizes (itself when not padded)."""
+        if self.live is None:
+            return self
+        real, levels = self.live, self.levels
+        counts = (1, *real.prefixes)
+        return replace(
+            self, num_items=real.items, num_prefixes=counts, max_fanout=real.fanout,
+            max_items_per_path=real.items_per_path,
+            level_indptr=tuple(self.level_indptr[l][:counts[l] + 1] for l in range(levels)),
+            level_codes=tuple(self.level_codes[l][:counts[l + 1]] for l in range(levels)),
+            level_parents=tuple(self.level_parents[l][:counts[l + 1]] for l in range(levels)),
+            path_indptr=self.path_indptr[:counts[levels] + 1],
+            path_items=self.path_items[:real.items],
+            item_lookup_ids=self.item_lookup_ids[:real.items],
+            item_lookup_rows=self.item_lookup_rows[:real.items],
+            prefix_indptr=tuple(t[:counts[l + 1] + 1] for l, t in enumerate(self.prefix_indptr)),
+            live=None, live_prefixes=None)
 
     def item_indptr(self, length: int) -> torch.Tensor:
         """``[P_length + 1]`` int64: prefix p of ``length`` codes (1..levels) holds the rows
@@ -141,10 +285,29 @@ class Catalog:
 
     def nbytes(self) -> int:
         """Bytes held by the tables."""
-        tensors = [self.path_indptr, self.path_items, self.item_lookup_ids,
-                   self.item_lookup_rows, *self.level_indptr, *self.level_codes,
-                   *self.level_parents, *self.prefix_indptr]
-        return sum(t.numel() * t.element_size() for t in tensors)
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """Every table by a stable name (``level_codes.0``, ``path_items``, ...)."""
+        named = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                named[f.name] = value
+            elif isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
+                named.update({f"{f.name}.{i}": t for i, t in enumerate(value)})
+        return named
+
+    def with_tensors(self, named: dict[str, torch.Tensor]) -> "Catalog":
+        """A catalog of the same sizes over the tables ``named`` (as ``tensors`` names them)."""
+        changes = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, torch.Tensor):
+                changes[f.name] = named[f.name]
+            elif isinstance(value, tuple) and value and isinstance(value[0], torch.Tensor):
+                changes[f.name] = tuple(named[f"{f.name}.{i}"] for i in range(len(value)))
+        return replace(self, **changes)
 
 
 def _argsort(values: np.ndarray) -> np.ndarray:
