@@ -55,7 +55,7 @@ def _path_tensor(path: str) -> tf.Tensor:
 def torch_call(package, inputs: Sequence[tf.Tensor], output_dtypes: Sequence[tf.DType],
                output_shapes: Sequence[Sequence[int | None]] | None = None,
                intra_op_threads: int = 1, concurrency: int = 1,
-               name: str | None = None) -> list[tf.Tensor]:
+               name: str | None = None, tables=None) -> list[tf.Tensor]:
     """Runs the package at path ``package`` (scalar string tensor or Asset) on ``inputs``.
 
     Args:
@@ -65,6 +65,9 @@ def torch_call(package, inputs: Sequence[tf.Tensor], output_dtypes: Sequence[tf.
       output_shapes: optional static shapes (``None`` for dynamic dims) for shape inference.
       intra_op_threads: torch threads used by each calling TF thread (set once per thread).
       concurrency: AOTInductor model instances that may run at once in this process.
+      tables: for a package whose contract names tables (an engine exported with a catalog
+        capacity), the tables file (scalar ``tf.string`` path or ``tf.saved_model.Asset``):
+        loaded once onto the package's device, never sent per call.
 
     Returns:
       One host tensor per output.
@@ -72,13 +75,19 @@ def torch_call(package, inputs: Sequence[tf.Tensor], output_dtypes: Sequence[tf.
     shapes = None if output_shapes is None else tuple(
         tuple(s) if s is not None else None for s in output_shapes)
     dtypes, shape_attrs = _attrs(tuple(output_dtypes), shapes)
-    path = package.asset_path if isinstance(package, tf.saved_model.Asset) else package
-    if isinstance(path, str) and tf.executing_eagerly():
-        path = _path_tensor(path)
+    path, tables_path = _path(package), [] if tables is None else [_path(tables)]
     op = load_library("torch_call")
-    return op.torch_call(package=path, inputs=list(inputs), Tout=dtypes,
+    return op.torch_call(package=path, tables=tables_path, inputs=list(inputs), Tout=dtypes,
                          output_shapes=shape_attrs, intra_op_threads=intra_op_threads,
                          concurrency=concurrency, name=name)
+
+
+def _path(file):
+    """A scalar path of ``file`` (a path or an asset) for the op."""
+    path = file.asset_path if isinstance(file, tf.saved_model.Asset) else file
+    if isinstance(path, str) and tf.executing_eagerly():
+        path = _path_tensor(path)
+    return path
 
 
 def package_stats() -> dict:

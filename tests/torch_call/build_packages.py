@@ -111,6 +111,14 @@ class Unaligned(torch.nn.Module):
         return buf[1:]
 
 
+class Weighted(torch.nn.Module):
+    """x float32 [B] and a table float32 [8] -> x * the table's sum: a package whose last input
+    is a table the runtime holds (loaded from a tables file, never sent by the caller)."""
+
+    def forward(self, x, table):
+        return x * table.sum()
+
+
 class Identity(torch.nn.Module):
     """x float32 [B] -> x itself: the result aliases the TF input buffer."""
 
@@ -235,6 +243,13 @@ def main(out: Path, cache: Path) -> None:
                          ("identity", Identity())):
         built[name] = torch_package.package_torchscript(
             module, (torch.randn(8),), out / f"{name}.pt", one_dim, script=True)
+    from dataclasses import replace
+
+    weighted = torch_package.package_torchscript(
+        Weighted(), (torch.randn(8), torch.ones(8)), out / "weighted_raw.pt", one_dim,
+        script=True)
+    built["weighted"] = _with_contract(torch_package, weighted.path, out / "weighted.pt",
+                                       replace(weighted, tables=("weights.table",)))
     # A CPU module whose contract names CUDA: what a GPU export looks like on a CPU host.
     cuda = torch_package.Package(out / "cuda.pt", "torchscript", "cuda:0",
                                  built["identity"].inputs, built["identity"].outputs,

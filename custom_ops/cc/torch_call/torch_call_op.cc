@@ -111,20 +111,24 @@ class TorchCallOp : public OpKernel {
     std::shared_ptr<Package> package;
     OP_REQUIRES_OK(ctx, ToAbsl(Held(path, &package)));
     OP_REQUIRES_OK(ctx, CheckOutputTypes(*package, path));
+    std::shared_ptr<const Tables> tables;
+    OP_REQUIRES_OK(ctx, HeldTables(ctx, package, &tables));
 
-    std::vector<InputView> views(ctx->num_inputs() - 1);
-    for (int i = 1; i < ctx->num_inputs(); ++i) {
-      const Tensor& t = ctx->input(i);
-      InputView& view = views[i - 1];
+    tensorflow::OpInputList inputs;
+    OP_REQUIRES_OK(ctx, ctx->input_list("inputs", &inputs));
+    std::vector<InputView> views(inputs.size());
+    for (int i = 0; i < inputs.size(); ++i) {
+      const Tensor& t = inputs[i];
+      InputView& view = views[i];
       OP_REQUIRES(ctx, ToElementType(t.dtype(), &view.dtype),
-                  absl::InvalidArgumentError("TorchCall: input " + std::to_string(i - 1) +
+                  absl::InvalidArgumentError("TorchCall: input " + std::to_string(i) +
                                              " has unsupported dtype " +
                                              tensorflow::DataTypeString(t.dtype())));
       view.data = t.data();
       for (int d = 0; d < t.dims(); ++d) view.shape.push_back(t.dim_size(d));
     }
     std::vector<Result> results;
-    OP_REQUIRES_OK(ctx, ToAbsl(package->Run(views, threads_, &results)));
+    OP_REQUIRES_OK(ctx, ToAbsl(package->Run(views, threads_, &results, tables.get())));
     for (size_t i = 0; i < results.size(); ++i) {
       OP_REQUIRES_OK(ctx, SetOutput(ctx, static_cast<int>(i), results[i]));
     }
@@ -148,6 +152,33 @@ class TorchCallOp : public OpKernel {
       held_.emplace(path, *package);
     }
     return s;
+  }
+
+  // The tables file the op names (none, or one scalar path: an asset beside the package),
+  // loaded once for this package.
+  absl::Status HeldTables(OpKernelContext* ctx, const std::shared_ptr<Package>& package,
+                          std::shared_ptr<const Tables>* tables) {
+    tensorflow::OpInputList paths;
+    absl::Status s = ctx->input_list("tables", &paths);
+    if (!s.ok()) return s;
+    if (paths.size() == 0) return absl::OkStatus();  // Run refuses a package that reads tables
+    if (paths.size() != 1 || paths[0].dims() != 0 || paths[0].dtype() != tensorflow::DT_STRING) {
+      return absl::InvalidArgumentError("TorchCall: `tables` must be one scalar string (the "
+                                        "tables asset's path)");
+    }
+    const std::string path(paths[0].scalar<tensorflow::tstring>()());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (held_tables_.first == package.get() && held_tables_.second.first == path) {
+        *tables = held_tables_.second.second;
+        return absl::OkStatus();
+      }
+    }
+    Status loaded = GetTables(package, path, tables);
+    if (!loaded.ok()) return ToAbsl(loaded);
+    std::lock_guard<std::mutex> lock(mu_);
+    held_tables_ = {package.get(), {path, *tables}};
+    return absl::OkStatus();
   }
 
   absl::Status CheckOutputTypes(const Package& package, const std::string& path) const {
@@ -201,10 +232,13 @@ class TorchCallOp : public OpKernel {
   LoadOptions options_;
   std::mutex mu_;
   std::map<std::string, std::shared_ptr<Package>> held_;
+  // The last (package, tables path) this kernel ran and its tables, kept alive by the kernel.
+  std::pair<const Package*, std::pair<std::string, std::shared_ptr<const Tables>>> held_tables_;
 };
 
 REGISTER_OP("TorchCall")
     .Input("package: string")
+    .Input("tables: Ntables * string")
     .Input("inputs: Tin")
     .Output("outputs: Tout")
     .Attr("Tin: list({float, double, half, bfloat16, int8, uint8, int32, int64, bool}) >= 0")
@@ -212,6 +246,7 @@ REGISTER_OP("TorchCall")
     .Attr("output_shapes: list(shape) = []")
     .Attr("intra_op_threads: int = 1")
     .Attr("concurrency: int = 1")
+    .Attr("Ntables: int >= 0 = 0")
     // Stateful: it loads files into a process cache, and constant folding must not run it.
     .SetIsStateful()
     .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
@@ -237,6 +272,9 @@ REGISTER_OP("TorchCall")
 Runs a Torch package (AOTInductor `.pt2` or TorchScript `.pt`) on the inputs.
 
 package: scalar path of the package, usually a SavedModel asset.
+tables: none, or the scalar path of the tables file (an asset) of a package whose contract
+  names tables (a catalog padded to the package's capacities): loaded once onto the package's
+  device and passed on every run.
 inputs: host tensors, borrowed by torch without a copy and moved to the package's device.
 outputs: the package's results on the host (adopted without a copy when 64-byte aligned).
 output_shapes: optional static shapes for shape inference, one per output.

@@ -73,15 +73,23 @@ struct LoadOptions {
   int concurrency = 1;  // AOTInductor model instances that may run at once
 };
 
+// Tables a package reads on every run (a catalog's search tables), loaded once from a tables
+// file onto the package's device and held by the runtime: they never cross from TF. Opaque to
+// the TF half.
+struct Tables;
+
 // A loaded package (AOTInductor or TorchScript). Thread-safe: Run may be called from many
 // threads at once.
 class Package {
  public:
   virtual ~Package() = default;
-  // Runs the package on `inputs` and returns host results in `outputs`. `threads` is the
-  // intra-op thread count applied once to each calling thread.
+  // Runs the package on `inputs` (and `tables`, for a package whose contract names tables;
+  // null otherwise) and returns host results in `outputs`. `threads` is the intra-op thread
+  // count applied once to each calling thread.
   virtual Status Run(const std::vector<InputView>& inputs, int threads,
-                     std::vector<Result>* outputs) = 0;
+                     std::vector<Result>* outputs, const Tables* tables = nullptr) = 0;
+  // How many tables the package reads (0: it takes its inputs alone).
+  virtual size_t num_tables() const { return 0; }
   // One line per input/output, e.g. "int64[batch,len]", for messages.
   virtual std::string Describe() const = 0;
   virtual std::string device() const = 0;
@@ -92,10 +100,18 @@ class Package {
   virtual std::string StatsJson() const { return "{}"; }
 };
 
-// Loads `path` once per process (per path and options) and returns the shared package. A
+// Loads `path` once per process (per file and options) and returns the shared package. A
+// file is known by its identity on disk (device, inode, size, modification time), not its
+// path: versions of a model that hard-link one package file share one loaded package. A
 // failed load is not cached, so a repaired file loads on the next call.
 Status GetPackage(const std::string& path, const LoadOptions& options,
                   std::shared_ptr<Package>* package);
+
+// Loads the tables file `path` (torch.save of a dict of tensors, written by the export) for
+// `package` once per process: every table its contract names, with the dtype and sizes it
+// names, moved to its device. Errors name the file and the table at fault.
+Status GetTables(const std::shared_ptr<Package>& package, const std::string& path,
+                 std::shared_ptr<const Tables>* tables);
 
 }  // namespace torch_call
 }  // namespace xgr

@@ -23,7 +23,7 @@ namespace {
 // One bucket's graph and the fixed buffers it reads and writes.
 struct Captured {
   std::vector<at::Tensor> staging;     // pinned host inputs
-  std::vector<at::Tensor> device_in;
+  std::vector<at::Tensor> device_in;   // the copied inputs, then the resident tensors
   std::vector<at::Tensor> device_out;  // allocated inside the capture, in the shared pool
   std::vector<at::Tensor> host_out;    // pinned host outputs
   std::unique_ptr<at::cuda::CUDAGraph> graph;
@@ -43,24 +43,24 @@ class CudaGraphRunner : public GraphRunner {
     entries_.clear();  // graphs before their pool's tensors, under the device
   }
 
-  std::vector<at::Tensor> Run(const std::vector<at::Tensor>& inputs,
-                              const std::string& key) override {
+  std::vector<at::Tensor> Run(const std::vector<at::Tensor>& inputs, const std::string& key,
+                              const std::vector<at::Tensor>& resident) override {
     std::lock_guard<std::mutex> lock(mu_);
     c10::cuda::CUDAGuard on_device(device_);
     c10::cuda::CUDAStreamGuard on_stream(stream_);
     ++stats_.calls;
-    if (!stats_.failure.empty()) return Eager(inputs);
+    if (!stats_.failure.empty()) return Eager(inputs, resident);
     auto found = index_.find(key);
     if (found == index_.end()) {
       if (static_cast<int>(entries_.size()) >= max_graphs_) Evict();
       try {
-        entries_.emplace_front(key, Capture(inputs));
+        entries_.emplace_front(key, Capture(inputs, resident));
       } catch (const c10::Error& e) {
         GiveUp(e.what_without_backtrace());
-        return Eager(inputs);
+        return Eager(inputs, resident);
       } catch (const std::exception& e) {
         GiveUp(e.what());
-        return Eager(inputs);
+        return Eager(inputs, resident);
       }
       found = index_.emplace(key, entries_.begin()).first;
       ++stats_.captures;
@@ -95,7 +95,8 @@ class CudaGraphRunner : public GraphRunner {
  private:
   using Entries = std::list<std::pair<std::string, Captured>>;
 
-  Captured Capture(const std::vector<at::Tensor>& inputs) {
+  Captured Capture(const std::vector<at::Tensor>& inputs,
+                   const std::vector<at::Tensor>& resident) {
     Captured graph;
     for (const auto& in : inputs) {
       graph.staging.push_back(at::empty(in.sizes(), in.options().pinned_memory(true)));
@@ -103,6 +104,7 @@ class CudaGraphRunner : public GraphRunner {
       graph.device_in.push_back(at::empty(in.sizes(), in.options().device(device_)));
       graph.device_in.back().copy_(graph.staging.back(), /*non_blocking=*/true);
     }
+    graph.device_in.insert(graph.device_in.end(), resident.begin(), resident.end());
     // Warm-up outside the capture: the first run of a shape folds constants, loads modules
     // and creates library handles, none of which a graph may record.
     loader_->run(graph.device_in, stream_.stream());
@@ -127,10 +129,12 @@ class CudaGraphRunner : public GraphRunner {
     return graph;
   }
 
-  std::vector<at::Tensor> Eager(const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> Eager(const std::vector<at::Tensor>& inputs,
+                                const std::vector<at::Tensor>& resident) {
     std::vector<at::Tensor> on_device;
-    on_device.reserve(inputs.size());
+    on_device.reserve(inputs.size() + resident.size());
     for (const auto& in : inputs) on_device.push_back(in.to(device_));
+    on_device.insert(on_device.end(), resident.begin(), resident.end());
     std::vector<at::Tensor> outputs = loader_->run(on_device, stream_.stream());
     std::vector<at::Tensor> results;
     for (const auto& out : outputs) results.push_back(out.to(at::kCPU));

@@ -47,10 +47,14 @@ struct GraphStats {
 class GraphRunner {
  public:
   virtual ~GraphRunner() = default;
-  // Runs the package on host `inputs` (already at a bucketed shape; `key` names the bucket)
-  // and returns host outputs the caller owns. Thread-safe: calls are serialised.
+  // Runs the package on host `inputs` (already at a bucketed shape) followed by `resident`
+  // (device tensors passed as they are, never copied: a catalog's tables) and returns host
+  // outputs the caller owns. `key` names the bucket and the resident set: a graph reads the
+  // resident tensors at the addresses it was captured with, which must outlive its replays
+  // under that key. Thread-safe: calls are serialised.
   virtual std::vector<at::Tensor> Run(const std::vector<at::Tensor>& inputs,
-                                      const std::string& key) = 0;
+                                      const std::string& key,
+                                      const std::vector<at::Tensor>& resident) = 0;
   virtual GraphStats Stats() const = 0;
 };
 

@@ -4,6 +4,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
 
@@ -16,6 +17,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "custom_ops/cc/torch_call/torch/extraction_folders.h"
@@ -25,6 +27,16 @@
 
 namespace xgr {
 namespace torch_call {
+
+// A tables file loaded for one package: its tensors on the package's device, in the order of
+// the contract's `table` lines; `id` tells apart the table sets of one package (its graphs are
+// captured per set, since a graph reads its tables by address).
+struct Tables {
+  std::vector<at::Tensor> tensors;
+  std::string path;
+  uint64_t id = 0;
+};
+
 namespace {
 
 // AOTInductor metadata key / TorchScript extra file holding the Signature text.
@@ -96,7 +108,15 @@ class PackageBase : public Package {
   }
 
   Status Run(const std::vector<InputView>& inputs, int threads,
-             std::vector<Result>* outputs) override {
+             std::vector<Result>* outputs, const Tables* tables) override {
+    if (tables == nullptr && !signature_.tables.empty()) {
+      return BadPackage("the package reads " + std::to_string(signature_.tables.size()) +
+                        " tables (its catalog) but the call names no tables file; export the "
+                        "SavedModel with the package's tables asset");
+    }
+    if (tables != nullptr && tables->tensors.size() != signature_.tables.size()) {
+      return BadPackage("the tables file " + tables->path + " was loaded for another package");
+    }
     Status s = signature_.CheckInputs(inputs);
     if (s.ok()) s = signature_.CheckValues(inputs);  // no kernel sees a value breaking a rule
     if (!s.ok()) return s;
@@ -107,7 +127,7 @@ class PackageBase : public Package {
       std::optional<c10::DeviceGuard> on_device;
       if (!device_.is_cpu() && device_.has_index()) on_device.emplace(device_);
       const BucketedShapes shapes = signature_.Bucket(inputs);
-      std::vector<at::Tensor> results = Execute(HostInputs(inputs, shapes), shapes);
+      std::vector<at::Tensor> results = Execute(HostInputs(inputs, shapes), shapes, tables);
       for (size_t i = 0; i < results.size() && i < signature_.outputs.size(); ++i) {
         results[i] = CutBack(results[i], i, shapes);
       }
@@ -126,6 +146,7 @@ class PackageBase : public Package {
   }
 
   std::string Describe() const override { return signature_.Describe(); }
+  size_t num_tables() const override { return signature_.tables.size(); }
   std::string device() const override { return device_.str(); }
   std::string format() const override { return format_; }
   const std::vector<ElementType>& output_dtypes() const override { return output_dtypes_; }
@@ -133,16 +154,21 @@ class PackageBase : public Package {
  protected:
   virtual std::vector<at::Tensor> Forward(std::vector<at::Tensor> inputs) = 0;
 
-  // Runs host inputs at their (bucketed) shapes: eagerly on the package's device by default.
+  // Runs host inputs at their (bucketed) shapes, then the tables (already on the device):
+  // eagerly on the package's device by default.
   virtual std::vector<at::Tensor> Execute(const std::vector<at::Tensor>& host,
-                                          const BucketedShapes& shapes) {
+                                          const BucketedShapes& shapes, const Tables* tables) {
     (void)shapes;
     std::vector<at::Tensor> tensors;
-    tensors.reserve(host.size());
+    tensors.reserve(host.size() + (tables ? tables->tensors.size() : 0));
     for (const auto& t : host) tensors.push_back(device_.is_cpu() ? t : t.to(device_));
+    if (tables != nullptr) {
+      tensors.insert(tensors.end(), tables->tensors.begin(), tables->tensors.end());
+    }
     return Forward(std::move(tensors));
   }
 
+ public:
   const Signature& signature() const { return signature_; }
   const c10::Device& torch_device() const { return device_; }
 
@@ -251,14 +277,16 @@ class AotiPackage : public PackageBase {
   }
 
   std::vector<at::Tensor> Execute(const std::vector<at::Tensor>& host,
-                                  const BucketedShapes& shapes) override {
-    if (!graphs_) return PackageBase::Execute(host, shapes);
-    std::string key;
+                                  const BucketedShapes& shapes, const Tables* tables) override {
+    if (!graphs_) return PackageBase::Execute(host, shapes, tables);
+    // One graph per bucket and table set: a graph reads its tables where they were captured.
+    std::string key = tables ? "tables " + std::to_string(tables->id) + ";" : "";
     for (const auto& t : host) {
       for (int64_t size : t.sizes()) key += std::to_string(size) + ",";
       key += ";";
     }
-    return graphs_->Run(host, key);
+    static const std::vector<at::Tensor> kNone;
+    return graphs_->Run(host, key, tables ? tables->tensors : kNone);
   }
 
  private:
@@ -415,6 +443,11 @@ struct Cache {
   std::mutex mu;
   std::map<std::string, std::shared_future<LoadOutcome>> loading;
   std::map<std::string, std::weak_ptr<Package>> loaded;
+  std::map<std::string, std::string> paths;  // key -> the path it was first loaded from
+  // Table sets by (package, tables file); ids count up per process.
+  std::map<std::string, std::weak_ptr<const Tables>> tables;
+  std::map<const Package*, std::string> package_keys;
+  uint64_t next_tables_id = 1;
 };
 
 Cache& GlobalCache() {
@@ -422,11 +455,79 @@ Cache& GlobalCache() {
   return *cache;
 }
 
+// A file's identity on disk: the same bytes under two hard-linked paths share it; a rewritten
+// file does not (its modification time or size changes). The path itself when stat fails
+// (the load then reports the missing file).
+std::string FileIdentity(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return "path " + path;
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
+         std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
+         std::to_string(st.st_mtim.tv_nsec);
+}
+
+Status LoadTables(const PackageBase& package, const std::string& path,
+                  std::shared_ptr<Tables>* out) {
+  const Signature& sig = package.signature();
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    return {Code::kNotFound, "tables file not found: '" + path +
+                                 "' (is it an asset of the SavedModel beside the package?)"};
+  }
+  std::vector<char> bytes((std::istreambuf_iterator<char>(file)),
+                          std::istreambuf_iterator<char>());
+  c10::IValue value;
+  try {
+    value = torch::jit::pickle_load(bytes);
+  } catch (const c10::Error& e) {
+    return BadPackage("tables file " + path + " is not a torch.save file of tensors: " +
+                      e.what_without_backtrace());
+  }
+  if (!value.isGenericDict()) {
+    return BadPackage("tables file " + path + " must hold a dict of name -> tensor, got " +
+                      value.tagKind());
+  }
+  std::map<std::string, at::Tensor> named;
+  for (const auto& entry : value.toGenericDict()) {
+    if (entry.key().isString() && entry.value().isTensor()) {
+      named[entry.key().toStringRef()] = entry.value().toTensor();
+    }
+  }
+  auto tables = std::make_shared<Tables>();
+  tables->path = path;
+  c10::InferenceMode inference;
+  for (const auto& [name, spec] : sig.tables) {
+    auto it = named.find(name);
+    if (it == named.end()) {
+      return BadPackage("tables file " + path + " lacks the table '" + name +
+                        "' the package reads; write it with the export that made the package");
+    }
+    const at::Tensor& t = it->second;
+    ElementType dtype;
+    bool same = FromScalarType(t.scalar_type(), &dtype) && dtype == spec.dtype &&
+                t.dim() == static_cast<int64_t>(spec.dims.size());
+    for (size_t d = 0; same && d < spec.dims.size(); ++d) {
+      same = std::to_string(t.size(static_cast<int64_t>(d))) == spec.dims[d];
+    }
+    if (!same) {
+      std::string dims;
+      for (const auto& d : spec.dims) dims += (dims.empty() ? "" : ",") + d;
+      return BadPackage("tables file " + path + ": table '" + name + "' is " +
+                        c10::str(t.scalar_type(), t.sizes()) + ", the package reads " +
+                        ElementTypeName(spec.dtype) + "[" + dims +
+                        "] (a catalog within the package's capacity, padded by the export)");
+    }
+    tables->tensors.push_back(t.to(package.torch_device()).contiguous());
+  }
+  *out = std::move(tables);
+  return Status::Ok();
+}
+
 }  // namespace
 
 Status GetPackage(const std::string& path, const LoadOptions& options,
                   std::shared_ptr<Package>* package) {
-  const std::string key = path + "\n" + std::to_string(options.concurrency);
+  const std::string key = FileIdentity(path) + "\n" + std::to_string(options.concurrency);
   Cache& cache = GlobalCache();
   std::shared_future<LoadOutcome> future;
   std::promise<LoadOutcome> promise;
@@ -456,13 +557,59 @@ Status GetPackage(const std::string& path, const LoadOptions& options,
     {
       std::lock_guard<std::mutex> lock(cache.mu);
       cache.loading.erase(key);  // a failed load is retried: a repaired file loads next time
-      if (outcome.first.ok()) cache.loaded[key] = outcome.second;
+      if (outcome.first.ok()) {
+        cache.loaded[key] = outcome.second;
+        cache.paths[key] = path;
+        cache.package_keys[outcome.second.get()] = key;
+      }
     }
     promise.set_value(std::move(outcome));
   }
   const LoadOutcome& outcome = future.get();
   if (outcome.first.ok()) *package = outcome.second;
   return outcome.first;
+}
+
+Status GetTables(const std::shared_ptr<Package>& package, const std::string& path,
+                 std::shared_ptr<const Tables>* tables) {
+  const auto* base = dynamic_cast<const PackageBase*>(package.get());
+  if (base == nullptr) return {Code::kInternal, "tables for a package of unknown kind"};
+  if (base->signature().tables.empty()) {
+    return BadPackage("tables file " + path + " given for a package that reads no tables");
+  }
+  Cache& cache = GlobalCache();
+  std::string key;
+  {
+    std::lock_guard<std::mutex> lock(cache.mu);
+    key = cache.package_keys[package.get()] + "\n" + FileIdentity(path);
+    auto held = cache.tables.find(key);
+    if (held != cache.tables.end()) {
+      if (auto alive = held->second.lock()) {
+        *tables = std::move(alive);
+        return Status::Ok();
+      }
+    }
+  }
+  // Loaded outside the lock (a large catalog takes a moment); two first callers may both
+  // load, and the second keeps the first's set.
+  std::shared_ptr<Tables> loaded;
+  Status s;
+  try {
+    s = LoadTables(*base, path, &loaded);
+  } catch (const c10::Error& e) {
+    s = {Code::kInternal, "cannot load tables file " + path + ": " + e.what_without_backtrace()};
+  }
+  if (!s.ok()) return s;
+  std::lock_guard<std::mutex> lock(cache.mu);
+  auto& slot = cache.tables[key];
+  if (auto alive = slot.lock()) {
+    *tables = std::move(alive);
+    return Status::Ok();
+  }
+  loaded->id = cache.next_tables_id++;
+  slot = loaded;
+  *tables = std::move(loaded);
+  return Status::Ok();
 }
 
 std::string PackageStatsJson() {
@@ -472,7 +619,7 @@ std::string PackageStatsJson() {
   for (const auto& [key, held] : cache.loaded) {
     const auto package = held.lock();
     if (!package) continue;
-    std::string path = key.substr(0, key.find('\n'));
+    const std::string& path = cache.paths[key];
     json += (json.size() > 1 ? ", " : "") + JsonString(path) + ": " + package->StatsJson();
   }
   return json + "}";

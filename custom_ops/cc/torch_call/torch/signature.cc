@@ -78,6 +78,7 @@ Status ParseElementType(const std::string& name, ElementType* out) {
 
 Status Signature::Parse(const std::string& text, Signature* out) {
   Signature sig;
+  std::vector<std::string> table_names;
   std::istringstream lines(text);
   std::string line;
   int number = 0;
@@ -152,6 +153,10 @@ Status Signature::Parse(const std::string& text, Signature* out) {
       if (!(words >> input >> value)) return Invalid(where + "expected 'pad INPUT VALUE'");
       if (sig.pads.size() <= input) sig.pads.resize(input + 1, 0.0);
       sig.pads[input] = value;
+    } else if (kind == "table") {
+      std::string name;
+      if (!(words >> name)) return Invalid(where + "expected 'table NAME'");
+      table_names.push_back(name);
     } else if (kind == "graphs") {
       if (!(words >> sig.max_graphs) || sig.max_graphs < 1) {
         return Invalid(where + "expected 'graphs MAX' with MAX >= 1");
@@ -161,6 +166,23 @@ Status Signature::Parse(const std::string& text, Signature* out) {
     }
   }
   if (sig.outputs.empty()) return Invalid("package signature declares no outputs");
+  // The last inputs are the tables: the runtime holds them, callers never send them.
+  if (table_names.size() > sig.inputs.size()) {
+    return Invalid("package signature names " + std::to_string(table_names.size()) +
+                   " tables but declares " + std::to_string(sig.inputs.size()) + " inputs");
+  }
+  const size_t first_table = sig.inputs.size() - table_names.size();
+  for (size_t i = 0; i < table_names.size(); ++i) {
+    TensorSpec spec = sig.inputs[first_table + i];
+    for (const std::string& dim : spec.dims) {
+      if (!IsLiteral(dim)) {
+        return Invalid("package signature table '" + table_names[i] +
+                       "' has the dynamic dimension '" + dim + "'; tables have fixed sizes");
+      }
+    }
+    sig.tables.push_back({table_names[i], std::move(spec)});
+  }
+  sig.inputs.resize(first_table);
   if (sig.pads.size() > sig.inputs.size()) {
     return Invalid("package signature pads input " + std::to_string(sig.pads.size() - 1) +
                    " but declares " + std::to_string(sig.inputs.size()) + " inputs");

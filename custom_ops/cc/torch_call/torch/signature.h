@@ -23,6 +23,9 @@
 //                             program keeps apart from the real ones.)
 //   graphs 16                 (on CUDA, capture each bucket's run as a CUDA graph and replay
 //                             it; at most 16 graphs kept, least recently used dropped)
+//   table catalog.path_items  (the last inputs, one line each in order, are tables: fixed
+//                             sizes, loaded once from a tables file beside the package
+//                             (tables.h) and passed on every run; callers send the others)
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 
@@ -69,8 +72,9 @@ struct BucketedShapes {
 
 struct Signature {
   std::string device = "cpu";
-  std::vector<TensorSpec> inputs;
+  std::vector<TensorSpec> inputs;   // what callers send (the tables excluded)
   std::vector<TensorSpec> outputs;
+  std::vector<std::pair<std::string, TensorSpec>> tables;  // after the inputs, in order
   std::map<std::string, std::pair<int64_t, int64_t>> ranges;
   std::vector<ValueRule> rules;
   std::vector<BucketRule> buckets;
