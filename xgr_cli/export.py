@@ -81,6 +81,16 @@ flags.DEFINE_integer("verify_requests", 0, "After saving, run this many requests
                      "in a fresh process (TF + custom_ops only) and through the in-process "
                      "Python pipeline in the same dtype; fail unless the items agree (16-bit: "
                      "exactly, except inside score ties).")
+flags.DEFINE_float("catalog_headroom", 0.0, "0: the catalog is compiled into the engine "
+                   "package. >= 1: its tables are padded to that many times the catalog's "
+                   "sizes (items, prefixes, fanout, items per path) and read from a tables file, "
+                   "so a later catalog within that capacity is exported with --engine_from, "
+                   "without a new compile.")
+flags.DEFINE_string("engine_from", None, "A SavedModel exported with --catalog_headroom: reuse "
+                    "its engine package (no compile) for this export's --catalog (and feature "
+                    "graph). The engine flags (beam widths, top_k, device, dtype, backends) "
+                    "are that export's; the new catalog must fit its capacity and keep the "
+                    "codes of the items both catalogs hold.")
 flags.DEFINE_string("report_json", None, "Write the export and verification report here.")
 flags.mark_flag_as_required("out")
 
@@ -105,7 +115,8 @@ def config_from_flags() -> ExportConfig:
                                   FLAGS.max_request_exclusions, _widths(FLAGS.beam_widths)),
         top_n=FLAGS.top_n, dtype=FLAGS.dtype, attention_backend=FLAGS.attention_backend,
         layer_kernels=FLAGS.layer_kernels, cache_dir=FLAGS.cache_dir or None,
-        verify_requests=FLAGS.verify_requests)
+        verify_requests=FLAGS.verify_requests, catalog_headroom=FLAGS.catalog_headroom,
+        engine_from=FLAGS.engine_from)
 
 
 def main(argv: list[str]) -> int:
@@ -120,6 +131,11 @@ def main(argv: list[str]) -> int:
           f"{report.engine_signature.strip().replace(chr(10), '; ')}\n  load: import "
           f"custom_ops; tf.saved_model.load({str(report.saved_model)!r})"
           f".signatures[{SERVING_SIGNATURE!r}](**features)", flush=True)
+    if report.engine_from:
+        how = ("hard-linked: one load serves both versions" if report.package_shared
+               else "copied (another file system): a server loads it again")
+        print(f"  engine package of {report.engine_from} reused ({how}); new tables written "
+              f"in {report.package_seconds:.1f} s", flush=True)
     if report.check is not None:
         print(report.check.summary(), flush=True)
     if FLAGS.report_json:

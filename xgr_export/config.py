@@ -89,6 +89,13 @@ class ExportConfig:
         they are Triton kernels); "off" (the default) leaves the layer to Inductor, which
         served faster on the H200 (``docs/notes/gpu_serving.md``).
     cache_dir: compiled packages by content hash (None: no cache).
+    catalog_headroom: 0 compiles the catalog into the package; >= 1 pads its tables to that
+        many times the catalog's sizes and makes them the package's inputs, loaded from a
+        tables file: a later catalog within the capacity needs no new package (engine_from).
+    engine_from: a SavedModel exported with catalog_headroom whose engine package this export
+        reuses (no compile): the catalog and feature graph are this export's, the engine's
+        settings (search sizes, device, dtype, backends) the reused one's
+        (``xgr_export.catalog_version``).
     verify_requests: after saving, send this many requests (the world's users, or requests
         drawn from the catalog) through the SavedModel in a fresh process (TF + custom_ops
         only) and through the in-process pipeline with the engine in the same dtype.
@@ -111,10 +118,20 @@ class ExportConfig:
     layer_kernels: str = "off"
     cache_dir: str | None = None
     verify_requests: int = 0
+    catalog_headroom: float = 0.0
+    engine_from: str | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.out, (str, os.PathLike)) and str(self.out) != "", ConfigError,
                 f"ExportConfig.out must name a folder, got {self.out!r}")
+        headroom = self.catalog_headroom
+        require(isinstance(headroom, (int, float)) and (headroom == 0 or headroom >= 1),
+                ConfigError, f"ExportConfig.catalog_headroom must be 0 (the catalog compiled "
+                f"into the package) or >= 1 (tables padded to that many times the catalog's "
+                f"sizes), got {headroom!r}")
+        require(self.engine_from is None or headroom == 0, ConfigError,
+                "ExportConfig.engine_from reuses a package and its catalog capacity: leave "
+                "catalog_headroom unset")
         _positive("ExportConfig", "top_n", self.top_n)
         for name in ("keep_last", "window_days"):
             if getattr(self, name) is not None:

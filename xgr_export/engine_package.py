@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import fields, replace
+from pathlib import Path
 
 import torch
 
+from torch_engine.beam_search import fused_exclusion_tables
 from torch_engine.kernel_layers import kernel_model
 from torch_engine.search import search_features
 from xgr_common.errors import ConfigError, ExportError, require
@@ -24,19 +26,27 @@ from xgr_common.value_rules import contract_lines
 from xgr_export import torch_package
 from xgr_export.config import EngineExportConfig
 
-__all__ = ["EngineExportConfig", "RecommendProgram", "example_inputs", "export_engine"]
+__all__ = ["EngineExportConfig", "RecommendProgram", "example_inputs", "export_engine",
+           "table_tensors", "tables_file", "write_tables", "read_tables_source"]
 
 
 class DeviceTables(torch.nn.Module):
     """Frozen dataclasses of device tables (the catalog's, the fused selection's exclusion
-    tables) held as buffers of the traced module: ``torch.export`` then passes them to the
-    program as inputs, where the Triton kernels registered with ``torch.library.triton_op``
-    accept them (AOTInductor refuses lifted tensor constants as their arguments). ``get``
-    rebuilds a dataclass around the buffers; a tensor shared by two tables is one buffer."""
+    tables), each tensor once (a tensor shared by two tables is one entry).
 
-    def __init__(self, **tables):
+    By default they are buffers of the traced module: ``torch.export`` passes them to the
+    program as inputs, where the Triton kernels registered with ``torch.library.triton_op``
+    accept them (AOTInductor refuses lifted tensor constants as their arguments), and the
+    package holds them as constants. ``as_inputs``: they are the program's last inputs instead
+    (``names`` in order, ``tensors`` the values to export with), so the package holds none and
+    serves any tables of the same sizes. ``get`` rebuilds a dataclass around either."""
+
+    def __init__(self, as_inputs: bool = False, **tables):
         super().__init__()
         self._entries: dict[str, tuple[object, dict] | None] = {}
+        self._as_inputs = as_inputs
+        self._values: dict[str, torch.Tensor] = {}
+        self.names: list[str] = []
         names: dict[int, str] = {}
         for key, table in tables.items():
             if table is None:
@@ -45,28 +55,41 @@ class DeviceTables(torch.nn.Module):
             slots = {}
             for f in fields(table):
                 value = getattr(table, f.name)
+                label = f"{key}.{f.name}"
                 if isinstance(value, torch.Tensor):
-                    slots[f.name] = self._buffer(value, names)
+                    slots[f.name] = self._entry(value, names, label)
                 elif (isinstance(value, tuple) and value
                       and all(isinstance(t, torch.Tensor) for t in value)):
-                    slots[f.name] = tuple(self._buffer(t, names) for t in value)
+                    slots[f.name] = tuple(self._entry(t, names, f"{label}.{i}")
+                                          for i, t in enumerate(value))
             self._entries[key] = (table, slots)
 
-    def _buffer(self, tensor: torch.Tensor, names: dict[int, str]) -> str:
+    def _entry(self, tensor: torch.Tensor, names: dict[int, str], label: str) -> str:
         name = names.get(id(tensor))
         if name is None:
-            name = names[id(tensor)] = f"table_{len(names)}"
-            self.register_buffer(name, tensor)
+            name = names[id(tensor)] = label if self._as_inputs else f"table_{len(names)}"
+            self.names.append(name)
+            if self._as_inputs:
+                self._values[name] = tensor
+            else:
+                self.register_buffer(name, tensor)
         return name
 
-    def get(self, key: str):
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The tables by name, in input order (``as_inputs``)."""
+        return dict(self._values)
+
+    def get(self, key: str, bound: dict[str, torch.Tensor] | None = None):
+        """The ``key`` dataclass over the buffers, or over ``bound`` (name -> the program's
+        table input)."""
         entry = self._entries[key]
         if entry is None:
             return None
         table, slots = entry
+        look = bound.__getitem__ if bound is not None else lambda n: getattr(self, n)
         return replace(table, **{
-            field: (tuple(getattr(self, n) for n in name) if isinstance(name, tuple)
-                    else getattr(self, name)) for field, name in slots.items()})
+            field: (tuple(look(n) for n in name) if isinstance(name, tuple) else look(name))
+            for field, name in slots.items()})
 
 
 class RecommendProgram(torch.nn.Module):
@@ -84,29 +107,56 @@ class RecommendProgram(torch.nn.Module):
     A sixth input ``beam_slots`` (any dtype, ``[W]``, values unused), when given, sets the
     call's beam width to W instead of ``beam_width``: traced with W dynamic, one program
     serves every width in its range.
+    capacity: the catalog padded to these sizes (``torch_engine.catalog.CatalogSize``) and its
+    tables taken as a last input ``tables`` (a tuple in ``self.tables.names`` order) instead of
+    held as constants: the package then serves any catalog within the capacity. None: the
+    engine's catalog is part of the package.
     """
 
     def __init__(self, engine, beam_width: int, top_k: int,
-                 prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL, layer_kernels: bool = False):
+                 prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL, layer_kernels: bool = False,
+                 capacity=None):
         super().__init__()
         self.engine = engine
         # Registered, so its weights become package constants (each once).
         self.model = kernel_model(engine.model) if layer_kernels else engine.model
-        self.tables = DeviceTables(catalog=engine.catalog, exclusions=engine.runner.exclusions)
+        catalog, exclusions = catalog_tables(engine, capacity)
+        self.tables = DeviceTables(as_inputs=capacity is not None, catalog=catalog,
+                                   exclusions=exclusions)
+        self.capacity = capacity
         self.beam_width, self.top_k = beam_width, top_k
         self.prefill_mask = served_mask(prefill_mask)
 
     def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items,
-                beam_slots=None):
+                beam_slots=None, tables=None):
         engine = self.engine
         if self.prefill_mask is MaskMode.CAUSAL:
             segment_ids = None
         width = self.beam_width if beam_slots is None else beam_slots.shape[0]
+        bound = None if tables is None else dict(zip(self.tables.names, tables))
         item_ids, scores, _ = search_features(
-            self.model, self.tables.get("catalog"), token_ids, lengths, segment_ids,
+            self.model, self.tables.get("catalog", bound), token_ids, lengths, segment_ids,
             profile_embeds, exclude_items, width, self.top_k, engine.options,
-            self.tables.get("exclusions"))
+            self.tables.get("exclusions", bound))
         return item_ids, scores.to(torch.float32)
+
+
+def catalog_tables(engine, capacity=None):
+    """The catalog and the fused selection's exclusion tables (None without the fused
+    selection) a package searches: the engine's own, or padded to ``capacity``."""
+    if capacity is None:
+        return engine.catalog, engine.runner.exclusions
+    catalog = engine.catalog.padded(capacity)
+    exclusions = (None if engine.runner.exclusions is None
+                  else fused_exclusion_tables(catalog))
+    return catalog, exclusions
+
+
+def table_tensors(engine, capacity) -> dict[str, torch.Tensor]:
+    """The tables file's tensors of ``engine``'s catalog padded to ``capacity``: the names and
+    sizes a package exported with that capacity reads."""
+    catalog, exclusions = catalog_tables(engine, capacity)
+    return DeviceTables(as_inputs=True, catalog=catalog, exclusions=exclusions).tensors()
 
 
 def example_inputs(engine, spec, batch: int = 2) -> tuple[torch.Tensor, ...]:
@@ -140,28 +190,20 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
                   config: EngineExportConfig = EngineExportConfig(),
                   cache_dir: str | os.PathLike | None = None,
                   prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL,
-                  layer_kernels: bool = False) -> torch_package.Package:
+                  layer_kernels: bool = False, capacity=None) -> torch_package.Package:
     """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
     dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.keep_last + 1
     + config.max_request_exclusions: the history ``tf_frontend.rules.history_exclusion`` emits
     and a request's own exclusions), prefilling with ``prefill_mask``; ``layer_kernels``: the
-    fused layer kernels in the package (CUDA)."""
+    fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
+    tables become inputs padded to it, written to ``tables_file(out_path)``
+    (``write_tables``), so a new catalog within it needs no new package."""
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
-    # The host checks of recommend() do not run in the package: check the fixed sizes now.
-    catalog = engine.catalog
-    for width in config.beam_widths or (config.beam_width,):
-        require(width <= engine.config.max_beam_width, ConfigError,
-                f"beam_width {width} exceeds EngineConfig.max_beam_width "
-                f"{engine.config.max_beam_width}")
-        reachable = catalog.reachable_items(width)
-        require(config.top_k <= reachable, ConfigError,
-                f"top_k {config.top_k} exceeds the {reachable} items beam_width {width} can "
-                f"reach (catalog of {catalog.num_items} items, at most "
-                f"{catalog.max_items_per_path} per path)")
+    check_search_sizes(engine, config)
     program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
-                               layer_kernels)
+                               layer_kernels, capacity)
     # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
     # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)
@@ -175,15 +217,88 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
         # The width is the length of beam_slots, a dimension torch.export bounds itself.
         inputs += (torch.zeros(config.beam_width, dtype=torch.int8),)
         dynamic += ({0: torch.export.Dim.DYNAMIC},)
+    elif capacity is not None:
+        inputs, dynamic = inputs + (None,), dynamic + (None,)
+    if capacity is not None:
+        tables = tuple(program.tables.tensors().values())
+        inputs += (tables,)
+        dynamic += (tuple(None for _ in tables),)
     exported = torch_package.export_program(program, inputs, dynamic, config.device)
     if config.beam_widths:
         require_widths_traced(exported, config.beam_widths)
     # token_ids and segment_ids share their length; the trace names them apart (Dim.DYNAMIC),
     # so the contract ties them: a mismatch is refused instead of read out of bounds.
-    return torch_package.package_aoti(exported, out_path, config.device, cache_dir,
-                                      same_dims=[((0, 1), (2, 1))],
-                                      rules=engine_rules(engine, program.prefill_mask),
-                                      replay=engine_replay(engine, spec))
+    package = torch_package.package_aoti(
+        exported, out_path, config.device, cache_dir, same_dims=[((0, 1), (2, 1))],
+        rules=engine_rules(engine, program.prefill_mask), replay=engine_replay(engine, spec),
+        tables=tuple(program.tables.names) if capacity is not None else ())
+    if capacity is not None:
+        write_tables(tables_file(out_path), program.tables.tensors(), capacity, engine.catalog)
+    return package
+
+
+def check_search_sizes(engine, config: EngineExportConfig) -> None:
+    """The host checks of ``recommend()`` that the package does not run, for its fixed sizes:
+    each width within the engine's limit and able to reach ``top_k`` items of the engine's
+    catalog (its real sizes); ``ConfigError`` names the width and the bound."""
+    catalog = engine.catalog
+    for width in config.beam_widths or (config.beam_width,):
+        require(width <= engine.config.max_beam_width, ConfigError,
+                f"beam_width {width} exceeds EngineConfig.max_beam_width "
+                f"{engine.config.max_beam_width}")
+        reachable = catalog.reachable_items(width)
+        require(config.top_k <= reachable, ConfigError,
+                f"top_k {config.top_k} exceeds the {reachable} items beam_width {width} can "
+                f"reach (catalog of {catalog.size.items} items, at most "
+                f"{catalog.size.items_per_path} per path)")
+
+
+def tables_file(package_path: str | os.PathLike) -> Path:
+    """Where a package's tables file lives: beside it, ``<name>.tables.pt``."""
+    package_path = Path(package_path)
+    return package_path.with_name(f"{package_path.stem}.tables.pt")
+
+
+def write_tables(path: str | os.PathLike, tables: dict[str, torch.Tensor], capacity,
+                 catalog) -> Path:
+    """The tables file TorchCall loads (``torch.save`` of name -> tensor, read in C++ by
+    ``torch::jit::pickle_load``): the padded tables, each its own compact CPU copy; beside
+    them, for the next catalog version's checks, the capacity (``capacity`` JSON) and the real
+    catalog as ``source.item_ids`` / ``source.item_codes``."""
+    import json
+
+    import numpy as np
+
+    real = catalog.unpadded().to("cpu")
+    rows = real.item_lookup_rows
+    ids = real.item_lookup_ids
+    codes = np.empty((ids.shape[0], catalog.levels), dtype=np.int64)
+    # Each item's path from its row in path_items: the path index by binary search, then its
+    # codes up the prefix chain.
+    prefix = torch.searchsorted(real.path_indptr, rows, right=True) - 1
+    for level in reversed(range(catalog.levels)):
+        codes[:, level] = real.level_codes[level][prefix].numpy()
+        prefix = real.level_parents[level][prefix]
+    payload = {name: t.detach().to("cpu").contiguous().clone() for name, t in tables.items()}
+    payload["source.item_ids"] = ids.clone()
+    payload["source.item_codes"] = torch.from_numpy(codes)
+    payload["capacity"] = json.dumps(capacity.to_json())
+    path_out = Path(path)
+    torch.save(payload, path_out)
+    return path_out
+
+
+def read_tables_source(path: str | os.PathLike):
+    """(capacity, item ids, item codes) of a tables file ``write_tables`` wrote."""
+    import json
+
+    from torch_engine.catalog import CatalogSize
+
+    payload = torch.load(path, map_location="cpu", weights_only=True)
+    require(isinstance(payload, dict) and "capacity" in payload, ExportError,
+            f"{path} is not a tables file written by the export (no capacity)")
+    return (CatalogSize.from_json(json.loads(payload["capacity"])),
+            payload["source.item_ids"].numpy(), payload["source.item_codes"].numpy())
 
 
 def require_widths_traced(exported: torch.export.ExportedProgram,
@@ -194,7 +309,8 @@ def require_widths_traced(exported: torch.export.ExportedProgram,
     TorchCall, before anything runs) enforces."""
     from torch.utils._sympy.value_ranges import ValueRanges
 
-    slots = [n for n in exported.graph.nodes if n.op == "placeholder"][-1]
+    placeholders = {n.name: n for n in exported.graph.nodes if n.op == "placeholder"}
+    slots = placeholders[exported.graph_signature.user_inputs[5]]
     size = slots.meta["val"].shape[0]
     require(not isinstance(size, int), ExportError,
             f"the traced search fixed its beam width to {size}: it cannot serve {widths}")

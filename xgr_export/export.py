@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -25,7 +25,7 @@ import torch
 
 from tf_frontend.feature_graph import features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
-from torch_engine.catalog import Catalog
+from torch_engine.catalog import Catalog, CatalogSize
 from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
 from torch_engine.model import Model
@@ -36,7 +36,9 @@ from xgr_common.model_card import ModelCard
 from xgr_common.prompt_spec import PromptSpec
 from xgr_export.check import PipelineCheck, check_against_python
 from xgr_export.config import ExportConfig
-from xgr_export.engine_package import export_engine
+from xgr_export.catalog_version import EngineRecord, link_package, require_codes_kept
+from xgr_export.engine_package import (check_search_sizes, export_engine, table_tensors,
+                                       tables_file, write_tables)
 from xgr_export.feature_graphs import SavedFeatureGraph, check_contract, load_feature_graph
 from xgr_export.probe_requests import probe_features
 from xgr_export.saved_model import export_pipeline, require_empty_folder
@@ -76,6 +78,9 @@ class ExportReport:
     check: PipelineCheck | None = None
     selection_backend: str = "torch"
     layer_kernels: bool = False
+    capacity: dict | None = None       # the catalog capacity (None: compiled into the package)
+    engine_from: str | None = None     # the SavedModel whose package this export reused
+    package_shared: bool = False       # its package file hard-linked, not copied
 
     @property
     def ok(self) -> bool:
@@ -94,6 +99,8 @@ class ExportReport:
                   "top_k": self.top_k, "top_n": self.top_n, "torch": self.torch_version,
                   "setup_seconds": self.setup_seconds, "package_seconds": self.package_seconds,
                   "package_bytes": self.package_bytes,
+                  "capacity": self.capacity, "engine_from": self.engine_from,
+                  "package_shared": self.package_shared,
                   "engine_signature": self.engine_signature}
         if self.check is not None:
             report["verify"] = self.check.to_json()
@@ -225,6 +232,11 @@ def export_saved_model(config: ExportConfig,
     file, field or size at fault) before anything is saved."""
     out = require_empty_folder(config.out)
     started = time.perf_counter()
+    reused = EngineRecord.read(config.engine_from) if config.engine_from else None
+    if reused is not None:   # the engine as the reused package was built
+        config = replace(config, engine=reused.engine, dtype=reused.dtype,
+                         attention_backend=reused.attention_backend,
+                         layer_kernels=reused.layer_kernels, mask=reused.prefill_mask)
     attention = resolve_attention(config.attention_backend, config.engine.device)
     selection = resolve_selection(config.engine.device)
     layer_kernels = resolve_layer_kernels(config.layer_kernels, config.engine.device)
@@ -232,35 +244,56 @@ def export_saved_model(config: ExportConfig,
     sources = team_sources(config) if config.model else synthetic_sources(config)
     engine = build_engine(config, sources, attention, selection)
     spec = sources.spec
+    capacity = catalog_capacity(config, engine, reused, sources)
     setup_seconds = time.perf_counter() - started
     search = config.engine
-    progress(f"exporting Engine.recommend ({config.model_name}, {engine.dtype}, {attention} "
-             f"attention, {selection} selection, "
-             f"{'fused layer kernels' if layer_kernels else 'Inductor layers'}, "
-             f"{sources.prefill_mask.value} mask, "
-             f"beam_width {search.beam_width}, "
-             f"top_k {search.top_k}) for {search.device}; AOTInductor takes a while ...")
     pipeline_config = PipelineConfig(top_n=config.top_n,
                                      max_request_exclusions=search.max_request_exclusions,
                                      beam_widths=search.beam_widths,
                                      beam_width=search.beam_width if search.beam_widths else None)
     with tempfile.TemporaryDirectory(prefix="xgr_export_") as tmp:
         started = time.perf_counter()
-        package = export_engine(engine, spec, Path(tmp) / "engine.pt2", search, config.cache_dir,
-                                sources.prefill_mask, layer_kernels)
+        if reused is None:
+            progress(f"exporting Engine.recommend ({config.model_name}, {engine.dtype}, "
+                     f"{attention} attention, {selection} selection, "
+                     f"{'fused layer kernels' if layer_kernels else 'Inductor layers'}, "
+                     f"{sources.prefill_mask.value} mask, beam_width {search.beam_width}, "
+                     f"top_k {search.top_k}) for {search.device}; AOTInductor takes a while ...")
+            package = export_engine(engine, spec, Path(tmp) / "engine.pt2", search,
+                                    config.cache_dir, sources.prefill_mask, layer_kernels,
+                                    capacity)
+            tables = tables_file(package.path) if capacity is not None else None
+        else:
+            progress(f"reusing the engine package of {config.engine_from}; writing the new "
+                     f"catalog's tables ...")
+            check_search_sizes(engine, search)
+            package = reused.package
+            tables = write_tables(Path(tmp) / reused.tables.name,
+                                  table_tensors(engine, capacity), capacity, engine.catalog)
         package_seconds = time.perf_counter() - started
         package_bytes = package.path.stat().st_size
         # The probe requests become the warm-up file: a server replays them before the version
         # serves (a package that does not load never serves; each batch size's bucket is
         # captured before the first client).
         saved = export_pipeline(out, sources.graph, package, pipeline_config,
-                                warmup_features=sources.probes)
+                                warmup_features=sources.probes, tables=tables)
+        shared = False
+        if capacity is not None:
+            EngineRecord(saved, replace(package, path=saved / "assets" / package.path.name),
+                         saved / "assets" / tables.name, capacity, search, config.resolved_dtype,
+                         config.attention_backend, config.layer_kernels,
+                         sources.prefill_mask.value).write()
+        if reused is not None:
+            shared = link_package(saved / "assets" / package.path.name, reused.package.path)
     check = None
     if sources.requests is not None:
         progress(f"verifying {config.verify_requests} requests in a fresh process ...")
         graph = (sources.graph.reloaded() if isinstance(sources.graph, SavedFeatureGraph)
                  else sources.graph)
-        check = check_against_python(saved, graph, engine, pipeline_config,
+        # A package over padded tables equals the engine over the same padded catalog.
+        checked = (engine if capacity is None else
+                   Engine(engine.model, engine.catalog.padded(capacity), engine.config))
+        check = check_against_python(saved, graph, checked, pipeline_config,
                                      sources.requests, search.beam_width, search.top_k,
                                      sources.prefill_mask)
     return ExportReport(
@@ -272,4 +305,21 @@ def export_saved_model(config: ExportConfig,
         num_items=len(sources.item_ids), max_prompt_tokens=spec.max_prompt_tokens,
         beam_width=search.beam_width, top_k=search.top_k, top_n=config.top_n,
         torch_version=torch.__version__, setup_seconds=setup_seconds,
-        package_seconds=package_seconds, package_bytes=package_bytes, check=check)
+        package_seconds=package_seconds, package_bytes=package_bytes, check=check,
+        capacity=None if capacity is None else capacity.to_json(),
+        engine_from=config.engine_from, package_shared=shared)
+
+
+def catalog_capacity(config: ExportConfig, engine: Engine, reused: EngineRecord | None,
+                     sources: Sources) -> CatalogSize | None:
+    """The catalog capacity of the package: the reused package's (the new catalog checked
+    against it and against the served catalog's codes), the catalog grown by
+    ``catalog_headroom``, or None (the catalog compiled into the package)."""
+    if reused is not None:
+        engine.catalog.padded(reused.capacity)   # raises CatalogError naming each size over
+        require_codes_kept(*reused.source_catalog(), sources.item_ids, sources.item_codes)
+        return reused.capacity
+    if not config.catalog_headroom:
+        return None
+    return CatalogSize.with_headroom(engine.catalog.size, float(config.catalog_headroom),
+                                     sources.spec.layout.codebook_size)

@@ -39,19 +39,26 @@ class Pipeline(tf.Module):
 
     def __init__(self, feature_graph, package: Package,
                  config: PipelineConfig = PipelineConfig(),
-                 engine_inputs: tuple[str, ...] | None = None, catalog=None):
+                 engine_inputs: tuple[str, ...] | None = None, catalog=None, tables=None):
         super().__init__(name="xgr_pipeline")
         engine_inputs = engine_inputs_of(config) if engine_inputs is None else engine_inputs
-        require(len(engine_inputs) == len(package.inputs), ExportError,
-                f"the package takes {len(package.inputs)} inputs, engine_inputs names "
+        inputs = package.caller_inputs
+        require(len(engine_inputs) == len(inputs), ExportError,
+                f"the package takes {len(inputs)} inputs, engine_inputs names "
                 f"{len(engine_inputs)}: {engine_inputs}")
+        require(bool(package.tables) == (tables is not None), ExportError,
+                f"the package reads {len(package.tables)} tables; a tables file must be given "
+                f"exactly when it reads some (got {tables})")
         require([s.dtype for s in package.outputs] == ["int64", "float32"], ExportError,
                 f"the engine package must return (item_ids int64, scores float32), got "
                 f"{[s.dtype for s in package.outputs]}")
         self.graph = feature_graph
         self.engine = tf.saved_model.Asset(str(package.path))
+        # The catalog's tables, for a package exported with a catalog capacity: TorchCall
+        # loads them once onto the engine's device.
+        self.tables = None if tables is None else tf.saved_model.Asset(str(tables))
         self.post_process = post_processor(config, catalog)
-        self._input_dtypes = [tf.as_dtype(s.dtype) for s in package.inputs]
+        self._input_dtypes = [tf.as_dtype(s.dtype) for s in inputs]
         self._output_shapes = [s.static_shape() for s in package.outputs]
         self._engine_inputs, self._config = tuple(engine_inputs), config
         self.serve = tf.function(self._serve, input_signature=[feature_signature()])
@@ -76,7 +83,8 @@ class Pipeline(tf.Module):
         item_ids, scores = torch_call(self.engine, args, [tf.int64, tf.float32],
                                       output_shapes=self._output_shapes,
                                       intra_op_threads=self._config.intra_op_threads,
-                                      concurrency=self._config.concurrency, name="engine")
+                                      concurrency=self._config.concurrency, name="engine",
+                                      tables=self.tables)
         item_ids, scores = engine_lists(item_ids, scores, controls)
         return self.post_process(item_ids, scores, seen_items(feeds, self._engine_inputs))
 
@@ -93,7 +101,7 @@ def require_empty_folder(out_dir: str | os.PathLike) -> Path:
 def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
                     config: PipelineConfig = PipelineConfig(),
                     engine_inputs: tuple[str, ...] | None = None, catalog=None,
-                    warmup_features=None) -> Path:
+                    warmup_features=None, tables=None) -> Path:
     """Saves feature graph + engine package + business rules as one SavedModel in ``out_dir``;
     returns it. The package file is copied into the SavedModel's assets. ``catalog``
     (``(item_ids, item_codes)``) is needed only for ``rules.max_per_category``.
@@ -101,9 +109,11 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     ``warmup_features`` (a batch of request features, e.g. the export's probe requests) are
     written as the SavedModel's warm-up requests, a few rows per request
     (``xgr_export.warmup_requests``): a server replays them before the version goes live, so a
-    version whose engine package does not load is never served."""
+    version whose engine package does not load is never served. ``tables``: the tables file
+    of a package that reads its catalog as inputs (``engine_package.write_tables``), copied
+    into the assets beside it."""
     out_dir = require_empty_folder(out_dir)
-    module = Pipeline(feature_graph, package, config, engine_inputs, catalog)
+    module = Pipeline(feature_graph, package, config, engine_inputs, catalog, tables)
     top_k = package.outputs[0].dims[1]
     signatures = {SERVING_SIGNATURE: module.serve.get_concrete_function()}
     if config.max_request_exclusions:

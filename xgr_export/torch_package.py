@@ -59,7 +59,9 @@ class Package:
     ``rules``: the value rules the program's inputs obey, as contract lines
     (``xgr_common.value_rules.contract_lines``), empty for a program without any; ``replay``:
     how TorchCall runs it (``bucket``, ``pad`` and ``graphs`` lines, see ``Replay``), empty
-    to run every call at its own shape."""
+    to run every call at its own shape; ``tables``: names of the last inputs, fixed-size
+    tables that TorchCall loads once from a tables file and passes on every run (callers send
+    ``caller_inputs``)."""
 
     path: Path
     format: str
@@ -69,6 +71,12 @@ class Package:
     ranges: tuple[tuple[str, int, int], ...]
     rules: tuple[str, ...] = ()
     replay: tuple[str, ...] = ()
+    tables: tuple[str, ...] = ()
+
+    @property
+    def caller_inputs(self) -> tuple[TensorSpec, ...]:
+        """The inputs a caller sends (the tables held by the runtime excluded)."""
+        return self.inputs[:len(self.inputs) - len(self.tables)]
 
     def to_json(self) -> dict:
         """Plain data (for manifests written by a packaging process)."""
@@ -76,7 +84,7 @@ class Package:
                 "inputs": [[t.dtype, list(t.dims)] for t in self.inputs],
                 "outputs": [[t.dtype, list(t.dims)] for t in self.outputs],
                 "ranges": [list(r) for r in self.ranges], "rules": list(self.rules),
-                "replay": list(self.replay)}
+                "replay": list(self.replay), "tables": list(self.tables)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Package":
@@ -84,7 +92,8 @@ class Package:
             return tuple(TensorSpec(dtype, tuple(dims)) for dtype, dims in items)
         return cls(Path(data["path"]), data["format"], data["device"], specs(data["inputs"]),
                    specs(data["outputs"]), tuple(tuple(r) for r in data["ranges"]),
-                   tuple(data.get("rules", ())), tuple(data.get("replay", ())))
+                   tuple(data.get("rules", ())), tuple(data.get("replay", ())),
+                   tuple(data.get("tables", ())))
 
     @property
     def signature(self) -> str:
@@ -95,6 +104,7 @@ class Package:
         lines += [f"dim {name} {lo} {hi}" for name, lo, hi in self.ranges]
         lines += list(self.rules)
         lines += list(self.replay)
+        lines += [f"table {name}" for name in self.tables]
         return "\n".join(lines) + "\n"
 
 
@@ -173,8 +183,9 @@ def _bound(value: Any, unbounded: int) -> int:
 def contract_of(program: torch.export.ExportedProgram, device: str) -> Package:
     """The contract of an exported program (``path`` left empty until it is written)."""
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    # An input given as None (an optional argument left out) is no input of the package.
     inputs = tuple(_spec(placeholders[name].meta["val"], f"input {name!r}")
-                   for name in program.graph_signature.user_inputs)
+                   for name in program.graph_signature.user_inputs if name is not None)
     output_node = next(n for n in program.graph.nodes if n.op == "output")
     values = output_node.args[0]
     outputs = tuple(_spec(v.meta["val"], f"output {i}") for i, v in enumerate(values))
@@ -203,7 +214,8 @@ def export_program(module: torch.nn.Module, example_inputs: Sequence[torch.Tenso
     require(len(example_inputs) > 0, InvalidInputError, "example_inputs must not be empty")
     _require_traceable()
     module = module.to(device).eval()
-    args = tuple(t.to(device) for t in example_inputs)
+    args = torch.utils._pytree.tree_map(
+        lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tuple(example_inputs))
     try:
         return torch.export.export(module, args, dynamic_shapes=dynamic_shapes, strict=False)
     except Exception as err:  # torch raises many types here; the user needs the cause
@@ -254,7 +266,8 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
                  device: str = "cpu", cache_dir: str | os.PathLike | None = None,
                  runtime_ops: tuple[str, ...] = (),
                  same_dims: Sequence[tuple[tuple[int, int], tuple[int, int]]] = (),
-                 rules: Sequence[str] = (), replay: Replay = Replay()) -> Package:
+                 rules: Sequence[str] = (), replay: Replay = Replay(),
+                 tables: Sequence[str] = ()) -> Package:
     """Compile ``program`` with AOTInductor into ``out_path`` (a ``.pt2``) with its contract.
 
     With ``cache_dir``, a package compiled before from the same graph, weights, torch version
@@ -264,7 +277,8 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
     ``same_dims`` pairs ``((input, dim), (input, dim))`` that the caller must keep equal
     although the program traced them apart; the op then checks them as one. ``rules``:
     the value rules of the program's inputs, recorded in the contract (``Package.rules``);
-    ``replay``: bucketed shapes and CUDA graphs for TorchCall (``Package.replay``).
+    ``replay``: bucketed shapes and CUDA graphs for TorchCall (``Package.replay``);
+    ``tables``: names of the program's last inputs that TorchCall holds (``Package.tables``).
     """
     out_path = Path(out_path)
     require(out_path.suffix == ".pt2", InvalidInputError,
@@ -278,7 +292,10 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
             f"torch path (e.g. EngineConfig(attention_backend='torch', "
             f"selection_backend='torch'))")
     contract = replace(_unify_dims(contract_of(program, device), same_dims),
-                       rules=tuple(rules), replay=replay.lines())
+                       rules=tuple(rules), replay=replay.lines(), tables=tuple(tables))
+    for name, spec in zip(contract.tables, contract.inputs[-len(tables):] if tables else ()):
+        require(all(isinstance(d, int) for d in spec.dims), ExportError,
+                f"table {name!r} has dynamic dims {spec.dims}: tables have fixed sizes")
     for bucket in replay.buckets:
         require(bucket.input < len(contract.inputs) and
                 bucket.dim < len(contract.inputs[bucket.input].dims) and
@@ -329,7 +346,8 @@ def package_torchscript(module: torch.nn.Module, example_inputs: Sequence[torch.
     dynamic_dims = dict(dynamic_dims or {})
     _require_traceable()
     module = module.to(device).eval()
-    args = tuple(t.to(device) for t in example_inputs)
+    args = torch.utils._pytree.tree_map(
+        lambda t: t.to(device) if isinstance(t, torch.Tensor) else t, tuple(example_inputs))
     inputs, ranges = [], {}
     for i, t in enumerate(args):
         dims = []
