@@ -4,7 +4,6 @@
 #include <c10/core/DeviceGuard.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
-#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/cuda.h>
 #include <torch/script.h>
 
@@ -17,25 +16,17 @@
 #include <optional>
 #include <set>
 #include <sstream>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "custom_ops/cc/torch_call/torch/extraction_folders.h"
 #include "custom_ops/cc/torch_call/torch/graph_runner.h"
 #include "custom_ops/cc/torch_call/torch/signature.h"
+#include "custom_ops/cc/torch_call/torch/scalar_types.h"
+#include "custom_ops/cc/torch_call/torch/tables.h"
 #include "custom_ops/cc/torch_call/torch_runner.h"
 
 namespace xgr {
 namespace torch_call {
-
-// A tables file loaded for one package: its tensors on the package's device, in the order of
-// the contract's `table` lines; `id` tells apart the table sets of one package (its graphs are
-// captured per set, since a graph reads its tables by address).
-struct Tables {
-  std::vector<at::Tensor> tensors;
-  std::string path;
-  uint64_t id = 0;
-};
 
 namespace {
 
@@ -46,31 +37,6 @@ constexpr char kSignatureFile[] = "xgr_signature.txt";
 Status Invalid(const std::string& message) { return {Code::kInvalidArgument, message}; }
 // A package that cannot be used as deployed: the server's fault, never the caller's.
 Status BadPackage(const std::string& message) { return {Code::kFailedPrecondition, message}; }
-
-at::ScalarType ToScalarType(ElementType t) {
-  switch (t) {
-    case ElementType::kFloat32: return at::kFloat;
-    case ElementType::kFloat64: return at::kDouble;
-    case ElementType::kFloat16: return at::kHalf;
-    case ElementType::kBFloat16: return at::kBFloat16;
-    case ElementType::kInt8: return at::kChar;
-    case ElementType::kUInt8: return at::kByte;
-    case ElementType::kInt32: return at::kInt;
-    case ElementType::kInt64: return at::kLong;
-    case ElementType::kBool: return at::kBool;
-  }
-  return at::kFloat;
-}
-
-bool FromScalarType(at::ScalarType s, ElementType* out) {
-  for (int i = 0; i <= static_cast<int>(ElementType::kBool); ++i) {
-    if (ToScalarType(static_cast<ElementType>(i)) == s) {
-      *out = static_cast<ElementType>(i);
-      return true;
-    }
-  }
-  return false;
-}
 
 // `text` as a JSON string literal (quotes, backslashes and control characters escaped).
 std::string JsonString(const std::string& text) {
@@ -455,74 +421,6 @@ Cache& GlobalCache() {
   return *cache;
 }
 
-// A file's identity on disk: the same bytes under two hard-linked paths share it; a rewritten
-// file does not (its modification time or size changes). The path itself when stat fails
-// (the load then reports the missing file).
-std::string FileIdentity(const std::string& path) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) return "path " + path;
-  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" +
-         std::to_string(st.st_size) + ":" + std::to_string(st.st_mtim.tv_sec) + "." +
-         std::to_string(st.st_mtim.tv_nsec);
-}
-
-Status LoadTables(const PackageBase& package, const std::string& path,
-                  std::shared_ptr<Tables>* out) {
-  const Signature& sig = package.signature();
-  std::ifstream file(path, std::ios::binary);
-  if (!file) {
-    return {Code::kNotFound, "tables file not found: '" + path +
-                                 "' (is it an asset of the SavedModel beside the package?)"};
-  }
-  std::vector<char> bytes((std::istreambuf_iterator<char>(file)),
-                          std::istreambuf_iterator<char>());
-  c10::IValue value;
-  try {
-    value = torch::jit::pickle_load(bytes);
-  } catch (const c10::Error& e) {
-    return BadPackage("tables file " + path + " is not a torch.save file of tensors: " +
-                      e.what_without_backtrace());
-  }
-  if (!value.isGenericDict()) {
-    return BadPackage("tables file " + path + " must hold a dict of name -> tensor, got " +
-                      value.tagKind());
-  }
-  std::map<std::string, at::Tensor> named;
-  for (const auto& entry : value.toGenericDict()) {
-    if (entry.key().isString() && entry.value().isTensor()) {
-      named[entry.key().toStringRef()] = entry.value().toTensor();
-    }
-  }
-  auto tables = std::make_shared<Tables>();
-  tables->path = path;
-  c10::InferenceMode inference;
-  for (const auto& [name, spec] : sig.tables) {
-    auto it = named.find(name);
-    if (it == named.end()) {
-      return BadPackage("tables file " + path + " lacks the table '" + name +
-                        "' the package reads; write it with the export that made the package");
-    }
-    const at::Tensor& t = it->second;
-    ElementType dtype;
-    bool same = FromScalarType(t.scalar_type(), &dtype) && dtype == spec.dtype &&
-                t.dim() == static_cast<int64_t>(spec.dims.size());
-    for (size_t d = 0; same && d < spec.dims.size(); ++d) {
-      same = std::to_string(t.size(static_cast<int64_t>(d))) == spec.dims[d];
-    }
-    if (!same) {
-      std::string dims;
-      for (const auto& d : spec.dims) dims += (dims.empty() ? "" : ",") + d;
-      return BadPackage("tables file " + path + ": table '" + name + "' is " +
-                        c10::str(t.scalar_type(), t.sizes()) + ", the package reads " +
-                        ElementTypeName(spec.dtype) + "[" + dims +
-                        "] (a catalog within the package's capacity, padded by the export)");
-    }
-    tables->tensors.push_back(t.to(package.torch_device()).contiguous());
-  }
-  *out = std::move(tables);
-  return Status::Ok();
-}
-
 }  // namespace
 
 Status GetPackage(const std::string& path, const LoadOptions& options,
@@ -595,7 +493,7 @@ Status GetTables(const std::shared_ptr<Package>& package, const std::string& pat
   std::shared_ptr<Tables> loaded;
   Status s;
   try {
-    s = LoadTables(*base, path, &loaded);
+    s = LoadTables(base->signature(), base->torch_device(), path, &loaded);
   } catch (const c10::Error& e) {
     s = {Code::kInternal, "cannot load tables file " + path + ": " + e.what_without_backtrace()};
   }
