@@ -26,6 +26,22 @@ def run_xgr(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=timeout)
 
 
+TORCH_CALL_CACHE = ROOT / "build" / "torch_call_cache"
+
+
+def export_team_files(xgr, out: Path, files: dict, beam_width: int, top_k: int, top_n: int,
+                      *extra: str) -> tuple[subprocess.CompletedProcess, dict | None]:
+    """``xgr export`` of a team's ``files`` (model, catalog, feature graph) into ``out``: the
+    finished process and its JSON report (None when it failed)."""
+    report = out.parent / f"{out.name}.json"
+    done = xgr("export", f"--model={files['model']}", f"--catalog={files['catalog']}",
+               f"--feature_graph={files['feature_graph']}", f"--out={out}",
+               f"--beam_width={beam_width}", f"--top_k={top_k}", f"--top_n={top_n}",
+               f"--cache_dir={TORCH_CALL_CACHE}", f"--report_json={report}", *extra,
+               timeout=1200)
+    return done, (json.loads(report.read_text()) if done.returncode == 0 else None)
+
+
 @pytest.fixture(scope="session")
 def xgr():
     """``run_xgr``, for tests that start their own ``xgr`` process."""

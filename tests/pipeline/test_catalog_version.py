@@ -6,7 +6,6 @@ refused when it breaks a catalog rule."""
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -14,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from tests.pipeline.conftest import ROOT
+from tests.pipeline.conftest import export_team_files
 from tests.serving.helpers import columnar, http, start_server
 from tf_frontend.feature_graph import features_from_world
 from xgr_checkpoint.catalog_file import read_catalog, write_catalog
@@ -23,17 +22,11 @@ from xgr_export.verify import run_fresh
 # Heavy (an AOTInductor compile of the fitted model, fresh processes, a server).
 pytestmark = pytest.mark.heavy
 
-CACHE = ROOT / "build" / "torch_call_cache"
 BEAMS, TOP_K, TOP_N, USERS, RETIRED, ADDED = 32, 20, 10, 16, 40, 30
 
 
 def _export(xgr, out, files: dict, *extra: str):
-    report = out.parent / f"{out.name}.json"
-    done = xgr("export", f"--model={files['model']}", f"--catalog={files['catalog']}",
-               f"--feature_graph={files['feature_graph']}", f"--out={out}",
-               f"--beam_width={BEAMS}", f"--top_k={TOP_K}", f"--top_n={TOP_N}",
-               f"--cache_dir={CACHE}", f"--report_json={report}", *extra, timeout=1200)
-    return done, (json.loads(report.read_text()) if done.returncode == 0 else None)
+    return export_team_files(xgr, out, files, BEAMS, TOP_K, TOP_N, *extra)
 
 
 def _catalog(quick_model):

@@ -5,12 +5,10 @@ demo's held-out users. A feature graph given as a SavedModel folder exports the 
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 
-from tests.pipeline.conftest import ROOT
+from tests.pipeline.conftest import export_team_files
 from tf_frontend.feature_graph import features_from_world
 from xgr_common.layout import MaskMode
 from xgr_export.feature_graphs import save_feature_graph
@@ -19,18 +17,13 @@ from xgr_export.verify import compare, run_fresh
 # Heavy (AOTInductor compiles of the fitted model, fresh processes).
 pytestmark = pytest.mark.heavy
 
-CACHE = ROOT / "build" / "torch_call_cache"
 BEAMS, TOP_K, TOP_N, USERS = 32, 20, 10, 24
 
 
 def _export(xgr, out, files: dict, *extra: str):
-    report = out.parent / f"{out.name}.json"
-    done = xgr("export", f"--model={files['model']}", f"--catalog={files['catalog']}",
-               f"--feature_graph={files['feature_graph']}", f"--out={out}",
-               f"--beam_width={BEAMS}", f"--top_k={TOP_K}", f"--top_n={TOP_N}",
-               f"--cache_dir={CACHE}", f"--report_json={report}", *extra, timeout=1200)
+    done, report = export_team_files(xgr, out, files, BEAMS, TOP_K, TOP_N, *extra)
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-4000:])
-    return done.stdout, json.loads(report.read_text())
+    return done.stdout, report
 
 
 @pytest.fixture(scope="module")
