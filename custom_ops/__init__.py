@@ -22,11 +22,13 @@ del _name
 
 from custom_ops.catalog_file import read_catalog, write_catalog  # noqa: E402
 from custom_ops.feature_ops import (CleanedSequence, CodeTokens, Prompt,  # noqa: E402
-                                    assemble_prompt, clean_sequence, semantic_id_lookup)
+                                    SplitHistory, assemble_prompt, clean_sequence,
+                                    semantic_id_lookup, split_history)
 from custom_ops.semantic_id_table import SemanticIdTable  # noqa: E402
 
 __all__ = [
     "BUILD_COMMAND", "CleanedSequence", "CodeTokens", "Prompt", "SemanticIdTable",
-    "assemble_prompt", "clean_sequence", "library_names", "library_path", "library_paths",
-    "load_library", "read_catalog", "semantic_id_lookup", "write_catalog",
+    "SplitHistory", "assemble_prompt", "clean_sequence", "library_names", "library_path",
+    "library_paths", "load_library", "read_catalog", "semantic_id_lookup", "split_history",
+    "write_catalog",
 ]

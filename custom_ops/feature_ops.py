@@ -28,6 +28,13 @@ class CleanedSequence(NamedTuple):
     row_splits: tf.Tensor   # int64 [B+1]
 
 
+class SplitHistory(NamedTuple):
+    long_values: tf.Tensor         # int64 [E_long]
+    long_row_splits: tf.Tensor     # int64 [B+1]
+    recent_values: tf.Tensor       # int64 [E_recent]
+    recent_row_splits: tf.Tensor   # int64 [B+1]
+
+
 class CodeTokens(NamedTuple):
     code_tokens: tf.Tensor    # int64 [E', levels]
     row_splits: tf.Tensor     # int64 [B+1]
@@ -89,6 +96,40 @@ def clean_sequence(values, timestamps, row_splits, request_time, *, window_secon
         window_seconds=int_attr(window_seconds, "window_seconds", 1, INT64_MAX),
         keep_last=int_attr(keep_last, "keep_last", 1, INT64_MAX))
     return CleanedSequence(*out)
+
+
+def split_history(values, timestamps, row_splits, request_time, *, block_seconds: int,
+                  long_term_blocks: int, long_term_items: int,
+                  recent_items: int) -> SplitHistory:
+    """Splits ragged behaviour sequences into a frozen long-term part and a recent part
+    (``XgrSplitHistory``; the prompt contract v2, ``xgr_common.prompt_v2``).
+
+    Args:
+      values, timestamps, row_splits, request_time: as for ``clean_sequence``.
+      block_seconds: >= 1; time is cut into blocks of this length, and the request's block
+        (``floor(request_time / block_seconds)``) is the open one.
+      long_term_blocks: >= 1; the closed blocks (the newest) the long-term part draws from.
+      long_term_items: >= 0; the most long-term events per row.
+      recent_items: >= 1; the most recent events per row.
+
+    Per row: drop events after ``request_time``; collapse each run of equal consecutive values
+    inside one block into its last event; the recent part is the open block's newest
+    ``recent_items`` events; the long-term part is whole closed blocks from the newest back
+    while they fit ``long_term_items`` (the newest alone cut to its newest events). The
+    long-term part therefore changes only when the request time enters a new block.
+
+    Returns:
+      ``SplitHistory(long_values, long_row_splits, recent_values, recent_row_splits)``.
+    """
+    out = load_library("feature_ops").xgr_split_history(
+        values=as_int64(values, "values"), timestamps=as_int64(timestamps, "timestamps"),
+        row_splits=as_int64(row_splits, "row_splits"),
+        request_time=as_int64(request_time, "request_time"),
+        block_seconds=int_attr(block_seconds, "block_seconds", 1, INT64_MAX),
+        long_term_blocks=int_attr(long_term_blocks, "long_term_blocks", 1, 2 ** 40),
+        long_term_items=int_attr(long_term_items, "long_term_items", 0, INT64_MAX),
+        recent_items=int_attr(recent_items, "recent_items", 1, INT64_MAX))
+    return SplitHistory(*out)
 
 
 def semantic_id_lookup(table, items, row_splits, *, code_base: int) -> CodeTokens:

@@ -76,6 +76,16 @@ OPS: tuple[CustomOp, ...] = (
                       ("window_seconds", "keep_last")),
         onnx_twin=f"{_TWINS}.clean_sequence:clean_sequence"),
     CustomOp(
+        tf_op="XgrSplitHistory",
+        summary="frozen long-term part (closed time blocks) and recent part per row",
+        python_api="custom_ops.split_history",
+        torch_twin=f"{_TWINS}.split_history:split_history",
+        onnx=OnnxNode("XgrSplitHistory",
+                      ("values", "timestamps", "row_splits", "request_time"),
+                      ("long_values", "long_row_splits", "recent_values", "recent_row_splits"),
+                      ("block_seconds", "long_term_blocks", "long_term_items", "recent_items")),
+        onnx_twin=f"{_TWINS}.split_history:split_history"),
+    CustomOp(
         tf_op="XgrSemanticIdLookup",
         summary="item ids -> semantic-ID code tokens; unknown items dropped and counted",
         python_api="custom_ops.semantic_id_lookup",

@@ -105,6 +105,27 @@ def clean_sequence_is_safe(values_splits, data, window, keep):
                                              window_seconds=window, keep_last=keep))
 
 
+@SETTINGS
+@given(ragged(), st.data(), st.sampled_from([-1, *[1, 3, 7, 2**62] * 4]),
+       st.sampled_from([0, 2**40 + 1, *[1, 3, 2**40] * 4]),
+       st.sampled_from([-1, *[0, 2, 5, INT64_MAX] * 3]), st.sampled_from([0, *[1, 3] * 4]))
+def split_history_is_safe(values_splits, data, block, blocks, long_items, recent):
+    values, splits = values_splits
+    times = data.draw(st.one_of(*[arrays(np.int64, values.shape, elements=ELEMENTS)] * 3,
+                                ANY_ARRAY))
+    if data.draw(st.sampled_from([True, True, True, False])) and times.ndim == 1:
+        times = np.sort(times)  # sorted overall is sorted inside every row
+    request = data.draw(st.one_of(arrays(np.int64, max(splits.size - 1, 0), elements=ELEMENTS),
+                                  ANY_ARRAY))
+    attrs = dict(block_seconds=block, long_term_blocks=blocks, long_term_items=long_items,
+                 recent_items=recent)
+    agree("split_history_is_safe",
+          lambda: LIB.xgr_split_history(values=values, timestamps=times, row_splits=splits,
+                                        request_time=request, **attrs),
+          lambda: torch_twins.split_history(t(values), t(times), t(splits), t(request),
+                                            **attrs))
+
+
 _WORKDIR = tempfile.TemporaryDirectory(prefix="xgr_fuzz_")  # removed when the child exits
 TABLE_DIR = _WORKDIR.name
 TABLE_IDS = np.array([INT64_MIN, -1, 0, 3, 7, INT64_MAX], np.int64)
@@ -222,8 +243,8 @@ def assemble_prompt_is_safe(context, items_splits, data, max_length):
                                               max_length=max_length, **specials))
 
 
-PROPERTIES = (clean_sequence_is_safe, semantic_id_lookup_is_safe, table_init_is_safe,
-              catalog_file_is_safe, assemble_prompt_is_safe)
+PROPERTIES = (clean_sequence_is_safe, split_history_is_safe, semantic_id_lookup_is_safe,
+              table_init_is_safe, catalog_file_is_safe, assemble_prompt_is_safe)
 
 if __name__ == "__main__":
     faulthandler.enable()
