@@ -22,13 +22,14 @@ del _name
 
 from custom_ops.catalog_file import read_catalog, write_catalog  # noqa: E402
 from custom_ops.feature_ops import (CleanedSequence, CodeTokens, Prompt,  # noqa: E402
-                                    SplitHistory, assemble_prompt, clean_sequence,
-                                    semantic_id_lookup, split_history)
+                                    PromptV2, SplitHistory, assemble_prompt,
+                                    assemble_prompt_v2, clean_sequence, semantic_id_lookup,
+                                    split_history)
 from custom_ops.semantic_id_table import SemanticIdTable  # noqa: E402
 
 __all__ = [
-    "BUILD_COMMAND", "CleanedSequence", "CodeTokens", "Prompt", "SemanticIdTable",
-    "SplitHistory", "assemble_prompt", "clean_sequence", "library_names", "library_path",
-    "library_paths", "load_library", "read_catalog", "semantic_id_lookup", "split_history",
-    "write_catalog",
+    "BUILD_COMMAND", "CleanedSequence", "CodeTokens", "Prompt", "PromptV2", "SemanticIdTable",
+    "SplitHistory", "assemble_prompt", "assemble_prompt_v2", "clean_sequence", "library_names",
+    "library_path", "library_paths", "load_library", "read_catalog", "semantic_id_lookup",
+    "split_history", "write_catalog",
 ]

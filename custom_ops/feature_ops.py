@@ -28,6 +28,13 @@ class CleanedSequence(NamedTuple):
     row_splits: tf.Tensor   # int64 [B+1]
 
 
+class PromptV2(NamedTuple):
+    token_ids: tf.Tensor       # int32 [B, L]
+    lengths: tf.Tensor         # int32 [B]
+    segment_ids: tf.Tensor     # int32 [B, L]
+    frozen_lengths: tf.Tensor  # int32 [B]
+
+
 class SplitHistory(NamedTuple):
     long_values: tf.Tensor         # int64 [E_long]
     long_row_splits: tf.Tensor     # int64 [B+1]
@@ -189,3 +196,42 @@ def assemble_prompt(context_tokens, item_tokens, item_row_splits, *, bos_id: int
         pad_id=int_attr(pad_id, "pad_id", 0, INT32_MAX),
         max_length=int_attr(max_length, "max_length", 0, MAX_PROMPT_LENGTH))
     return Prompt(*out)
+
+
+def assemble_prompt_v2(long_item_tokens, long_row_splits, context_tokens, recent_item_tokens,
+                       recent_row_splits, *, bos_id: int, profile_start_id: int,
+                       item_start_id: int, soft_id: int, pad_id: int, soft_tokens: int,
+                       intro=(), before_profile=(), before_recent=(), question=(),
+                       max_length: int = 0) -> PromptV2:
+    """Assembles v2 prompts (``XgrAssemblePromptV2``; ``xgr_common.prompt_v2``): ``BOS
+    intro``, the long-term items (the frozen prefix), the profile block (``before_profile``,
+    ``soft_tokens`` SOFT markers, ``PROFILE_START``, the context, ``before_recent``), the
+    recent items, ``question`` and the trailing ``ITEM_START``; each item its own segment.
+
+    Args:
+      long_item_tokens, recent_item_tokens: int64 [E, levels] code tokens, rows concatenated
+        (oldest first); long_row_splits, recent_row_splits: int64 [B+1].
+      context_tokens: int64 [B, P].
+      intro, before_profile, before_recent, question: text token ids (may be empty).
+      max_length: 0 for the longest row; otherwise every row is that long, and a longer row
+        is refused (never cut).
+
+    Returns:
+      ``PromptV2(token_ids int32 [B, L], lengths int32 [B], segment_ids int32 [B, L],
+      frozen_lengths int32 [B])``.
+    """
+    ids = {name: int_attr(value, name, 0, INT32_MAX) for name, value in (
+        ("bos_id", bos_id), ("profile_start_id", profile_start_id),
+        ("item_start_id", item_start_id), ("soft_id", soft_id), ("pad_id", pad_id))}
+    spans = {name: [int_attr(t, name, 0, INT32_MAX) for t in span] for name, span in (
+        ("intro", intro), ("before_profile", before_profile),
+        ("before_recent", before_recent), ("question", question))}
+    out = load_library("feature_ops").xgr_assemble_prompt_v2(
+        long_item_tokens=as_int64(long_item_tokens, "long_item_tokens"),
+        long_row_splits=as_int64(long_row_splits, "long_row_splits"),
+        context_tokens=as_int64(context_tokens, "context_tokens"),
+        recent_item_tokens=as_int64(recent_item_tokens, "recent_item_tokens"),
+        recent_row_splits=as_int64(recent_row_splits, "recent_row_splits"),
+        soft_tokens=int_attr(soft_tokens, "soft_tokens", 0, MAX_PROMPT_LENGTH),
+        max_length=int_attr(max_length, "max_length", 0, MAX_PROMPT_LENGTH), **ids, **spans)
+    return PromptV2(*out)

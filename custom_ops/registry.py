@@ -105,6 +105,21 @@ OPS: tuple[CustomOp, ...] = (
                       ("token_ids", "lengths", "segment_ids"),
                       ("bos_id", "profile_start_id", "item_start_id", "pad_id", "max_length")),
         onnx_twin=f"{_TWINS}.assemble_prompt:assemble_prompt"),
+    CustomOp(
+        tf_op="XgrAssemblePromptV2",
+        summary="v2 prompt: frozen long-term items first, profile block with SOFT markers, "
+                "recent items, text spans; padded token_ids, lengths, segment_ids, "
+                "frozen_lengths",
+        python_api="custom_ops.assemble_prompt_v2",
+        torch_twin=f"{_TWINS}.assemble_prompt_v2:assemble_prompt_v2",
+        onnx=OnnxNode("XgrAssemblePromptV2",
+                      ("long_item_tokens", "long_row_splits", "context_tokens",
+                       "recent_item_tokens", "recent_row_splits"),
+                      ("token_ids", "lengths", "segment_ids", "frozen_lengths"),
+                      ("bos_id", "profile_start_id", "item_start_id", "soft_id", "pad_id",
+                       "soft_tokens", "intro", "before_profile", "before_recent", "question",
+                       "max_length")),
+        onnx_twin=f"{_TWINS}.assemble_prompt_v2:assemble_prompt_v2"),
     CustomOp("XgrSemanticIdTableHandle", _TABLE_NOTE, "custom_ops.SemanticIdTable",
              f"{_TWINS}.semantic_ids:TorchSemanticIdTable", None),
     CustomOp("XgrSemanticIdTableInitFromFile", _TABLE_NOTE, "custom_ops.SemanticIdTable",

@@ -243,8 +243,32 @@ def assemble_prompt_is_safe(context, items_splits, data, max_length):
                                               max_length=max_length, **specials))
 
 
+@SETTINGS
+@given(ragged(levels=2, elements=TOKENS), ragged(levels=2, elements=TOKENS), st.data(),
+       st.sampled_from([0, 0, 0, 9, 2**20, 2**20 + 1]))
+def assemble_prompt_v2_is_safe(long_splits, recent_splits, data, max_length):
+    (long_items, long_rows), (recent_items, recent_rows) = long_splits, recent_splits
+    rows = max(long_rows.size - 1, 0)
+    context = data.draw(st.one_of(*[arrays(np.int64, (rows, data.draw(st.integers(0, 2))),
+                                           elements=TOKENS)] * 3, ANY_ARRAY))
+    spans = {name: data.draw(st.lists(TOKENS, max_size=2))
+             for name in ("intro", "before_profile", "before_recent", "question")}
+    attrs = dict(bos_id=1, profile_start_id=5, item_start_id=4, pad_id=0,
+                 soft_id=data.draw(st.sampled_from([6, 6, 6, -1, 2**31])),
+                 soft_tokens=data.draw(st.sampled_from([0, 2, 2, -1])), max_length=max_length,
+                 **spans)
+    agree("assemble_prompt_v2_is_safe",
+          lambda: LIB.xgr_assemble_prompt_v2(long_item_tokens=long_items,
+                                             long_row_splits=long_rows, context_tokens=context,
+                                             recent_item_tokens=recent_items,
+                                             recent_row_splits=recent_rows, **attrs),
+          lambda: torch_twins.assemble_prompt_v2(t(long_items), t(long_rows), t(context),
+                                                 t(recent_items), t(recent_rows), **attrs))
+
+
 PROPERTIES = (clean_sequence_is_safe, split_history_is_safe, semantic_id_lookup_is_safe,
-              table_init_is_safe, catalog_file_is_safe, assemble_prompt_is_safe)
+              table_init_is_safe, catalog_file_is_safe, assemble_prompt_is_safe,
+              assemble_prompt_v2_is_safe)
 
 if __name__ == "__main__":
     faulthandler.enable()
