@@ -71,6 +71,9 @@ class RequestBatch:
     token_ids: ``[B, L]`` int64 (padding slots 0); total_lengths: ``[B]`` int64 = S + lengths;
     segment_ids: ``[B, L]`` int32 (zeros when ``causal``); prefix_embeds: ``[B, S, hidden]`` in
     the model dtype or None; exclude_items: ``[B, X]`` int64, X >= 1, -1 = padding.
+    soft_marker: None, the soft vectors come before the tokens (prompt contract v1); a token
+    id, they replace the row's tokens of that id in order (v2: ``xgr_common.prompt_v2``; the
+    S markers are counted in the lengths, so total_lengths = lengths).
     """
 
     token_ids: torch.Tensor
@@ -79,6 +82,7 @@ class RequestBatch:
     causal: bool
     prefix_embeds: torch.Tensor | None
     exclude_items: torch.Tensor
+    soft_marker: int | None = None
 
     def to(self, device: torch.device) -> "RequestBatch":
         """The batch on ``device`` (no copy for tensors already there)."""
@@ -86,7 +90,7 @@ class RequestBatch:
             token_ids=self.token_ids.to(device), total_lengths=self.total_lengths.to(device),
             segment_ids=self.segment_ids.to(device), causal=self.causal,
             prefix_embeds=None if self.prefix_embeds is None else self.prefix_embeds.to(device),
-            exclude_items=self.exclude_items.to(device))
+            exclude_items=self.exclude_items.to(device), soft_marker=self.soft_marker)
 
 
 @dataclass(frozen=True)
@@ -107,18 +111,20 @@ Rules = Callable[..., tuple[torch.Tensor, ...]]
 def sanitise(token_ids: torch.Tensor, lengths: torch.Tensor, segment_ids: torch.Tensor | None,
              prefix_embeds: torch.Tensor | None, exclude_items: torch.Tensor | None,
              vocab_size: int, rules: Rules = reference_input_rules,
-             extent: torch.Tensor | None = None) -> tuple[RequestBatch, torch.Tensor]:
+             extent: torch.Tensor | None = None,
+             soft_marker: int | None = None) -> tuple[RequestBatch, torch.Tensor]:
     """The batch the search runs on and the flags of the value rules, on the tokens' device.
 
     token_ids ``[B, L]`` and lengths ``[B]`` integer; segment_ids ``[B, L]`` int32, or None for
     a causal prompt; prefix_embeds ``[B, S, hidden]`` (used as given) or None; exclude_items
     ``[B, X]`` int64 (-1 = padding) or None; rules: ``reference.input_rules.input_rules`` or
     the kernel of the same signature; extent: for a captured search's padded buffers
-    (``reference.input_rules``). Returns the ``RequestBatch`` and flags ``[FLAG_COUNT]``
+    (``reference.input_rules``); soft_marker: see ``RequestBatch`` (the soft vectors then take
+    no positions of their own). Returns the ``RequestBatch`` and flags ``[FLAG_COUNT]``
     int64 in ``VALUE_RULES`` order (``checks.Verdict`` reads them). Device ops only.
     """
     causal = segment_ids is None
-    soft = 0 if prefix_embeds is None else prefix_embeds.shape[1]
+    soft = 0 if prefix_embeds is None or soft_marker is not None else prefix_embeds.shape[1]
     if exclude_items is None:
         exclude_items = torch.full((token_ids.shape[0], 1), -1, dtype=torch.int64,
                                    device=token_ids.device)
@@ -128,7 +134,8 @@ def sanitise(token_ids: torch.Tensor, lengths: torch.Tensor, segment_ids: torch.
         None if causal else segment_ids.contiguous(), exclude_items.contiguous(),
         vocab_size, soft, causal, extent)
     batch = RequestBatch(token_ids=tokens, total_lengths=total, segment_ids=segments,
-                         causal=causal, prefix_embeds=prefix_embeds, exclude_items=exclude)
+                         causal=causal, prefix_embeds=prefix_embeds, exclude_items=exclude,
+                         soft_marker=soft_marker)
     return batch, flags
 
 
@@ -261,12 +268,26 @@ def search_features(model: Model, catalog: Catalog, token_ids: torch.Tensor,
     return items, scores, flags
 
 
+def place_soft_vectors(embeds: torch.Tensor, marked: torch.Tensor, soft: torch.Tensor
+                       ) -> torch.Tensor:
+    """``embeds [B, L, hidden]`` with the k-th ``marked [B, L]`` slot of each row replaced by
+    ``soft[:, k]`` (``soft [B, S, hidden]``; marks past the S-th take the last vector). Static
+    shapes: a gather and a select, no host read."""
+    order = (torch.cumsum(marked.to(torch.int64), dim=1) - 1).clamp(0, soft.shape[1] - 1)
+    placed = soft.gather(1, order[..., None].expand(-1, -1, soft.shape[2]))
+    return torch.where(marked[..., None], placed.to(embeds.dtype), embeds)
+
+
 def _pack(model: Model, batch: RequestBatch, static: bool
           ) -> tuple[PackedPrompt, torch.Tensor]:
-    """Padded input vectors ``[B, S+L, hidden]`` and their packed description."""
+    """Padded input vectors ``[B, S+L, hidden]`` (``[B, L, hidden]`` with a soft marker) and
+    their packed description."""
     embeds = model.embed(batch.token_ids)
     segments = batch.segment_ids
-    if batch.prefix_embeds is not None:
+    if batch.prefix_embeds is not None and batch.soft_marker is not None:
+        embeds = place_soft_vectors(embeds, batch.token_ids == batch.soft_marker,
+                                    batch.prefix_embeds)
+    elif batch.prefix_embeds is not None:
         soft = batch.prefix_embeds
         embeds = torch.cat([soft, embeds], dim=1)
         segments = torch.cat([torch.zeros(soft.shape[:2], dtype=segments.dtype,

@@ -84,6 +84,9 @@ class TokenLayout:
                 f"= [{self.base}, {end})")
         require(len(set(specials.values())) == len(specials), ConfigError,
                 f"special ids must be distinct, got {specials}")
+        require(self.num_special >= 7 and self.soft_id not in specials.values(), ConfigError,
+                f"the specials need a free slot at base + 6 for the SOFT marker (num_special "
+                f"{self.num_special}, specials {specials})")
         require(self.code_base >= end, ConfigError,
                 f"code_base ({self.code_base}) must be >= base + num_special ({end})")
 
@@ -108,6 +111,13 @@ class TokenLayout:
         """Name -> id of each special token the prompt contract uses."""
         return {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id, "sep": self.sep_id,
                 "item_start": self.item_start_id, "profile_start": self.profile_start_id}
+
+    @property
+    def soft_id(self) -> int:
+        """The SOFT marker of the prompt contract v2: where the engine places the soft-prompt
+        vectors (``xgr_common.prompt_v2``). The special slot after the named ones; the rows
+        of the embedding table at it are never read for it."""
+        return self.base + 6
 
     @property
     def profile_base(self) -> int:

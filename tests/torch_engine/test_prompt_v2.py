@@ -1,0 +1,90 @@
+"""The prompt contract v2 in the engine: the soft-prompt vectors placed at the SOFT markers
+mid-row, and the frozen long-term prefix whose KV computed alone equals its rows in the full
+prefill (fp32, the CPU), under both prefill masks."""
+
+import numpy as np
+import pytest
+import torch
+
+from custom_ops.torch_twins import assemble_prompt_v2
+from tests.torch_engine.engine_worlds import small_world
+from torch_engine import search
+from torch_engine.catalog import Catalog
+from torch_engine.model import Model
+from xgr_common.layout import MaskMode, TokenLayout
+from xgr_common.tolerances import tolerance_for
+
+LAYOUT = TokenLayout()
+FP32 = tolerance_for(torch.float32)
+SOFT = 2
+
+
+@pytest.fixture(scope="module")
+def model():
+    return Model.from_preset("tiny", seed=5)
+
+
+def _codes(items):
+    """Code tokens of item numbers: level l's code is (item * 7 + l) mod the codebook."""
+    items = np.asarray(items, np.int64)
+    return torch.from_numpy(np.stack([LAYOUT.code_token(level, 0) + (items * 7 + level) %
+                                      LAYOUT.codebook_size for level in range(3)], 1))
+
+
+def _prompt(long_items, recent_items, context):
+    return assemble_prompt_v2(
+        _codes(long_items), torch.tensor([0, len(long_items)]),
+        torch.tensor([[LAYOUT.profile_base + 1 + context]]), _codes(recent_items),
+        torch.tensor([0, len(recent_items)]), bos_id=LAYOUT.bos_id,
+        profile_start_id=LAYOUT.profile_start_id, item_start_id=LAYOUT.item_start_id,
+        soft_id=LAYOUT.soft_id, pad_id=LAYOUT.pad_id, soft_tokens=SOFT, intro=[20, 21],
+        before_profile=[22], question=[23])
+
+
+def _prefill(model, tokens, lengths, segments, soft, mask):
+    catalog = Catalog.from_arrays(*small_world())
+    batch, _ = search.sanitise(tokens, lengths, None if mask is MaskMode.CAUSAL else segments,
+                               soft, None, model.config.vocab_size, soft_marker=LAYOUT.soft_id)
+    return search.prefill(model, catalog, batch, search.SearchOptions())
+
+
+def test_soft_vectors_replace_the_markers_in_order(model):
+    prompt = _prompt([3, 4], [5], context=1)
+    soft = torch.randn(1, SOFT, model.config.hidden_size)
+    embeds = model.embed(prompt.token_ids.to(torch.int64))
+    marked = prompt.token_ids == LAYOUT.soft_id
+    placed = search.place_soft_vectors(embeds, marked, soft)
+    columns = torch.nonzero(marked[0]).flatten()
+    assert columns.numel() == SOFT
+    torch.testing.assert_close(placed[0, columns], soft[0])
+    unmarked = ~marked[0]
+    torch.testing.assert_close(placed[0, unmarked], embeds[0, unmarked])
+
+
+@pytest.mark.parametrize("mask", [MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL])
+def test_the_frozen_prefix_kv_depends_on_itself_alone(model, mask):
+    """Two requests of one user (other recent items, another context, other soft vectors)
+    and the frozen prefix on its own: the prefix's KV rows agree in every layer."""
+    gen = torch.Generator().manual_seed(0)
+    hidden = model.config.hidden_size
+    runs = []
+    for recent, context in (([5, 6], 1), ([9], 3)):
+        prompt = _prompt([3, 4, 8], recent, context)
+        soft = torch.randn(1, SOFT, hidden, generator=gen)
+        state = _prefill(model, prompt.token_ids, prompt.lengths, prompt.segment_ids, soft, mask)
+        runs.append((state, int(prompt.frozen_lengths[0]), prompt))
+    frozen = runs[0][1]
+    prompt = runs[0][2]
+    alone = _prefill(model, prompt.token_ids[:, :frozen], torch.tensor([frozen]),
+                     prompt.segment_ids[:, :frozen], None, mask)
+    for layer in range(model.config.num_layers):
+        reference = alone.shared.keys[layer][:frozen].double()
+        for state, length, _ in runs:
+            assert length == frozen
+            for got, want in ((state.shared.keys[layer], alone.shared.keys[layer]),
+                              (state.shared.values[layer], alone.shared.values[layer])):
+                torch.testing.assert_close(got[:frozen].double(), want[:frozen].double(),
+                                           atol=FP32.atol, rtol=FP32.rtol)
+        assert reference.abs().sum() > 0
+    # The rest of the rows did see the differences.
+    assert not torch.allclose(runs[0][0].last_hidden, runs[1][0].last_hidden)
