@@ -68,3 +68,28 @@ def same_device(**tensors: torch.Tensor) -> torch.device:
     require(len(set(devices.values())) == 1, InvalidInputError,
             f"inputs must be on one device, got {devices}")
     return next(iter(devices.values()))
+
+
+def timed_sequence(values: object, timestamps: object, splits_in: object,
+                   request_time: object) -> tuple[torch.Tensor, ...]:
+    """The history ops' inputs checked as their C++ ops check them (ranks, lengths, splits,
+    one request time per row, timestamps non-decreasing inside each row). Returns values,
+    timestamps, request_time, the splits and each event's row, all int64."""
+    values = int64_tensor(values, "values", 1)
+    timestamps = int64_tensor(timestamps, "timestamps", 1)
+    request_time = int64_tensor(request_time, "request_time", 1)
+    same_device(values=values, timestamps=timestamps, request_time=request_time,
+                row_splits=int64_tensor(splits_in, "row_splits", 1))
+    num_events = values.numel()
+    require(timestamps.numel() == num_events, InvalidInputError,
+            f"timestamps must have the length of values ({num_events}), got {timestamps.numel()}")
+    splits = row_splits(splits_in, num_events, "row_splits", "values")
+    batch = splits.numel() - 1
+    require(request_time.numel() == batch, InvalidInputError,
+            f"request_time must have one entry per row ({batch}), got {request_time.numel()}")
+    rows = row_ids(splits)
+    back_in_time = torch.nonzero((rows[1:] == rows[:-1]) & (timestamps[1:] < timestamps[:-1]))
+    require(back_in_time.numel() == 0, InvalidInputError,
+            "timestamps must be non-decreasing inside each row; row "
+            f"{int(rows[back_in_time[0, 0]]) if back_in_time.numel() else -1} goes back in time")
+    return values, timestamps, request_time, splits, rows

@@ -12,7 +12,6 @@ from typing import NamedTuple
 import torch
 
 from custom_ops.torch_twins import _checks
-from xgr_common.errors import InvalidInputError, require
 
 
 class CleanedSequence(NamedTuple):
@@ -31,23 +30,9 @@ def clean_sequence(values: torch.Tensor, timestamps: torch.Tensor, row_splits: t
     """
     _checks.int_attr(window_seconds, 1, _checks.INT64_MAX, "window_seconds")
     _checks.int_attr(keep_last, 1, _checks.INT64_MAX, "keep_last")
-    values = _checks.int64_tensor(values, "values", 1)
-    timestamps = _checks.int64_tensor(timestamps, "timestamps", 1)
-    request_time = _checks.int64_tensor(request_time, "request_time", 1)
-    _checks.same_device(values=values, timestamps=timestamps, request_time=request_time,
-                        row_splits=_checks.int64_tensor(row_splits, "row_splits", 1))
-    num_events = values.numel()
-    require(timestamps.numel() == num_events, InvalidInputError,
-            f"timestamps must have the length of values ({num_events}), got {timestamps.numel()}")
-    splits = _checks.row_splits(row_splits, num_events, "row_splits", "values")
+    values, timestamps, request_time, splits, rows = _checks.timed_sequence(
+        values, timestamps, row_splits, request_time)
     batch = splits.numel() - 1
-    require(request_time.numel() == batch, InvalidInputError,
-            f"request_time must have one entry per row ({batch}), got {request_time.numel()}")
-    rows = _checks.row_ids(splits)
-    back_in_time = torch.nonzero((rows[1:] == rows[:-1]) & (timestamps[1:] < timestamps[:-1]))
-    require(back_in_time.numel() == 0, InvalidInputError,
-            "timestamps must be non-decreasing inside each row; row "
-            f"{int(rows[back_in_time[0, 0]]) if back_in_time.numel() else -1} goes back in time")
 
     # The window's lower edge, saturated at INT64_MIN like the C++ op (no overflow).
     lower = request_time.clamp(min=_checks.INT64_MIN + window_seconds) - window_seconds

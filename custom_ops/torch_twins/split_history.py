@@ -15,7 +15,6 @@ from typing import NamedTuple
 import torch
 
 from custom_ops.torch_twins import _checks
-from xgr_common.errors import InvalidInputError, require
 
 MAX_LONG_TERM_BLOCKS = 2 ** 40   # the C++ op's bound (no overflow below the request's block)
 
@@ -39,23 +38,9 @@ def split_history(values: torch.Tensor, timestamps: torch.Tensor, row_splits: to
     _checks.int_attr(long_term_blocks, 1, MAX_LONG_TERM_BLOCKS, "long_term_blocks")
     _checks.int_attr(long_term_items, 0, _checks.INT64_MAX, "long_term_items")
     _checks.int_attr(recent_items, 1, _checks.INT64_MAX, "recent_items")
-    values = _checks.int64_tensor(values, "values", 1)
-    timestamps = _checks.int64_tensor(timestamps, "timestamps", 1)
-    request_time = _checks.int64_tensor(request_time, "request_time", 1)
-    _checks.same_device(values=values, timestamps=timestamps, request_time=request_time,
-                        row_splits=_checks.int64_tensor(row_splits, "row_splits", 1))
-    num_events = values.numel()
-    require(timestamps.numel() == num_events, InvalidInputError,
-            f"timestamps must have the length of values ({num_events}), got {timestamps.numel()}")
-    splits = _checks.row_splits(row_splits, num_events, "row_splits", "values")
+    values, timestamps, request_time, splits, rows = _checks.timed_sequence(
+        values, timestamps, row_splits, request_time)
     batch = splits.numel() - 1
-    require(request_time.numel() == batch, InvalidInputError,
-            f"request_time must have one entry per row ({batch}), got {request_time.numel()}")
-    rows = _checks.row_ids(splits)
-    back_in_time = torch.nonzero((rows[1:] == rows[:-1]) & (timestamps[1:] < timestamps[:-1]))
-    require(back_in_time.numel() == 0, InvalidInputError,
-            "timestamps must be non-decreasing inside each row; row "
-            f"{int(rows[back_in_time[0, 0]]) if back_in_time.numel() else -1} goes back in time")
 
     blocks = torch.div(timestamps, block_seconds, rounding_mode="floor")
     open_block = torch.div(request_time, block_seconds, rounding_mode="floor")

@@ -86,33 +86,12 @@ class CleanSequenceOp : public OpKernel {
     const Tensor& timestamps = ctx->input(1);
     const Tensor& splits = ctx->input(2);
     const Tensor& request_time = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckRank(values, 1, "values"));
-    OP_REQUIRES_OK(ctx, CheckRank(timestamps, 1, "timestamps"));
-    OP_REQUIRES_OK(ctx, CheckRank(request_time, 1, "request_time"));
-    const int64_t num_events = values.dim_size(0);
-    OP_REQUIRES(ctx, timestamps.dim_size(0) == num_events,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "timestamps must have the length of values (", num_events, "), got ",
-                    timestamps.dim_size(0))));
-    OP_REQUIRES_OK(ctx, CheckRowSplits(splits, num_events, "row_splits", "values"));
+    OP_REQUIRES_OK(ctx, CheckTimedSequence(values, timestamps, splits, request_time));
     const int64_t batch = splits.dim_size(0) - 1;
-    OP_REQUIRES(ctx, request_time.dim_size(0) == batch,
-                absl::InvalidArgumentError(absl::StrCat(
-                    "request_time must have one entry per row (", batch, "), got ",
-                    request_time.dim_size(0))));
     const auto val = values.flat<int64_t>();
     const auto ts = timestamps.flat<int64_t>();
     const auto rs = splits.flat<int64_t>();
     const auto rt = request_time.flat<int64_t>();
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t i = rs(b) + 1; i < rs(b + 1); ++i) {
-        OP_REQUIRES(ctx, ts(i) >= ts(i - 1),
-                    absl::InvalidArgumentError(absl::StrCat(
-                        "timestamps must be non-decreasing inside each row; row ", b,
-                        " has timestamps[", i - 1, "]=", ts(i - 1), " > timestamps[", i,
-                        "]=", ts(i))));
-      }
-    }
 
     // kept[] collects indices of surviving events; new_splits the per-row boundaries.
     std::vector<int64_t> kept;

@@ -64,6 +64,45 @@ inline absl::Status CheckRowSplits(const tensorflow::Tensor& splits, int64_t num
   return absl::OkStatus();
 }
 
+// A timed ragged sequence (values, timestamps, row_splits, request_time), the inputs of the
+// history ops: ranks, lengths that agree, valid splits, one request time per row, and
+// timestamps non-decreasing inside each row.
+inline absl::Status CheckTimedSequence(const tensorflow::Tensor& values,
+                                       const tensorflow::Tensor& timestamps,
+                                       const tensorflow::Tensor& splits,
+                                       const tensorflow::Tensor& request_time) {
+  if (absl::Status s = CheckRank(values, 1, "values"); !s.ok()) return s;
+  if (absl::Status s = CheckRank(timestamps, 1, "timestamps"); !s.ok()) return s;
+  if (absl::Status s = CheckRank(request_time, 1, "request_time"); !s.ok()) return s;
+  const int64_t num_events = values.dim_size(0);
+  if (timestamps.dim_size(0) != num_events) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timestamps must have the length of values (", num_events, "), got ",
+        timestamps.dim_size(0)));
+  }
+  if (absl::Status s = CheckRowSplits(splits, num_events, "row_splits", "values"); !s.ok()) {
+    return s;
+  }
+  const int64_t batch = splits.dim_size(0) - 1;
+  if (request_time.dim_size(0) != batch) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "request_time must have one entry per row (", batch, "), got ",
+        request_time.dim_size(0)));
+  }
+  const auto ts = timestamps.flat<int64_t>();
+  const auto rs = splits.flat<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = rs(b) + 1; i < rs(b + 1); ++i) {
+      if (ts(i) < ts(i - 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "timestamps must be non-decreasing inside each row; row ", b, " has timestamps[",
+            i - 1, "]=", ts(i - 1), " > timestamps[", i, "]=", ts(i)));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Every value of an int64 tensor lies in [lo, hi] (token ids become int32 outputs).
 inline absl::Status CheckValuesInRange(const tensorflow::Tensor& t, int64_t lo, int64_t hi,
                                        const char* name) {
