@@ -18,7 +18,8 @@
 # (the same in a new process session, so it outlives the command that started it) and
 # `gpu_acceptance.sh wait SECONDS` (waits for a started run, then archives its logs and results
 # into $OUT/results.tgz, done or not). XGR_COMMIT, PYTHONPATH (TensorFlow) and .whl/ as gpu_serving.sh wants.
-# PHASES (default "exports served load") and CASES (default all) pick parts.
+# PHASES (default "exports served load"; "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
+# 1M items, beam 256) and CASES (default all) pick parts.
 set +e
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT" || exit 1
@@ -95,6 +96,18 @@ run() {
       stage "$name" load LOAD_LIMIT=${LOAD_LIMIT:-240} > "$RUN_OUT/$name.load.log" 2>&1
       note "load $name done"
     done
+  fi
+  if [[ "$PHASES" == *" catalog "* ]]; then
+    # A catalog refresh at the headline size: the compile once, the catalog-only version,
+    # the swap under load (time, failures, latency, GPU memory).
+    ls custom_ops/*.so >/dev/null 2>&1 \
+        || "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
+    timeout "${CATALOG_LIMIT:-900}" "${PY:-python3}" -m benchmarks.bench_catalog_swap \
+        --preset=qwen2-0.5b --device=cuda:0 --dtype=bfloat16 --items=1000000 --keep_last=255 \
+        --history_events=300 --beam_width=256 --top_k=300 --max_batch=16 --clients=8 \
+        --label=h200 --out_dir="$RUN_OUT" > "$RUN_OUT/catalog.log" 2>&1
+    note "catalog swap rc=$?"
+    tail -12 "$RUN_OUT/catalog.log" >> "$log"
   fi
   for name in $CASES; do cat "$RUN_OUT/$name/summary.txt" >> "$log" 2>/dev/null; done
   note "finished"

@@ -24,8 +24,6 @@ import datetime
 import json
 import os
 import random
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,6 +34,7 @@ from tqdm import tqdm
 
 from benchmarks import results_file as rf
 from benchmarks.gpu_sampler import GpuSampler
+from benchmarks.serve_process import start_server, stop_server
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_base_path", None, "Folder of numeric SavedModel versions to serve.")
@@ -72,44 +71,6 @@ flags.DEFINE_string("out_dir", os.path.join(os.path.dirname(__file__), "results"
                     "Where the JSON result goes.")
 flags.mark_flag_as_required("model_base_path")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def start_server(base: str) -> tuple[subprocess.Popen, int, int]:
-    """``xgr serve`` over ``base``; its JSON logs go to ``--server_log`` (the record of what
-    a stop did), its stdout is drained so that nothing it prints can block it."""
-    path = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path, PYTHONUNBUFFERED="1")
-    log_path = FLAGS.server_log or os.path.join(tempfile.gettempdir(),
-                                                f"xgr_load_server_{FLAGS.label}.log")
-    print(f"server log: {log_path}")
-    log = open(log_path, "w")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "xgr_cli.main", "serve", "--model_name=recs",
-         f"--model_base_path={base}", "--port=0", "--rest_api_port=0",
-         "--bind_address=127.0.0.1", "--enable_batching", "--log_level=INFO",
-         f"--max_batch_size={FLAGS.max_batch_size}",
-         f"--batch_timeout_micros={FLAGS.batch_timeout_micros}", "--num_batch_threads=2"],
-        stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
-    log.close()   # the child holds its own descriptor
-    line = process.stdout.readline()
-    if "rest port" not in line:
-        process.kill()
-        raise RuntimeError(f"xgr serve did not start: {line!r}")
-    threading.Thread(target=process.stdout.read, daemon=True).start()
-    words = line.replace(",", "").split()
-    return process, int(words[words.index("grpc") + 2]), int(words[words.index("rest") + 2])
-
-
-def stop_server(process: subprocess.Popen, seconds: float = 60.0) -> int | str:
-    """SIGTERM, then the exit code; a server still alive ``seconds`` later is killed and
-    reported as such (the load's figures are kept either way)."""
-    process.terminate()
-    try:
-        return process.wait(timeout=seconds)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        return f"still running {seconds:g} s after SIGTERM (killed)"
 
 
 def build_pool(base: str, rows: int):
@@ -416,7 +377,10 @@ def main(argv: list[str]) -> None:
     del argv
     pool = build_pool(FLAGS.model_base_path, FLAGS.users_per_request)
     distinct = len({json.dumps({k: v.tolist() for k, v in a.items()}) for _, a in pool})
-    process, grpc_port, rest_port = start_server(FLAGS.model_base_path)
+    log_path = FLAGS.server_log or os.path.join(tempfile.gettempdir(),
+                                                f"xgr_load_server_{FLAGS.label}.log")
+    process, grpc_port, rest_port = start_server(
+        FLAGS.model_base_path, log_path, FLAGS.max_batch_size, FLAGS.batch_timeout_micros)
     try:
         with GpuSampler() as gpu:
             result, sweep = _run_all(pool, grpc_port, rest_port, gpu)
