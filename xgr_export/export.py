@@ -268,8 +268,12 @@ def export_saved_model(config: ExportConfig,
                      f"catalog's tables ...")
             check_search_sizes(engine, search)
             package = reused.package
-            tables = write_tables(Path(tmp) / reused.tables.name,
-                                  table_tensors(engine, capacity), capacity, engine.catalog)
+            named = table_tensors(engine, capacity)
+            require(tuple(named) == package.tables, ExportError,
+                    f"the engine here builds the tables {tuple(named)}, the reused package "
+                    f"reads {package.tables}: export on a machine like the first export's")
+            tables = write_tables(Path(tmp) / reused.tables.name, named, capacity,
+                                  engine.catalog)
         package_seconds = time.perf_counter() - started
         package_bytes = package.path.stat().st_size
         # The probe requests become the warm-up file: a server replays them before the version
@@ -281,7 +285,7 @@ def export_saved_model(config: ExportConfig,
         if capacity is not None:
             EngineRecord(saved, replace(package, path=saved / "assets" / package.path.name),
                          saved / "assets" / tables.name, capacity, search, config.resolved_dtype,
-                         config.attention_backend, config.layer_kernels,
+                         attention, "on" if layer_kernels else "off",
                          sources.prefill_mask.value).write()
         if reused is not None:
             shared = link_package(saved / "assets" / package.path.name, reused.package.path)
