@@ -102,10 +102,12 @@ run() {
     # the swap under load (time, failures, latency, GPU memory).
     ls custom_ops/*.so >/dev/null 2>&1 \
         || "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
+    local sizes=(--preset=qwen2-0.5b --device=cuda:0 --dtype=bfloat16 --items=1000000
+                 --keep_last=255 --history_events=300 --beam_width=256 --top_k=300 --label=h200)
+    [ -n "$REHEARSAL" ] && sizes=(--preset=tiny --device=cpu --items=3000 --label=cpu)
     timeout "${CATALOG_LIMIT:-900}" "${PY:-python3}" -m benchmarks.bench_catalog_swap \
-        --preset=qwen2-0.5b --device=cuda:0 --dtype=bfloat16 --items=1000000 --keep_last=255 \
-        --history_events=300 --beam_width=256 --top_k=300 --max_batch=16 --clients=8 \
-        --label=h200 --out_dir="$RUN_OUT" > "$RUN_OUT/catalog.log" 2>&1
+        "${sizes[@]}" --max_batch=16 --clients=8 --out_dir="$RUN_OUT" \
+        > "$RUN_OUT/catalog.log" 2>&1
     note "catalog swap rc=$?"
     tail -12 "$RUN_OUT/catalog.log" >> "$log"
   fi
