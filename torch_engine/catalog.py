@@ -207,7 +207,10 @@ class Catalog:
 
     def padded(self, capacity: CatalogSize) -> "Catalog":
         """This catalog with tables padded to ``capacity`` (see the module docstring); raises
-        ``CatalogError`` naming each size over its capacity."""
+        ``CatalogError`` naming each size over its capacity. A catalog already padded to
+        ``capacity`` is returned as it is."""
+        if self.live is not None and self.table_size == capacity:
+            return self
         real = self.size
         require(len(capacity.prefixes) == self.levels, CatalogError,
                 f"the capacity names {len(capacity.prefixes)} levels, the catalog has "

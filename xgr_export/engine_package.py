@@ -147,9 +147,9 @@ def catalog_tables(engine, capacity=None):
     if capacity is None:
         return engine.catalog, engine.runner.exclusions
     catalog = engine.catalog.padded(capacity)
-    exclusions = (None if engine.runner.exclusions is None
-                  else fused_exclusion_tables(catalog))
-    return catalog, exclusions
+    if catalog is engine.catalog or engine.runner.exclusions is None:   # built for it already
+        return catalog, engine.runner.exclusions
+    return catalog, fused_exclusion_tables(catalog)
 
 
 def table_tensors(engine, capacity) -> dict[str, torch.Tensor]:

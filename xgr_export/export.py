@@ -244,7 +244,11 @@ def export_saved_model(config: ExportConfig,
     sources = team_sources(config) if config.model else synthetic_sources(config)
     engine = build_engine(config, sources, attention, selection)
     spec = sources.spec
-    capacity = catalog_capacity(config, engine, reused, sources)
+    capacity = catalog_capacity(config, reused, sources, engine.catalog.size)
+    if capacity is not None:
+        # The engine over the padded catalog, padded once: the package reads these tables and
+        # the verification searches them (a padded search equals Engine.recommend over them).
+        engine = Engine(engine.model, engine.catalog.padded(capacity), engine.config)
     setup_seconds = time.perf_counter() - started
     search = config.engine
     pipeline_config = PipelineConfig(top_n=config.top_n,
@@ -294,10 +298,7 @@ def export_saved_model(config: ExportConfig,
         progress(f"verifying {config.verify_requests} requests in a fresh process ...")
         graph = (sources.graph.reloaded() if isinstance(sources.graph, SavedFeatureGraph)
                  else sources.graph)
-        # A package over padded tables equals the engine over the same padded catalog.
-        checked = (engine if capacity is None else
-                   Engine(engine.model, engine.catalog.padded(capacity), engine.config))
-        check = check_against_python(saved, graph, checked, pipeline_config,
+        check = check_against_python(saved, graph, engine, pipeline_config,
                                      sources.requests, search.beam_width, search.top_k,
                                      sources.prefill_mask)
     return ExportReport(
@@ -314,16 +315,15 @@ def export_saved_model(config: ExportConfig,
         engine_from=config.engine_from, package_shared=shared)
 
 
-def catalog_capacity(config: ExportConfig, engine: Engine, reused: EngineRecord | None,
-                     sources: Sources) -> CatalogSize | None:
+def catalog_capacity(config: ExportConfig, reused: EngineRecord | None, sources: Sources,
+                     size: CatalogSize) -> CatalogSize | None:
     """The catalog capacity of the package: the reused package's (the new catalog checked
-    against it and against the served catalog's codes), the catalog grown by
-    ``catalog_headroom``, or None (the catalog compiled into the package)."""
+    against the served catalog's codes; padding to it checks the sizes), the catalog's
+    ``size`` grown by ``catalog_headroom``, or None (the catalog compiled into the package)."""
     if reused is not None:
-        engine.catalog.padded(reused.capacity)   # raises CatalogError naming each size over
         require_codes_kept(*reused.source_catalog(), sources.item_ids, sources.item_codes)
         return reused.capacity
     if not config.catalog_headroom:
         return None
-    return CatalogSize.with_headroom(engine.catalog.size, float(config.catalog_headroom),
+    return CatalogSize.with_headroom(size, float(config.catalog_headroom),
                                      sources.spec.layout.codebook_size)
