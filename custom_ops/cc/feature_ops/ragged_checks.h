@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
@@ -62,6 +63,22 @@ inline absl::Status CheckRowSplits(const tensorflow::Tensor& splits, int64_t num
         v(n - 1)));
   }
   return absl::OkStatus();
+}
+
+// Shape inference of a timed ragged sequence's inputs (values, timestamps, row_splits,
+// request_time: all rank 1, values and timestamps of one length, row_splits one longer than
+// request_time); `splits_dim` is the row_splits length (batch + 1).
+inline absl::Status TimedSequenceShape(tensorflow::shape_inference::InferenceContext* c,
+                                       tensorflow::shape_inference::DimensionHandle* splits_dim) {
+  tensorflow::shape_inference::ShapeHandle values, timestamps, splits, request_time;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &values));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &timestamps));
+  TF_RETURN_IF_ERROR(c->Merge(values, timestamps, &values));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &splits));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &request_time));
+  tensorflow::shape_inference::DimensionHandle batch_plus_one;
+  TF_RETURN_IF_ERROR(c->Add(c->Dim(request_time, 0), 1, &batch_plus_one));
+  return c->Merge(c->Dim(splits, 0), batch_plus_one, splits_dim);
 }
 
 // A timed ragged sequence (values, timestamps, row_splits, request_time), the inputs of the

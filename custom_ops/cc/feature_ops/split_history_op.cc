@@ -33,7 +33,6 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 using ::tensorflow::shape_inference::DimensionHandle;
 using ::tensorflow::shape_inference::InferenceContext;
-using ::tensorflow::shape_inference::ShapeHandle;
 
 // Floor division (timestamps may be negative).
 int64_t BlockOf(int64_t t, int64_t block) {
@@ -42,15 +41,8 @@ int64_t BlockOf(int64_t t, int64_t block) {
 }
 
 absl::Status SplitHistoryShape(InferenceContext* c) {
-  ShapeHandle values, timestamps, splits, request_time;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &values));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &timestamps));
-  TF_RETURN_IF_ERROR(c->Merge(values, timestamps, &values));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &splits));
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &request_time));
-  DimensionHandle batch_plus_one, splits_dim;
-  TF_RETURN_IF_ERROR(c->Add(c->Dim(request_time, 0), 1, &batch_plus_one));
-  TF_RETURN_IF_ERROR(c->Merge(c->Dim(splits, 0), batch_plus_one, &splits_dim));
+  DimensionHandle splits_dim;
+  TF_RETURN_IF_ERROR(TimedSequenceShape(c, &splits_dim));
   c->set_output(0, c->Vector(InferenceContext::kUnknownDim));
   c->set_output(1, c->Vector(splits_dim));
   c->set_output(2, c->Vector(InferenceContext::kUnknownDim));
