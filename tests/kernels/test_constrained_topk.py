@@ -127,6 +127,24 @@ def test_chunked_select_matches_reference(width, chunk, dead, resident_keys):
                           f"resident_keys={resident_keys}")
 
 
+@pytest.mark.parametrize("grow", [4, 64])
+def test_a_plan_for_larger_traced_sizes_selects_the_same(monkeypatch, grow):
+    """A traced program plans its chunks, reduction steps and blocks for the largest width
+    and candidate count it accepts (``bounded_size``), then runs at smaller ones: reduction
+    steps over fewer candidates than a chunk and blocks wider than the keys change nothing."""
+    from torch_engine.kernels import _common
+
+    monkeypatch.setattr(_common, "bounded_size", lambda op, name, size: grow * size)
+    gen = torch.Generator().manual_seed(grow)
+    catalog = random_catalog(np.random.default_rng(grow), 16, items=600, skew=1.0)
+    logits, scores, prefixes = tied_level_inputs(gen, catalog, 1, 3, 16, 0.25)
+    indptr, codes = catalog.level_indptr[1], catalog.level_codes[1]
+    out = launch_constrained_topk(logits, scores, prefixes, indptr, codes, 12, None,
+                                  out=poisoned(3, 12), chunk=2 * 12 * grow)
+    check_equal(out, reference(logits, scores, prefixes, indptr, codes, 12, None),
+                f"bounds x{grow}")
+
+
 def test_chunk_must_leave_room_to_shrink():
     catalog = random_catalog(np.random.default_rng(0), 16, items=50, skew=0.0)
     logits, scores, prefixes = level_inputs(torch.Generator().manual_seed(0), catalog, 0, 1, 4,

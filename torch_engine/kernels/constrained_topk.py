@@ -301,8 +301,13 @@ def _check_inputs(logits, scores, prefixes, indptr, codes, width, blocked,
             f"{_OP}: indptr must hold at least one prefix (P + 1 >= 2), got {indptr.shape[0]}")
     require(codes.shape[0] < 2**31, InvalidInputError,
             f"{_OP}: codes holds {codes.shape[0]} entries; child ids are int32, so < 2**31")
-    require(isinstance(width, int) and 1 <= width <= beams * size, InvalidInputError,
-            f"{_OP}: width must be an int in [1, W * C = {beams * size}], got {width!r}")
+    # A traced program's width may be symbolic (one package for several beam widths): its
+    # range then becomes a runtime assertion, as the sizes' rules do.
+    require(isinstance(width, (int, torch.SymInt)), InvalidInputError,
+            f"{_OP}: width must be an int, got {width!r}")
+    message = f"{_OP}: width must be an int in [1, W * C = {beams * size}], got {width!r}"
+    c.require_size(width >= 1, message)
+    c.require_size(width <= beams * size, message)
     c.check_int32_offsets(_OP, {"logits": logits})
     tensors = {"logits": logits, "scores": scores, "prefixes": prefixes, "indptr": indptr,
                "codes": codes}
@@ -360,12 +365,18 @@ def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, bloc
                *(torch.empty((batch, width), dtype=torch.int64, device=device)
                  for _ in range(3)))
     out_scores, parent, code, prefix = out
+    # In a traced program the width (and with it the beams W of later levels) may be
+    # symbolic: the chunk, the number of reduction steps and the blocks follow the largest
+    # sizes the program accepts (more candidates per block are masked; a reduction of fewer
+    # than a chunk keeps them all), the launches take the symbolic sizes.
+    most_width = c.bounded_size(_OP, "width", width)
     keys, ids, count = total, None, beams * size
-    chunk = select_chunk(width) if chunk is None else chunk
-    require(isinstance(chunk, int) and chunk >= 2 * width, InvalidInputError,
-            f"{_OP}: chunk must be an int >= 2 * width = {2 * width} (each reduction keeps "
-            f"width of every chunk), got {chunk!r}")
-    while count > chunk:
+    most = c.bounded_size(_OP, "W * C", count)
+    chunk = select_chunk(most_width) if chunk is None else chunk
+    require(isinstance(chunk, int) and chunk >= 2 * most_width, InvalidInputError,
+            f"{_OP}: chunk must be an int >= 2 * width = {2 * most_width} (each reduction "
+            f"keeps width of every chunk), got {chunk!r}")
+    while most > chunk:
         groups = triton.cdiv(count, chunk)
         out_keys = torch.empty((batch, groups * width), dtype=torch.float32, device=device)
         out_ids = torch.empty((batch, groups * width), dtype=torch.int32, device=device)
@@ -374,7 +385,8 @@ def launch_constrained_topk(logits, scores, prefixes, indptr, codes, width, bloc
             keys, keys if ids is None else ids, out_keys, out_ids, count, chunk, width,
             HAS_IDS=ids is not None, RESIDENT=resident, BLOCK=block, num_warps=warps)
         keys, ids, count = out_keys, out_ids, groups * width
-    block, resident, warps = _select_block(count, resident_keys)
+        most = triton.cdiv(most, chunk) * most_width
+    block, resident, warps = _select_block(most, resident_keys)
     wrap_triton(_select_kernel)[(batch,)](
         keys, keys if ids is None else ids, child, out_scores, parent, code, prefix, count,
         beams * size, size, width, HAS_IDS=ids is not None, RESIDENT=resident, BLOCK=block,

@@ -1,0 +1,72 @@
+"""Child of ``test_traced_widths.py``: the engine's Triton search traced with a dynamic beam
+width on the CPU, as a CUDA export traces it (the Triton interpreter off, so every launcher
+runs under tracing with symbolic sizes; the device checks and backend choices that need CUDA
+are switched off, nothing is compiled or run). Prints the traced range of the width as JSON.
+
+    python tests/export/trace_widths_child.py 16,24,32
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with the Triton interpreter off"
+
+import torch_engine.attention as attention  # noqa: E402
+import torch_engine.beam_search as beam_search  # noqa: E402
+import torch_engine.engine as engine_module  # noqa: E402
+from torch_engine.kernels import _common  # noqa: E402
+
+_common.check_devices = lambda *args, **kwargs: None
+engine_module.resolve_backend = attention.resolve_backend = lambda name, device: "triton"
+beam_search.resolve_selection = lambda name, device: "triton"
+
+from torch_engine.catalog import Catalog  # noqa: E402
+from torch_engine.config import EngineConfig  # noqa: E402
+from torch_engine.model import Model  # noqa: E402
+from xgr_common.prompt_spec import PromptSpec  # noqa: E402
+from xgr_export import engine_package, torch_package  # noqa: E402
+from xgr_export.config import EngineExportConfig  # noqa: E402
+
+
+class _Traced(Exception):
+    """Stops the export once the program is traced (no compile on this host)."""
+
+
+def main(widths: tuple[int, ...]) -> None:
+    traced = {}
+
+    def keep_program(program, *args, **kwargs):
+        traced["program"] = program
+        raise _Traced
+
+    torch_package.package_aoti = keep_program
+    model = Model.from_preset("tiny", seed=0)
+    rng = np.random.default_rng(0)
+    ids = rng.choice(np.arange(3000), size=300, replace=False).astype(np.int64)
+    codes = rng.integers(0, 8, (300, 3)).astype(np.int32)
+    engine = engine_module.Engine(model, Catalog.from_arrays(ids, codes),
+                                  EngineConfig(attention_backend="triton",
+                                               selection_backend="triton", cuda_graphs=False))
+    spec = PromptSpec(model_hidden=model.config.hidden_size, keep_last=40,
+                      window_seconds=3650 * 86400)
+    try:
+        engine_package.export_engine(
+            engine, spec, "unused.pt2",
+            EngineExportConfig(widths[0], 10, max_batch=16, device="cpu", beam_widths=widths))
+    except _Traced:
+        pass
+    program = traced["program"]
+    slots = [node for node in program.graph.nodes if node.op == "placeholder"
+             and node.name in program.graph_signature.user_inputs][5]
+    width = slots.meta["val"].shape[0].node.expr
+    bounds = program.range_constraints[width]
+    print(json.dumps({"low": int(bounds.lower), "high": int(bounds.upper)}))
+
+
+if __name__ == "__main__":
+    main(tuple(int(w) for w in sys.argv[1].split(",")))
