@@ -12,6 +12,7 @@ version and the device.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -23,6 +24,7 @@ from typing import Any, Sequence
 import torch
 
 from xgr_common.errors import ExportError, InvalidInputError, require
+from xgr_export.inductor_first_pass import synchronised_first_pass
 from xgr_export.inductor_int_arrays import int_arrays_keyed_by_buffer
 from xgr_common.import_order import triton_importable
 
@@ -312,7 +314,9 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
         with tempfile.TemporaryDirectory() as tmp:
             built = Path(tmp) / "model.pt2"
             try:
-                with int_arrays_keyed_by_buffer():
+                first_pass = (synchronised_first_pass() if device.startswith("cuda")
+                              else contextlib.nullcontext())
+                with int_arrays_keyed_by_buffer(), first_pass:
                     torch._inductor.aoti_compile_and_package(
                         program, package_path=str(built),
                         inductor_configs={"aot_inductor.metadata": {SIGNATURE_KEY:
