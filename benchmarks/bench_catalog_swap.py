@@ -32,7 +32,7 @@ from absl import app, flags
 
 from benchmarks import results_file as rf
 from benchmarks.gpu_sampler import GpuSampler
-from benchmarks.serve_process import ROOT, start_server, stop_server
+from benchmarks.serve_process import ROOT, child_env, start_server, stop_server
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "tiny", "Random-weight model preset.")
@@ -117,7 +117,7 @@ def export(files: dict, out: Path, *extra: str) -> tuple[dict, float]:
          f"--top_k={FLAGS.top_k}", f"--top_n={FLAGS.top_k}", f"--max_batch={FLAGS.max_batch}",
          "--cache_dir=", "--verify_requests=4", f"--report_json={report}",
          *([f"--dtype={FLAGS.dtype}"] if FLAGS.dtype else []), *extra],
-        cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2"),
+        cwd=ROOT, env=child_env(TF_CPP_MIN_LOG_LEVEL="2"),
         capture_output=True, text=True)
     seconds = time.perf_counter() - started
     if done.returncode != 0:

@@ -11,13 +11,20 @@ import threading
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def child_env(**extra: str) -> dict[str, str]:
+    """This environment for a child process that imports the checkout: ROOT first on
+    ``PYTHONPATH``, whatever the caller had there kept after it (on a host whose TensorFlow
+    lives in a folder of its own, the child must still find it); ``extra`` variables added."""
+    path = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+    return dict(os.environ, PYTHONPATH=path, **extra)
+
+
 def start_server(base: str, log_path: str, max_batch_size: int, batch_timeout_micros: int,
                  poll_seconds: float = 1.0) -> tuple[subprocess.Popen, int, int]:
     """``xgr serve`` over ``base``: (process, gRPC port, REST port). Its JSON logs go to
     ``log_path`` (the record of what a stop did), its stdout is drained so that nothing it
     prints can block it."""
-    path = os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")])
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    env = child_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     print(f"server log: {log_path}")
     log = open(log_path, "w")
     process = subprocess.Popen(
