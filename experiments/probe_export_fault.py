@@ -7,8 +7,8 @@ items, bf16, Triton attention and selection, beam 256, top_k 300) with the catal
 its size x 1.2 when ``CAPACITY`` is 1, the layer kernels ``off``, ``on`` or ``only-<op>``
 (``experiments.probe_layer_kernel_package``'s variants). Before the compile, the exported
 program runs eagerly on its example inputs (does the traced program itself fault?); the
-compile then runs with ``triton.debug_sync_kernel`` (a synchronisation after every kernel of
-Inductor's first, Python pass), so a fault is raised right after the kernel that made it. On
+compile then runs as ``xgr export`` runs it (``xgr_export.inductor_first_pass``: a
+synchronisation after every kernel of Inductor's first, Python pass). On
 a failure the generated code around every frame of the traceback that lies in Inductor's
 generated modules is written to ``NAME.fault.txt``, with the modules themselves under
 ``NAME.generated/``.
@@ -79,7 +79,6 @@ def main(out: Path, name: str, layers: int, items: int, capacity: bool, kernels:
         except Exception:  # the probe reports whatever failed
             report["eager_program"] = traceback.format_exc()[-3000:]
             raise
-        torch._inductor.config.triton.debug_sync_kernel = True
         return compile_aoti(program, *args, **kwargs)
 
     torch_package.package_aoti = checked_compile
