@@ -42,3 +42,74 @@ def test_the_longest_row_is_what_the_op_emits_at_the_budgets():
     assert part.long_values.numel() == 4 and part.recent_values.numel() == 3
     assert int(out.lengths[0]) == layout.max_prompt_tokens(levels=3, soft_tokens=2,
                                                            context_tokens=1)
+
+
+# ------------------------------------------------------------ the layout in the prompt spec
+def test_a_spec_without_the_layout_is_version_1_and_its_json_unchanged():
+    from xgr_common.prompt_spec import PromptSpec
+
+    spec = PromptSpec(keep_last=40, profile_tokens=2)
+    data = spec.to_dict()
+    # The JSON a version 1 card has always held: no key for version 2.
+    assert sorted(data) == ["context_vocab", "embedding_buckets", "embedding_dim", "keep_last",
+                            "layout", "model_hidden", "profile_tokens", "tower_hidden",
+                            "window_seconds"]
+    assert spec.version == 1 and PromptSpec.from_dict(data) == spec
+    assert spec.max_prompt_tokens == 3 + 40 * 4 + 1
+
+
+def test_a_spec_with_the_layout_is_version_2_through_json():
+    from xgr_common.prompt_spec import PromptSpec
+
+    layout = PromptV2Layout(HistorySplit(3600, 24, 30, 10), TextSpans(intro=(7, 8)))
+    spec = PromptSpec(profile_tokens=2, prompt_v2=layout)
+    back = PromptSpec.from_dict(spec.to_dict())
+    assert back == spec and back.version == 2 and back.prompt_v2 == layout
+    assert spec.max_prompt_tokens == layout.max_prompt_tokens(3, 2, 1)
+    with pytest.raises(ConfigError, match="version 1"):
+        PromptSpec.from_dict({**spec.to_dict(), "prompt_v2": {**layout.to_dict(), "version": 1}})
+    with pytest.raises(ConfigError, match="unknown prompt spec fields \\['prompt_v3'\\]"):
+        PromptSpec.from_dict({**spec.to_dict(), "prompt_v3": {}})
+    with pytest.raises(ConfigError, match="prompt_v2 must be a PromptV2Layout"):
+        PromptSpec(prompt_v2=layout.to_dict())
+
+
+def test_a_model_in_the_other_version_is_refused_naming_both():
+    from xgr_common.prompt_spec import PromptSpec
+
+    v1, v2 = PromptSpec(), PromptSpec(prompt_v2=PromptV2Layout())
+    v1.require_version(1, "the feature graph")
+    v2.require_version(2, "the v2 feature graph")
+    with pytest.raises(ConfigError, match="the v2 feature graph needs prompt version 2; this "
+                                          "model's card \\(prompt_spec\\) says version 1"):
+        v1.require_version(2, "the v2 feature graph")
+    with pytest.raises(ConfigError, match="needs prompt version 1; .* says version 2"):
+        v2.require_version(1, "the feature graph")
+
+
+def test_a_model_card_carries_the_layout():
+    from xgr_common.model_card import ModelCard
+    from xgr_common.prompt_spec import PromptSpec
+
+    spec = PromptSpec(model_hidden=64, prompt_v2=PromptV2Layout(spans=TextSpans(question=(5,))))
+    card = ModelCard(spec=spec, prefill_mask="item_causal", architecture="qwen2",
+                     vocab_size=spec.layout.code_end, hidden_size=64)
+    assert ModelCard.from_json(card.to_json()).spec.prompt_v2 == spec.prompt_v2
+
+
+def test_the_engine_export_refuses_a_version_2_model_before_any_work(tmp_path):
+    from torch_engine.catalog import Catalog
+    from torch_engine.engine import Engine
+    from torch_engine.model import Model
+    from xgr_common.prompt_spec import PromptSpec
+    from xgr_export.config import EngineExportConfig
+    from xgr_export.engine_package import export_engine
+
+    model = Model.from_preset("tiny", seed=0)
+    codes = np.stack([np.arange(40) % 8, np.arange(40) // 8, np.zeros(40)], 1).astype(np.int32)
+    engine = Engine(model, Catalog.from_arrays(np.arange(40, dtype=np.int64), codes))
+    spec = PromptSpec(model_hidden=model.config.hidden_size, prompt_v2=PromptV2Layout())
+    with pytest.raises(ConfigError, match="export_engine .* needs prompt version 1; .* says "
+                                          "version 2"):
+        export_engine(engine, spec, tmp_path / "e.pt2", EngineExportConfig(8, 4, max_batch=2))
+    assert not list(tmp_path.iterdir())

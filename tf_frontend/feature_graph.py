@@ -64,6 +64,8 @@ class FeatureGraph(keras.Model):
                  embedding_table: np.ndarray | None = None, tower_weights: dict | None = None,
                  seed=0):
         super().__init__(name="feature_graph")
+        # This graph assembles the version 1 prompt; a version 2 model is refused by name.
+        spec.require_version(1, "FeatureGraph (the version 1 feature graph)")
         require(spec.profile_tokens >= 1, ConfigError,
                 f"FeatureGraph needs spec.profile_tokens >= 1, got {spec.profile_tokens}")
         self.spec = spec

@@ -198,6 +198,8 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
     tables become inputs padded to it, written to ``tables_file(out_path)``
     (``write_tables``), so a new catalog within it needs no new package."""
+    # The example prompts, the traced search and its contract are the version 1 prompt's.
+    spec.require_version(1, "export_engine (version 1 prompts)")
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")

@@ -134,6 +134,11 @@ def test_bad_construction_arguments_are_named(world, catalog_rows, weights):
         FeatureGraph(SPEC, ids, codes[:, :2])
     with pytest.raises(ConfigError, match="profile_tokens"):
         FeatureGraph(PromptSpec(profile_tokens=0), ids, codes)
+    from dataclasses import replace
+    from xgr_common.prompt_v2 import PromptV2Layout
+    with pytest.raises(ConfigError, match="FeatureGraph .* needs prompt version 1; this model's "
+                                          "card \\(prompt_spec\\) says version 2"):
+        FeatureGraph(replace(SPEC, prompt_v2=PromptV2Layout()), ids, codes)
 
 
 def test_missing_features_are_named(graph, world):
