@@ -18,6 +18,8 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from xgr_export.inductor_patch import method_replaced
+
 
 def _scheduling_class():
     try:
@@ -46,10 +48,6 @@ def synchronised_first_pass() -> Iterator[bool]:
     if cls is None:
         yield False
         return
-    original = cls.__dict__["codegen_sync"]
-    cls.codegen_sync = codegen_sync
-    try:
-        with inductor_config.patch({"triton.debug_sync_kernel": True}):
-            yield True
-    finally:
-        cls.codegen_sync = original
+    with method_replaced(cls, "codegen_sync", codegen_sync), \
+            inductor_config.patch({"triton.debug_sync_kernel": True}):
+        yield True

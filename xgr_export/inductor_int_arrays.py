@@ -15,6 +15,8 @@ import contextlib
 import inspect
 from typing import Callable, Iterator
 
+from xgr_export.inductor_patch import method_replaced
+
 _EXPECTED_PARAMETERS = ["self", "int_array", "writeline", "known_statically", "graph"]
 
 
@@ -52,9 +54,5 @@ def int_arrays_keyed_by_buffer() -> Iterator[bool]:
     if cls is None:
         yield False
         return
-    original = cls.__dict__["codegen_int_array_var"]
-    cls.codegen_int_array_var = codegen_int_array_var
-    try:
+    with method_replaced(cls, "codegen_int_array_var", codegen_int_array_var):
         yield True
-    finally:
-        cls.codegen_int_array_var = original
