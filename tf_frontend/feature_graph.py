@@ -64,8 +64,10 @@ class FeatureGraph(keras.Model):
                  embedding_table: np.ndarray | None = None, tower_weights: dict | None = None,
                  seed=0):
         super().__init__(name="feature_graph")
-        # This graph assembles the version 1 prompt; a version 2 model is refused by name.
-        spec.require_version(1, "FeatureGraph (the version 1 feature graph)")
+        # Each graph assembles one prompt version; a model of the other is refused by name.
+        spec.require_version(self.prompt_version,
+                             f"{type(self).__name__} (the version {self.prompt_version} "
+                             f"feature graph)")
         require(spec.profile_tokens >= 1, ConfigError,
                 f"FeatureGraph needs spec.profile_tokens >= 1, got {spec.profile_tokens}")
         self.spec = spec
@@ -78,8 +80,7 @@ class FeatureGraph(keras.Model):
         require(table.levels == layout.levels, ConfigError,
                 f"item_codes have {table.levels} levels, spec.layout.levels is {layout.levels}")
 
-        self.clean_history = XgrCleanSequence(spec.window_seconds, spec.keep_last,
-                                              name="clean_history")
+        self._build_history_stage(spec)
         self.semantic_ids = XgrSemanticIdLookup(table, layout.code_base, name="semantic_ids")
         self.context_lookup = keras.layers.StringLookup(
             vocabulary=list(spec.context_vocab), num_oov_indices=1, mask_token=None,
@@ -95,13 +96,24 @@ class FeatureGraph(keras.Model):
         self.profile_projection = keras.layers.Dense(
             spec.profile_tokens * spec.model_hidden, name="profile_projection",
             kernel_initializer=keras.initializers.GlorotUniform(seed=seed + 2))
-        self.assemble_prompt = XgrAssemblePrompt(layout, spec.max_prompt_tokens,
-                                                 name="assemble_prompt")
+        self._build_assembly_stage(spec)
         self.sparse_embedding.build((None, 2))
         self.profile_tower.build((None, 2 * spec.embedding_dim))
         self.profile_projection.build((None, spec.tower_hidden))
         if tower_weights is not None:
             _set_tower_weights(self, tower_weights)
+
+    prompt_version = 1
+    stages = STAGES
+    outputs = OUTPUTS
+
+    def _build_history_stage(self, spec: PromptSpec) -> None:
+        self.clean_history = XgrCleanSequence(spec.window_seconds, spec.keep_last,
+                                              name="clean_history")
+
+    def _build_assembly_stage(self, spec: PromptSpec) -> None:
+        self.assemble_prompt = XgrAssemblePrompt(spec.layout, spec.max_prompt_tokens,
+                                                 name="assemble_prompt")
 
     @property
     def _default_save_signature(self):
@@ -111,7 +123,8 @@ class FeatureGraph(keras.Model):
 
     def stage(self, name: str) -> keras.layers.Layer:
         """The layer of stage ``name`` (one of ``STAGES``)."""
-        require(name in STAGES, InvalidInputError, f"unknown stage {name!r}; stages: {STAGES}")
+        require(name in self.stages, InvalidInputError,
+                f"unknown stage {name!r}; stages: {self.stages}")
         return getattr(self, name)
 
     def replace_stage(self, name: str, layer) -> None:
@@ -123,19 +136,8 @@ class FeatureGraph(keras.Model):
         """Features (see the module docstring) -> the output dict."""
         missing = sorted(set(INPUTS) - set(features))
         require(not missing, InvalidInputError,
-                f"features lack {missing}; FeatureGraph needs {sorted(INPUTS)}")
+                f"features lack {missing}; {type(self).__name__} needs {sorted(INPUTS)}")
         spec = self.spec
-        values, _, splits = self.stage("clean_history")(
-            features["history_items"], features["history_times"], features["history_splits"],
-            features["request_time"])
-        code_tokens, code_splits, unknown = self.stage("semantic_ids")(values, splits)
-        # The same lookup, one item per row: its unknown count marks each unknown item, so the
-        # seen-item history keeps exactly the items whose codes reach the prompt (whose row
-        # splits are therefore ``code_splits``).
-        one_per_row = tf.range(tf.size(values, out_type=tf.int64) + 1)
-        _, _, unknown_each = self.stage("semantic_ids")(values, one_per_row)
-        known_values = tf.boolean_mask(values, tf.equal(unknown_each, 0))
-
         # StringLookup: 0 = out of vocabulary, k = context_vocab[k-1]; the context token is
         # spec.context_token(k - 1), i.e. profile_base + k.
         context_index = tf.cast(self.stage("context_lookup")(features["country"]), tf.int64)
@@ -146,12 +148,32 @@ class FeatureGraph(keras.Model):
         hidden = self.stage("profile_tower")(flat)
         profile = tf.reshape(self.stage("profile_projection")(hidden),
                              [-1, spec.profile_tokens, spec.model_hidden])
+        return {**self._prompt(features, context_tokens),
+                "profile_embeds": tf.cast(profile, tf.float32), "profile_ids": profile_ids}
+
+    def _prompt(self, features: dict, context_tokens) -> dict:
+        """The prompt and the history outputs of the version 1 prompt."""
+        values, _, splits = self.stage("clean_history")(
+            features["history_items"], features["history_times"], features["history_splits"],
+            features["request_time"])
+        code_tokens, code_splits, unknown, known_values = self._codes(values, splits)
         token_ids, lengths, segment_ids = self.stage("assemble_prompt")(
             context_tokens, code_tokens, code_splits)
         return {"token_ids": token_ids, "lengths": lengths, "segment_ids": segment_ids,
-                "profile_embeds": tf.cast(profile, tf.float32), "profile_ids": profile_ids,
                 "history_values": known_values, "history_splits": code_splits,
                 "unknown_items": unknown}
+
+    def _codes(self, values, splits):
+        """(code tokens, their row splits, unknown count per row, the known items) of ragged
+        items ``values`` / ``splits``."""
+        code_tokens, code_splits, unknown = self.stage("semantic_ids")(values, splits)
+        # The same lookup, one item per row: its unknown count marks each unknown item, so the
+        # seen-item history keeps exactly the items whose codes reach the prompt (whose row
+        # splits are therefore ``code_splits``).
+        one_per_row = tf.range(tf.size(values, out_type=tf.int64) + 1)
+        _, _, unknown_each = self.stage("semantic_ids")(values, one_per_row)
+        known_values = tf.boolean_mask(values, tf.equal(unknown_each, 0))
+        return code_tokens, code_splits, unknown, known_values
 
 
 def _initializer(table: np.ndarray | None, seed: int, shape: tuple[int, int]):

@@ -13,6 +13,7 @@ import tensorflow as tf
 import custom_ops
 from xgr_common.errors import ConfigError, require
 from xgr_common.layout import TokenLayout
+from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
 
 
 class XgrCleanSequence(keras.layers.Layer):
@@ -77,6 +78,58 @@ class XgrAssemblePrompt(keras.layers.Layer):
             context_tokens, item_tokens, item_row_splits, bos_id=layout.bos_id,
             profile_start_id=layout.profile_start_id, item_start_id=layout.item_start_id,
             pad_id=layout.pad_id, max_length=self.max_length))
+
+
+class XgrSplitHistory(keras.layers.Layer):
+    """``custom_ops.split_history`` as a layer: the version 2 prompt's long-term part (whole
+    closed time blocks, frozen while a block is open) and its recent part.
+
+    call(values int64 [E], timestamps int64 [E], row_splits int64 [B+1], request_time int64
+    [B]) -> (long_values, long_row_splits, recent_values, recent_row_splits), all int64.
+    """
+
+    def __init__(self, split: HistorySplit, **kwargs):
+        super().__init__(**kwargs)
+        require(isinstance(split, HistorySplit), ConfigError,
+                f"split must be a HistorySplit, got {type(split).__name__}")
+        self.split = split
+
+    def call(self, values, timestamps, row_splits, request_time):
+        return tuple(custom_ops.split_history(values, timestamps, row_splits, request_time,
+                                              **self.split.as_attrs()))
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), **self.split.as_attrs()}
+
+
+class XgrAssemblePromptV2(keras.layers.Layer):
+    """``custom_ops.assemble_prompt_v2``: the version 2 prompt (``xgr_common.prompt_v2``),
+    every row ``max_length`` long (a longer row is refused, never cut).
+
+    call(long_item_tokens int64 [E1, levels], long_row_splits int64 [B+1], context_tokens
+    int64 [B, P], recent_item_tokens int64 [E2, levels], recent_row_splits int64 [B+1])
+    -> (token_ids int32 [B, L], lengths int32 [B], segment_ids int32 [B, L],
+    frozen_lengths int32 [B]).
+    """
+
+    def __init__(self, layout: TokenLayout, prompt: PromptV2Layout, soft_tokens: int,
+                 max_length: int, **kwargs):
+        super().__init__(**kwargs)
+        require(soft_tokens >= 0 and max_length >= 1, ConfigError,
+                f"soft_tokens must be >= 0 and max_length >= 1, got {soft_tokens} and "
+                f"{max_length}")
+        self.layout, self.prompt = layout, prompt
+        self.soft_tokens, self.max_length = int(soft_tokens), int(max_length)
+
+    def call(self, long_item_tokens, long_row_splits, context_tokens, recent_item_tokens,
+             recent_row_splits):
+        layout = self.layout
+        return tuple(custom_ops.assemble_prompt_v2(
+            long_item_tokens, long_row_splits, context_tokens, recent_item_tokens,
+            recent_row_splits, bos_id=layout.bos_id, profile_start_id=layout.profile_start_id,
+            item_start_id=layout.item_start_id, soft_id=layout.soft_id, pad_id=layout.pad_id,
+            soft_tokens=self.soft_tokens, max_length=self.max_length,
+            **self.prompt.spans.as_attrs()))
 
 
 class HashProfileIds(keras.layers.Layer):
