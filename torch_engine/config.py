@@ -191,6 +191,11 @@ class EngineConfig:
     memory_budget: bytes one request may use (``capacity.check_capacity``, before any work);
         on CUDA the free device memory caps it. None: the free device memory on CUDA, no
         check on the CPU.
+    soft_marker: where ``recommend``'s soft vectors go. None (prompt version 1): before the
+        tokens, each with a position of its own. The layout's SOFT token id
+        (``TokenLayout.soft_id``; prompt version 2, ``xgr_common.prompt_v2``): in place of
+        each row's SOFT markers, in order, at the markers' positions (the markers count in
+        ``lengths``). ``engine_config_for`` picks it from a model's prompt spec.
     """
 
     max_beam_width: int = 1024
@@ -205,6 +210,7 @@ class EngineConfig:
     max_graphs: int = 8
     selection_backend: str = "auto"
     memory_budget: int | None = None
+    soft_marker: int | None = None
 
     def __post_init__(self) -> None:
         require(isinstance(self.max_beam_width, int) and self.max_beam_width >= 1, ConfigError,
@@ -216,6 +222,11 @@ class EngineConfig:
                 f"EngineConfig.dtype must be None or one of {DTYPES}, got {self.dtype!r}")
         require(isinstance(self.max_exclude, int) and self.max_exclude >= 0, ConfigError,
                 f"EngineConfig.max_exclude must be a non-negative int, got {self.max_exclude!r}")
+        require(self.soft_marker is None or (isinstance(self.soft_marker, int)
+                                             and not isinstance(self.soft_marker, bool)
+                                             and self.soft_marker >= 0), ConfigError,
+                f"EngineConfig.soft_marker must be None or a token id, got "
+                f"{self.soft_marker!r}")
         require(self.static_shapes in (None, True, False), ConfigError,
                 f"EngineConfig.static_shapes must be None, True or False, got "
                 f"{self.static_shapes!r}")
@@ -236,3 +247,14 @@ class EngineConfig:
         """``length_bucket`` and ``batch_buckets`` as the shared bucket policy of captured
         searches (``xgr_common.buckets``)."""
         return BucketPolicy(length_multiple=self.length_bucket, pow2_batch=self.batch_buckets)
+
+
+def engine_config_for(spec, **settings) -> EngineConfig:
+    """``EngineConfig(**settings)`` for a model of prompt spec ``spec``
+    (``xgr_common.prompt_spec.PromptSpec``): its soft vectors go where its prompt version puts
+    them (version 2: at the layout's SOFT markers; version 1: before the tokens)."""
+    require("soft_marker" not in settings, ConfigError,
+            "engine_config_for takes the soft marker from the prompt spec, not from settings")
+    marker = spec.layout.soft_id if spec.version == 2 else None
+    return EngineConfig(soft_marker=marker, **settings)
+

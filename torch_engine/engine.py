@@ -62,9 +62,12 @@ class Engine:
         # kernels (three launches instead of ~100 small torch kernels a search).
         exclusions = (bs.fused_exclusion_tables(self.catalog) if self.options.fused
                       else None)
+        require(config.soft_marker in (None, layout.soft_id), ConfigError,
+                f"EngineConfig.soft_marker must be None (prompt version 1) or the layout's "
+                f"SOFT token id {layout.soft_id} (prompt version 2), got {config.soft_marker}")
         self.runner = Runner(self.model, self.catalog, self.options,
                              config.bucket_policy if graphed and static else None,
-                             config.max_graphs, exclusions)
+                             config.max_graphs, exclusions, config.soft_marker)
         cfg = self.model.config
         self.limits = ArgumentLimits(self.catalog, cfg.hidden_size, config.max_beam_width,
                                      config.max_exclude, self.device, self.dtype)
@@ -85,9 +88,10 @@ class Engine:
         lengths: ``[B]`` int, tokens of each row (1..L); segment_ids: ``[B, L]`` int32 hybrid
         mask layout (prefill mask ``ITEM_CAUSAL``), or None for a causal prompt;
         prefix_embeds: ``[B, S, hidden]`` float soft tokens placed before ``token_ids``
-        (segment 0); exclude_items: ``[B, X]`` int64 padded with -1, or a list of B 1-D int
-        tensors: those items are never returned, and at every level a prefix all of whose
-        items are excluded never takes a beam. Generated codes attend the whole prompt and the
+        (segment 0), or with ``EngineConfig.soft_marker`` at each row's SOFT markers;
+        exclude_items: ``[B, X]`` int64 padded with -1, or a list of B 1-D int tensors:
+        those items are never returned, and at every level a prefix all of whose items are
+        excluded never takes a beam. Generated codes attend the whole prompt and the
         earlier codes.
 
         Returns item ids ``[B, top_k]`` int64 and scores ``[B, top_k]`` float32 (the path's

@@ -140,14 +140,16 @@ class Runner:
     the model's device; options: the resolved backends; policy: the bucket policy of
     captured whole-search graphs (CUDA and ``options.static_shapes`` only), or None to run
     every call eagerly; max_graphs: captured shapes kept; exclusions: the catalog's
-    ``ExclusionTables`` for the fused selection, or None.
+    ``ExclusionTables`` for the fused selection, or None; soft_marker: where the soft vectors
+    go (``EngineConfig.soft_marker``).
     """
 
     def __init__(self, model: Model, catalog: Catalog, options: SearchOptions,
                  policy: BucketPolicy | None = None, max_graphs: int = 8,
-                 exclusions=None) -> None:
+                 exclusions=None, soft_marker: int | None = None) -> None:
         self.model, self.catalog, self.options = model, catalog, options
         self.policy, self.max_graphs, self.exclusions = policy, max_graphs, exclusions
+        self.soft_marker = soft_marker
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         if policy is not None:
@@ -211,7 +213,8 @@ class Runner:
         """``search.sanitise`` of the arguments where their tokens are (eager)."""
         return search.sanitise(args.token_ids, args.lengths, args.segment_ids,
                                args.prefix_embeds, args.exclude_items,
-                               self.model.config.vocab_size, rules_for(args.token_ids.device))
+                               self.model.config.vocab_size, rules_for(args.token_ids.device),
+                               soft_marker=self.soft_marker)
 
     def _verdict(self, args: Arguments, flags: torch.Tensor) -> Verdict:
         cfg = self.model.config
@@ -224,7 +227,7 @@ class Runner:
         batch, flags = search.sanitise(
             inputs.token_ids, inputs.lengths, inputs.segment_ids, inputs.prefix_embeds,
             inputs.exclude_items, self.model.config.vocab_size, rules_for(self.device),
-            inputs.extent)
+            inputs.extent, soft_marker=self.soft_marker)
         items, scores = search.search(self.model, self.catalog, batch, beam_width, top_k,
                                       self.options, self.exclusions)
         return items, scores, flags

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from custom_ops.torch_twins import assemble_prompt_v2
-from tests.torch_engine.engine_worlds import small_world
+from tests.torch_engine.engine_worlds import prompts, small_world
 from torch_engine import search
 from torch_engine.catalog import Catalog
 from torch_engine.model import Model
@@ -88,3 +88,46 @@ def test_the_frozen_prefix_kv_depends_on_itself_alone(model, mask):
         assert reference.abs().sum() > 0
     # The rest of the rows did see the differences.
     assert not torch.allclose(runs[0][0].last_hidden, runs[1][0].last_hidden)
+
+
+@pytest.mark.parametrize("segmented", [True, False])
+def test_the_engine_places_soft_vectors_at_the_markers(model, segmented):
+    """Rows whose S markers come first (segment 0) are the version 1 rows with the soft
+    vectors before them: ``Engine.recommend`` with the marker returns the version 1 engine's
+    items and scores (the same positions, segments and attention)."""
+    from torch_engine.config import EngineConfig, engine_config_for
+    from torch_engine.engine import Engine
+    from xgr_common.prompt_spec import PromptSpec
+    from xgr_common.prompt_v2 import PromptV2Layout
+
+    ids, codes = small_world()
+    tokens, lengths, segments = prompts(7, [9, 14, 6], segmented=segmented)
+    soft = torch.randn(3, SOFT, model.config.hidden_size, generator=torch.Generator()
+                       .manual_seed(3))
+    marked = torch.cat([torch.full((3, SOFT), LAYOUT.soft_id), tokens], dim=1)
+    marked_segments = None if segments is None else torch.cat(
+        [torch.zeros(3, SOFT, dtype=torch.int32), segments], dim=1)
+    v1 = Engine(model, Catalog.from_arrays(ids, codes), EngineConfig())
+    spec = PromptSpec(model_hidden=model.config.hidden_size, prompt_v2=PromptV2Layout())
+    v2 = Engine(model, Catalog.from_arrays(ids, codes), engine_config_for(spec))
+    assert v2.config.soft_marker == LAYOUT.soft_id
+    want = v1.recommend(tokens, lengths, segments, 8, 6, prefix_embeds=soft)
+    got = v2.recommend(marked, lengths + SOFT, marked_segments, 8, 6, prefix_embeds=soft)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], atol=FP32.atol, rtol=FP32.rtol)
+
+
+def test_a_marker_outside_the_layout_is_refused(model):
+    from torch_engine.config import EngineConfig, engine_config_for
+    from torch_engine.engine import Engine
+    from xgr_common.errors import ConfigError
+    from xgr_common.prompt_spec import PromptSpec
+
+    with pytest.raises(ConfigError, match="soft_marker must be None .* or the layout's SOFT "
+                                          f"token id {LAYOUT.soft_id}"):
+        Engine(model, Catalog.from_arrays(*small_world()), EngineConfig(soft_marker=3))
+    with pytest.raises(ConfigError, match="soft_marker must be None or a token id"):
+        EngineConfig(soft_marker=-1)
+    assert engine_config_for(PromptSpec(), max_graphs=2) == EngineConfig(max_graphs=2)
+    with pytest.raises(ConfigError, match="takes the soft marker from the prompt spec"):
+        engine_config_for(PromptSpec(), soft_marker=6)
