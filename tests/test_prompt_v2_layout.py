@@ -95,21 +95,3 @@ def test_a_model_card_carries_the_layout():
     card = ModelCard(spec=spec, prefill_mask="item_causal", architecture="qwen2",
                      vocab_size=spec.layout.code_end, hidden_size=64)
     assert ModelCard.from_json(card.to_json()).spec.prompt_v2 == spec.prompt_v2
-
-
-def test_the_engine_export_refuses_a_version_2_model_before_any_work(tmp_path):
-    from torch_engine.catalog import Catalog
-    from torch_engine.engine import Engine
-    from torch_engine.model import Model
-    from xgr_common.prompt_spec import PromptSpec
-    from xgr_export.config import EngineExportConfig
-    from xgr_export.engine_package import export_engine
-
-    model = Model.from_preset("tiny", seed=0)
-    codes = np.stack([np.arange(40) % 8, np.arange(40) // 8, np.zeros(40)], 1).astype(np.int32)
-    engine = Engine(model, Catalog.from_arrays(np.arange(40, dtype=np.int64), codes))
-    spec = PromptSpec(model_hidden=model.config.hidden_size, prompt_v2=PromptV2Layout())
-    with pytest.raises(ConfigError, match="export_engine .* needs prompt version 1; .* says "
-                                          "version 2"):
-        export_engine(engine, spec, tmp_path / "e.pt2", EngineExportConfig(8, 4, max_batch=2))
-    assert not list(tmp_path.iterdir())

@@ -245,13 +245,15 @@ def search_features(model: Model, catalog: Catalog, token_ids: torch.Tensor,
                     lengths: torch.Tensor, segment_ids: torch.Tensor | None,
                     prefix_embeds: torch.Tensor | None, exclude_items: torch.Tensor | None,
                     beam_width: int, top_k: int, options: SearchOptions = SearchOptions(),
-                    exclusions=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    exclusions=None, soft_marker: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The traceable search of raw feature tensors: ``sanitise`` by the value rules (plain
     torch, so it traces), then ``search``.
 
     token_ids ``[B, L]`` and lengths ``[B]`` integer; segment_ids ``[B, L]`` integer or None
     (causal); prefix_embeds ``[B, S, hidden]`` float or None (cast to the model's dtype);
-    exclude_items ``[B, X]`` integer (-1 = padding) or None. Returns items ``[B, top_k]``
+    exclude_items ``[B, X]`` integer (-1 = padding) or None; soft_marker: see
+    ``RequestBatch``. Returns items ``[B, top_k]``
     int64, scores ``[B, top_k]`` float32 and the rules' flags ``[FLAG_COUNT]`` int64
     (``VALUE_RULES`` order): on inputs that break a rule the results are of the sanitised
     copy.
@@ -263,7 +265,7 @@ def search_features(model: Model, catalog: Catalog, token_ids: torch.Tensor,
     if exclude_items is not None:
         exclude_items = exclude_items.to(torch.int64)
     batch, flags = sanitise(token_ids, lengths, segment_ids, prefix_embeds, exclude_items,
-                            model.config.vocab_size)
+                            model.config.vocab_size, soft_marker=soft_marker)
     items, scores = search(model, catalog, batch, beam_width, top_k, options, exclusions)
     return items, scores, flags
 

@@ -100,6 +100,9 @@ class RecommendProgram(torch.nn.Module):
     [B, X] (items the engine must not return, -1 = padding; ``tf_frontend.rules``).
     Returns item_ids int64 [B, top_k] (-1 = no item) and scores float32 [B, top_k].
 
+    The profile vectors go where ``engine.config.soft_marker`` says: before the tokens
+    (prompt version 1) or at the rows' SOFT markers (version 2).
+
     prefill_mask: the mask the model was trained with (``xgr_model.json``). Under the causal
     mask the segment ids are taken (the signature stays one for every model) but not read.
     layer_kernels: trace the model as ``Engine.recommend`` runs it on CUDA, through the fused
@@ -137,7 +140,7 @@ class RecommendProgram(torch.nn.Module):
         item_ids, scores, _ = search_features(
             self.model, self.tables.get("catalog", bound), token_ids, lengths, segment_ids,
             profile_embeds, exclude_items, width, self.top_k, engine.options,
-            self.tables.get("exclusions", bound))
+            self.tables.get("exclusions", bound), engine.config.soft_marker)
         return item_ids, scores.to(torch.float32)
 
 
@@ -161,29 +164,58 @@ def table_tensors(engine, capacity) -> dict[str, torch.Tensor]:
 
 def example_inputs(engine, spec, batch: int = 2) -> tuple[torch.Tensor, ...]:
     """Full-length prompts shaped like the feature graph's outputs for ``spec`` (a
-    ``PromptSpec``): BOS, PROFILE_START, a context token, ``spec.keep_last`` history items
-    (code path 0, 0, 0; each in its own segment) and the trailing ITEM_START; the first catalog
-    item excluded. Full length, because the Triton kernels pick their tiles from the example
-    sizes the program is traced with."""
-    layout = spec.layout
-    first = int(engine.catalog.item_lookup_ids[0])
-    item = [layout.item_start_id] + [layout.code_token(level, 0)
-                                     for level in range(layout.levels)]
-    tokens = [layout.bos_id, layout.profile_start_id, spec.context_token(0)]
-    segments = [0, 0, 0]
-    for k in range(spec.keep_last):
-        tokens += item
-        segments += [k + 1] * len(item)
-    tokens.append(layout.item_start_id)
-    segments.append(spec.keep_last + 1)
+    ``PromptSpec``; ``example_row``), every row alike; the profile vectors zero; the first
+    catalog item excluded. Full length, because the Triton kernels pick their tiles from the
+    example sizes the program is traced with."""
+    tokens, segments = example_row(spec)
     token_ids = torch.tensor([tokens] * batch, dtype=torch.int32)
     lengths = torch.full((batch,), len(tokens), dtype=torch.int32)
     segment_ids = torch.tensor([segments] * batch, dtype=torch.int32)
     embeds = torch.zeros(batch, spec.profile_tokens, engine.model.config.hidden_size)
+    first = int(engine.catalog.item_lookup_ids[0])
     # Two columns: torch.export fixes a size-1 example axis, so one column would pin the
     # exclusion width to 1 (the ``exclude`` dim still accepts 1 at run time).
     exclude = torch.tensor([[first, -1]] * batch, dtype=torch.int64)
     return token_ids, lengths, segment_ids, embeds, exclude
+
+
+def example_row(spec, code: int = 0) -> tuple[list[int], list[int]]:
+    """(tokens, segment ids) of the longest row the feature graph emits for ``spec``, every
+    item on code path ``code``. Version 1: BOS, PROFILE_START, a context token, ``keep_last``
+    items (each in its own segment), the trailing ITEM_START. Version 2
+    (``XgrAssemblePromptV2``'s layout): BOS and the intro, the long-term items, the profile
+    block (its text, the SOFT markers, PROFILE_START, a context token, its text), the recent
+    items, the question and the trailing ITEM_START."""
+    layout = spec.layout
+    item = [layout.item_start_id] + [layout.code_token(level, code)
+                                     for level in range(layout.levels)]
+    if spec.prompt_v2 is None:
+        tokens, segments = [layout.bos_id, layout.profile_start_id, spec.context_token(0)], \
+            [0, 0, 0]
+        for k in range(spec.keep_last):
+            tokens += item
+            segments += [k + 1] * len(item)
+        return tokens + [layout.item_start_id], segments + [spec.keep_last + 1]
+    split, spans = spec.prompt_v2.split, spec.prompt_v2.spans
+    tokens = [layout.bos_id, *spans.intro]
+    segments = [0] * len(tokens)
+    segment = 0
+    for _ in range(split.long_term_items):
+        segment += 1
+        tokens += item
+        segments += [segment] * len(item)
+    segment += 1
+    profile = [*spans.before_profile, *[layout.soft_id] * spec.profile_tokens,
+               layout.profile_start_id, spec.context_token(0), *spans.before_recent]
+    tokens += profile
+    segments += [segment] * len(profile)
+    for _ in range(split.recent_items):
+        segment += 1
+        tokens += item
+        segments += [segment] * len(item)
+    segment += 1
+    tail = [*spans.question, layout.item_start_id]
+    return tokens + tail, segments + [segment] * len(tail)
 
 
 def export_engine(engine, spec, out_path: str | os.PathLike,
@@ -198,8 +230,12 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
     tables become inputs padded to it, written to ``tables_file(out_path)``
     (``write_tables``), so a new catalog within it needs no new package."""
-    # The example prompts, the traced search and its contract are the version 1 prompt's.
-    spec.require_version(1, "export_engine (version 1 prompts)")
+    marker = spec.layout.soft_id if spec.version == 2 else None
+    require(engine.config.soft_marker == marker, ConfigError,
+            f"the model's card says prompt version {spec.version}, whose soft vectors go "
+            f"{'at the SOFT markers' if marker is not None else 'before the tokens'}; the "
+            f"engine has EngineConfig.soft_marker={engine.config.soft_marker} (build it with "
+            f"torch_engine.config.engine_config_for(spec))")
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
@@ -337,7 +373,10 @@ def engine_replay(engine, spec) -> torch_package.Replay:
     if engine.device.type != "cuda" or not cfg.cuda_graphs:
         return torch_package.Replay()
     policy = cfg.bucket_policy
-    buckets = [torch_package.Bucket(0, 1, policy.length_multiple, spec.profile_tokens),
+    # The prompt width is padded with the soft vectors' slots where they take their own
+    # (version 1); a version 2 row holds their markers already.
+    soft_slots = spec.profile_tokens if spec.version == 1 else 0
+    buckets = [torch_package.Bucket(0, 1, policy.length_multiple, soft_slots),
                torch_package.Bucket(4, 1)]
     if policy.pow2_batch:
         buckets.insert(0, torch_package.Bucket(0, 0))

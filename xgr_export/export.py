@@ -26,7 +26,7 @@ import torch
 from tf_frontend.feature_graph import features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
 from torch_engine.catalog import Catalog, CatalogSize
-from torch_engine.config import EngineConfig, preset
+from torch_engine.config import engine_config_for, preset
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_checkpoint.catalog_file import read_catalog
@@ -220,8 +220,8 @@ def build_engine(config: ExportConfig, sources: Sources, attention: str,
     model = (Model.from_pretrained(config.model, dtype=dtype, device=device) if config.model
              else Model.from_preset(config.preset, seed=config.seed, dtype=dtype, device=device))
     catalog = Catalog.from_arrays(sources.item_ids, sources.item_codes, sources.spec.layout)
-    return Engine(model, catalog,
-                  EngineConfig(attention_backend=attention, selection_backend=selection))
+    return Engine(model, catalog, engine_config_for(
+        sources.spec, attention_backend=attention, selection_backend=selection))
 
 
 def export_saved_model(config: ExportConfig,
