@@ -105,7 +105,7 @@ class FeatureGraph(keras.Model):
 
     prompt_version = 1
     stages = STAGES
-    outputs = OUTPUTS
+    feature_outputs = OUTPUTS
 
     def _build_history_stage(self, spec: PromptSpec) -> None:
         self.clean_history = XgrCleanSequence(spec.window_seconds, spec.keep_last,

@@ -34,7 +34,7 @@ class FeatureGraphV2(FeatureGraph):
 
     prompt_version = 2
     stages = STAGES_V2
-    outputs = OUTPUTS_V2
+    feature_outputs = OUTPUTS_V2
 
     def _build_history_stage(self, spec: PromptSpec) -> None:
         self.split_history = XgrSplitHistory(spec.prompt_v2.split, name="split_history")

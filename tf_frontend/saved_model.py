@@ -44,10 +44,12 @@ def serving_function(graph) -> tf.types.experimental.PolymorphicFunction:
     from tf_frontend.feature_graph import INPUTS, OUTPUTS
 
     specs = {name: tf.TensorSpec([None], dtype, name=name) for name, dtype in INPUTS.items()}
+    # The graph's own outputs (a version 2 graph adds frozen_lengths).
+    names = getattr(graph, "feature_outputs", OUTPUTS)
 
     def serve(features):
         out = graph(features)
-        return {name: out[name] for name in OUTPUTS}
+        return {name: out[name] for name in names}
 
     return tf.function(serve, input_signature=[specs])
 

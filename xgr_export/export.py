@@ -81,6 +81,7 @@ class ExportReport:
     capacity: dict | None = None       # the catalog capacity (None: compiled into the package)
     engine_from: str | None = None     # the SavedModel whose package this export reused
     package_shared: bool = False       # its package file hard-linked, not copied
+    prompt_version: int = 1            # the card's prompt contract (xgr_common.prompt_spec)
 
     @property
     def ok(self) -> bool:
@@ -90,7 +91,7 @@ class ExportReport:
     def to_json(self) -> dict:
         report = {"saved_model": str(self.saved_model), "model": self.model,
                   "catalog": self.catalog, "feature_graph": self.feature_graph,
-                  "prefill_mask": self.prefill_mask,
+                  "prefill_mask": self.prefill_mask, "prompt_version": self.prompt_version,
                   "device": self.device, "attention_backend": self.attention_backend,
                   "selection_backend": self.selection_backend,
                   "layer_kernels": self.layer_kernels,
@@ -308,6 +309,7 @@ def export_saved_model(config: ExportConfig,
         attention_backend=attention, selection_backend=selection, layer_kernels=layer_kernels,
         dtype=str(engine.dtype).removeprefix("torch."),
         num_items=len(sources.item_ids), max_prompt_tokens=spec.max_prompt_tokens,
+        prompt_version=spec.version,
         beam_width=search.beam_width, top_k=search.top_k, top_n=config.top_n,
         torch_version=torch.__version__, setup_seconds=setup_seconds,
         package_seconds=package_seconds, package_bytes=package_bytes, check=check,

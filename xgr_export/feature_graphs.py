@@ -27,6 +27,7 @@ import tensorflow as tf
 
 import custom_ops  # noqa: F401  (a saved feature graph may use the feature ops)
 from tf_frontend.feature_graph import INPUTS, FeatureGraph
+from tf_frontend.feature_graph_v2 import FeatureGraphV2
 from tf_frontend.pipeline_spec import feature_signature
 from xgr_common.errors import ConfigError, require
 from xgr_common.prompt_spec import PromptSpec
@@ -37,6 +38,8 @@ WEIGHT_KEYS = ("table", "tower_kernel", "tower_bias", "projection_kernel", "proj
 CONTRACT = {"token_ids": (tf.int32, 2), "lengths": (tf.int32, 1), "segment_ids": (tf.int32, 2),
             "profile_embeds": (tf.float32, 3), "history_values": (tf.int64, 1),
             "history_splits": (tf.int64, 1)}
+# What a version 2 prompt's graph emits besides (``tf_frontend.feature_graph_v2``).
+CONTRACT_V2 = {"frozen_lengths": (tf.int32, 1)}
 SIGNATURE = "serving_default"
 
 
@@ -126,9 +129,11 @@ def load_weights(path: str | os.PathLike, spec: PromptSpec) -> dict[str, np.ndar
 
 def load_feature_graph(source: str | os.PathLike | None, spec: PromptSpec,
                        item_ids: np.ndarray, item_codes: np.ndarray, seed: int = 0):
-    """The feature graph of ``source`` (see the module docstring) over the catalog."""
+    """The feature graph of ``source`` (see the module docstring) over the catalog: the
+    reference graph of the card's prompt version (``FeatureGraphV2`` for version 2)."""
+    graph_class = FeatureGraphV2 if spec.version == 2 else FeatureGraph
     if source is None:
-        return FeatureGraph(spec, item_ids, item_codes, seed=seed)
+        return graph_class(spec, item_ids, item_codes, seed=seed)
     path = Path(source)
     if path.is_dir():
         return SavedFeatureGraph(path)
@@ -136,8 +141,8 @@ def load_feature_graph(source: str | os.PathLike | None, spec: PromptSpec,
             f"feature graph {path} must be a .safetensors file of the reference graph's "
             f"weights or a SavedModel folder")
     weights = load_weights(path, spec)
-    return FeatureGraph(spec, item_ids, item_codes, embedding_table=weights["table"],
-                        tower_weights={
+    return graph_class(spec, item_ids, item_codes, embedding_table=weights["table"],
+                       tower_weights={
                             "profile_tower": [weights["tower_kernel"], weights["tower_bias"]],
                             "profile_projection": [weights["projection_kernel"],
                                                    weights["projection_bias"]]})
@@ -149,12 +154,13 @@ def check_contract(graph, features: dict, spec: PromptSpec, vocab_size: int,
     prompt contract: missing outputs, dtypes, ranks, the soft-prompt shape ``[B, S, hidden]``
     of ``spec``, token ids outside the vocabulary, lengths beyond the prompt width."""
     out = graph(features)
-    missing = [key for key in CONTRACT if key not in out]
+    contract = {**CONTRACT, **(CONTRACT_V2 if spec.version == 2 else {})}
+    missing = [key for key in contract if key not in out]
     require(not missing, ConfigError,
-            f"{name} lacks the outputs {missing} (it emits {sorted(out)}); the contract: "
-            f"{sorted(CONTRACT)}")
+            f"{name} lacks the outputs {missing} (it emits {sorted(out)}); the contract of "
+            f"prompt version {spec.version}: {sorted(contract)}")
     batch = int(tf.shape(features["user_id"])[0])
-    for key, (dtype, rank) in CONTRACT.items():
+    for key, (dtype, rank) in contract.items():
         value = out[key]
         require(value.dtype == dtype and value.shape.rank == rank, ConfigError,
                 f"{name} output {key!r} is {value.dtype.name} of rank {value.shape.rank}; the "
@@ -174,3 +180,13 @@ def check_contract(graph, features: dict, spec: PromptSpec, vocab_size: int,
             f"{name} emits lengths outside [1, {tokens.shape[1]}] (the prompt width)")
     require(int(out["history_splits"].shape[0]) == batch + 1, ConfigError,
             f"{name} output 'history_splits' must have batch + 1 = {batch + 1} entries")
+    if spec.version == 2:
+        # The engine puts the S profile vectors at the S SOFT markers of each row.
+        markers = (tokens == spec.layout.soft_id).sum(axis=1)
+        require(bool((markers == spec.profile_tokens).all()), ConfigError,
+                f"{name} emits rows with {sorted(set(markers.tolist()))} SOFT markers (token "
+                f"{spec.layout.soft_id}); prompt version 2 needs profile_tokens = "
+                f"{spec.profile_tokens} in every row")
+        frozen = out["frozen_lengths"].numpy()
+        require(bool(((frozen >= 1) & (frozen <= lengths)).all()), ConfigError,
+                f"{name} emits frozen_lengths outside [1, lengths]")

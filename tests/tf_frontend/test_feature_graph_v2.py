@@ -113,3 +113,47 @@ def test_stages_are_named_and_the_other_version_refused(graph_v2, world, catalog
         FeatureGraphV2(SPEC, ids, codes)
     with pytest.raises(ConfigError, match="FeatureGraph .* needs prompt version 1"):
         FeatureGraph(V2, ids, codes)
+
+
+def test_the_saved_graph_serves_the_version_2_outputs(graph_v2, world, tmp_path):
+    from tf_frontend.saved_model import export_feature_graph, load_saved_model
+
+    path = export_feature_graph(graph_v2, tmp_path / "graph_v2")
+    loaded = load_saved_model(path)     # held: its table resource lives as long as it does
+    serve = loaded.signatures["serving_default"]
+    assert sorted(serve.structured_outputs) == sorted(OUTPUTS_V2)
+    features = features_from_world(world, [0, 3, 7])
+    got, want = serve(**features), graph_v2(features)
+    for name in ("token_ids", "lengths", "segment_ids", "frozen_lengths", "history_values",
+                 "history_splits", "unknown_items"):
+        assert np.array_equal(got[name].numpy(), want[name].numpy()), name
+
+
+def test_the_export_builds_and_checks_the_graph_of_the_cards_version(world, catalog_rows):
+    from xgr_export.feature_graphs import check_contract, load_feature_graph
+
+    ids, codes = world.item_ids[catalog_rows], world.item_codes[catalog_rows]
+    graph = load_feature_graph(None, V2, ids, codes)
+    assert isinstance(graph, FeatureGraphV2)
+    assert type(load_feature_graph(None, SPEC, ids, codes)) is FeatureGraph
+    features = features_from_world(world, [0, 1])
+    vocab = V2.layout.code_end
+    check_contract(graph, features, V2, vocab)
+
+    def without(name):
+        return lambda f: {k: v for k, v in graph(f).items() if k != name}
+
+    with pytest.raises(ConfigError, match="lacks the outputs \\['frozen_lengths'\\].*prompt "
+                                          "version 2"):
+        check_contract(without("frozen_lengths"), features, V2, vocab)
+
+    def one_marker(f):
+        out = dict(graph(f))
+        tokens = out["token_ids"].numpy()
+        first = np.argmax(tokens == V2.layout.soft_id, axis=1)
+        tokens[np.arange(len(first)), first] = V2.layout.pad_id + 1
+        return {**out, "token_ids": tf.constant(tokens)}
+
+    with pytest.raises(ConfigError, match="rows with \\[1\\] SOFT markers .* needs "
+                                          "profile_tokens = 2"):
+        check_contract(one_marker, features, V2, vocab)
