@@ -95,3 +95,18 @@ def test_a_model_card_carries_the_layout():
     card = ModelCard(spec=spec, prefill_mask="item_causal", architecture="qwen2",
                      vocab_size=spec.layout.code_end, hidden_size=64)
     assert ModelCard.from_json(card.to_json()).spec.prompt_v2 == spec.prompt_v2
+
+
+def test_prompt_text_encodes_by_the_given_tokenizer_within_the_text_vocabulary():
+    from xgr_common.prompt_v2 import PromptText
+
+    words = {"next": [5, 6], "item": [7], "sid": [300]}
+    text = PromptText(intro="next", question="item")
+    spans = text.encode(lambda t: words[t], text_vocab=100)
+    assert spans == TextSpans(intro=(5, 6), question=(7,))
+    with pytest.raises(ConfigError, match="prompt text question 'sid' encodes to ids \\[300\\], "
+                                          "some outside the text vocabulary \\[0, 100\\)"):
+        PromptText(question="sid").encode(lambda t: words[t], text_vocab=100)
+    with pytest.raises(ConfigError, match="prompt text intro must be a string"):
+        PromptText(intro=3)
+

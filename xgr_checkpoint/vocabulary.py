@@ -31,6 +31,7 @@ from xgr_common.errors import ConfigError, require
 from xgr_common.layout import TokenLayout
 from xgr_common.model_card import ARCHITECTURES, MODEL_CARD_FILE, SERVED_MASKS, ModelCard
 from xgr_common.prompt_spec import PromptSpec
+from xgr_common.prompt_v2 import HistorySplit, PromptText, PromptV2Layout
 
 if TYPE_CHECKING:   # torch loads with the first extension: `xgr extend_vocab --help` is quick
     import torch
@@ -58,7 +59,10 @@ class VocabularyConfig:
     embedding_dim, tower_hidden, profile_tokens) go into ``xgr_model.json`` with the layout;
     prefill_mask: ``item_causal`` or ``causal``, the mask the model will be trained with;
     seed, noise_scale: the initialisation rule's (module docstring); pad_to_multiple_of: the
-    new embedding size is rounded up to this; max_vocab_size: the largest size allowed.
+    new embedding size is rounded up to this; max_vocab_size: the largest size allowed;
+    prompt_version: 1 or 2 (``xgr_common.prompt_v2``); for version 2, history_split (how the
+    history splits into its frozen and recent parts) and prompt_text (the spans' text,
+    tokenised by the checkpoint's tokenizer into the card).
     """
 
     levels: int = 3
@@ -76,6 +80,9 @@ class VocabularyConfig:
     noise_scale: float = 0.1
     pad_to_multiple_of: int = 64
     max_vocab_size: int = INT32_VOCAB_LIMIT
+    prompt_version: int = 1
+    history_split: HistorySplit = field(default_factory=HistorySplit)
+    prompt_text: PromptText = field(default_factory=PromptText)
 
     def __post_init__(self) -> None:
         for name in _INT_FIELDS:
@@ -102,6 +109,16 @@ class VocabularyConfig:
         require(len(set(context)) == len(context), ConfigError,
                 f"VocabularyConfig.context_vocab must not repeat a value, got {context!r}")
         object.__setattr__(self, "context_vocab", context)
+        require(self.prompt_version in (1, 2), ConfigError,
+                f"VocabularyConfig.prompt_version must be 1 or 2, got {self.prompt_version!r}")
+        require(self.prompt_version == 2 or (self.prompt_text == PromptText()
+                                             and self.history_split == HistorySplit()),
+                ConfigError, "VocabularyConfig.prompt_text and history_split belong to prompt "
+                             "version 2; set prompt_version=2")
+        require(isinstance(self.history_split, HistorySplit)
+                and isinstance(self.prompt_text, PromptText), ConfigError,
+                "VocabularyConfig.history_split must be a HistorySplit and prompt_text a "
+                "PromptText")
         try:   # the prompt contract's own rules, before any file is read
             self.prompt_spec(text_vocab=0, hidden_size=1)
         except ConfigError as error:
@@ -112,13 +129,22 @@ class VocabularyConfig:
         return TokenLayout.after_text(text_vocab, self.levels, self.codebook_size,
                                       self.profile_vocab)
 
-    def prompt_spec(self, text_vocab: int, hidden_size: int) -> PromptSpec:
-        """The prompt contract of the extended checkpoint (soft prompts ``hidden_size`` wide)."""
+    def prompt_spec(self, text_vocab: int, hidden_size: int,
+                    tokenize: Callable[[str], list[int]] | None = None) -> PromptSpec:
+        """The prompt contract of the extended checkpoint (soft prompts ``hidden_size`` wide);
+        version 2's text spans by ``tokenize`` (the checkpoint's tokenizer; None: empty,
+        for checks before any file is read)."""
+        prompt_v2 = None
+        if self.prompt_version == 2:
+            spans = (self.prompt_text.encode(tokenize, text_vocab) if tokenize is not None
+                     else PromptText().encode(lambda text: [], 0))
+            prompt_v2 = PromptV2Layout(self.history_split, spans)
         return PromptSpec(layout=self.layout(text_vocab), window_seconds=self.window_seconds,
                           keep_last=self.keep_last, context_vocab=self.context_vocab,
                           embedding_buckets=self.embedding_buckets,
                           embedding_dim=self.embedding_dim, tower_hidden=self.tower_hidden,
-                          profile_tokens=self.profile_tokens, model_hidden=hidden_size)
+                          profile_tokens=self.profile_tokens, model_hidden=hidden_size,
+                          prompt_v2=prompt_v2)
 
     @property
     def init_rule(self) -> str:
@@ -211,6 +237,9 @@ def extend_vocabulary(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
             f"{layout.num_tokens} layout tokens), a vocabulary of {new_size} rows, beyond "
             f"VocabularyConfig.max_vocab_size {config.max_vocab_size}")
 
+    # The prompt's text spans by the checkpoint's own tokenizer, before anything is written.
+    spec = config.prompt_spec(base, int(hf_config["hidden_size"]), lambda text: tokenizer(
+        text, add_special_tokens=False)["input_ids"])
     names = layout.token_names()
     _add_layout_tokens(tokenizer, names, layout, source)
     say(f"added {len(names)} tokens at ids [{base}, {layout.code_end})")
@@ -224,7 +253,7 @@ def extend_vocabulary(model_dir: str | os.PathLike, out_dir: str | os.PathLike,
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     hidden = int(model.config.hidden_size)
-    card = ModelCard(spec=config.prompt_spec(base, hidden), prefill_mask=config.prefill_mask,
+    card = ModelCard(spec=spec, prefill_mask=config.prefill_mask,
                      architecture=architecture, vocab_size=new_size, hidden_size=hidden)
     card.write(out)
     ModelCard.read(out)   # the card agrees with the config.json and tokenizer.json written

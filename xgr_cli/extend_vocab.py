@@ -16,8 +16,10 @@ from absl import flags
 
 from xgr_checkpoint.vocabulary import VocabularyConfig
 from xgr_common.errors import XgrError
+from xgr_common.prompt_v2 import SPANS, HistorySplit, PromptText
 
 _DEFAULTS = VocabularyConfig()
+_SPLIT = HistorySplit()
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model", None, "Hugging Face Qwen2/Qwen3 folder (config.json, safetensors, "
                     "tokenizer).")
@@ -47,6 +49,21 @@ flags.DEFINE_integer("pad_to_multiple_of", _DEFAULTS.pad_to_multiple_of,
 flags.DEFINE_integer("max_vocab_size", _DEFAULTS.max_vocab_size,
                      "Refuse a layout that would make the vocabulary larger than this.")
 flags.DEFINE_string("report_json", None, "Also write the report to this JSON file.")
+flags.DEFINE_integer("prompt_version", 1, "The prompt contract: 1, or 2 (a frozen long-term "
+                     "history part first, soft vectors after it, text spans; the flags below "
+                     "set it).")
+flags.DEFINE_integer("block_hours", _SPLIT.block_seconds // 3600,
+                     "Version 2: hours per history block (the long-term part changes only "
+                     "when a block closes).")
+flags.DEFINE_integer("long_term_blocks", _SPLIT.long_term_blocks,
+                     "Version 2: closed blocks the long-term part draws from.")
+flags.DEFINE_integer("long_term_items", _SPLIT.long_term_items,
+                     "Version 2: most long-term history items.")
+flags.DEFINE_integer("recent_items", _SPLIT.recent_items,
+                     "Version 2: most recent history items.")
+for _span in SPANS:
+    flags.DEFINE_string(_span, "", f"Version 2: the text of the {_span} span, tokenised by the "
+                                   f"checkpoint's tokenizer.")
 flags.mark_flags_as_required(["model", "out"])
 
 
@@ -58,7 +75,13 @@ def config_from_flags() -> VocabularyConfig:
         embedding_buckets=FLAGS.embedding_buckets, embedding_dim=FLAGS.embedding_dim,
         tower_hidden=FLAGS.tower_hidden, profile_tokens=FLAGS.profile_tokens,
         prefill_mask=FLAGS.prefill_mask, seed=FLAGS.seed, noise_scale=FLAGS.noise_scale,
-        pad_to_multiple_of=FLAGS.pad_to_multiple_of, max_vocab_size=FLAGS.max_vocab_size)
+        pad_to_multiple_of=FLAGS.pad_to_multiple_of, max_vocab_size=FLAGS.max_vocab_size,
+        prompt_version=FLAGS.prompt_version,
+        history_split=HistorySplit(block_seconds=FLAGS.block_hours * 3600,
+                                   long_term_blocks=FLAGS.long_term_blocks,
+                                   long_term_items=FLAGS.long_term_items,
+                                   recent_items=FLAGS.recent_items),
+        prompt_text=PromptText(**{span: getattr(FLAGS, span) for span in SPANS}))
 
 
 def main(argv: list[str]) -> int:

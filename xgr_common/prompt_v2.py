@@ -36,6 +36,7 @@ this contract; a model trained from scratch leaves them empty.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from typing import Callable, Sequence
 
 from xgr_common.errors import ConfigError, require, require_fields
 
@@ -67,6 +68,36 @@ class TextSpans:
     def as_attrs(self) -> dict[str, list[int]]:
         """The spans as the assembly op's attributes."""
         return {name: list(getattr(self, name)) for name in SPANS}
+
+
+@dataclass(frozen=True)
+class PromptText:
+    """The text of a v2 prompt's spans, before tokenisation (``encode`` gives the
+    ``TextSpans`` a model card records)."""
+
+    intro: str = ""
+    before_profile: str = ""
+    before_recent: str = ""
+    question: str = ""
+
+    def __post_init__(self) -> None:
+        for name in SPANS:
+            require(isinstance(getattr(self, name), str), ConfigError,
+                    f"prompt text {name} must be a string, got {getattr(self, name)!r}")
+
+    def encode(self, tokenize: Callable[[str], Sequence[int]], text_vocab: int) -> TextSpans:
+        """Each span's token ids by ``tokenize`` (the checkpoint's tokenizer, no special
+        tokens added); ``ConfigError`` names a span that maps outside the text vocabulary
+        ``[0, text_vocab)`` (the layout's own tokens must not appear in text)."""
+        spans = {}
+        for name in SPANS:
+            text = getattr(self, name)
+            ids = tuple(int(t) for t in tokenize(text)) if text else ()
+            require(all(0 <= t < text_vocab for t in ids), ConfigError,
+                    f"prompt text {name} {text!r} encodes to ids {list(ids)}, some outside the "
+                    f"text vocabulary [0, {text_vocab}): the layout's tokens cannot be text")
+            spans[name] = ids
+        return TextSpans(**spans)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 from torch_engine.attention import padded_attention
 from torch_engine.layers import rotary_cos_sin
 from torch_engine.model import Model
+from torch_engine.search import place_soft_vectors
 from xgr_common.errors import ConfigError, InvalidInputError, require
 from xgr_common.layout import PAD_SEGMENT, MaskMode, TokenLayout
 from xgr_common.prompt_spec import PromptSpec
@@ -228,10 +229,16 @@ def code_loss(model: Model, tower: ProfileTower | None, batch: TrainingExamples,
             f"objective must be one of {OBJECTIVES}, got {objective!r}")
     require(objective == "next_item" or MaskMode(mode) is MaskMode.CAUSAL, ConfigError,
             "the all_codes objective needs the causal mask")
-    soft = tower.spec.profile_tokens if tower is not None else 0
+    # Prompt version 2 rows hold the soft vectors' markers: the vectors take their places,
+    # as the engine places them (``search.place_soft_vectors``); version 1 prepends them.
+    marked = tower is not None and tower.spec.version == 2
+    soft = tower.spec.profile_tokens if tower is not None and not marked else 0
     tokens, segments, predict_at = teacher_forced_batch(batch, layout, soft)
     embeds = model.embed(tokens)
-    if tower is not None:
+    if marked:
+        embeds = place_soft_vectors(embeds, tokens == layout.soft_id,
+                                    tower(batch.profile_ids).to(embeds.dtype))
+    elif tower is not None:
         embeds = torch.cat([tower(batch.profile_ids).to(embeds.dtype), embeds], dim=1)
     hidden = final_hidden(model, embeds, segments, mode)
     if objective == "next_item":

@@ -404,3 +404,34 @@ def test_the_commands_end_to_end(tmp_path):
         assert code == 1 and message in stderr, (code, stdout, stderr)
         assert "Traceback" not in stdout + stderr
     assert not (tmp_path / "e").exists() and not (tmp_path / "twice").exists()
+
+
+@pytest.mark.heavy
+def test_a_version_2_card_from_the_command(stand_ins, tmp_path):
+    """``--prompt_version 2`` writes the history split and the spans' text, tokenised by the
+    checkpoint's own text tokenizer (a layout token's name in the text stays text), into the
+    card; version 2 flags without it are refused."""
+    stand_in = stand_ins["qwen2", True].path
+    out = tmp_path / "v2"
+    made, without_version = xgr(
+        ["extend_vocab", "--model", str(stand_in), "--out", str(out), "--levels", "2",
+         "--codebook_size", "32", "--profile_vocab", "16", "--prompt_version", "2",
+         "--block_hours", "12", "--long_term_items", "30", "--recent_items", "8",
+         "--intro", "Customers who bought", "--question", "also watched <|xgr_sid_0_0|>"],
+        ["extend_vocab", "--model", str(stand_in), "--out", str(tmp_path / "e"),
+         "--recent_items", "8"])
+    assert made[0] == 0, made
+    card = ModelCard.read(out)
+    v2 = card.spec.prompt_v2
+    assert card.spec.version == 2
+    assert (v2.split.block_seconds, v2.split.long_term_items, v2.split.recent_items) == \
+        (12 * 3600, 30, 8)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert list(v2.spans.intro) == tokenizer("Customers who bought",
+                                             add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(list(v2.spans.question)) == "also watched <|xgr_sid_0_0|>"
+    assert card.spec.layout.code_token(0, 0) not in v2.spans.question
+    assert v2.spans.before_profile == v2.spans.before_recent == ()
+    assert all(t < card.spec.layout.base for t in v2.spans.intro + v2.spans.question)
+    assert without_version[0] == 1 and "belong to prompt version 2" in without_version[2]
+    assert not (tmp_path / "e").exists()

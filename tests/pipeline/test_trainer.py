@@ -21,6 +21,7 @@ pytestmark = pytest.mark.heavy
 
 SPEC = PromptSpec()
 LAYOUT = SPEC.layout
+FP32 = tolerance_for(torch.float32)
 
 
 def _code(level: int, code: int) -> int:
@@ -169,3 +170,31 @@ def test_fit_is_deterministic_for_a_seed():
                           text=True, timeout=300, env=child_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["identical", "True"]
+
+
+@pytest.mark.parametrize("mode", [MaskMode.ITEM_CAUSAL, MaskMode.CAUSAL])
+def test_a_version_2_tower_places_its_vectors_at_the_markers(mode):
+    """Rows whose SOFT markers come first (segment 0) are the version 1 rows with the tower's
+    vectors before them: the same loss, and the same gradient into the tower."""
+    from dataclasses import replace
+
+    from xgr_common.prompt_v2 import PromptV2Layout
+
+    model = Model.from_preset("tiny", seed=3)
+    v1 = _examples()
+    soft = SPEC.profile_tokens
+    marked = TrainingExamples(
+        torch.cat([torch.full((2, soft), LAYOUT.soft_id), v1.token_ids], dim=1),
+        v1.lengths + soft, torch.cat([torch.zeros(2, soft, dtype=torch.int32),
+                                      v1.segment_ids], dim=1),
+        v1.profile_ids, v1.target_codes)
+    losses, grads = [], []
+    for spec, batch in ((SPEC, v1), (replace(SPEC, prompt_v2=PromptV2Layout()), marked)):
+        tower = ProfileTower(spec, seed=4)
+        loss = code_loss(model, tower, batch, LAYOUT, mode)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(tower.tower_kernel.grad.clone())
+    torch.testing.assert_close(losses[1], losses[0], atol=FP32.atol, rtol=FP32.rtol)
+    torch.testing.assert_close(grads[1], grads[0], atol=FP32.atol, rtol=FP32.rtol)
+    assert grads[0].abs().sum() > 0
