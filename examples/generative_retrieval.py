@@ -17,6 +17,7 @@ from tf_frontend.feature_graph import features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
 from tf_frontend.rules import BusinessRules
 from torch_engine.catalog import Catalog
+from torch_engine.config import engine_config_for
 from torch_engine.engine import Engine
 from xgr_world import default_model
 from xgr_world.evaluation import popularity_lists, popularity_ranking, recall_at
@@ -44,7 +45,7 @@ def main(argv: list[str]) -> None:
     # 3. The Torch side: the engine serves one model over one catalog. The catalog's tables
     #    constrain beam search to code paths of existing items.
     catalog = Catalog.from_arrays(world.item_ids, world.item_codes, settings.spec.layout)
-    engine = Engine(fitted.model, catalog)
+    engine = Engine(fitted.model, catalog, engine_config_for(settings.spec))
 
     # 4. One pipeline: TF graph -> DLPack -> engine -> DLPack -> TF rules. Here the rules
     #    block two "withdrawn" items and show at most 20 items of one top-level category.

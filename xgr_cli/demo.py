@@ -25,6 +25,7 @@ from bridge.pipeline import RecommendPipeline
 from tf_frontend.pipeline_spec import PipelineConfig
 from tf_frontend.rules import BusinessRules
 from torch_engine.catalog import Catalog
+from torch_engine.config import engine_config_for
 from torch_engine.engine import Engine
 from xgr_world import default_model as dm
 from xgr_world.evaluation import Evaluation, evaluate, popularity_ranking
@@ -48,6 +49,8 @@ flags.DEFINE_bool("quick", False, "A small world and a short fit "
                   "(xgr_world.default_model.QUICK): a quick first look, and what CI runs.")
 flags.DEFINE_integer("fit_steps", None, "Training steps of a fresh fit (default: the settings').")
 flags.DEFINE_integer("seed", 0, "Seed of the world and of the fit.")
+flags.DEFINE_integer("prompt_version", 1, "The prompt contract the model is fitted and served "
+                     "in: 1, or 2 (the long-term history first, the soft vectors after it).")
 flags.DEFINE_string("report_json", None, "Also write recall and timings to this JSON file.")
 
 
@@ -64,9 +67,10 @@ def table(headers: tuple[str, ...], rows: list[tuple], indent: str = "  ") -> st
 def settings_from_flags() -> dm.DefaultModelSettings:
     base = dm.QUICK if FLAGS.quick else dm.DefaultModelSettings()
     steps = FLAGS.fit_steps or base.train.steps
-    return replace(base, world=replace(base.world, seed=FLAGS.seed),
-                   train=replace(base.train, steps=steps, seed=FLAGS.seed,
-                                 warmup_steps=min(base.train.warmup_steps, steps // 5)))
+    settings = replace(base, world=replace(base.world, seed=FLAGS.seed),
+                       train=replace(base.train, steps=steps, seed=FLAGS.seed,
+                                     warmup_steps=min(base.train.warmup_steps, steps // 5)))
+    return dm.with_prompt_version(settings, FLAGS.prompt_version)
 
 
 def show_users(fitted: dm.DefaultModel, result: Evaluation, users: int, items: int) -> None:
@@ -106,7 +110,8 @@ def main(argv: list[str]) -> None:
     rules = BusinessRules(blocked_items=tuple(int(i) for i in FLAGS.blocked_items),
                           max_per_category=FLAGS.max_per_category or None)
     pipeline = RecommendPipeline.for_engine(
-        fitted.feature_graph(), Engine(fitted.model, catalog), FLAGS.beam_width, FLAGS.top_k,
+        fitted.feature_graph(), Engine(fitted.model, catalog, engine_config_for(settings.spec)),
+        FLAGS.beam_width, FLAGS.top_k,
         PipelineConfig(top_n=FLAGS.top_k, rules=rules),
         catalog=(world.item_ids, world.item_codes), prefill_mask=settings.train.mask_mode)
     users = settings.eval_users[:FLAGS.users]

@@ -35,6 +35,7 @@ from safetensors.torch import load_file as load_torch_file
 
 from bridge import to_torch
 from tf_frontend.feature_graph import FeatureGraph
+from tf_frontend.feature_graph_v2 import FeatureGraphV2
 from torch_engine.config import ModelConfig
 from torch_engine.model import Model
 from xgr_checkpoint.catalog_file import write_catalog
@@ -43,6 +44,7 @@ from xgr_common.import_order import triton_importable
 from xgr_common.layout import MaskMode
 from xgr_common.model_card import ModelCard
 from xgr_common.prompt_spec import PromptSpec
+from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
 from xgr_world.synthetic import World, WorldConfig, make_world
 from xgr_world.train import FitResult, ProfileTower, TrainConfig, TrainingExamples, fit
 
@@ -50,7 +52,7 @@ from xgr_world.train import FitResult, ProfileTower, TrainConfig, TrainingExampl
 _KEYED_SOURCES = ("xgr_world/default_model.py", "xgr_world/train.py", "torch_engine/model.py",
                   "torch_engine/layers.py", "torch_engine/attention.py",
                   "xgr_world/synthetic.py", "tf_frontend/feature_graph.py",
-                  "tf_frontend/layers.py")
+                  "tf_frontend/feature_graph_v2.py", "tf_frontend/layers.py")
 _ROOT = Path(__file__).resolve().parent.parent
 TOWER_FILE = "feature_graph.safetensors"
 CATALOG_FILE = "catalog.parquet"
@@ -104,6 +106,19 @@ class DefaultModelSettings:
         return digest.hexdigest()[:12]
 
 
+# The demo's prompt version 2: weeks as blocks (the world's events come every few days), the
+# whole synthetic history kept (long-term part and open week), no text (no text vocabulary).
+DEMO_PROMPT_V2 = PromptV2Layout(HistorySplit(block_seconds=7 * 86400, long_term_blocks=52,
+                                             long_term_items=40, recent_items=10))
+
+
+def with_prompt_version(settings: DefaultModelSettings, version: int) -> DefaultModelSettings:
+    """``settings`` with the demo's prompt of ``version`` (1, or 2: ``DEMO_PROMPT_V2``)."""
+    require(version in (1, 2), ConfigError, f"prompt version must be 1 or 2, got {version!r}")
+    return replace(settings, spec=replace(settings.spec,
+                                          prompt_v2=DEMO_PROMPT_V2 if version == 2 else None))
+
+
 # A small world and a short fit, for a first look and for CI.
 QUICK = DefaultModelSettings(
     world=WorldConfig(num_items=1000, num_users=1500, history_events=20),
@@ -147,15 +162,17 @@ def model_card(settings: DefaultModelSettings, model: Model) -> ModelCard:
 
 def feature_graph_for(spec: PromptSpec, world: World, tower: dict[str, np.ndarray] | None,
                       seed: int = 0) -> FeatureGraph:
-    """``FeatureGraph`` over ``world``'s catalog; ``tower`` from ``ProfileTower.keras_weights``
-    (None: Keras' random initialisation from ``seed``)."""
+    """The feature graph of ``spec``'s prompt version (``FeatureGraphV2`` for version 2) over
+    ``world``'s catalog; ``tower`` from ``ProfileTower.keras_weights`` (None: Keras' random
+    initialisation from ``seed``)."""
+    graph_class = FeatureGraphV2 if spec.version == 2 else FeatureGraph
     if tower is None:
-        return FeatureGraph(spec, world.item_ids, world.item_codes, seed=seed)
-    return FeatureGraph(spec, world.item_ids, world.item_codes, embedding_table=tower["table"],
-                        tower_weights={
-                            "profile_tower": [tower["tower_kernel"], tower["tower_bias"]],
-                            "profile_projection": [tower["projection_kernel"],
-                                                   tower["projection_bias"]]})
+        return graph_class(spec, world.item_ids, world.item_codes, seed=seed)
+    return graph_class(spec, world.item_ids, world.item_codes, embedding_table=tower["table"],
+                       tower_weights={
+                           "profile_tower": [tower["tower_kernel"], tower["tower_bias"]],
+                           "profile_projection": [tower["projection_kernel"],
+                                                  tower["projection_bias"]]})
 
 
 def cut_features(world: World, users: np.ndarray, cuts_per_user: int
