@@ -1,8 +1,9 @@
 """Probe: the demo's quick fit in prompt versions 1 and 2, and version 2 under both masks.
 
-    python -m experiments.probe_demo_prompt_v2 OUT_JSON [STEPS]
+    python -m experiments.probe_demo_prompt_v2 OUT_JSON [STEPS] [quick|default]
 
-Fits ``xgr_world.default_model.QUICK`` (the world CI fits) three ways, each cached under
+Fits ``xgr_world.default_model.QUICK`` (the world CI fits; ``default``: the demo's own
+settings, 5,000 users) three ways, each cached under
 ``$XGR_CACHE_DIR``: version 1, causal mask, every code a target (the demo's rule); version 2
 likewise; version 2 under the item-causal mask, the next item's codes the only targets (the
 all-codes objective would leak there). Each is evaluated on the held-out users through the
@@ -31,10 +32,10 @@ VARIANTS = (("v1 causal all_codes", 1, MaskMode.CAUSAL, "all_codes"),
             ("v2 item_causal next_item", 2, MaskMode.ITEM_CAUSAL, "next_item"))
 
 
-def main(out: str, steps: int | None) -> None:
+def main(out: str, steps: int | None, world: str = "quick") -> None:
     rows = []
     for name, version, mask, objective in VARIANTS:
-        base = dm.QUICK
+        base = dm.QUICK if world == "quick" else dm.DefaultModelSettings()
         train = replace(base.train, mask_mode=mask, objective=objective,
                         steps=steps or base.train.steps)
         settings = dm.with_prompt_version(replace(base, train=train), version)
@@ -67,4 +68,5 @@ def main(out: str, steps: int | None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else None)
+    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 and sys.argv[2] != "0" else None,
+         sys.argv[3] if len(sys.argv) > 3 else "quick")

@@ -49,8 +49,9 @@ flags.DEFINE_bool("quick", False, "A small world and a short fit "
                   "(xgr_world.default_model.QUICK): a quick first look, and what CI runs.")
 flags.DEFINE_integer("fit_steps", None, "Training steps of a fresh fit (default: the settings').")
 flags.DEFINE_integer("seed", 0, "Seed of the world and of the fit.")
-flags.DEFINE_integer("prompt_version", 1, "The prompt contract the model is fitted and served "
-                     "in: 1, or 2 (the long-term history first, the soft vectors after it).")
+flags.DEFINE_integer("prompt_version", None, "The prompt contract the model is fitted and "
+                     "served in: 1, or 2 (the long-term history first, the soft vectors after "
+                     "it). Default: the settings' own (2; --quick: 1).")
 flags.DEFINE_string("report_json", None, "Also write recall and timings to this JSON file.")
 
 
@@ -70,6 +71,8 @@ def settings_from_flags() -> dm.DefaultModelSettings:
     settings = replace(base, world=replace(base.world, seed=FLAGS.seed),
                        train=replace(base.train, steps=steps, seed=FLAGS.seed,
                                      warmup_steps=min(base.train.warmup_steps, steps // 5)))
+    if FLAGS.prompt_version is None:
+        return settings
     return dm.with_prompt_version(settings, FLAGS.prompt_version)
 
 

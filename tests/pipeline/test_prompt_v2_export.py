@@ -1,65 +1,75 @@
-"""A version 2 model through ``xgr export`` as a team would give it: the card says prompt
-version 2, so the SavedModel holds the version 2 feature graph (the history split, the SOFT
-markers) and an engine package that places the profile vectors at the markers; reloaded in a
-fresh process it answers like the in-process pipeline of the same card.
-
-The fit here was trained in version 1; only the plumbing is under test (the same weights
-under the other prompt give other, equally valid lists)."""
+"""The demo round trip in prompt version 2: the quick world fitted on the version 2 prompt,
+its checkpoint, card, catalog and trained feature graph through ``xgr export`` as a team's
+files; the SavedModel (the version 2 feature graph with its SOFT markers, an engine package
+that places the profile vectors there), verified against the in-process pipeline and reloaded
+in a fresh process with TF + custom_ops alone, returns the in-process pipeline's items."""
 
 from __future__ import annotations
-
-import shutil
-from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from tests.pipeline.conftest import export_team_files
 from tf_frontend.feature_graph import features_from_world
-from xgr_common.model_card import ModelCard
-from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout, TextSpans
+from xgr_common.layout import MaskMode
 from xgr_export.verify import run_fresh
 
-# Heavy (an AOTInductor compile of the fitted model, fresh processes).
+# Heavy (a fit, an AOTInductor compile of the fitted model, fresh processes).
 pytestmark = pytest.mark.heavy
 
-BEAMS, TOP_K, TOP_N = 16, 12, 8
+BEAMS, TOP_K, TOP_N, USERS = 16, 12, 8, 12
 
 
 @pytest.fixture(scope="module")
-def v2_export(quick_model, xgr, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("v2_export")
-    files = quick_model.export_files()
-    model = shutil.copytree(files["model"], folder / "model")
-    card = ModelCard.read(model)
-    spec = replace(card.spec, prompt_v2=PromptV2Layout(
-        HistorySplit(block_seconds=7 * 86400, long_term_blocks=8, long_term_items=20,
-                     recent_items=10), TextSpans(question=(card.spec.layout.bos_id,))))
-    replace(card, spec=spec).write(model)
-    out = folder / "saved_model"
-    done, report = export_team_files(xgr, out, {**files, "model": model}, BEAMS, TOP_K, TOP_N,
+def v2_model(tmp_path_factory):
+    from xgr_world import default_model as dm
+
+    settings = dm.with_prompt_version(dm.QUICK, 2)
+    return dm.fit_or_load(settings, tmp_path_factory.mktemp("v2_fit"), progress=False)
+
+
+@pytest.fixture(scope="module")
+def v2_export(v2_model, xgr, tmp_path_factory):
+    out = tmp_path_factory.mktemp("v2_export") / "saved_model"
+    done, report = export_team_files(xgr, out, v2_model.export_files(), BEAMS, TOP_K, TOP_N,
                                      "--verify_requests=8")
     assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-4000:])
-    return out, report, spec
+    return out, report
 
 
-def test_the_export_reports_version_2_and_verifies(v2_export):
-    _, report, spec = v2_export
-    assert report["prompt_version"] == 2
-    assert report["max_prompt_tokens"] == spec.max_prompt_tokens
-    verify = report["verify"]
-    assert verify["ok"] and verify["requests"] == 8
+def test_the_card_and_the_export_are_version_2(v2_model, v2_export):
+    from xgr_common.model_card import ModelCard
+
+    card = ModelCard.read(v2_model.export_files()["model"])
+    assert card.spec.version == 2 and card.spec == v2_model.settings.spec
+    report = v2_export[1]
+    assert report["prompt_version"] == 2 and report["prefill_mask"] == "causal"
+    assert report["max_prompt_tokens"] == card.spec.max_prompt_tokens
+    assert report["verify"]["ok"] and report["verify"]["requests"] == 8
 
 
-def test_the_reloaded_saved_model_serves_lists(v2_export, quick_model):
-    out = v2_export[0]
-    features = features_from_world(quick_model.world, quick_model.settings.eval_users[:6])
-    got = run_fresh(out, features)
-    assert got["item_ids"].shape == (6, TOP_N) and (got["num_items"] > 0).all()
+def test_the_reloaded_saved_model_returns_the_pipelines_items(v2_model, v2_export):
+    from bridge.pipeline import RecommendPipeline
+    from tf_frontend.pipeline_spec import PipelineConfig
+    from torch_engine.catalog import Catalog
+    from torch_engine.config import engine_config_for
+    from torch_engine.engine import Engine
+
+    world, spec = v2_model.world, v2_model.settings.spec
+    users = v2_model.settings.eval_users[:USERS]
+    features = features_from_world(world, users)
+    got = run_fresh(v2_export[0], features)
+    engine = Engine(v2_model.model, Catalog.from_arrays(world.item_ids, world.item_codes,
+                                                        spec.layout), engine_config_for(spec))
+    pipeline = RecommendPipeline.for_engine(
+        v2_model.feature_graph(), engine, BEAMS, TOP_K, PipelineConfig(top_n=TOP_K),
+        catalog=(world.item_ids, world.item_codes), prefill_mask=MaskMode.CAUSAL)
+    want = pipeline(features)
+    np.testing.assert_array_equal(got["item_ids"], want["item_ids"].numpy()[:, :TOP_N])
+    assert (got["num_items"] > 0).all()
     assert not {m for m in got["modules"].tolist() if m.split(".")[0] == "torch"}
-    # The seen items never come back (the history exclusions of both parts).
-    world = quick_model.world
-    for row, user in enumerate(quick_model.settings.eval_users[:6]):
+    # The history of both parts is excluded: no seen item comes back.
+    for row, user in enumerate(users):
         seen = set(world.history_items[world.history_splits[user]:
                                        world.history_splits[user + 1]].tolist())
         assert not seen & set(got["item_ids"][row][got["item_ids"][row] >= 0].tolist())

@@ -11,6 +11,11 @@ from xgr_world import default_model as dm
 from xgr_world.synthetic import make_world
 
 
+def test_the_demo_is_version_2_and_ci_s_quick_fit_version_1():
+    assert dm.DefaultModelSettings().spec.prompt_v2 == dm.DEMO_PROMPT_V2
+    assert dm.QUICK.spec.version == 1
+
+
 def test_version_2_settings_build_the_version_2_graph_and_examples():
     settings = dm.with_prompt_version(dm.QUICK, 2)
     assert settings.spec.version == 2 and settings.spec.prompt_v2 == dm.DEMO_PROMPT_V2
