@@ -28,8 +28,6 @@
 namespace xgr {
 namespace {
 
-constexpr int64_t kMaxPromptLength = 1 << 20;
-
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;

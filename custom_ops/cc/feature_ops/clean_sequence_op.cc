@@ -73,16 +73,9 @@ class CleanSequenceOp : public OpKernel {
   }
 
   void Compute(OpKernelContext* ctx) override {
-    const Tensor& values = ctx->input(0);
-    const Tensor& timestamps = ctx->input(1);
-    const Tensor& splits = ctx->input(2);
-    const Tensor& request_time = ctx->input(3);
-    OP_REQUIRES_OK(ctx, CheckTimedSequence(values, timestamps, splits, request_time));
-    const int64_t batch = splits.dim_size(0) - 1;
-    const auto val = values.flat<int64_t>();
-    const auto ts = timestamps.flat<int64_t>();
-    const auto rs = splits.flat<int64_t>();
-    const auto rt = request_time.flat<int64_t>();
+    absl::StatusOr<TimedSequence> sequence = ReadTimedSequence(ctx);
+    OP_REQUIRES_OK(ctx, sequence.status());
+    const auto& [val, ts, rs, rt, batch] = *sequence;
 
     // kept[] collects indices of surviving events; new_splits the per-row boundaries.
     std::vector<int64_t> kept;

@@ -10,13 +10,18 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tensorflow/core/framework/types.h"
 
 namespace xgr {
+
+// The longest prompt row the assembly ops emit (custom_ops.feature_ops.MAX_PROMPT_LENGTH).
+constexpr int64_t kMaxPromptLength = int64_t{1} << 20;
 
 inline absl::Status CheckDtype(const tensorflow::Tensor& t, tensorflow::DataType want,
                                const char* name) {
@@ -118,6 +123,26 @@ inline absl::Status CheckTimedSequence(const tensorflow::Tensor& values,
     }
   }
   return absl::OkStatus();
+}
+
+// The history ops' first four inputs (values, timestamps, row_splits, request_time), checked
+// by CheckTimedSequence, as flat views, with the number of rows.
+struct TimedSequence {
+  tensorflow::TTypes<int64_t>::ConstFlat values, timestamps, row_splits, request_time;
+  int64_t batch;
+};
+
+inline absl::StatusOr<TimedSequence> ReadTimedSequence(tensorflow::OpKernelContext* ctx) {
+  const tensorflow::Tensor& values = ctx->input(0);
+  const tensorflow::Tensor& timestamps = ctx->input(1);
+  const tensorflow::Tensor& splits = ctx->input(2);
+  const tensorflow::Tensor& request_time = ctx->input(3);
+  if (absl::Status s = CheckTimedSequence(values, timestamps, splits, request_time); !s.ok()) {
+    return s;
+  }
+  return TimedSequence{values.flat<int64_t>(), timestamps.flat<int64_t>(),
+                       splits.flat<int64_t>(), request_time.flat<int64_t>(),
+                       splits.dim_size(0) - 1};
 }
 
 // Every value of an int64 tensor lies in [lo, hi] (token ids become int32 outputs).
