@@ -198,6 +198,9 @@ def _pair(window: dict) -> str:
 
 def main(argv: list[str]) -> None:
     del argv
+    # torch before TensorFlow: torch imported after TF crashes in its own import on the GPU
+    # host (tf_frontend loads Triton first, not torch).
+    import torch_engine.model  # noqa: F401
     from tf_frontend.feature_graph import features_from_world
     from xgr_world.synthetic import WorldConfig, make_world
 
