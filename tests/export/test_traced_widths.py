@@ -1,6 +1,7 @@
 """One engine package for several beam widths traces the Triton search with a symbolic width:
 every launcher must accept it (its rules become runtime assertions, its tiles follow the
-largest width) without a guard that would fix it. The CUDA export's trace, run on the CPU in
+largest width) without a guard that would fix it, and a block that holds a request's beams
+must hold the widest. The CUDA export's trace, run on the CPU in
 a child with the Triton interpreter off (``trace_widths_child.py``)."""
 
 from __future__ import annotations
@@ -24,3 +25,10 @@ def test_the_triton_search_traces_a_dynamic_width(widths):
     assert done.returncode == 0, done.stderr[-3000:]
     traced = json.loads(done.stdout.strip().splitlines()[-1])
     assert (traced["low"], traced["high"]) == (min(widths), max(widths))
+    # One program sorts all beams of a request: its block must hold the widest width (a
+    # block from the example width dropped the beams past it at wider widths on the GPU).
+    expansions = [launch["ints"] for launch in traced["launches"]
+                  if launch["kernel"] == "_expand_items_kernel"]
+    assert expansions, [launch["kernel"] for launch in traced["launches"]]
+    for ints in expansions:
+        assert ints["BLOCK_W"] >= max(widths) and ints["BLOCK_W"] == 2 ** ints["LOG_W"], ints

@@ -1,7 +1,9 @@
 """Child of ``test_traced_widths.py``: the engine's Triton search traced with a dynamic beam
 width on the CPU, as a CUDA export traces it (the Triton interpreter off, so every launcher
 runs under tracing with symbolic sizes; the device checks and backend choices that need CUDA
-are switched off, nothing is compiled or run). Prints the traced range of the width as JSON.
+are switched off, nothing is compiled or run). Prints, as JSON, the traced range of the width
+and the constant arguments of every Triton launch, as AOTInductor's own trace of the program
+(the ops decomposed into their launches) holds them.
 
     python tests/export/trace_widths_child.py 16,24,32
 """
@@ -65,7 +67,39 @@ def main(widths: tuple[int, ...]) -> None:
              and node.name in program.graph_signature.user_inputs][5]
     width = slots.meta["val"].shape[0].node.expr
     bounds = program.range_constraints[width]
-    print(json.dumps({"low": int(bounds.lower), "high": int(bounds.upper)}))
+    print(json.dumps({"low": int(bounds.lower), "high": int(bounds.upper),
+                      "launches": launches(program)}))
+
+
+def launches(program) -> list[dict]:
+    """(kernel name, its int and bool arguments) of every Triton launch in ``program``'s
+    ops, traced as AOTInductor traces them: the triton_ops decomposed, the sizes symbolic."""
+    import torch
+    from torch._functorch.aot_autograd import aot_export_module
+    from torch._guards import detect_fake_mode
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    placeholders = [node for node in program.graph.nodes if node.op == "placeholder"]
+    user = [node.meta["val"] for node in placeholders
+            if node.name in program.graph_signature.user_inputs]
+    old = torch._functorch.config.decompose_custom_triton_ops
+    torch._functorch.config.decompose_custom_triton_ops = True
+    try:
+        with detect_fake_mode([node.meta["val"] for node in placeholders]):
+            graph, _ = aot_export_module(program.module(), tuple(user), trace_joint=False)
+    finally:
+        torch._functorch.config.decompose_custom_triton_ops = old
+    found = []
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or "triton_kernel_wrapper" not in str(node.target):
+            continue
+        kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+        args = {**node.kwargs["kwargs"],
+                **kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])}
+        found.append({"kernel": getattr(getattr(kernel, "fn", kernel), "__name__", "?"),
+                      "ints": {name: value for name, value in args.items()
+                               if isinstance(value, (int, bool))}})
+    return found
 
 
 if __name__ == "__main__":

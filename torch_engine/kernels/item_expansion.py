@@ -147,8 +147,10 @@ def _blocks(width: int, excluded, top_k: int) -> dict:
     """Block sizes and warps of a launch, from shapes only. A slot block covers ``top_k`` plus
     the exclusions in one step, up to ``_MAX_SLOTS``. Warps grow with the blocks so that no
     compile for sm_90 spills (tests/kernels/test_item_expansion.py prints the registers). In a
-    traced program the exclusion search covers the largest width the program accepts."""
-    block_w = max(16, triton.next_power_of_2(width))
+    traced program the beam block and the exclusion search cover the largest width and
+    exclusion count the program accepts: one program sorts every beam of its request, so a
+    block sized from the example width would drop the beams past it at a wider one."""
+    block_w = max(16, triton.next_power_of_2(c.bounded_size(_OP, "scores.shape[1] (W)", width)))
     block_s = max(16, min(triton.next_power_of_2(top_k + c.size_hint(excluded)), _MAX_SLOTS))
     warps = 16 if block_w >= 4096 else 8 if max(block_w, block_s) >= 512 else 4
     search_x = c.bounded_size(_OP, "excluded.shape[1]", excluded).bit_length()
