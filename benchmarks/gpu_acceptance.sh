@@ -36,10 +36,8 @@ case_env() {  # the environment of one case, as `env` arguments
     q2_item)    echo "PRESET=qwen2-0.5b CASE=qwen2-0.5b_item_causal BATCHES=1,8 \
 RATES=200 RATE_FRACTIONS=0.6,0.8,1.0,1.2 P99_TARGET=100 LOAD_BATCH=16" ;;
     q2_causal)  echo "PRESET=qwen2-0.5b MASK=causal CASE=qwen2-0.5b_causal BATCHES=1,8" ;;
-    # AOTInductor's real-input first pass instead of its tuning block on made-up arguments
-    # (experiments/probe_aoti_autotune.py asks whether that is what the layer kernels need).
     q2_item_lk) echo "PRESET=qwen2-0.5b LAYER_KERNELS=on CASE=qwen2-0.5b_item_causal_layer_kernels \
-BATCHES=1,8 TORCHINDUCTOR_AUTOTUNE_AT_COMPILE_TIME=0" ;;
+BATCHES=1,8" ;;
     q3_ctx5000) echo "PRESET=qwen3-1.7b EVENTS=1420 KEEP=1249 WINDOW_DAYS=36500 MAX_BATCH=16 \
 CASE=qwen3-1.7b_ctx5000 BATCHES=1,4 RATES=15,20,25 RATE_FRACTIONS=0.8,1.0 P99_TARGET=200 \
 LOAD_BATCH=4" ;;

@@ -1,16 +1,22 @@
-"""AOTInductor compiles a CUDA package in two passes: a first, Python pass that runs the program
-once on the example inputs (it compiles and tunes the Triton kernels), then the C++ pass that
-becomes the package. Exporting the engine on the H200, the first pass of full-size exports
-ended with an illegal memory access (raised later, at an unrelated call), while the exported
-program ran cleanly eagerly on the same inputs, and every first pass with a device
-synchronisation after each kernel (Inductor's ``triton.debug_sync_kernel``) ran cleanly: a
-fault of timing between the host and the device in that pass, not of the program, whose
-packages answer like ``Engine.recommend``. (Packages holding the fused layer kernels still
-fault with the synchronisation, outside the first pass: ``docs/notes/gpu_serving.md``.)
+"""How a CUDA engine package's AOTInductor compile runs its first pass.
 
-``debug_sync_kernel`` alone cannot be used: it also writes its Python synchronisation into the
-C++ wrapper, which then fails to compile. ``synchronised_first_pass`` turns it on for the
-Python pass only; the package itself holds no synchronisation.
+For CUDA, AOTInductor by default compiles and tunes every Triton kernel in one generated
+"tuning block" that launches each kernel on arguments it makes up (random floats, integer
+tensors of zeros, sizes from hints), not on the program's example inputs. On the H200 that
+block ended in illegal memory accesses, raised later at an unrelated call, for engines with
+the fused layer kernels and at times for full-size engines without them, while the exported programs
+ran cleanly eagerly on the same inputs and the same block compiled when a device
+synchronisation followed each of its launches (``experiments/probe_aoti_autotune.py``). So
+``cuda_first_pass`` turns that block off (``REAL_INPUT_FIRST_PASS``): the compile then takes
+two passes, a Python pass that runs the whole program once on the real example inputs (valid
+requests, whatever the kernels index) and the C++ pass that becomes the package.
+
+The Python pass runs under ``torch.no_grad()``: the module's parameters require gradients,
+and Inductor's products with an output buffer refuse such arguments in grad mode (seen there).
+It also synchronises the device after every kernel it writes (``synchronised_first_pass``), so
+a fault of that pass is raised at its kernel; ``triton.debug_sync_kernel`` alone cannot be
+used: it also writes its Python synchronisation into the C++ wrapper, which then fails to
+compile. The package itself holds no synchronisation.
 """
 
 from __future__ import annotations
@@ -19,6 +25,9 @@ import contextlib
 from typing import Iterator
 
 from xgr_export.inductor_patch import method_replaced
+
+# Inductor settings of a CUDA package's compile: the real-input first pass, no tuning block.
+REAL_INPUT_FIRST_PASS = {"triton.autotune_at_compile_time": False}
 
 
 def _scheduling_class():
@@ -51,3 +60,17 @@ def synchronised_first_pass() -> Iterator[bool]:
     with method_replaced(cls, "codegen_sync", codegen_sync), \
             inductor_config.patch({"triton.debug_sync_kernel": True}):
         yield True
+
+
+@contextlib.contextmanager
+def cuda_first_pass(device: str) -> Iterator[dict]:
+    """While open, an AOTInductor compile for ``device`` runs its first pass as this module
+    says; yields the Inductor settings to add to the compile's (none off CUDA, where the
+    compile has one pass)."""
+    if not device.startswith("cuda"):
+        yield {}
+        return
+    import torch
+
+    with torch.no_grad(), synchronised_first_pass():
+        yield dict(REAL_INPUT_FIRST_PASS)

@@ -12,7 +12,6 @@ version and the device.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import shutil
@@ -24,7 +23,7 @@ from typing import Any, Sequence
 import torch
 
 from xgr_common.errors import ExportError, InvalidInputError, require
-from xgr_export.inductor_first_pass import synchronised_first_pass
+from xgr_export.inductor_first_pass import cuda_first_pass
 from xgr_export.inductor_int_arrays import int_arrays_keyed_by_buffer
 from xgr_common.import_order import triton_importable
 
@@ -314,13 +313,11 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
         with tempfile.TemporaryDirectory() as tmp:
             built = Path(tmp) / "model.pt2"
             try:
-                first_pass = (synchronised_first_pass() if device.startswith("cuda")
-                              else contextlib.nullcontext())
-                with int_arrays_keyed_by_buffer(), first_pass:
+                with int_arrays_keyed_by_buffer(), cuda_first_pass(device) as first_pass:
                     torch._inductor.aoti_compile_and_package(
                         program, package_path=str(built),
-                        inductor_configs={"aot_inductor.metadata": {SIGNATURE_KEY:
-                                                                    contract.signature}})
+                        inductor_configs={**first_pass, "aot_inductor.metadata": {
+                            SIGNATURE_KEY: contract.signature}})
             except Exception as err:
                 raise ExportError(f"AOTInductor could not compile the program for {device}: "
                                   f"{err}; package_torchscript is the fallback") from err
