@@ -20,7 +20,8 @@ that compiled at batch 1 and 8 beside the eager engine. Variants: that probe's (
 
 * ``default``: Inductor's defaults on this torch;
 * ``sample``: ``triton.autotune_with_sample_inputs`` (user kernels tuned on the real inputs);
-* ``two_pass``: ``triton.autotune_at_compile_time`` off (the Python pass on the real inputs);
+* ``two_pass``: ``triton.autotune_at_compile_time`` off (the Python pass on the real inputs),
+  what ``xgr export`` adopted (``xgr_export.inductor_first_pass``);
 * ``traced``: the default, with the tuning block written to ``LABEL.tuning.py`` and a device
   synchronisation and a line on stderr after each of its launches, so a fault names its kernel.
 
@@ -49,6 +50,11 @@ MODES = ("default", "sample", "two_pass", "traced")
 
 def _mode_patch(mode: str):
     import torch._inductor.config as inductor_config
+    from xgr_export import inductor_first_pass
+
+    if mode != "two_pass":
+        # The export applies the two-pass setting itself: the other modes drop it.
+        inductor_first_pass.REAL_INPUT_FIRST_PASS = {}
     if mode == "sample":
         return inductor_config.patch({"triton.autotune_with_sample_inputs": True})
     if mode == "two_pass":
@@ -162,8 +168,6 @@ def facts(out: Path) -> dict:
 
 
 def run(out: Path, labels: list[str]) -> None:
-    from experiments import probe_layer_kernel_package as base
-
     started = time.perf_counter()
     print(json.dumps({k: v for k, v in facts(out).items() if k != "get_cpp_wrapper_config"},
                      indent=1), flush=True)
@@ -177,6 +181,15 @@ def run(out: Path, labels: list[str]) -> None:
               flush=True)
     (out / "exports_done").write_text("\n".join(
         f"{label} {'ok' if (out / f'{label}.pt2').exists() else 'failed'}" for label in labels))
+    # Python's loader of CUDA packages needs the loader environment from process start.
+    from torch_engine.aoti_loading import loader_environment
+    subprocess.run([sys.executable, "-m", "experiments.probe_aoti_autotune", "measure", str(out),
+                    ",".join(labels)], env=loader_environment(), check=False)
+
+
+def measure(out: Path, labels: list[str]) -> None:
+    from experiments import probe_layer_kernel_package as base
+
     summary = base.measure(out, labels)
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     for name, row in summary["variants"].items():
@@ -193,5 +206,7 @@ if __name__ == "__main__":
         print(json.dumps(facts(where), indent=1))
     elif sys.argv[1] == "export":
         export_child(where, sys.argv[3])
+    elif sys.argv[1] == "measure":
+        measure(where, sys.argv[3].split(","))
     else:
         run(where, sys.argv[3].split(","))
