@@ -45,20 +45,16 @@ from pathlib import Path
 
 import torch
 
-MODES = ("default", "sample", "two_pass", "traced")
-
-
 def _mode_patch(mode: str):
     import torch._inductor.config as inductor_config
     from xgr_export import inductor_first_pass
 
-    if mode != "two_pass":
-        # The export applies the two-pass setting itself: the other modes drop it.
-        inductor_first_pass.REAL_INPUT_FIRST_PASS = {}
+    if mode == "two_pass":    # what the export applies itself
+        return contextlib.nullcontext()
+    # The other modes drop the export's own setting.
+    inductor_first_pass.REAL_INPUT_FIRST_PASS = {}
     if mode == "sample":
         return inductor_config.patch({"triton.autotune_with_sample_inputs": True})
-    if mode == "two_pass":
-        return inductor_config.patch({"triton.autotune_at_compile_time": False})
     if mode == "traced":
         return _traced_tuning_block()
     return contextlib.nullcontext()

@@ -2,6 +2,8 @@
 device synchronisation after every kernel, its C++ pass (the package) none, and Inductor is
 left as it was afterwards."""
 
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -82,7 +84,7 @@ def test_package_aoti_hands_the_cuda_settings_to_the_compile(tmp_path, monkeypat
 
     def compile_and_package(program, package_path, inductor_configs):
         seen.append((dict(inductor_configs), torch.is_grad_enabled()))
-        open(package_path, "wb").write(b"package")
+        Path(package_path).write_bytes(b"package")
         return package_path
 
     monkeypatch.setattr(torch._inductor, "aoti_compile_and_package", compile_and_package)

@@ -74,7 +74,7 @@ def main(widths: tuple[int, ...]) -> None:
 def launches(program) -> list[dict]:
     """(kernel name, its int and bool arguments) of every Triton launch in ``program``'s
     ops, traced as AOTInductor traces them: the triton_ops decomposed, the sizes symbolic."""
-    import torch
+    from torch._functorch import config as functorch_config
     from torch._functorch.aot_autograd import aot_export_module
     from torch._guards import detect_fake_mode
     from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
@@ -82,13 +82,9 @@ def launches(program) -> list[dict]:
     placeholders = [node for node in program.graph.nodes if node.op == "placeholder"]
     user = [node.meta["val"] for node in placeholders
             if node.name in program.graph_signature.user_inputs]
-    old = torch._functorch.config.decompose_custom_triton_ops
-    torch._functorch.config.decompose_custom_triton_ops = True
-    try:
-        with detect_fake_mode([node.meta["val"] for node in placeholders]):
-            graph, _ = aot_export_module(program.module(), tuple(user), trace_joint=False)
-    finally:
-        torch._functorch.config.decompose_custom_triton_ops = old
+    with functorch_config.patch(decompose_custom_triton_ops=True), \
+            detect_fake_mode([node.meta["val"] for node in placeholders]):
+        graph, _ = aot_export_module(program.module(), tuple(user), trace_joint=False)
     found = []
     for node in graph.graph.nodes:
         if node.op != "call_function" or "triton_kernel_wrapper" not in str(node.target):
