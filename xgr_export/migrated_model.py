@@ -32,8 +32,8 @@ import tensorflow as tf
 from bridge.migration.functional import input_sources
 from bridge.migration.plan import load_plan
 from bridge.migration.runner import PlanRunner
-from bridge.migration.served_outputs import (BOUNDARIES_SIGNATURE, boundary_outputs,
-                                             signature_outputs)
+from bridge.migration.served_outputs import (BOUNDARIES_SIGNATURE, MIGRATION_FILE,
+                                             boundary_outputs, signature_outputs)
 from bridge.migration.served_stage import (ServedStage, ragged_input_checks,
                                            served_replacement)
 from bridge.migration.stage_program import (StageProgram, describe_boundary, export_stage,
@@ -47,7 +47,6 @@ from xgr_export.torch_package import Package, package_aoti
 from xgr_export.verify import FORBIDDEN_PACKAGES, run_fresh
 from xgr_export.warmup_requests import split_requests, write_warmup_requests
 
-MIGRATION_FILE = "assets.extra/xgr_migration.json"   # what the SavedModel holds, for parity
 _DEVICE = re.compile(r"^(cpu|cuda:\d+)$")
 
 
@@ -195,13 +194,23 @@ def _package_stage(runner: PlanRunner, name: str, batch: dict, device: str, fold
     try:
         package = package_aoti(program, folder / f"stage_{slot}.pt2", device, cache_dir)
     except ExportError as error:
-        raise ExportError(f"stage {name!r} cannot be packaged for {device}: {error}") from None
+        raise ExportError(f"stage {name!r} cannot be packaged for {device}: "
+                          f"{_first_lines(error)}") from None
     served = ServedStage(
         boundary, tuple((s.dtype, s.dims) for s in package.inputs),
         {symbol: (lo, hi) for symbol, lo, hi in package.ranges},
         tuple((s.dtype, tuple(s.static_shape())) for s in package.outputs),
         id_bounds(module, layer), tuple(input_sources(call)))
     return served, package, time.perf_counter() - started
+
+
+def _first_lines(error: BaseException) -> str:
+    """An error's first line and, for a compiler's output, its first ``error:`` line: a
+    refusal a person reads, not a page of generated C++."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    compiler = next((line for line in lines[1:] if "error:" in line), None)
+    text = lines[0] if lines else type(error).__name__
+    return text + (f" ({compiler[compiler.index('error:'):][:300]})" if compiler else "")
 
 
 def _check_devices(config: MigratedExportConfig, torch_names: list[str]) -> None:

@@ -17,6 +17,9 @@ import tensorflow as tf
 from bridge.migration.keras_flavours import keras_mask
 
 BOUNDARIES_SIGNATURE = "xgr_boundaries"
+# What a served migrated model holds (its plan's factory and Keras, where each stage runs),
+# relative to the SavedModel: the parity check builds the TF model from it.
+MIGRATION_FILE = "assets.extra/xgr_migration.json"
 MASK_SUFFIX = ".mask"
 
 

@@ -149,9 +149,12 @@ def export_stage(program: StageProgram, example: Sequence[torch.Tensor],
 
     A first export with ``Dim.AUTO`` finds which open dimensions are equal (a batch shared by
     all inputs); a second gives each such group a named dimension from 1 up, so one-row
-    requests run (``Dim.AUTO`` starts its ranges at 2). Where the second export fails (the
-    stage's code specialises a size), the first is kept and its ranges say so. Refusals name
-    the stage and give torch's reason."""
+    requests run. (``Dim.AUTO`` starts its ranges at 2, and torch guards sizes derived from
+    them, ``rows = len(row_splits) - 1``, the same way: the second export is traced
+    oblivious of sizes 0 and 1.) Where the second export fails (the stage's code specialises
+    a size), the first is kept and its ranges say so. Refusals name the stage and give
+    torch's reason."""
+    import torch.fx.experimental._config as fx_config
     from torch.export import Dim
 
     from xgr_common.import_order import check_triton_importable
@@ -161,8 +164,8 @@ def export_stage(program: StageProgram, example: Sequence[torch.Tensor],
     module = program.to(device).eval()
     args = tuple(t.to(device) for t in example)
 
-    def run(shapes):
-        with torch.no_grad():
+    def run(shapes, oblivious=False):
+        with torch.no_grad(), fx_config.patch(backed_size_oblivious=oblivious):
             return torch.export.export(module, args, dynamic_shapes=(shapes,), strict=False)
 
     auto = tuple({d: Dim.AUTO for d in ds} if t.dim() else None for t, ds in zip(args, dims))
@@ -180,7 +183,7 @@ def export_stage(program: StageProgram, example: Sequence[torch.Tensor],
         for i, d in places:
             named[i][d] = dim
     try:
-        return run(tuple(named))
+        return run(tuple(named), oblivious=True)
     except Exception:  # the stage specialises a size torch.export then names in its error
         return first
 
@@ -198,8 +201,9 @@ def id_bounds(module: nn.Module, layer: Any) -> dict[int, int]:
 
     TF's gather refuses an id outside its table; compiled Torch code trusts its indices, so
     the served model checks them before the package runs. Found for converted stages (an
-    ONNX ``Gather`` on axis 0 of a constant, indexed by a graph input, through casts) and
-    for hand-written twins of a Keras ``Embedding`` (its ``input_dim``)."""
+    ONNX ``Gather`` on axis 0 of a constant, indexed by a graph input, through casts), for
+    hand-written twins of a Keras ``Embedding`` (its ``input_dim``), and for a hand-written
+    module that declares them (``id_bounds = {input: rows}``)."""
     if isinstance(module, OnnxGraphModule):
         spec = module.spec
         inputs = {v.name: i for i, v in enumerate(spec.inputs)}
@@ -216,6 +220,9 @@ def id_bounds(module: nn.Module, layer: Any) -> dict[int, int]:
                 rows = int(getattr(module, table).shape[0])
                 found[inputs[index]] = min(rows, found.get(inputs[index], rows))
         return found
+    declared = getattr(module, "id_bounds", None)
+    if isinstance(declared, dict):
+        return {int(i): int(rows) for i, rows in declared.items()}
     rows = getattr(layer, "input_dim", None)
     if type(layer).__name__ == "Embedding" and isinstance(rows, int):
         return {0: rows}
