@@ -18,6 +18,14 @@ Actions:
                             exported with torch.export to DIR/model.pt2 (the first batch of
                             --data is the example; open dimensions stay dynamic) beside its
                             weights (DIR/weights.safetensors); checked against TF on --data
+  export --out DIR          at any step: one SavedModel with the model's serving signature,
+                            each Torch stage inside as a TorchCall on its own torch.export +
+                            AOTInductor package (the stage's inputs on the first batch of
+                            --data are its example); --device / --devices place the stages
+                            (cpu or cuda:N), --ragged names row-splits inputs and their values;
+                            reloaded in a fresh process (TF + custom_ops) and checked against
+                            TF on the first batch. Serve it with `xgr serve`; compare it on
+                            all of --data with `xgr parity --saved_model DIR`
 
 Each plan runs in the process its Keras needs: a ``tf_keras`` plan runs with
 TF_USE_LEGACY_KERAS=1, whatever the calling shell sets.
@@ -44,11 +52,20 @@ flags.DEFINE_string("data", None, "auto: batches (npz/TFRecord) whose inputs che
 flags.DEFINE_integer("batch_size", 32, "auto: rows per batch when --data is a TFRecord file.")
 flags.DEFINE_bool("dry_run", False, "auto: report what converts without changing the plan.")
 flags.DEFINE_bool("force", False, "init: overwrite an existing plan.")
-flags.DEFINE_string("out", None, "assemble: folder for model.pt2 and weights.safetensors.")
+flags.DEFINE_string("out", None, "assemble: folder for model.pt2 and weights.safetensors; "
+                    "export: the new SavedModel's folder.")
+flags.DEFINE_string("device", "cpu", "export: where the Torch stages run (cpu or cuda:N).")
+flags.DEFINE_string("devices", "{}", "export: JSON object stage -> device for stages that run "
+                    "elsewhere than --device.")
+flags.DEFINE_string("ragged", "{}", "export: JSON object row-splits input -> list of the value "
+                    "inputs it partitions (the server batches them as one ragged group).")
+flags.DEFINE_string("cache_dir", None, "export: reuse compiled stage packages kept here.")
+flags.DEFINE_bool("verify", True, "export: reload the SavedModel in a fresh process and "
+                  "compare it with TF on the first batch of --data.")
 
-ACTIONS = ("init", "status", "swap", "revert", "auto", "assemble")
+ACTIONS = ("init", "status", "swap", "revert", "auto", "assemble", "export")
 _FLAG_NAMES = ("plan", "model", "keras", "module", "kwargs", "data", "batch_size", "dry_run",
-               "force", "out")
+               "force", "out", "device", "devices", "ragged", "cache_dir", "verify")
 _LEGACY_ENV = "TF_USE_LEGACY_KERAS"
 
 
@@ -208,6 +225,50 @@ def _assemble(plan, plan_path: Path) -> int:
     return 0
 
 
+def _json_flag(name: str) -> dict:
+    from xgr_common.errors import ConfigError
+
+    try:
+        value = json.loads(FLAGS[name].value)
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"--{name} must be a JSON object: {error}") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"--{name} must be a JSON object, got {FLAGS[name].value!r}")
+    return value
+
+
+def _export(plan_path: Path) -> int:
+    from xgr_common.errors import ConfigError
+    from xgr_export.migrated_model import MigratedExportConfig, export_migrated
+
+    if not FLAGS.out or not FLAGS.data:
+        raise ConfigError("export needs --out DIR and --data BATCHES (the stages' example "
+                          "inputs and the check against TF)")
+    ragged = _json_flag("ragged")
+    if not all(isinstance(v, list) for v in ragged.values()):
+        raise ConfigError(f"--ragged must map a splits input to a list of value inputs, got "
+                          f"{FLAGS.ragged!r}")
+    report = export_migrated(MigratedExportConfig(
+        plan=plan_path, out=FLAGS.out, data=FLAGS.data, device=FLAGS.device,
+        devices=_json_flag("devices"), ragged={k: tuple(v) for k, v in ragged.items()},
+        cache_dir=FLAGS.cache_dir, batch_size=FLAGS.batch_size, verify=FLAGS.verify),
+        progress=lambda line: print(line, flush=True))
+    for stage in report.torch_stages:
+        print(f"  {stage.name}: TorchCall on {stage.package} ({stage.device}, "
+              f"{stage.seconds:.1f} s)")
+    print(f"  TF stages: {', '.join(report.tf_stages) or 'none'}")
+    for row in report.verified:
+        verdict = "pass" if row["passed"] else f"FAIL: {row['problem']}"
+        print(f"  {row['output']}: max abs err {row['max_abs_err']:.3g} against TF ({verdict})")
+    if report.forbidden_modules:
+        print(f"  the reloaded SavedModel needed {list(report.forbidden_modules)}")
+    print(f"exported {report.saved_model}: {len(report.torch_stages)} Torch stages, "
+          f"{len(report.tf_stages)} TF stages" + ("" if not report.verified else
+                                                  "; reloaded with TF + custom_ops: " +
+                                                  ("equal to TF" if report.ok else "FAILED")))
+    return 0 if report.ok else 1
+
+
 def _run(action: str, rest: list[str], plan_path: Path, flavour: str) -> int:
     from bridge.migration.plan import load_plan
     from xgr_common.errors import MigrationError
@@ -221,6 +282,8 @@ def _run(action: str, rest: list[str], plan_path: Path, flavour: str) -> int:
         return _auto(plan, plan_path, rest)
     if action == "assemble":
         return _assemble(plan, plan_path)
+    if action == "export":
+        return _export(plan_path)
     if len(rest) != 1:
         raise MigrationError(f"{action} takes exactly one STAGE, got {rest}")
     if action == "revert":
