@@ -7,8 +7,9 @@ stage's id ranges, runs ``TorchCall`` and puts the masks back on the outputs.
 
 The checks come first because compiled code trusts its inputs: a wrong size or an id past a
 table would read out of bounds instead of raising. Each is a TF assertion, so a bad request is
-refused with ``InvalidArgument`` naming the stage, the input and the rule, as TF's own layers
-refuse it, and the request's other rows are never touched.
+refused with ``InvalidArgument`` naming the stage, the input and the rule (``stage pool: input
+row_splits (the row splits of item_ids) must never decrease``: names unquoted, since TF escapes
+quotes in an assertion's message), as TF's own layers refuse it.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ class ServedStage:
     sources: tuple[str, ...] = ()
 
     def describe(self, i: int) -> str:
-        """Input ``i`` of the package in words: ``input 0 ('fields')``, ``mask of input 1``."""
+        """Input ``i`` of the package in words: ``input 0 (fields)``, ``the Keras mask of
+        input 1``."""
         b = self.boundary
         if i < b.tensors:
             source = self.sources[i] if i < len(self.sources) else "?"
-            return f"input {i} ({source!r})"
+            return f"input {i} ({source})"
         return f"the Keras mask of input {b.mask_inputs[i - b.tensors]}"
 
 
@@ -60,7 +62,7 @@ def input_checks(stage: ServedStage, flat: list[tf.Tensor]) -> list[tf.Operation
     checks: list = []
     first: dict[str, tuple[int, int, tf.Tensor]] = {}
     for i, (x, (dtype, dims)) in enumerate(zip(flat, stage.inputs)):
-        what = f"stage {name!r}: {stage.describe(i)}"
+        what = f"stage {name}: {stage.describe(i)}"
         if x.dtype.name != dtype:
             raise StageError(name, f"{stage.describe(i)} is {x.dtype.name}; the stage's "
                                    f"package takes {dtype}")
@@ -91,7 +93,7 @@ def input_checks(stage: ServedStage, flat: list[tf.Tensor]) -> list[tf.Operation
                     message=f"{what} dimension {d} must be at most {hi}"))
     for i, rows in sorted(stage.id_bounds.items()):
         x = flat[i]
-        what = f"stage {name!r}: {stage.describe(i)} holds ids, which must lie in [0, {rows})"
+        what = f"stage {name}: {stage.describe(i)} holds ids, which must lie in [0, {rows})"
         checks.append(tf.debugging.assert_non_negative(x, message=what))
         checks.append(tf.debugging.assert_less(x, tf.cast(rows, x.dtype), message=what))
     return checks
@@ -140,8 +142,7 @@ def ragged_input_checks(splits_name: str, splits: tf.Tensor, values: Mapping[str
     """TF assertions that ``splits`` (int [B + 1]) partitions each of ``values`` [E, ...]:
     starts at 0, never decreases, ends at E. ``reader``: the stage that reads them, named in
     the messages (a Torch stage would index past the values on bad splits)."""
-    what = (f"stage {reader!r}: input {splits_name!r} (the row splits of "
-            f"{', '.join(repr(v) for v in values)})")
+    what = f"stage {reader}: input {splits_name} (the row splits of {', '.join(values)})"
     splits = tf.cast(splits, tf.int64)
     checks = [tf.debugging.assert_rank(splits, 1, message=f"{what} must have rank 1"),
               tf.debugging.assert_greater_equal(tf.size(splits, tf.int64),
@@ -155,5 +156,5 @@ def ragged_input_checks(splits_name: str, splits: tf.Tensor, values: Mapping[str
         for name, value in values.items():
             checks.append(tf.debugging.assert_equal(
                 splits[-1], tf.shape(value, out_type=tf.int64)[0],
-                message=f"{what} must end at the length of input {name!r}"))
+                message=f"{what} must end at the length of input {name}"))
     return checks

@@ -193,7 +193,24 @@ def _reason(error: BaseException) -> str:
     return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
-_PASS_THROUGH = ("Cast", "Identity")
+# Ops whose output does not depend on the values of their inputs, only on their sizes.
+_SIZE_ONLY = ("Shape", "Size", "ConstantOfShape")
+
+
+def _graph_inputs_reaching(value: str, producer: dict, inputs: dict) -> set[int]:
+    """The graph inputs whose values ``value`` is computed from (constants and sizes add
+    none)."""
+    found, stack, seen = set(), [value], set()
+    while stack:
+        name = stack.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        if name in inputs:
+            found.add(inputs[name])
+        elif name in producer and producer[name].op_type not in _SIZE_ONLY:
+            stack.extend(i for i in producer[name].inputs if i)
+    return found
 
 
 def id_bounds(module: nn.Module, layer: Any) -> dict[int, int]:
@@ -201,9 +218,10 @@ def id_bounds(module: nn.Module, layer: Any) -> dict[int, int]:
 
     TF's gather refuses an id outside its table; compiled Torch code trusts its indices, so
     the served model checks them before the package runs. Found for converted stages (an
-    ONNX ``Gather`` on axis 0 of a constant, indexed by a graph input, through casts), for
-    hand-written twins of a Keras ``Embedding`` (its ``input_dim``), and for a hand-written
-    module that declares them (``id_bounds = {input: rows}``)."""
+    ONNX ``Gather`` on axis 0 of a constant whose indices are computed from one graph input:
+    Keras 3 wraps negative ids first, which the check, stricter, refuses), for hand-written
+    twins of a Keras ``Embedding`` (its ``input_dim``), and for a hand-written module that
+    declares them (``id_bounds = {input: rows}``)."""
     if isinstance(module, OnnxGraphModule):
         spec = module.spec
         inputs = {v.name: i for i, v in enumerate(spec.inputs)}
@@ -213,12 +231,12 @@ def id_bounds(module: nn.Module, layer: Any) -> dict[int, int]:
             if node.op_type != "Gather" or node.attr("axis", 0) != 0:
                 continue
             table = module._slots.get(node.inputs[0])
-            index = node.inputs[1]
-            while index in producer and producer[index].op_type in _PASS_THROUGH:
-                index = producer[index].inputs[0]
-            if table is not None and index in inputs:
+            reached = _graph_inputs_reaching(node.inputs[1], producer, inputs)
+            integer = [i for i in reached if "int" in spec.inputs[i].dtype]
+            if table is not None and len(reached) == 1 and integer:
+                (index,) = reached
                 rows = int(getattr(module, table).shape[0])
-                found[inputs[index]] = min(rows, found.get(inputs[index], rows))
+                found[index] = min(rows, found.get(index, rows))
         return found
     declared = getattr(module, "id_bounds", None)
     if isinstance(declared, dict):

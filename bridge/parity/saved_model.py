@@ -67,7 +67,7 @@ def _stage_rows(ref_stages: Mapping[str, list], got: Mapping[str, Any]) -> list[
     return rows
 
 
-_STAGE_IN_MESSAGE = re.compile(r"stage '([^']+)'")
+_STAGE_IN_MESSAGE = re.compile(r"stage (\S+?):")
 
 
 def _failed(error: tf.errors.OpError) -> Comparison:
