@@ -1,0 +1,157 @@
+"""Attention over cached pages: the Triton kernels and the engine's plain-torch path against
+the float64 reference (``torch_engine.reference.paged_attention``), and the launchers'
+refusals."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from torch_engine import attention as attn
+from torch_engine.kernels import paged_attention as kernels
+from torch_engine.kv_cache import CachedPrefix, PackedPrompt
+from torch_engine.reference import paged_attention as reference
+from xgr_common.errors import InvalidInputError
+from xgr_common.layout import MaskMode
+
+MODES = [MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL]
+PAGE = 16
+
+
+def _world(kt, gen, cached, suffix, hq, hkv, dim, dtype, pages=12):
+    """A pool with each request's cached tokens on scattered pages, packed suffixes with item
+    segments (3-token items after a 2-token head) and their offsets."""
+    batch = len(cached)
+    device = gen.device
+    pool_k = kt.randn((pages + 1, PAGE, hkv, dim), dtype, gen)
+    pool_v = kt.randn((pages + 1, PAGE, hkv, dim), dtype, gen)
+    order = torch.randperm(pages, generator=gen, device=device) + 1
+    width = max(1, max(-(-c // PAGE) for c in cached))
+    table = torch.zeros((batch, width), dtype=torch.int32, device=device)
+    used = 0
+    for b, c in enumerate(cached):
+        count = -(-c // PAGE)
+        table[b, :count] = order[used:used + count]
+        used += count
+    total = sum(suffix)
+    return dict(
+        q=kt.randn((total, hq, dim), dtype, gen), k=kt.randn((total, hkv, dim), dtype, gen),
+        v=kt.randn((total, hkv, dim), dtype, gen), cu_seqlens=kt.cu_seqlens_of(suffix, device),
+        segment_ids=kt.item_segments(suffix, 2, 3, device), pool_k=pool_k, pool_v=pool_v,
+        block_table=table,
+        cached_lens=torch.tensor(cached, dtype=torch.int32, device=device))
+
+
+def _double(inputs):
+    return {k: (v.double() if v.is_floating_point() else v) for k, v in inputs.items()}
+
+
+CASES = [([0, 5, 37], [7, 20, 33]), ([16, 48], [1, 40]), ([70], [3])]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("cached, suffix", CASES, ids=["ragged", "page-ends", "long-cache"])
+def test_paged_prefill_matches_the_reference(kt, gen, dtype, mode, cached, suffix):
+    inputs = _world(kt, gen, cached, suffix, 4, 2, 32, dtype)
+    want = reference.paged_prefill_attention(**_double(inputs), mode=mode)
+    got = kernels.paged_prefill_attention(**inputs, mode=mode, max_len=max(suffix))
+    kt.check(got, want, dtype, f"paged prefill {mode.value} {cached}/{suffix}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("num_own", [0, 1, 2])
+@pytest.mark.parametrize("hq, hkv, width", [(4, 2, 5), (7, 1, 3), (2, 2, 40)],
+                         ids=["G2", "G7", "wide"])
+def test_paged_decode_matches_the_reference(kt, gen, dtype, num_own, hq, hkv, width):
+    cached, suffix = [0, 21, 50], [4, 9, 1]
+    world = _world(kt, gen, cached, suffix, hq, hkv, 32, dtype)
+    batch = len(cached)
+    inputs = dict(q=kt.randn((batch, width, hq, 32), dtype, gen), shared_k=world["k"],
+                  shared_v=world["v"], cu_seqlens=world["cu_seqlens"], pool_k=world["pool_k"],
+                  pool_v=world["pool_v"], block_table=world["block_table"],
+                  cached_lens=world["cached_lens"],
+                  beam_k=kt.randn((batch, width, 2, hkv, 32), dtype, gen),
+                  beam_v=kt.randn((batch, width, 2, hkv, 32), dtype, gen))
+    want = reference.paged_decode_attention(**_double(inputs), num_own=num_own)
+    got = kernels.paged_decode_attention(**inputs, num_own=num_own)
+    kt.check(got, want, dtype, f"paged decode G{hq // hkv} W{width} own {num_own}")
+
+
+def test_request_major_offsets_with_seq_lens(kt, gen):
+    """Suffixes at a fixed stride (the engine's static packing) read ``seq_lens``."""
+    dtype, stride = torch.float32, 24
+    cached, lengths = [9, 33], [5, 17]
+    world = _world(kt, gen, cached, [stride, stride], 2, 1, 32, dtype)
+    seq_lens = torch.tensor(lengths, dtype=torch.int32, device=gen.device)
+    beam = kt.randn((2, 3, 1, 1, 32), dtype, gen)
+    inputs = dict(q=kt.randn((2, 3, 2, 32), dtype, gen), shared_k=world["k"],
+                  shared_v=world["v"], cu_seqlens=world["cu_seqlens"], pool_k=world["pool_k"],
+                  pool_v=world["pool_v"], block_table=world["block_table"],
+                  cached_lens=world["cached_lens"], beam_k=beam, beam_v=beam.clone())
+    want = reference.paged_decode_attention(**_double(inputs), num_own=1, seq_lens=seq_lens)
+    got = kernels.paged_decode_attention(**inputs, num_own=1, seq_lens=seq_lens)
+    kt.check(got, want, dtype, "request-major decode")
+
+
+def _packed(kt, world, suffix, mode):
+    """The engine's ``PackedPrompt`` (compact) of packed suffixes of lengths ``suffix``."""
+    width = max(suffix)
+    valid = torch.arange(width)[None, :] < torch.tensor(suffix)[:, None]
+    segments = torch.zeros(len(suffix), width, dtype=torch.int32)
+    segments[valid] = world["segment_ids"].cpu()
+    return PackedPrompt.from_padded(valid.to(world["q"].device),
+                                    segments.to(world["q"].device), mode)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+def test_the_torch_path_matches_the_reference(kt, mode):
+    gen = torch.Generator().manual_seed(3)
+    cached, suffix = [0, 21, 40], [6, 11, 2]
+    world = _world(kt, gen, cached, suffix, 4, 2, 16, torch.float64)
+    prompt = _packed(kt, world, suffix, mode)
+    pool = torch.stack([world["pool_k"], world["pool_v"]])[None]    # one layer
+    prefix = CachedPrefix(pool, world["block_table"], world["cached_lens"].long(),
+                          max(cached))
+    got = attn.cached_prefill_attention(world["q"], world["k"], world["v"], prompt, prefix, 0,
+                                        "torch")
+    want = reference.paged_prefill_attention(**world, mode=mode)
+    kt.check(got, want, torch.float64, f"torch prefill {mode.value}")
+    q = torch.randn((3, 4, 4, 16), generator=gen, dtype=torch.float64)
+    beam = torch.randn((3, 4, 2, 2, 16), generator=gen, dtype=torch.float64)
+    got = attn.cached_decode_attention(q, world["k"], world["v"], prompt, prefix, 0, beam,
+                                       beam, 2, "torch")
+    want = reference.paged_decode_attention(q, world["k"], world["v"], world["cu_seqlens"],
+                                            world["pool_k"], world["pool_v"],
+                                            world["block_table"], world["cached_lens"], beam,
+                                            beam, 2)
+    kt.check(got, want, torch.float64, "torch decode")
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda w: w.update(pool_k=w["pool_k"][:, :8], pool_v=w["pool_v"][:, :8]),
+     "page_tokens"),
+    (lambda w: w.update(pool_k=w["pool_k"].half(), pool_v=w["pool_v"].half()),
+     "queries' dtype"),
+    (lambda w: w.update(block_table=w["block_table"][:1]), r"block_table.shape\[0\]"),
+    (lambda w: w.update(cached_lens=w["cached_lens"].float()), "cached_lens.dtype"),
+    (lambda w: w.update(segment_ids=w["segment_ids"].long()), "segment_ids.dtype"),
+])
+def test_the_prefill_launcher_names_bad_inputs(kt, gen, edit, match):
+    world = _world(kt, gen, [5, 20], [4, 6], 2, 1, 32, torch.float32)
+    edit(world)
+    with pytest.raises(InvalidInputError, match=match):
+        kernels.paged_prefill_attention(**world, mode=MaskMode.ITEM_CAUSAL, max_len=6)
+
+
+def test_the_launchers_refuse_other_masks_and_bad_num_own(kt, gen):
+    world = _world(kt, gen, [5], [4], 2, 1, 32, torch.float32)
+    with pytest.raises(InvalidInputError, match="look-back"):
+        kernels.paged_prefill_attention(**world, mode=MaskMode.SEGMENT_BIDIRECTIONAL,
+                                        max_len=4)
+    beam = kt.randn((1, 2, 1, 1, 32), torch.float32, gen)
+    with pytest.raises(InvalidInputError, match="num_own"):
+        kernels.paged_decode_attention(kt.randn((1, 2, 2, 32), torch.float32, gen), world["k"],
+                                       world["v"], world["cu_seqlens"], world["pool_k"],
+                                       world["pool_v"], world["block_table"],
+                                       world["cached_lens"], beam, beam, 2)

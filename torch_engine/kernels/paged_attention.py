@@ -1,0 +1,355 @@
+"""Attention over cached pages in Triton: a prompt suffix's prefill and one decode step when
+the prompt's first tokens come from the prompt cache (``torch_engine.prompt_cache``).
+
+Same functions as ``torch_engine.reference.paged_attention``. Cached tokens live in a paged
+pool ``[pages, page_tokens, Hkv, D]``; request b's are the first ``cached_lens[b]`` tokens of
+its pages ``block_table[b, :]``. Each program loads one page as one key tile (no gather into
+a contiguous copy), then continues over the request's packed suffix keys, with one
+FlashAttention-2 online softmax in float32 across both:
+
+* prefill: one program per (request, ``BLOCK_M`` suffix queries, query head). Every cached
+  key is visible; suffix keys follow the mask rule, derived from positions and segment ids
+  (causal: ``k <= q``; item-causal: or the same segment). Key tiles that no query of the tile
+  may see are skipped: under the causal rule the loop ends at the tile's last query; under
+  item-causal a tile past it runs only when it starts inside the last query's segment.
+* decode: one program per (request, KV head, ``BEAMS`` beams), the beams' query heads of that
+  KV head stacked as rows: the cached pages and the suffix once for all those rows, then each
+  beam's own slots (one key per row).
+
+The launchers validate every shape, dtype, stride and device before a launch.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from torch_engine.kernels import _common as c
+from xgr_common.errors import InvalidInputError, require
+from xgr_common.layout import MaskMode
+
+_LOG2E = 1.4426950408889634
+MODES = {MaskMode.CAUSAL: 0, MaskMode.ITEM_CAUSAL: 3}
+
+
+@triton.jit
+def _online_update(q, keys, values, allowed, m_i, l_i, acc, qk_scale,
+                   DOT_PRECISION: tl.constexpr):
+    s = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * qk_scale
+    s = tl.where(allowed, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = tl.dot(p.to(values.dtype), values, acc * alpha[:, None],
+                 input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _cached_pages(q, rows_ok, m_i, l_i, acc, b, kvh, cached, table_ptr, s_tb,
+                  pk_ptr, s_pkp, s_pkt, s_pkh, pv_ptr, s_pvp, s_pvt, s_pvh, d, d_ok, qk_scale,
+                  PAGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    t = tl.arange(0, PAGE)
+    for p in range(0, tl.cdiv(cached, PAGE)):
+        page = tl.load(table_ptr + b * s_tb + p).to(tl.int64)
+        t_ok = p * PAGE + t < cached
+        kv_ok = t_ok[:, None] & d_ok[None, :]
+        keys = tl.load(pk_ptr + page * s_pkp + t[:, None] * s_pkt + kvh * s_pkh + d[None, :],
+                       mask=kv_ok, other=0.0)
+        values = tl.load(pv_ptr + page * s_pvp + t[:, None] * s_pvt + kvh * s_pvh + d[None, :],
+                         mask=kv_ok, other=0.0)
+        allowed = rows_ok[:, None] & t_ok[None, :]
+        m_i, l_i, acc = _online_update(q, keys, values, allowed, m_i, l_i, acc, qk_scale,
+                                       DOT_PRECISION)
+    return m_i, l_i, acc
+
+
+@triton.jit
+def _paged_prefill_kernel(
+        q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, len_ptr, seg_ptr, cached_ptr, table_ptr,
+        pk_ptr, pv_ptr,
+        s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_tb,
+        s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
+        m_tiles, group, head_dim, qk_scale,
+        MODE: tl.constexpr, SEQ_LENS: tl.constexpr, BLOCK_M: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
+    pid = tl.program_id(0)
+    head = tl.program_id(1)
+    b = pid // m_tiles
+    q0 = (pid % m_tiles) * BLOCK_M
+    start = tl.load(cu_ptr + b)
+    if SEQ_LENS:
+        length = tl.load(len_ptr + b)
+    else:
+        length = tl.load(cu_ptr + b + 1) - start
+    if q0 >= length:
+        return
+    kvh = head // group
+    m_idx = q0 + tl.arange(0, BLOCK_M)
+    m_ok = m_idx < length
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    q = tl.load(q_ptr + (start + m_idx)[:, None] * s_qt + head * s_qh + d[None, :],
+                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    cached = tl.load(cached_ptr + b)
+    m_i, l_i, acc = _cached_pages(q, m_ok, m_i, l_i, acc, b, kvh, cached, table_ptr, s_tb,
+                                  pk_ptr, s_pkp, s_pkt, s_pkh, pv_ptr, s_pvp, s_pvt, s_pvh,
+                                  d, d_ok, qk_scale, PAGE, DOT_PRECISION)
+    q_last = tl.minimum(q0 + BLOCK_M, length) - 1
+    seg_q = tl.load(seg_ptr + start + m_idx, mask=m_ok, other=-1)
+    seg_last = tl.load(seg_ptr + start + q_last)
+    if MODE == 0:
+        hi = q_last + 1
+    else:
+        hi = length
+    n = tl.arange(0, BLOCK_N)
+    for n0 in range(0, hi, BLOCK_N):
+        seg_first = tl.load(seg_ptr + start + n0)
+        if (n0 <= q_last) | (seg_first == seg_last):
+            n_idx = n0 + n
+            n_ok = n_idx < length
+            kv_ok = n_ok[:, None] & d_ok[None, :]
+            keys = tl.load(k_ptr + (start + n_idx)[:, None] * s_kt + kvh * s_kh + d[None, :],
+                           mask=kv_ok, other=0.0)
+            values = tl.load(v_ptr + (start + n_idx)[:, None] * s_vt + kvh * s_vh + d[None, :],
+                             mask=kv_ok, other=0.0)
+            allowed = n_idx[None, :] <= m_idx[:, None]
+            if MODE == 3:
+                seg_k = tl.load(seg_ptr + start + n_idx, mask=n_ok, other=-2)
+                allowed = allowed | (seg_k[None, :] == seg_q[:, None])
+            allowed = allowed & n_ok[None, :] & m_ok[:, None]
+            m_i, l_i, acc = _online_update(q, keys, values, allowed, m_i, l_i, acc, qk_scale,
+                                           DOT_PRECISION)
+    out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+    tl.store(out_ptr + (start + m_idx)[:, None] * s_ot + head * s_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _paged_decode_kernel(
+        q_ptr, k_ptr, v_ptr, bk_ptr, bv_ptr, out_ptr, cu_ptr, len_ptr, cached_ptr, table_ptr,
+        pk_ptr, pv_ptr,
+        s_qb, s_qw, s_qh, s_kt, s_kh, s_vt, s_vh,
+        s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
+        s_ob, s_ow, s_oh, s_tb, s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
+        kv_heads, width, group, head_dim, num_own, qk_scale,
+        SEQ_LENS: tl.constexpr, BEAMS: tl.constexpr, ROWS: tl.constexpr,
+        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
+        DOT_PRECISION: tl.constexpr):
+    pid = tl.program_id(0)
+    b = pid // kv_heads
+    kvh = pid % kv_heads
+    r = tl.arange(0, ROWS)
+    beam = tl.program_id(1) * BEAMS + r // group
+    head = kvh * group + r % group
+    row_ok = (r < BEAMS * group) & (beam < width)
+    d = tl.arange(0, BLOCK_D)
+    d_ok = d < head_dim
+    rd_ok = row_ok[:, None] & d_ok[None, :]
+    b64 = b.to(tl.int64)
+    beam64 = beam.to(tl.int64)
+    q = tl.load(q_ptr + b64 * s_qb + beam64[:, None] * s_qw + head[:, None] * s_qh + d[None, :],
+                mask=rd_ok, other=0.0)
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    cached = tl.load(cached_ptr + b)
+    m_i, l_i, acc = _cached_pages(q, row_ok, m_i, l_i, acc, b, kvh, cached, table_ptr, s_tb,
+                                  pk_ptr, s_pkp, s_pkt, s_pkh, pv_ptr, s_pvp, s_pvt, s_pvh,
+                                  d, d_ok, qk_scale, PAGE, DOT_PRECISION)
+    start = tl.load(cu_ptr + b)
+    if SEQ_LENS:
+        length = tl.load(len_ptr + b)
+    else:
+        length = tl.load(cu_ptr + b + 1) - start
+    n = tl.arange(0, BLOCK_N)
+    for n0 in range(0, length, BLOCK_N):
+        n_idx = n0 + n
+        n_ok = n_idx < length
+        kv_ok = n_ok[:, None] & d_ok[None, :]
+        keys = tl.load(k_ptr + (start + n_idx)[:, None] * s_kt + kvh * s_kh + d[None, :],
+                       mask=kv_ok, other=0.0)
+        values = tl.load(v_ptr + (start + n_idx)[:, None] * s_vt + kvh * s_vh + d[None, :],
+                         mask=kv_ok, other=0.0)
+        allowed = row_ok[:, None] & n_ok[None, :]
+        m_i, l_i, acc = _online_update(q, keys, values, allowed, m_i, l_i, acc, qk_scale,
+                                       DOT_PRECISION)
+    qf = q.to(tl.float32)
+    for j in range(0, num_own):
+        k_own = tl.load(bk_ptr + b64 * s_bkb + beam64[:, None] * s_bkw + j * s_bks
+                        + kvh * s_bkh + d[None, :], mask=rd_ok, other=0.0).to(tl.float32)
+        v_own = tl.load(bv_ptr + b64 * s_bvb + beam64[:, None] * s_bvw + j * s_bvs
+                        + kvh * s_bvh + d[None, :], mask=rd_ok, other=0.0).to(tl.float32)
+        s_own = tl.where(row_ok, tl.sum(qf * k_own, 1) * qk_scale, float("-inf"))
+        m_new = tl.maximum(m_i, s_own)
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(s_own - m_safe)
+        l_i = l_i * alpha + p
+        acc = acc * alpha[:, None] + p[:, None] * v_own
+        m_i = m_new
+    out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
+    tl.store(out_ptr + b64 * s_ob + beam64[:, None] * s_ow + head[:, None] * s_oh + d[None, :],
+             out.to(out_ptr.dtype.element_ty), mask=rd_ok)
+
+
+# ------------------------------------------------------------------------------ launchers
+def _check_pages(op: str, pool_k, pool_v, block_table, cached_lens, batch: int, kv_heads: int,
+                 head_dim: int, dtype) -> int:
+    c.check_rank(op, "pool_k", pool_k, 4, "[pages, page_tokens, Hkv, D]")
+    c.check_same_shape(op, "pool_v", pool_v, "pool_k", pool_k,
+                       "[pages, page_tokens, Hkv, D]")
+    page = pool_k.shape[1]
+    require(page >= 16 and page & (page - 1) == 0, InvalidInputError,
+            f"{op}: pool_k.shape[1] (page_tokens) must be a power of two >= 16, got {page}")
+    c.check_dim(op, "pool_k", pool_k, 2, kv_heads, "Hkv")
+    c.check_dim(op, "pool_k", pool_k, 3, head_dim, "head_dim")
+    require(pool_k.dtype == dtype and pool_v.dtype == dtype, InvalidInputError,
+            f"{op}: pool_k and pool_v must have the queries' dtype {dtype}, got "
+            f"{pool_k.dtype} and {pool_v.dtype}")
+    c.check_rank(op, "block_table", block_table, 2, "[B, pages per request]")
+    c.check_dim(op, "block_table", block_table, 0, batch, "B")
+    c.check_index(op, "block_table", block_table)
+    c.check_rank(op, "cached_lens", cached_lens, 1, "[B]")
+    c.check_dim(op, "cached_lens", cached_lens, 0, batch, "B")
+    c.check_index(op, "cached_lens", cached_lens)
+    c.check_last_dim_contiguous(op, {"pool_k": pool_k, "pool_v": pool_v})
+    return page
+
+
+def _check_offsets(op: str, cu_seqlens, seq_lens, batch: int) -> None:
+    c.check_rank(op, "cu_seqlens", cu_seqlens, 1, "[B + 1]")
+    c.check_dim(op, "cu_seqlens", cu_seqlens, 0, batch + 1, "B + 1")
+    c.check_index(op, "cu_seqlens", cu_seqlens)
+    if seq_lens is not None:
+        c.check_rank(op, "seq_lens", seq_lens, 1, "[B]")
+        c.check_dim(op, "seq_lens", seq_lens, 0, batch, "B")
+        c.check_index(op, "seq_lens", seq_lens)
+
+
+def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            cu_seqlens: torch.Tensor, segment_ids: torch.Tensor,
+                            mode: MaskMode, pool_k: torch.Tensor, pool_v: torch.Tensor,
+                            block_table: torch.Tensor, cached_lens: torch.Tensor,
+                            max_len: int, scale: float | None = None,
+                            seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """``reference.paged_attention.paged_prefill_attention`` in one launch; ``max_len``:
+    the longest suffix of the batch (an upper bound: its padded width), which sizes the
+    grid. Values (offsets, pages, lengths within the pool) are the caller's contract: the
+    engine builds them from the cache's plan."""
+    op = "paged_prefill_attention"
+    require(MaskMode(mode) in MODES, InvalidInputError,
+            f"{op}: mode must be one of {[m.value for m in MODES]} (the prompt cache keeps "
+            f"only look-back masks), got {MaskMode(mode).value!r}")
+    c.check_rank(op, "q", q, 3, "[T, Hq, D]")
+    c.check_rank(op, "k", k, 3, "[T, Hkv, D]")
+    c.check_same_shape(op, "v", v, "k", k, "[T, Hkv, D]")
+    total, hq, dim = q.shape
+    hkv = k.shape[1]
+    c.check_dim(op, "k", k, 0, total, "T")
+    c.check_dim(op, "k", k, 2, dim, "head_dim")
+    require(hq % hkv == 0, InvalidInputError,
+            f"{op}: query heads {hq} must be a multiple of KV heads {hkv}")
+    c.check_head_dim(op, dim)
+    dtype = c.check_float(op, {"q": q, "k": k, "v": v})
+    c.check_rank(op, "segment_ids", segment_ids, 1, "[T]")
+    c.check_dim(op, "segment_ids", segment_ids, 0, total, "T")
+    c.check_index(op, "segment_ids", segment_ids, (torch.int32,))
+    c.check_rank(op, "cu_seqlens", cu_seqlens, 1, "[B + 1]")
+    batch = cu_seqlens.shape[0] - 1
+    _check_offsets(op, cu_seqlens, seq_lens, batch)
+    page = _check_pages(op, pool_k, pool_v, block_table, cached_lens, batch, hkv, dim, dtype)
+    require(isinstance(max_len, int) and max_len >= 0, InvalidInputError,
+            f"{op}: max_len must be an int >= 0, got {max_len!r}")
+    c.check_last_dim_contiguous(op, {"q": q, "k": k, "v": v})
+    tensors = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "segment_ids": segment_ids,
+               "pool_k": pool_k, "pool_v": pool_v, "block_table": block_table,
+               "cached_lens": cached_lens}
+    c.check_devices(op, tensors)
+    c.check_int32_offsets(op, {"q": q, "k": k, "v": v})
+    qk_scale = c.resolve_scale(op, scale, dim) * _LOG2E
+    out = torch.empty_like(q)
+    block_m, block_n = 16, 32
+    m_tiles = max(triton.cdiv(max_len, block_m), 1)
+    if batch == 0 or total == 0:
+        return out
+    with c.on_device(q.device):
+        _paged_prefill_kernel[(batch * m_tiles, hq)](
+            q, k, v, out, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
+            segment_ids, cached_lens, block_table, pool_k, pool_v,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+            out.stride(0), out.stride(1), block_table.stride(0),
+            pool_k.stride(0), pool_k.stride(1), pool_k.stride(2),
+            pool_v.stride(0), pool_v.stride(1), pool_v.stride(2),
+            m_tiles, hq // hkv, dim, qk_scale,
+            MODE=MODES[MaskMode(mode)], SEQ_LENS=seq_lens is not None, BLOCK_M=block_m,
+            BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim), PAGE=page,
+            DOT_PRECISION=c.dot_precision(dtype))
+    return out
+
+
+def paged_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                           cu_seqlens: torch.Tensor, pool_k: torch.Tensor,
+                           pool_v: torch.Tensor, block_table: torch.Tensor,
+                           cached_lens: torch.Tensor, beam_k: torch.Tensor,
+                           beam_v: torch.Tensor, num_own: int, scale: float | None = None,
+                           seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """``reference.paged_attention.paged_decode_attention`` in one launch."""
+    op = "paged_decode_attention"
+    c.check_rank(op, "q", q, 4, "[B, W, Hq, D]")
+    c.check_rank(op, "shared_k", shared_k, 3, "[T, Hkv, D]")
+    c.check_same_shape(op, "shared_v", shared_v, "shared_k", shared_k, "[T, Hkv, D]")
+    c.check_rank(op, "beam_k", beam_k, 5, "[B, W, S, Hkv, D]")
+    c.check_same_shape(op, "beam_v", beam_v, "beam_k", beam_k, "[B, W, S, Hkv, D]")
+    batch, width, hq, dim = q.shape
+    hkv = shared_k.shape[1]
+    require(hq % hkv == 0, InvalidInputError,
+            f"{op}: query heads {hq} must be a multiple of KV heads {hkv}")
+    c.check_dim(op, "shared_k", shared_k, 2, dim, "head_dim")
+    for axis, size, what in ((0, batch, "B"), (1, width, "W"), (3, hkv, "Hkv"), (4, dim, "D")):
+        c.check_dim(op, "beam_k", beam_k, axis, size, what)
+    require(isinstance(num_own, int) and 0 <= num_own <= beam_k.shape[2], InvalidInputError,
+            f"{op}: num_own must be an int in [0, S={beam_k.shape[2]}], got {num_own!r}")
+    c.check_head_dim(op, dim)
+    dtype = c.check_float(op, {"q": q, "shared_k": shared_k, "shared_v": shared_v,
+                               "beam_k": beam_k, "beam_v": beam_v})
+    _check_offsets(op, cu_seqlens, seq_lens, batch)
+    page = _check_pages(op, pool_k, pool_v, block_table, cached_lens, batch, hkv, dim, dtype)
+    c.check_last_dim_contiguous(op, {"q": q, "shared_k": shared_k, "shared_v": shared_v,
+                                     "beam_k": beam_k, "beam_v": beam_v})
+    c.check_devices(op, {"q": q, "shared_k": shared_k, "shared_v": shared_v,
+                         "cu_seqlens": cu_seqlens, "pool_k": pool_k, "pool_v": pool_v,
+                         "block_table": block_table, "cached_lens": cached_lens,
+                         "beam_k": beam_k, "beam_v": beam_v})
+    c.check_int32_offsets(op, {"shared_k": shared_k, "shared_v": shared_v})
+    qk_scale = c.resolve_scale(op, scale, dim) * _LOG2E
+    out = torch.empty_like(q)
+    if out.numel() == 0:
+        return out
+    group = hq // hkv
+    beams = max(1, min(width, 64 // group))
+    rows = max(16, triton.next_power_of_2(beams * group))
+    with c.on_device(q.device):
+        _paged_decode_kernel[(batch * hkv, triton.cdiv(width, beams))](
+            q, shared_k, shared_v, beam_k, beam_v, out, cu_seqlens,
+            cu_seqlens if seq_lens is None else seq_lens, cached_lens, block_table,
+            pool_k, pool_v,
+            q.stride(0), q.stride(1), q.stride(2), shared_k.stride(0), shared_k.stride(1),
+            shared_v.stride(0), shared_v.stride(1),
+            beam_k.stride(0), beam_k.stride(1), beam_k.stride(2), beam_k.stride(3),
+            beam_v.stride(0), beam_v.stride(1), beam_v.stride(2), beam_v.stride(3),
+            out.stride(0), out.stride(1), out.stride(2), block_table.stride(0),
+            pool_k.stride(0), pool_k.stride(1), pool_k.stride(2),
+            pool_v.stride(0), pool_v.stride(1), pool_v.stride(2),
+            hkv, width, group, dim, num_own, qk_scale,
+            SEQ_LENS=seq_lens is not None, BEAMS=beams, ROWS=rows, BLOCK_N=32,
+            BLOCK_D=triton.next_power_of_2(dim), PAGE=page,
+            DOT_PRECISION=c.dot_precision(dtype))
+    return out
