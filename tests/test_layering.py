@@ -60,9 +60,10 @@ LAYERS = (
           "folders, batching, metrics, warm-up",
           ("xgr_common", "custom_ops"), ("tensorflow", "numpy"), "never torch"),
     Layer("torch_engine", "Qwen2/Qwen3 model and HF checkpoint loading, catalog constraint "
-          "tables, KV cache, Triton kernels beside plain-torch references, the search as plain "
-          "functions (`search`), its runner (buffers, buckets, CUDA graphs: `runner`), the "
-          "engine (argument checks + one runner call)",
+          "tables, KV cache, the prompt-KV cache (`prompt_cache`: paged pool, host tier, "
+          "content digests; its search: `cached_search`), Triton kernels beside plain-torch "
+          "references, the search as plain functions (`search`), its runner (buffers, "
+          "buckets, CUDA graphs: `runner`), the engine (argument checks + one runner call)",
           ("xgr_common",), ("torch", "triton", "numpy"), "never TensorFlow"),
     Layer("bridge", "DLPack hand-off (`from bridge import to_torch, to_tf`), the in-process "
           "pipeline, Torch layers in TF, migration plans, ONNX-to-Torch conversion, parity "

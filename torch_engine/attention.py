@@ -5,6 +5,9 @@
   ``last_token_attention``: its rows at each request's last token only (prefill's last layer).
 * ``decode_attention``: one step of W beams over their request's shared prompt KV plus their own
   slots.
+* ``cached_prefill_attention``, ``cached_last_token_attention``, ``cached_decode_attention``:
+  the same when each request's first tokens come from the prompt cache's pages
+  (``kv_cache.CachedPrefix``): the packed prompt is then each request's suffix.
 
 Backends: "triton" calls the kernels of ``torch_engine.kernels`` (same signatures as
 ``torch_engine.reference``; CUDA only); "torch" is plain PyTorch built on SDPA and batched
@@ -21,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from xgr_common.errors import ConfigError, require
-from torch_engine.kv_cache import PackedPrompt
+from torch_engine.kv_cache import CachedPrefix, PackedPrompt
 from xgr_common.layout import PAD_SEGMENT, PROFILE_SEGMENT, MaskMode
 
 
@@ -177,8 +180,16 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
                                                    seq_lens=prompt.seq_lens)
         return _kernel("decode_attention")(q, shared_k, shared_v, prompt.cu_seqlens,
                                            beam_k, beam_v, num_own, None, prompt.seq_lens)
+    return _decode_torch(q, prompt.unpack(shared_k), prompt.unpack(shared_v), prompt.valid,
+                         beam_k, beam_v, num_own)
+
+
+def _decode_torch(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor, valid: torch.Tensor,
+                  beam_k: torch.Tensor, beam_v: torch.Tensor, num_own: int) -> torch.Tensor:
+    """Plain-torch decode step over padded shared rows ``keys, vals [B, N, Hkv, D]`` with
+    ``valid [B, N]``, then each beam's first ``num_own`` slots."""
     batch, width, hq, dim = q.shape
-    hkv = shared_k.shape[1]
+    hkv = keys.shape[2]
     group = hq // hkv
     scale = 1.0 / math.sqrt(dim)
     work = torch.float64 if q.dtype == torch.float64 else torch.float32  # softmax precision
@@ -186,10 +197,10 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
     # shared prompt: a GEMM with W * group rows per KV head instead of W separate GEMVs.
     rows = q.view(batch, width, hkv, group, dim)
     grouped = rows.permute(0, 2, 1, 3, 4).reshape(batch, hkv, width * group, dim)
-    keys = prompt.unpack(shared_k).permute(0, 2, 3, 1)            # [B, Hkv, D, Lmax]
-    vals = prompt.unpack(shared_v).transpose(1, 2)                # [B, Hkv, Lmax, D]
-    s_shared = (grouped @ keys).to(work) * scale                   # [B, Hkv, W*g, Lmax]
-    s_shared = s_shared.masked_fill(~prompt.valid[:, None, None, :], float("-inf"))
+    keys = keys.permute(0, 2, 3, 1)                               # [B, Hkv, D, N]
+    vals = vals.transpose(1, 2)                                   # [B, Hkv, N, D]
+    s_shared = (grouped @ keys).to(work) * scale                   # [B, Hkv, W*g, N]
+    s_shared = s_shared.masked_fill(~valid[:, None, None, :], float("-inf"))
     own_k, own_v = beam_k[:, :, :num_own], beam_v[:, :, :num_own]  # [B, W, n, Hkv, D]
     s_own = torch.einsum("bwhgd,bwnhd->bhwgn", rows, own_k).to(work) * scale
     s_own = s_own.reshape(batch, hkv, width * group, num_own)
@@ -201,3 +212,58 @@ def decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Te
                              own_v).reshape(batch, hkv, width * group, dim)
     return out.view(batch, hkv, width, group, dim).permute(0, 2, 1, 3, 4).reshape(
         batch, width, hq, dim)
+
+
+def cached_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                             prompt: PackedPrompt, cached: CachedPrefix, layer: int,
+                             backend: str) -> torch.Tensor:
+    """``prefill_attention`` of each request's suffix (``prompt``) over its cached tokens
+    (all visible: the cache keeps only parts every later token may see) and itself under the
+    mask rule. q: ``[T, Hq, D]``; k, v: ``[T, Hkv, D]``. Returns ``[T, Hq, D]``."""
+    keys, values = cached.layer(layer)
+    if backend == "triton":
+        return _paged().paged_prefill_attention(
+            q, k, v, prompt.prefill_cu_seqlens, prompt.segment_ids, prompt.mode, keys, values,
+            cached.block_table, cached.lengths, int(prompt.valid.shape[1]))
+    ck, cv, cvalid = cached.gathered(layer)
+    qs, ks, vs = prompt.unpack(q), prompt.unpack(k), prompt.unpack(v)
+    width = qs.shape[1]
+    own = dense_mask(prompt.padded_segments(), prompt.mode)              # [B, 1, Ls, Ls]
+    mask = torch.cat([cvalid[:, None, None, :].expand(-1, 1, width, -1), own], dim=-1)
+    kt = torch.cat([ck.to(k.dtype), ks], dim=1).transpose(1, 2)
+    vt = torch.cat([cv.to(v.dtype), vs], dim=1).transpose(1, 2)
+    out = F.scaled_dot_product_attention(qs.transpose(1, 2), kt, vt, attn_mask=mask,
+                                         enable_gqa=q.shape[1] != k.shape[1])
+    return prompt.pack(out.transpose(1, 2))
+
+
+def cached_last_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                prompt: PackedPrompt, cached: CachedPrefix, layer: int,
+                                backend: str, last: torch.Tensor) -> torch.Tensor:
+    """``last_token_attention`` with cached tokens: each request's last token attends its
+    whole prompt (both look-back rules), so one decode row per request does it."""
+    rows = q[last][:, None]                                       # [B, 1, Hq, D]
+    none = k.new_empty((rows.shape[0], 1, 1, *k.shape[1:]))
+    return cached_decode_attention(rows, k, v, prompt, cached, layer, none, none, 0,
+                                   backend)[:, 0]
+
+
+def cached_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                            prompt: PackedPrompt, cached: CachedPrefix, layer: int,
+                            beam_k: torch.Tensor, beam_v: torch.Tensor, num_own: int,
+                            backend: str) -> torch.Tensor:
+    """``decode_attention`` whose shared stage covers each request's cached tokens, then its
+    suffix (``shared_k, shared_v``), then each beam's own slots."""
+    keys, values = cached.layer(layer)
+    if backend == "triton":
+        return _paged().paged_decode_attention(
+            q, shared_k, shared_v, prompt.cu_seqlens, keys, values, cached.block_table,
+            cached.lengths, beam_k, beam_v, num_own, None, prompt.seq_lens)
+    ck, cv, cvalid = cached.gathered(layer)
+    return _decode_torch(q, torch.cat([ck.to(shared_k.dtype), prompt.unpack(shared_k)], 1),
+                         torch.cat([cv.to(shared_v.dtype), prompt.unpack(shared_v)], 1),
+                         torch.cat([cvalid, prompt.valid], 1), beam_k, beam_v, num_own)
+
+
+def _paged():
+    return importlib.import_module("torch_engine.kernels.paged_attention")

@@ -6,6 +6,10 @@ search, on the device: eagerly, or one replay of the bucket's captured graph), t
 of the rules' ``Verdict``: one host synchronisation per batch, at the end
 (``InvalidInputError`` then, and the batch's results are dropped). The search itself is plain
 functions (``torch_engine.search``).
+
+With a ``PromptCache`` and ``frozen_lengths``, each request's frozen prompt part is read from
+the cache (or computed once and kept) and only the rest is prefilled
+(``torch_engine.cached_search``: eager on the CPU, one graph replay per shape on CUDA).
 """
 
 from __future__ import annotations
@@ -14,14 +18,17 @@ import torch
 
 from torch_engine import beam_search as bs
 from torch_engine.attention import resolve_backend
+from torch_engine import cached_search
 from torch_engine.capacity import Footprint, check_capacity, run_contained
 from torch_engine.catalog import Catalog
 from torch_engine.checks import ArgumentLimits, check_arguments
 from torch_engine.config import EngineConfig
 from torch_engine.model import Model
+from torch_engine.prompt_cache import KVGeometry, PromptCache, scope_of
 from torch_engine.runner import Runner
 from torch_engine.search import SearchOptions
 from xgr_common.errors import CapacityError, ConfigError, require
+from xgr_common.layout import MaskMode
 
 
 class Engine:
@@ -35,12 +42,18 @@ class Engine:
     graph per bucketed shape (``EngineConfig.static_shapes``, ``bucket_policy``): one replay
     and no host wait between the input copy and the result.
 
+    prompt_cache: a ``PromptCache`` for this model's KV on its device (``PromptCache.
+    for_model`` after the dtype change), which ``recommend``'s ``frozen_lengths`` use; it may
+    outlive the engine and serve the next one of the same model. model_version: the name its
+    entries are scoped by (``prompt_cache.keys``); None: a fingerprint of the weights.
+
     Attributes: ``options`` (the resolved backends), ``runner`` (buffers, buckets and captured
     graphs; ``len(runner)`` graphs held), ``limits`` (what the arguments are checked
-    against), ``footprint`` (what the memory estimate reads).
+    against), ``footprint`` (what the memory estimate reads), ``prompt_cache``.
     """
 
-    def __init__(self, model: Model, catalog: Catalog, config: EngineConfig = EngineConfig()):
+    def __init__(self, model: Model, catalog: Catalog, config: EngineConfig = EngineConfig(),
+                 prompt_cache: PromptCache | None = None, model_version: str | None = None):
         layout = catalog.layout
         require(model.config.vocab_size >= layout.code_end, ConfigError,
                 f"model vocab_size {model.config.vocab_size} must cover the catalog's code "
@@ -74,14 +87,27 @@ class Engine:
         self.footprint = Footprint(cfg, self.dtype.itemsize, self.catalog.levels,
                                    layout.codebook_size, self.options.attention,
                                    self.options.selection)
+        self.prompt_cache = prompt_cache
+        self.cached_runner = None
+        self._scopes = {}
+        if prompt_cache is not None:
+            want = KVGeometry.of_model(cfg, self.dtype)
+            require(prompt_cache.geometry == want and prompt_cache.device == self.device,
+                    ConfigError,
+                    f"the prompt cache holds {prompt_cache.geometry} on "
+                    f"{prompt_cache.device}; this engine's KV is {want} on {self.device}")
+            self._scopes = {mode: scope_of(self.model, layout, mode, model_version)
+                            for mode in (MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL)}
+            self.cached_runner = cached_search.CachedRunner(self.runner, prompt_cache,
+                                                            config.max_graphs)
 
     @property
     def dtype(self) -> torch.dtype:
         return next(self.model.parameters()).dtype
 
     def recommend(self, token_ids, lengths, segment_ids=None, beam_width: int = 256,
-                  top_k: int = 300, prefix_embeds=None, exclude_items=None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
+                  top_k: int = 300, prefix_embeds=None, exclude_items=None,
+                  frozen_lengths=None) -> tuple[torch.Tensor, torch.Tensor]:
         """Top-k items for each request of a batch.
 
         token_ids: ``[B, L]`` int, right-padded prompts (see ``xgr_common.prompt_spec``);
@@ -92,7 +118,9 @@ class Engine:
         exclude_items: ``[B, X]`` int64 padded with -1, or a list of B 1-D int tensors:
         those items are never returned, and at every level a prefix all of whose items are
         excluded never takes a beam. Generated codes attend the whole prompt and the
-        earlier codes.
+        earlier codes. frozen_lengths: ``[B]`` int, each row's frozen part
+        (``xgr_common.prompt_v2``; 0: none), read from and kept in the engine's
+        ``prompt_cache``; the results equal those without it within the tolerance table.
 
         Returns item ids ``[B, top_k]`` int64 and scores ``[B, top_k]`` float32 (the path's
         log-probability, each level normalised over the codes the catalog allows), best first;
@@ -110,6 +138,8 @@ class Engine:
         """
         args = check_arguments(self.limits, token_ids, lengths, segment_ids, beam_width, top_k,
                                prefix_embeds, exclude_items)
+        if frozen_lengths is not None:
+            return self._recommend_cached(args, frozen_lengths, beam_width, top_k)
         rows = args.token_ids.shape[0]
         runner = self.runner
         with torch.no_grad():
@@ -127,4 +157,38 @@ class Engine:
         verdict.raise_if_invalid()             # the batch's one host synchronisation
         if items.shape[0] != rows:             # a bucket's padding rows
             items, scores = items[:rows], scores[:rows]
+        return items, scores
+
+    def _recommend_cached(self, args, frozen_lengths, beam_width: int, top_k: int
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``recommend`` through the prompt cache: reserve, search, keep what the batch wrote
+        only when its verdict passes."""
+        require(self.prompt_cache is not None, ConfigError,
+                "frozen_lengths needs an Engine made with a prompt_cache")
+        rows = cached_search.prompt_rows(args, frozen_lengths, self.config.soft_marker,
+                                         self.catalog.layout.item_start_id)
+        cache, runner = self.prompt_cache, self.runner
+        mode = MaskMode.CAUSAL if args.causal else MaskMode.ITEM_CAUSAL
+        reservation = cache.reserve(self._scopes[mode], rows)
+        kept = False
+        try:
+            with torch.no_grad():
+                try:
+                    cached_shape = self.cached_runner.shape(args, rows, reservation)
+                    if not self.cached_runner.holds(cached_shape, beam_width, top_k):
+                        check_capacity(self.footprint, cached_shape.bucket, beam_width, top_k,
+                                       self.device, self.config.memory_budget)
+                    items, scores, verdict = run_contained(
+                        lambda: self.cached_runner.run(args, rows, reservation, beam_width,
+                                                       top_k),
+                        self.device, f"a batch of {len(rows)} requests")
+                except CapacityError:
+                    runner.verdict(args).raise_if_invalid()
+                    raise
+            verdict.raise_if_invalid()
+            kept = True
+        finally:
+            cache.finish(reservation, keep=kept)
+        if items.shape[0] != len(rows):          # a bucket's padding rows
+            items, scores = items[:len(rows)], scores[:len(rows)]
         return items, scores

@@ -167,3 +167,45 @@ class BeamKV:
             if (runs.shape[1] * runs.element_size()) % 8 == 0:
                 runs = runs.view(torch.int64)
             runs.copy_(runs.index_select(0, flat))
+
+
+@dataclass(frozen=True)
+class CachedPrefix:
+    """The first tokens of each request, already in the prompt cache's pages
+    (``torch_engine.prompt_cache``): the batch's prompts are their suffixes.
+
+    pool: ``[layers, 2, pages + 1, page_tokens, Hkv, D]`` (keys, values); block_table: ``[B,
+    P]`` int32 pages of each request; lengths: ``[B]`` int64 cached tokens of each request
+    (its suffix starts at that position); longest: ``max(lengths)`` as a host int (sizes the
+    torch path's gather); write_slots: ``[B, Lsuffix]`` int64 flat pool slot that each
+    suffix slot's KV is copied to after prefill (the sink's for slots not kept), or None.
+    """
+
+    pool: torch.Tensor
+    block_table: torch.Tensor
+    lengths: torch.Tensor
+    longest: int
+    write_slots: torch.Tensor | None = None
+
+    def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values ``[pages + 1, page_tokens, Hkv, D]`` of one layer (views)."""
+        return self.pool[index, 0], self.pool[index, 1]
+
+    def gathered(self, index: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer's cached keys and values as padded rows ``[B, C, Hkv, D]`` and their
+        ``valid [B, C]`` (``C`` covers ``longest``): the plain-torch path's copy."""
+        page_tokens = self.pool.shape[3]
+        pages = max(-(-self.longest // page_tokens), 1)
+        table = self.block_table[:, :pages].long()
+        keys, values = self.layer(index)
+        k, v = keys[table].flatten(1, 2), values[table].flatten(1, 2)
+        slots = torch.arange(k.shape[1], device=k.device)
+        return k, v, slots[None, :] < self.lengths[:, None]
+
+    def store(self, shared: SharedKV, slots: torch.Tensor) -> None:
+        """Copy the packed prompt KV (per layer ``[T, Hkv, D]``) to flat pool ``slots [T]``:
+        one fixed-shape copy per layer and tensor, no host decision."""
+        for index, (k, v) in enumerate(zip(shared.keys, shared.values)):
+            keys, values = self.layer(index)
+            keys.view(-1, *keys.shape[2:]).index_copy_(0, slots, k.to(keys.dtype))
+            values.view(-1, *values.shape[2:]).index_copy_(0, slots, v.to(values.dtype))

@@ -19,7 +19,7 @@ from torch import nn
 from torch_engine import attention as attn
 from torch_engine.config import ModelConfig, preset
 from xgr_common.errors import InvalidInputError, require
-from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
+from torch_engine.kv_cache import BeamKV, CachedPrefix, PackedPrompt, SharedKV
 from torch_engine.layers import DecoderLayer, RMSNorm, rotary_cos_sin, rotary_inv_freq
 from xgr_common.layout import MaskMode
 
@@ -153,12 +153,14 @@ class Model(nn.Module):
         return (hidden @ self.lm_head.weight.T).float()
 
     # ------------------------------------------------------------ engine entry points
-    def prefill(self, embeds: torch.Tensor, prompt: PackedPrompt, backend: str = "torch"
-                ) -> tuple[torch.Tensor, SharedKV]:
+    def prefill(self, embeds: torch.Tensor, prompt: PackedPrompt, backend: str = "torch",
+                cached: CachedPrefix | None = None) -> tuple[torch.Tensor, SharedKV]:
         """Run the packed prompts once.
 
         embeds: ``[T, hidden]`` packed input vectors. Returns the normalised hidden state of
         each request's last token ``[B, hidden]`` and the shared KV (per layer ``[T, Hkv, D]``).
+        cached: each request's first tokens from the prompt cache; ``prompt`` is then the
+        suffixes (their positions start after the cached tokens) and attends them too.
         """
         cos, sin = self._rotary(prompt.positions, embeds.dtype)
         shared = SharedKV([], [])
@@ -167,14 +169,18 @@ class Model(nn.Module):
         for index, layer in enumerate(early):
             q, k, v = self._prompt_qkv(layer, x, cos, sin, shared)
             # embeds is the caller's; from the second layer on x is this pass's own buffer.
-            x = layer.finish(x, attn.prefill_attention(q, k, v, prompt, backend),
-                             owned=index > 0)
+            attended = (attn.prefill_attention(q, k, v, prompt, backend) if cached is None
+                        else attn.cached_prefill_attention(q, k, v, prompt, cached, index,
+                                                           backend))
+            x = layer.finish(x, attended, owned=index > 0)
         # The last layer's keys and values serve every prompt token, but only each request's
         # last token reads its output: its attention, output projection and MLP run on those
         # B rows instead of all T.
         q, k, v = self._prompt_qkv(final, x, cos, sin, shared)
         last = prompt.last_rows()
-        attended = attn.last_token_attention(q, k, v, prompt, backend, last)
+        attended = (attn.last_token_attention(q, k, v, prompt, backend, last) if cached is None
+                    else attn.cached_last_token_attention(q, k, v, prompt, cached,
+                                                          len(early), backend, last))
         return self._final_norm(final.finish(x[last], attended, owned=True)), shared
 
     def _prompt_qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -192,11 +198,12 @@ class Model(nn.Module):
 
     def decode_step(self, tokens: torch.Tensor, positions: torch.Tensor, shared: SharedKV,
                     prompt: PackedPrompt, beams: BeamKV, slot: int,
-                    backend: str = "torch", counters: torch.Tensor | None = None
-                    ) -> torch.Tensor:
+                    backend: str = "torch", counters: torch.Tensor | None = None,
+                    cached: CachedPrefix | None = None) -> torch.Tensor:
         """One token per beam: ``tokens [B, W]`` at ``positions [B]`` (same for all beams of a
         request). Writes beam KV ``slot`` and attends the prompt plus slots ``0..slot``;
-        ``counters``: the attention's shared split counters (``attention.split_counters``).
+        ``counters``: the attention's shared split counters (``attention.split_counters``);
+        cached: the prompts' cached first tokens (``prefill``'s), attended before ``shared``.
         Returns the normalised hidden ``[B, W, hidden]``.
         """
         x = self.embed(tokens)
@@ -207,8 +214,13 @@ class Model(nn.Module):
         for index, layer in enumerate(self.model.layers):
             q = layer.project_qkv_into(x, cos, sin, *beams.slot(index, slot))
             beam_k, beam_v = beams.layer(index)
-            out = attn.decode_attention(q, shared.keys[index], shared.values[index], prompt,
-                                        beam_k, beam_v, slot + 1, backend, counters)
+            if cached is None:
+                out = attn.decode_attention(q, shared.keys[index], shared.values[index],
+                                            prompt, beam_k, beam_v, slot + 1, backend, counters)
+            else:
+                out = attn.cached_decode_attention(q, shared.keys[index], shared.values[index],
+                                                   prompt, cached, index, beam_k, beam_v,
+                                                   slot + 1, backend)
             x = layer.finish(x, out, owned=True)      # x: the embeddings, then its own sums
         return self._final_norm(x)
 

@@ -118,7 +118,7 @@ class _Captured:
 
 
 @contextmanager
-def _collector_paused():
+def collector_paused():
     """Collect garbage now and keep Python's collector off until the block ends: a captured
     graph that the collector frees while another is being captured (a runner dropped earlier,
     kept in a reference cycle) destroys its executable graph mid-capture, which CUDA forbids
@@ -187,10 +187,10 @@ class Runner:
         """
         if self.policy is None:
             # The rules run where the tokens are; the search on the model's device.
-            batch, flags = self._sanitised(args)
+            batch, flags = self.sanitised(args)
             items, scores = search.search(self.model, self.catalog, batch.to(self.device),
                                           beam_width, top_k, self.options, self.exclusions)
-            return items, scores, self._verdict(args, flags)
+            return items, scores, self.verdict_of(args, flags)
         key = (shape or self.shape(args), beam_width, top_k)
         captured = self._graphs.get(key)
         if captured is None:
@@ -202,21 +202,21 @@ class Runner:
         captured.inputs.load(args)
         captured.graph.replay()
         return (captured.items.clone(), captured.scores.clone(),
-                self._verdict(args, captured.flags))
+                self.verdict_of(args, captured.flags))
 
     def verdict(self, args: Arguments) -> Verdict:
         """The value rules of ``args`` alone, computed eagerly: the verdict of a batch whose
         search did not finish (an invalid input outranks its capacity error)."""
-        return self._verdict(args, self._sanitised(args)[1])
+        return self.verdict_of(args, self.sanitised(args)[1])
 
-    def _sanitised(self, args: Arguments) -> tuple[search.RequestBatch, torch.Tensor]:
+    def sanitised(self, args: Arguments) -> tuple[search.RequestBatch, torch.Tensor]:
         """``search.sanitise`` of the arguments where their tokens are (eager)."""
         return search.sanitise(args.token_ids, args.lengths, args.segment_ids,
                                args.prefix_embeds, args.exclude_items,
                                self.model.config.vocab_size, rules_for(args.token_ids.device),
                                soft_marker=self.soft_marker)
 
-    def _verdict(self, args: Arguments, flags: torch.Tensor) -> Verdict:
+    def verdict_of(self, args: Arguments, flags: torch.Tensor) -> Verdict:
         cfg = self.model.config
         return Verdict.of(args, flags, cfg.vocab_size, self.catalog.levels, cfg.max_position)
 
@@ -244,7 +244,7 @@ class Runner:
                 self._search_buffers(buffers, beam_width, top_k)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with _collector_paused(), torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
+        with collector_paused(), torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
             items, scores, flags = self._search_buffers(buffers, beam_width, top_k)
         # A graph reads addresses: keep the fused projection copies it read alive even if the
         # model's weights change and the layers get new copies.

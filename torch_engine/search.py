@@ -18,6 +18,7 @@ tensors: the entry an exported program calls.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,7 +27,7 @@ import torch
 from torch_engine import attention as attn
 from torch_engine import beam_search as bs
 from torch_engine.catalog import Catalog
-from torch_engine.kv_cache import BeamKV, PackedPrompt, SharedKV
+from torch_engine.kv_cache import BeamKV, CachedPrefix, PackedPrompt, SharedKV
 from torch_engine.model import Model
 from torch_engine.reference.input_rules import input_rules as reference_input_rules
 from xgr_common.errors import ConfigError, require
@@ -97,12 +98,21 @@ class RequestBatch:
 class PrefillState:
     """What decoding needs from prefill: the packed layout, the shared KV (per layer
     ``[T, Hkv, D]``), each request's last hidden ``[B, hidden]`` and its excluded item rows
-    ``[B, X]`` (see ``beam_search.excluded_rows``)."""
+    ``[B, X]`` (see ``beam_search.excluded_rows``); cached: the prompts' first tokens in the
+    prompt cache (``prompt`` then holds the suffixes), or None."""
 
     prompt: PackedPrompt
     shared: SharedKV
     last_hidden: torch.Tensor
     excluded: torch.Tensor
+    cached: CachedPrefix | None = None
+
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``[B]`` tokens of each whole prompt (cached part included)."""
+        if self.cached is None:
+            return self.prompt.lengths
+        return self.prompt.lengths + self.cached.lengths
 
 
 Rules = Callable[..., tuple[torch.Tensor, ...]]
@@ -140,17 +150,26 @@ def sanitise(token_ids: torch.Tensor, lengths: torch.Tensor, segment_ids: torch.
 
 
 def prefill(model: Model, catalog: Catalog, batch: RequestBatch, options: SearchOptions,
-            exclusions=None) -> PrefillState:
+            exclusions=None, cached: CachedPrefix | None = None) -> PrefillState:
     """Pack the prompts and run them once, writing the shared KV; the excluded item rows.
 
     exclusions: the catalog's ``ExclusionTables`` for the fused selection's kernels, or None
     (plain torch). Unless ``options.static_shapes``, packing selects the valid slots (a
     data-dependent size ``T``): the one place where the host waits for the device.
+    cached: each request's first tokens from the prompt cache (``batch`` then holds each
+    prompt's suffix: ``cached_search.suffix_batch``); the suffix rows that
+    ``cached.write_slots`` keeps are copied into the cache's pages.
     """
     prompt, embeds = _pack(model, batch, options.static_shapes)
-    last_hidden, shared = model.prefill(prompt.pack(embeds), prompt, options.attention)
+    if cached is not None:
+        width = prompt.valid.shape[1]
+        positions = prompt.positions + cached.lengths[prompt.rows // width]
+        prompt = dataclasses.replace(prompt, positions=positions)
+    last_hidden, shared = model.prefill(prompt.pack(embeds), prompt, options.attention, cached)
+    if cached is not None and cached.write_slots is not None:
+        cached.store(shared, prompt.pack(cached.write_slots))
     excluded = bs.excluded_rows_of(batch.exclude_items, catalog, exclusions)
-    return PrefillState(prompt, shared, last_hidden, excluded)
+    return PrefillState(prompt, shared, last_hidden, excluded, cached)
 
 
 def decode(model: Model, catalog: Catalog, state: PrefillState, beam_width: int, top_k: int,
@@ -178,16 +197,17 @@ def decode(model: Model, catalog: Catalog, state: PrefillState, beam_width: int,
     tokens = prefixes
     fused = options.fused
     # Every decode step has one shape: its attention launches share one counter fill.
-    counters = attn.split_counters(rows, beam_width, cfg.num_heads, cfg.num_kv_heads,
-                                   state.shared.keys[0].shape[0], cfg.head_dim, device,
-                                   options.attention)
+    counters = None if state.cached is not None else attn.split_counters(
+        rows, beam_width, cfg.num_heads, cfg.num_kv_heads, state.shared.keys[0].shape[0],
+        cfg.head_dim, device, options.attention)
     blocked = (bs.blocked_prefixes(state.excluded, catalog, exclusions) if fused
                else (None,) * levels)
     for level in range(levels):
         if level > 0:
-            hidden = model.decode_step(tokens, state.prompt.lengths + (level - 1),
+            hidden = model.decode_step(tokens, state.lengths + (level - 1),
                                        state.shared, state.prompt, beams, slot=level - 1,
-                                       backend=options.attention, counters=counters)
+                                       backend=options.attention, counters=counters,
+                                       cached=state.cached)
         start, _ = layout.level_range(level)
         parents, codes, prefixes, scores = select(
             model, hidden, scores, prefixes, catalog, level, beam_width, state.excluded,

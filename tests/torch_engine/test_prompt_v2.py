@@ -131,3 +131,24 @@ def test_a_marker_outside_the_layout_is_refused(model):
     assert engine_config_for(PromptSpec(), max_graphs=2) == EngineConfig(max_graphs=2)
     with pytest.raises(ConfigError, match="takes the soft marker from the prompt spec"):
         engine_config_for(PromptSpec(), soft_marker=6)
+
+
+def test_the_tf_free_prompt_builder_lays_prompts_out_as_the_op_does():
+    """``engine_worlds.v2_prompts`` (the prompt-cache tests' prompts, which must run where
+    TensorFlow is absent) equals the assembly op's twin, padding included."""
+    from tests.torch_engine.engine_worlds import v2_prompts
+
+    users = [([3, 4, 8], [5, 6], 1), ([12], [2], 3), ([21, 22, 23, 24], [9, 10, 11], 0)]
+    longs, recents, contexts = zip(*users)
+    flat = lambda rows: [i for r in rows for i in r]                    # noqa: E731
+    splits = lambda rows: torch.tensor(np.cumsum([0] + [len(r) for r in rows]))  # noqa: E731
+    twin = assemble_prompt_v2(
+        _codes(flat(longs)), splits(longs),
+        torch.tensor([[LAYOUT.profile_base + 1 + c] for c in contexts]),
+        _codes(flat(recents)), splits(recents), bos_id=LAYOUT.bos_id,
+        profile_start_id=LAYOUT.profile_start_id, item_start_id=LAYOUT.item_start_id,
+        soft_id=LAYOUT.soft_id, pad_id=LAYOUT.pad_id, soft_tokens=SOFT, intro=[20, 21],
+        before_profile=[22], question=[23])
+    built = v2_prompts(users, LAYOUT, soft_tokens=SOFT)
+    for name, got in zip(("token_ids", "lengths", "segment_ids", "frozen_lengths"), built):
+        assert torch.equal(got, getattr(twin, name).to(got.dtype)), name

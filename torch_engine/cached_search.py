@@ -1,0 +1,256 @@
+"""The search of a batch whose frozen prompt parts go through the prompt cache.
+
+``Engine.recommend(..., frozen_lengths=...)`` calls ``run``: the frozen parts are looked up
+and reserved on the host (``PromptCache.reserve``: digests of a few kilobytes of tokens),
+the value rules sanitise the whole prompts as usual, each prompt is cut to its suffix after
+the cached tokens (``suffix_batch``), the suffixes are prefilled against the cached pages
+(writing the frozen tokens the cache did not have into its pages), then decode and item
+expansion as in ``search``. The reservation is kept only when the batch's verdict passes,
+so an invalid or failed batch leaves no entry behind. ``CachedRunner`` runs that search
+eagerly, or on CUDA as one captured graph per shape, like ``runner.Runner``: the host work
+a hit adds is the digests, the plan and three small table copies.
+
+The frozen part (``xgr_common.prompt_v2``) must end where every later token may see it and
+must not depend on the request's soft vectors: ``prompt_rows`` refuses a ``frozen_lengths``
+that breaks either rule, naming the row.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from torch_engine import search
+from torch_engine.checks import Arguments, Verdict
+from torch_engine.kv_cache import CachedPrefix
+from torch_engine.prompt_cache import PromptCache, Reservation
+from torch_engine.prompt_cache.cache import PromptRow
+from torch_engine.runner import Runner, StaticInputs, collector_paused, rules_for
+from torch_engine.search import RequestBatch
+from xgr_common.buckets import Bucket, round_up
+from xgr_common.errors import InvalidInputError, require
+
+
+def prompt_rows(args: Arguments, frozen_lengths, soft_marker: int | None,
+                item_start_id: int) -> list[PromptRow]:
+    """The rows the cache sees, with ``frozen_lengths`` checked against the prompts (host
+    copies of the tokens: a few kilobytes); a causal prompt's segments are counted from its
+    ``item_start_id`` tokens. ``InvalidInputError`` names the row and rule."""
+    rows = args.token_ids.shape[0]
+    frozen = _host_ints("frozen_lengths", frozen_lengths)
+    require(frozen.shape == (rows,), InvalidInputError,
+            f"frozen_lengths must have shape [{rows}] (one per row of token_ids), got "
+            f"{tuple(frozen.shape)}")
+    require(args.prefix_embeds is None or soft_marker is not None, InvalidInputError,
+            "frozen_lengths needs soft vectors at the prompt's SOFT markers (prompt version "
+            "2) or none: version-1 soft vectors come first, so no prompt part before them "
+            "could be cached")
+    tokens = args.token_ids.cpu().numpy()
+    lengths = args.lengths.cpu().numpy()
+    segments = (np.cumsum(tokens == item_start_id, axis=1) if args.causal
+                else args.segment_ids.cpu().numpy())
+    out = []
+    for row in range(rows):
+        n, length = int(frozen[row]), int(lengths[row])
+        require(0 <= n < max(min(length, tokens.shape[1]), 1), InvalidInputError,
+                f"frozen_lengths[{row}] = {n} must be in [0, lengths[{row}]) = [0, {length}): "
+                f"the part after it holds at least the row's last token")
+        if n and soft_marker is not None:
+            marks = np.nonzero(tokens[row, :n] == soft_marker)[0]
+            require(marks.size == 0, InvalidInputError,
+                    f"frozen_lengths[{row}] = {n} covers a SOFT marker at column "
+                    f"{int(marks[0]) if marks.size else -1}: the frozen part cannot hold the "
+                    f"request's soft vectors")
+        if n and not args.causal:
+            require(segments[row, n - 1] != segments[row, n], InvalidInputError,
+                    f"frozen_lengths[{row}] = {n} cuts segment {int(segments[row, n])} "
+                    f"(columns {n - 1} and {n} share it): under the item-causal rule a frozen "
+                    f"part must end at a segment's end")
+        out.append(PromptRow(tokens[row], segments[row], n, length))
+    return out
+
+
+def suffix_batch(batch: RequestBatch, cached: torch.Tensor, width: int) -> RequestBatch:
+    """Each row of a sanitised ``batch`` from its column ``cached[b]`` on: ``[B, width]``
+    tokens and segments (``width`` covers the longest suffix), lengths less the cached
+    tokens; soft vectors and exclusions unchanged (the markers lie in the suffixes)."""
+    columns = torch.arange(width, device=cached.device)
+    index = (cached[:, None] + columns[None, :]).clamp(max=batch.token_ids.shape[1] - 1)
+    return RequestBatch(
+        token_ids=batch.token_ids.gather(1, index),
+        total_lengths=batch.total_lengths - cached,
+        segment_ids=batch.segment_ids.gather(1, index),
+        causal=batch.causal, prefix_embeds=batch.prefix_embeds,
+        exclude_items=batch.exclude_items, soft_marker=batch.soft_marker)
+
+
+@dataclass(frozen=True)
+class CachedShape:
+    """The buffers a cached search runs in: the runner's ``bucket``, ``suffix`` token slots
+    per row (the longest suffix, rounded up to the length bucket when captured) and
+    ``pages`` columns of the block table (enough for the bucket's whole width)."""
+
+    bucket: Bucket
+    suffix: int
+    pages: int
+
+
+@dataclass(frozen=True)
+class CachedInputs:
+    """The fixed buffers of one captured cached search: the runner's ``StaticInputs`` and
+    the cache's per-row tables (``cached_lengths [R]`` int64, ``block_table [R, P]`` int32,
+    ``write_slots [R, Ws]`` int64); rows past a batch read as uncached and write the sink."""
+
+    base: StaticInputs
+    cached_lengths: torch.Tensor
+    block_table: torch.Tensor
+    write_slots: torch.Tensor
+
+    @classmethod
+    def allocate(cls, shape: CachedShape, hidden: int, dtype: torch.dtype,
+                 device: torch.device) -> "CachedInputs":
+        rows = shape.bucket.rows
+        return cls(StaticInputs.allocate(shape.bucket, hidden, dtype, device),
+                   torch.zeros((rows,), dtype=torch.int64, device=device),
+                   torch.zeros((rows, shape.pages), dtype=torch.int32, device=device),
+                   torch.zeros((rows, shape.suffix), dtype=torch.int64, device=device))
+
+    def load(self, args: Arguments, reservation: Reservation) -> None:
+        """Copy the arguments and the reservation's tables in (whole buffers for the
+        tables, so rows past the batch's are reset)."""
+        self.base.load(args)
+        rows, pages = self.block_table.shape
+        self.cached_lengths.copy_(reservation.cached_lengths(rows))
+        self.block_table.copy_(reservation.block_table(rows, pages))
+        self.write_slots.copy_(reservation.write_slots(self.write_slots.shape[1], rows))
+
+
+@dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: CachedInputs
+    items: torch.Tensor
+    scores: torch.Tensor
+    flags: torch.Tensor
+    weights: list
+
+
+class CachedRunner:
+    """Runs cached searches for one ``Runner`` (its model, catalog, options, rules and
+    bucket policy) over one ``PromptCache``: eagerly without a bucket policy, else one
+    captured graph per (``CachedShape``, beam width, top_k), replayed, least recently used
+    dropped past ``max_graphs``. The graphs read the cache's pool at its fixed address and
+    the tables through their buffers, so a replay serves any rows of its shape."""
+
+    def __init__(self, runner: Runner, cache: PromptCache, max_graphs: int) -> None:
+        self.runner, self.cache, self.max_graphs = runner, cache, max_graphs
+        self._graphs: OrderedDict[tuple, _Captured] = OrderedDict()
+        self._pool = torch.cuda.graph_pool_handle() if runner.policy is not None else None
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def holds(self, shape: CachedShape, beam_width: int, top_k: int) -> bool:
+        """Whether the search of ``shape`` is captured (its memory is held already)."""
+        return (shape, beam_width, top_k) in self._graphs
+
+    def shape(self, args: Arguments, rows: list[PromptRow], reservation: Reservation
+              ) -> CachedShape:
+        bucket = self.runner.shape(args)
+        longest = max(max(r.length - p.cached for r, p in zip(rows, reservation.plans)), 1)
+        pt = self.cache.page_tokens
+        policy = self.runner.policy
+        if policy is None:
+            return CachedShape(bucket, longest, max(len(p.pages) for p in reservation.plans)
+                               or 1)
+        suffix = min(round_up(longest, policy.length_multiple), bucket.width)
+        return CachedShape(bucket, suffix, max(-(-bucket.width // pt), 1))
+
+    def run(self, args: Arguments, rows: list[PromptRow], reservation: Reservation,
+            beam_width: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor, Verdict]:
+        """Items, scores (the first B rows are the batch's) and the unread verdict."""
+        runner = self.runner
+        shape = self.shape(args, rows, reservation)
+        if runner.policy is None:
+            device = runner.device
+            batch, flags = runner.sanitised(args)
+            cached = CachedPrefix(
+                pool=self.cache.pool.data, block_table=reservation.block_table().to(device),
+                lengths=reservation.cached_lengths().to(device),
+                longest=max(p.cached for p in reservation.plans),
+                write_slots=(reservation.write_slots(shape.suffix).to(device)
+                             if reservation.writes else None))
+            items, scores = self._search(batch.to(device), cached, shape, beam_width, top_k)
+            return items, scores, runner.verdict_of(args, flags)
+        key = (shape, beam_width, top_k)
+        captured = self._graphs.get(key)
+        if captured is None:
+            captured = self._capture(shape, args, reservation, beam_width, top_k)
+            self._graphs[key] = captured
+            while len(self._graphs) > self.max_graphs:
+                self._graphs.popitem(last=False)
+        self._graphs.move_to_end(key)
+        captured.inputs.load(args, reservation)
+        captured.graph.replay()
+        return (captured.items.clone(), captured.scores.clone(),
+                runner.verdict_of(args, captured.flags))
+
+    def _search(self, batch: RequestBatch, cached: CachedPrefix, shape: CachedShape,
+                beam_width: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        runner = self.runner
+        suffix = suffix_batch(batch, cached.lengths, shape.suffix)
+        state = search.prefill(runner.model, runner.catalog, suffix, runner.options,
+                               runner.exclusions, cached)
+        return search.decode(runner.model, runner.catalog, state, beam_width, top_k,
+                             runner.options, runner.exclusions)
+
+    def search_buffers(self, inputs: CachedInputs, shape: CachedShape, beam_width: int,
+                       top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """What a cached graph captures: the rules over the loaded buffers, the suffix
+        prefill against the pages (and their writes), decode. Device work only."""
+        runner, base = self.runner, inputs.base
+        batch, flags = search.sanitise(
+            base.token_ids, base.lengths, base.segment_ids, base.prefix_embeds,
+            base.exclude_items, runner.model.config.vocab_size, rules_for(runner.device),
+            base.extent, soft_marker=runner.soft_marker)
+        cached = CachedPrefix(pool=self.cache.pool.data, block_table=inputs.block_table,
+                              lengths=inputs.cached_lengths,
+                              longest=shape.pages * self.cache.page_tokens,
+                              write_slots=inputs.write_slots)
+        items, scores = self._search(batch, cached, shape, beam_width, top_k)
+        return items, scores, flags
+
+    def _capture(self, shape: CachedShape, args: Arguments, reservation: Reservation,
+                 beam_width: int, top_k: int) -> _Captured:
+        runner = self.runner
+        buffers = CachedInputs.allocate(shape, runner.model.config.hidden_size, runner.dtype,
+                                        runner.device)
+        buffers.load(args, reservation)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        # Warm-up runs write the batch's own KV into its own slots: the values the replay
+        # writes too, so nothing a later request reads changes.
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(2):
+                self.search_buffers(buffers, shape, beam_width, top_k)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with collector_paused(), torch.cuda.graph(graph, pool=self._pool), torch.no_grad():
+            items, scores, flags = self.search_buffers(buffers, shape, beam_width, top_k)
+        weights = [layer.fused for layer in runner.model.model.layers]
+        return _Captured(graph, buffers, items, scores, flags, weights)
+
+
+def _host_ints(name: str, value) -> np.ndarray:
+    if isinstance(value, torch.Tensor):
+        require(not value.is_floating_point() and not value.is_complex()
+                and value.dtype != torch.bool, InvalidInputError,
+                f"{name} must be an integer tensor, got {value.dtype}")
+        return value.detach().cpu().numpy().astype(np.int64).reshape(value.shape)
+    array = np.asarray(value)
+    require(array.dtype.kind in "iu" or (array.size == 0), InvalidInputError,
+            f"{name} must hold integers, got dtype {array.dtype}")
+    return array.astype(np.int64)
