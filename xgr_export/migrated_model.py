@@ -123,8 +123,8 @@ class _Walk:
     """The model and its replacements, held outside TF's tracking (a tracked Keras model
     would be saved as Keras objects; the SavedModel keeps only the traced graph)."""
 
-    def __init__(self, staged, replacements, ragged, readers):
-        self.staged, self.replacements = staged, replacements
+    def __init__(self, staged, ragged, readers):
+        self.staged, self.replacements = staged, {}
         self.ragged, self.readers = ragged, readers
 
     def run(self, inputs: dict):
@@ -138,11 +138,19 @@ class _Walk:
 
 
 class MigratedModel(tf.Module):
-    """What the SavedModel holds: one package asset per Torch stage and the two signatures."""
+    """What the SavedModel holds: one package asset per Torch stage and the two signatures.
+    ``stages``: Torch stage -> (its ServedStage, its package file, its TF layer)."""
 
-    def __init__(self, walk: _Walk, packages: Mapping[str, Path], signature: dict):
+    def __init__(self, walk: _Walk, stages: Mapping[str, tuple], signature: dict,
+                 intra_op_threads: int = 1):
         super().__init__(name="xgr_migrated_model")
-        self.packages = {name: tf.saved_model.Asset(str(path)) for name, path in packages.items()}
+        self.packages = {name: tf.saved_model.Asset(str(path))
+                         for name, (_, path, _) in stages.items()}
+        # Each TorchCall reads its package through the tracked asset, so the file travels
+        # with the SavedModel and the graph reads its copy in assets/.
+        walk.replacements = {name: served_replacement(served, self.packages[name], layer,
+                                                      intra_op_threads)
+                             for name, (served, _, layer) in stages.items()}
         self._walk = walk
         self.serve = tf.function(self._serve, input_signature=[signature])
         self.boundaries = tf.function(self._boundaries, input_signature=[signature])
@@ -242,23 +250,18 @@ def export_migrated(config: MigratedExportConfig,
     out = require_empty_folder(config.out)
     torch_names = [n for n in staged.names if runner.runtime(n) == "torch"]
     _check_devices(config, torch_names)
-    exports, replacements, packages = [], {}, {}
+    exports, stages = [], {}
     with tempfile.TemporaryDirectory(prefix="xgr_stages_") as tmp:
         for name in torch_names:
             device = config.device_of(name)
             progress(f"stage {name}: torch.export + AOTInductor for {device}")
             served, package, seconds = _package_stage(runner, name, batches[0], device,
                                                       Path(tmp), config.cache_dir)
-            packages[name] = package.path
             exports.append(StageExport(name, device, package.path.name, package.signature,
                                        round(seconds, 2)))
-            replacements[name] = (served, staged.layer(name))
-        module = MigratedModel(_Walk(staged, {}, dict(config.ragged), readers), packages,
-                               signature)
-        module._walk.replacements = {
-            name: served_replacement(served, module.packages[name], layer,
-                                     config.intra_op_threads)
-            for name, (served, layer) in replacements.items()}
+            stages[name] = (served, package.path, staged.layer(name))
+        module = MigratedModel(_Walk(staged, dict(config.ragged), readers), stages, signature,
+                               config.intra_op_threads)
         progress(f"saving the SavedModel to {out}")
         try:
             functions = {SERVING_SIGNATURE: module.serve.get_concrete_function(),
