@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("xgr_cli.export", "export the pipeline as one TF SavedModel with the Torch call"),
     "serve": ("xgr_cli.serve", "serve a SavedModel over TF Serving's REST and gRPC APIs"),
     "migrate": ("xgr_cli.migrate", "show or change a migration plan (init, status, swap, "
-                "auto, revert, assemble)"),
+                "auto, revert, assemble, export)"),
     "parity": ("xgr_cli.parity", "run TF and the migrated plan side by side; report parity"),
     "catalog": ("xgr_cli.catalog", "check a catalog file (Parquet, .npz) and print its summary"),
     "extend_vocab": ("xgr_cli.extend_vocab", "add the token layout after a Qwen2/Qwen3 "

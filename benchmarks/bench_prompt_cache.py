@@ -1,0 +1,172 @@
+"""The prompt-KV cache: a hit's latency beside the uncached engine, in one run.
+
+    python -m benchmarks.bench_prompt_cache --out=benchmarks/results
+    python -m benchmarks.bench_prompt_cache --device=cpu --cases=tiny:48:24 --items=3000 \\
+        --repeats=3    # a smoke run of the script
+
+Random bf16 weights of each preset (made on the device), 3 levels x 256 codes, a catalog of
+``--items`` random ids on ``--paths`` random code paths, beam ``--beam``, top_k ``--top_k``,
+batch 1, item-causal prompts: a frozen part of whole 4-token items (``cached`` tokens) and a
+new part (``new`` tokens), ``--cases`` ``preset:cached:new``. For each case, whole
+``Engine.recommend`` calls (synchronised wall time, median of ``--repeats`` after warm-up):
+
+* the uncached engine (defaults: one graph replay a call) on the whole prompt;
+* a hit from the device pool (the frozen part cached, the new part prefilled against it);
+* a miss (the cache cleared before each call: the whole prompt computed and the frozen part
+  written into pages);
+* a host-tier hit's extra cost: the entry's copy from pinned host memory into its pages.
+
+Writes ``prompt_cache_<date>[_<tag>].json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+from absl import app, flags
+
+from benchmarks import engine_analysis as ea
+from benchmarks import results_file as rf
+from torch_engine.config import EngineConfig, preset
+from torch_engine.engine import Engine
+from torch_engine.model import Model
+from torch_engine.prompt_cache import KVGeometry, PromptCache, PromptCacheConfig
+from xgr_common.layout import TokenLayout
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("out", "benchmarks/results", "folder for prompt_cache_<date>[_<tag>].json")
+flags.DEFINE_string("tag", "", "suffix of the result file name")
+flags.DEFINE_list("cases", ["qwen2-0.5b:768:256", "qwen3-1.7b:4000:1000"],
+                  "preset:cached:new tokens of each case")
+flags.DEFINE_integer("items", 1_000_000, "catalog size")
+flags.DEFINE_integer("paths", 250_000, "distinct code paths the items share")
+flags.DEFINE_integer("beam", 256, "beam width")
+flags.DEFINE_integer("top_k", 300, "items returned")
+flags.DEFINE_integer("repeats", 20, "timed calls per configuration")
+flags.DEFINE_string("device", "cuda", "torch device (cpu: a smoke run of the script)")
+
+LAYOUT = TokenLayout()
+ITEM = 4                  # tokens per item: ITEM_START and 3 codes
+TARGETS_MS = {"qwen2-0.5b": 3.5, "qwen3-1.7b": 14.0}
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn, repeats: int, before=None) -> list[float]:
+    """Wall milliseconds of ``repeats`` synchronised calls after two warm-up calls;
+    ``before`` runs (untimed) ahead of each."""
+    for _ in range(2):
+        if before:
+            before()
+        fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        if before:
+            before()
+            sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
+
+
+def prompt(cached: int, new: int, device: torch.device, seed: int = 0):
+    """One item-causal prompt: ``cached`` tokens of whole items (the frozen part), then
+    ``new`` tokens of items, the last token opening the generated item."""
+    gen = torch.Generator().manual_seed(seed)
+    total = cached + new
+    tokens = torch.randint(LAYOUT.code_base, LAYOUT.code_end, (1, total), generator=gen)
+    starts = torch.arange(total) % ITEM == 0
+    tokens[0, starts] = LAYOUT.item_start_id
+    tokens[0, 0] = LAYOUT.bos_id
+    segments = (torch.arange(total) // ITEM).to(torch.int32)[None]
+    return (tokens.to(device), torch.tensor([total], device=device), segments.to(device),
+            torch.tensor([cached]))
+
+
+def random_model(name: str, device: torch.device, dtype: torch.dtype) -> Model:
+    with torch.device(device):
+        model = Model(preset(name))
+    model = model.to(dtype).eval()
+    model.init_weights(0)
+    return model
+
+
+def run_case(spec: str, catalog, device: torch.device) -> dict:
+    name, cached, new = spec.split(":")
+    cached, new = int(cached), int(new)
+    require_items = cached % ITEM == 0
+    if not require_items:
+        raise app.UsageError(f"--cases {spec}: cached tokens must be whole {ITEM}-token items")
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    model = random_model(name, device, dtype)
+    geometry = KVGeometry.of_model(model.config, dtype)
+    pages = 2 * -(-cached // 16) + 4
+    cache = PromptCache(geometry, PromptCacheConfig(device_bytes=pages * geometry.page_bytes(16)),
+                        device)
+    plain = Engine(model, catalog, EngineConfig())
+    engine = Engine(model, catalog, EngineConfig(), prompt_cache=cache, model_version=name)
+    tokens, lengths, segments, frozen = prompt(cached, new, device)
+    width, top_k = FLAGS.beam, FLAGS.top_k
+
+    def uncached():
+        return plain.recommend(tokens, lengths, segments, beam_width=width, top_k=top_k)
+
+    def through_cache():
+        return engine.recommend(tokens, lengths, segments, beam_width=width, top_k=top_k,
+                                frozen_lengths=frozen)
+
+    want, got = uncached(), through_cache()
+    through_cache()                                              # now a hit
+    same = int((want[0] == got[0]).sum())
+    rows = {"uncached": timed(uncached, FLAGS.repeats),
+            "hit (device pool)": timed(through_cache, FLAGS.repeats),
+            "miss (computed and stored)": timed(through_cache, FLAGS.repeats, cache.clear)}
+    host = torch.empty((geometry.layers, 2, cached, geometry.kv_heads, geometry.head_dim),
+                       dtype=dtype, pin_memory=device.type == "cuda")
+    target = cache.pool.data[:, :, 1:1 + -(-cached // 16)].flatten(2, 3)[:, :, :cached]
+    rows["host-tier copy (added to a hit)"] = timed(
+        lambda: target.copy_(host, non_blocking=True), FLAGS.repeats)
+    stats = cache.stats()
+    medians = {k: statistics.median(v) for k, v in rows.items()}
+    return {"case": spec, "preset": name, "cached_tokens": cached, "new_tokens": new,
+            "beam_width": width, "top_k": top_k, "batch": 1, "dtype": str(dtype),
+            "kv_bytes_per_token": geometry.token_bytes,
+            "host_copy_bytes": geometry.token_bytes * cached,
+            "medians_ms": medians, "p99_ms": {k: float(np.percentile(v, 99))
+                                               for k, v in rows.items()},
+            "hit_over_uncached": medians["hit (device pool)"] / medians["uncached"],
+            "target_hit_ms": TARGETS_MS.get(name),
+            "items_equal_to_uncached": same, "items_compared": int(want[0].numel()),
+            "cache_stats": stats.__dict__}
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    device = torch.device(FLAGS.device)
+    catalog = ea.random_catalog(FLAGS.items, min(FLAGS.paths, FLAGS.items), LAYOUT)
+    results = [run_case(spec, catalog, device) for spec in FLAGS.cases]
+    print(f"\n{'case':<24}{'uncached':>10}{'hit':>10}{'miss':>10}{'host copy':>11}"
+          f"{'hit/unc.':>10}{'target':>8}")
+    for r in results:
+        m = r["medians_ms"]
+        print(f"{r['case']:<24}{m['uncached']:>10.2f}{m['hit (device pool)']:>10.2f}"
+              f"{m['miss (computed and stored)']:>10.2f}"
+              f"{m['host-tier copy (added to a hit)']:>11.2f}{r['hit_over_uncached']:>10.2f}"
+              f"{r['target_hit_ms'] or float('nan'):>8.1f}")
+    path = rf.write_result(FLAGS.out, "prompt_cache", {
+        "date": rf.utc_now(), "device": str(device), "items": FLAGS.items,
+        "paths": FLAGS.paths, "repeats": FLAGS.repeats, "cases": results}, FLAGS.tag)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)

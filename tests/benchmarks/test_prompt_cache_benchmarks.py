@@ -1,0 +1,50 @@
+"""The prompt cache's two benchmarks run end to end at tiny sizes on the CPU: the hit
+latency beside the uncached engine (items of the hit equal the uncached engine's), and the
+hit-rate simulation (its table, JSON and plot, more hits with a bigger pool)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.heavy
+
+
+def _run(module: str, *flags: str) -> str:
+    done = subprocess.run([sys.executable, "-m", module, *flags], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_the_hit_latency_benchmark_writes_its_result(tmp_path):
+    out = _run("benchmarks.bench_prompt_cache", "--device=cpu", "--cases=tiny:48:24",
+               "--items=2000", "--paths=2000", "--repeats=2", "--beam=8", "--top_k=10",
+               f"--out={tmp_path}")
+    assert "tiny:48:24" in out
+    (path,) = tmp_path.glob("prompt_cache_*.json")
+    result = json.loads(path.read_text())
+    case = result["cases"][0]
+    assert result["commit"] and case["items_equal_to_uncached"] == case["items_compared"]
+    assert set(case["medians_ms"]) == {"uncached", "hit (device pool)",
+                                       "miss (computed and stored)",
+                                       "host-tier copy (added to a hit)"}
+    assert case["cache_stats"]["device_hits"] > 0
+
+
+def test_the_hit_rate_simulation_plots_hits_against_the_pool(tmp_path):
+    out = _run("benchmarks.bench_prompt_cache_hits", "--population=300", "--rate=5",
+               "--hours=0.05", "--frozen_tokens=400", "--device_gb=0.2,2", "--host_gb=2",
+               f"--out={tmp_path}")
+    assert "tokens reused" in out
+    (path,) = tmp_path.glob("prompt_cache_hits_*.json")
+    result = json.loads(path.read_text())
+    assert Path(result["plot"]).exists()
+    small, large = result["rows"][:2]
+    assert 0 <= small["hit_rate"] < large["hit_rate"] <= 1
+    assert result["workload"]["return_intervals"]["returns"] > 0
