@@ -9,6 +9,7 @@ import torch
 
 from torch_engine import attention as attn
 from torch_engine.kernels import paged_attention as kernels
+from torch_engine.kernels.decode_attention import DecodeConfig, PagedPrefix, launch_decode
 from torch_engine.kv_cache import CachedPrefix, PackedPrompt
 from torch_engine.reference import paged_attention as reference
 from xgr_common.errors import InvalidInputError
@@ -92,6 +93,54 @@ def test_request_major_offsets_with_seq_lens(kt, gen):
     want = reference.paged_decode_attention(**_double(inputs), num_own=1, seq_lens=seq_lens)
     got = kernels.paged_decode_attention(**inputs, num_own=1, seq_lens=seq_lens)
     kt.check(got, want, dtype, "request-major decode")
+
+
+@pytest.mark.parametrize("splits, fused", [(3, False), (3, True), (8, True)])
+def test_paged_decode_splits_the_cached_and_new_keys(kt, gen, splits, fused):
+    """Split programs each take a block-aligned chunk of cached-then-suffix keys (chunks
+    straddle the boundary, some end past a short request); the merge gives one answer."""
+    cached, suffix = [0, 37, 70], [5, 12, 1]
+    world = _world(kt, gen, cached, suffix, 4, 2, 32, torch.float32)
+    inputs = dict(q=kt.randn((3, 6, 4, 32), torch.float32, gen), shared_k=world["k"],
+                  shared_v=world["v"], cu_seqlens=world["cu_seqlens"],
+                  beam_k=kt.randn((3, 6, 2, 2, 32), torch.float32, gen),
+                  beam_v=kt.randn((3, 6, 2, 2, 32), torch.float32, gen))
+    pages = dict(pool_k=world["pool_k"], pool_v=world["pool_v"],
+                 block_table=world["block_table"], cached_lens=world["cached_lens"])
+    want = reference.paged_decode_attention(**_double({**inputs, **pages}), num_own=2)
+    config = DecodeConfig(block_m=16, block_n=16, splits=splits, num_warps=4, num_stages=1,
+                          fused_merge=fused)
+    got = launch_decode(**inputs, num_own=2, scale=32 ** -0.5, config=config,
+                        paged=PagedPrefix(**pages))
+    kt.check(got, want, torch.float32, f"paged decode, {splits} splits, fused {fused}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("hq, hkv, dim, cached, suffix", [
+    (14, 2, 64, [768], [256]), (16, 8, 128, [4000], [1000]), (14, 2, 64, [0, 500, 1024],
+                                                              [300, 1, 77])],
+    ids=["qwen2-0.5b", "qwen3-1.7b", "ragged-batch"])
+def test_gpu_serving_shapes_match_the_reference(kt, gen, dtype, hq, hkv, dim, cached, suffix):
+    """The engine's shapes on the GPU: the tuned tiles (not the interpreter's), the decode's
+    split rule, beam 256."""
+    pages = sum(-(-c // PAGE) for c in cached) + 2
+    world = _world(kt, gen, cached, suffix, hq, hkv, dim, dtype, pages=pages)
+    for mode in MODES:
+        want = reference.paged_prefill_attention(**_double(world), mode=mode)
+        got = kernels.paged_prefill_attention(**world, mode=mode, max_len=max(suffix))
+        kt.check(got, want, dtype, f"paged prefill {mode.value} {cached}/{suffix}",
+                 gen.initial_seed())
+    batch, width = len(cached), 256
+    inputs = dict(q=kt.randn((batch, width, hq, dim), dtype, gen), shared_k=world["k"],
+                  shared_v=world["v"], cu_seqlens=world["cu_seqlens"],
+                  pool_k=world["pool_k"], pool_v=world["pool_v"],
+                  block_table=world["block_table"], cached_lens=world["cached_lens"],
+                  beam_k=kt.randn((batch, width, 2, hkv, dim), dtype, gen),
+                  beam_v=kt.randn((batch, width, 2, hkv, dim), dtype, gen))
+    want = reference.paged_decode_attention(**_double(inputs), num_own=2)
+    got = kernels.paged_decode_attention(**inputs, num_own=2)
+    kt.check(got, want, dtype, f"paged decode {cached}/{suffix}", gen.initial_seed())
 
 
 def _packed(kt, world, suffix, mode):

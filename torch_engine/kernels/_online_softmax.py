@@ -48,3 +48,20 @@ def score_key_tile(q, k_base, v_base, k_desc, v_desc, k0, kpos, col, s_kt, s_vt,
         k = tl.load(k_base + kpos[:, None] * s_kt + d[None, :])
         v = tl.load(v_base + kpos[:, None] * s_vt + d[None, :])
     return tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION), v
+
+
+@triton.jit
+def load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row, kpos, ok, d,
+                    PAGE: tl.constexpr):
+    """Keys and values ``[N, D]`` of a request's cached token positions ``kpos`` from the
+    prompt cache's pages: position p lies at slot ``p % PAGE`` of page ``table_row[p // PAGE]``
+    (one gathered page index per key row; a tile spans whole pages when N is a multiple of
+    PAGE). Rows where ``ok`` is false read as zeros. Page offsets in int64: a layer's pool
+    can pass 2**31 elements."""
+    page = tl.load(table_row + kpos // PAGE, mask=ok, other=0).to(tl.int64)
+    slot = (kpos % PAGE).to(tl.int64)
+    k = tl.load(pk_head + (page * s_pkp + slot * s_pkt)[:, None] + d[None, :],
+                mask=ok[:, None], other=0.0)
+    v = tl.load(pv_head + (page * s_pvp + slot * s_pvt)[:, None] + d[None, :],
+                mask=ok[:, None], other=0.0)
+    return k, v

@@ -30,7 +30,8 @@ from torch.library import triton_op, wrap_triton
 
 from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import online_softmax_step, score_key_tile
+from torch_engine.kernels._online_softmax import (load_paged_tile, online_softmax_step,
+                                                   score_key_tile)
 
 _OP = "decode_attention"
 _LOG2E = 1.4426950408889634
@@ -55,6 +56,23 @@ class DecodeConfig:
     tma: bool = False
     # Registers per thread at most (``_common.register_cap``); None: the compiler's choice.
     maxnreg: int | None = None
+
+
+@dataclass(frozen=True)
+class PagedPrefix:
+    """Cached prompt tokens that come before each request's packed prompt KV: the prompt
+    cache's pages ``pool_k, pool_v [pages, page_tokens, Hkv, D]`` (page_tokens a power of
+    two), request b's first ``cached_lens[b]`` tokens on pages ``block_table[b, :]``
+    (``[B, P]`` int32). Checked by ``kernels.paged_attention``'s launchers."""
+
+    pool_k: torch.Tensor
+    pool_v: torch.Tensor
+    block_table: torch.Tensor
+    cached_lens: torch.Tensor
+
+    @property
+    def page_tokens(self) -> int:
+        return self.pool_k.shape[1]
 
 
 @triton.jit
@@ -101,10 +119,12 @@ def _decode_partial_kernel(
         s_qb, s_qw, s_qh, s_skt, s_skh, s_svt, s_svh,
         s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
         s_ob, s_ow, s_oh,
+        cached_ptr, table_ptr, pk_ptr, pv_ptr, s_tb, s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
         FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        TMA: tl.constexpr, LENS: tl.constexpr):
+        TMA: tl.constexpr, LENS: tl.constexpr, PAGED: tl.constexpr,
+        PAGE: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     # Row tiles vary fastest: the tiles of one (request, KV head) run side by side and read its
     # prompt KV from L2 once, instead of once per row tile when the KV outgrows L2.
@@ -122,32 +142,58 @@ def _decode_partial_kernel(
     q_rows = q_ptr + b * s_qb + beam * s_qw + head * s_qh
     q = tl.load(q_rows[:, None] + d[None, :], mask=row_ok[:, None], other=0.0)
 
-    # Stage 1: this split's block-aligned chunk of the request's prompt; whole key tiles run
-    # unmasked, only a ragged last tile applies the key mask.
+    # Stage 1: this split's block-aligned chunk of the request's prompt; unpaged, whole key
+    # tiles run unmasked and only a ragged last tile applies the key mask.
     start = tl.load(cu_ptr + b).to(tl.int32)
     if LENS:
         # Request-major packing: the request's tokens, not its padding tail, end the prompt.
         end = start + tl.load(len_ptr + b).to(tl.int32)
     else:
         end = tl.load(cu_ptr + b + 1).to(tl.int32)
-    chunk = tl.cdiv(tl.cdiv(end - start, SPLITS), BLOCK_N) * BLOCK_N
-    lo = start + split * chunk
-    hi = tl.minimum(end, lo + chunk)
-    full_hi = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
     # A finite floor instead of -inf keeps exp2(m_old - m_new) defined when a tile is all masked.
     m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     sk_head = sk_ptr + h * s_skh
     sv_head = sv_ptr + h * s_svh
-    for k0 in range(lo, full_hi, BLOCK_N):
-        acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0, hi,
-                                     d, qk_scale, kd, vd, h * HEAD_DIM, BLOCK_N, False,
-                                     ACC_IN_DOT, DOT_PRECISION, TMA)
-    if full_hi < hi:
-        acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, full_hi,
-                                     hi, d, qk_scale, kd, vd, h * HEAD_DIM, BLOCK_N, True,
-                                     ACC_IN_DOT, DOT_PRECISION, TMA)
+    if PAGED:
+        # The request's keys are its cached tokens (the prompt cache's pages), then its packed
+        # prompt: one logical sequence, split into block-aligned chunks as below.
+        cached = tl.load(cached_ptr + b).to(tl.int32)
+        n_keys = cached + (end - start)
+        chunk = tl.cdiv(tl.cdiv(n_keys, SPLITS), BLOCK_N) * BLOCK_N
+        lo = split * chunk
+        hi = tl.minimum(n_keys, lo + chunk)
+        table_row = table_ptr + b * s_tb
+        for k0 in range(lo, hi, BLOCK_N):
+            kpos = k0 + tl.arange(0, BLOCK_N)
+            k_ok = kpos < hi
+            pooled = kpos < cached
+            pk, pv = load_paged_tile(pk_ptr + h * s_pkh, pv_ptr + h * s_pvh, s_pkp, s_pkt,
+                                     s_pvp, s_pvt, table_row, kpos, k_ok & pooled, d, PAGE)
+            row = start + kpos - cached
+            fresh = (k_ok & (kpos >= cached))[:, None]
+            sk = tl.load(sk_head + row[:, None] * s_skt + d[None, :], mask=fresh, other=0.0)
+            sv = tl.load(sv_head + row[:, None] * s_svt + d[None, :], mask=fresh, other=0.0)
+            k = tl.where(pooled[:, None], pk, sk)
+            v = tl.where(pooled[:, None], pv, sv)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+            s = tl.where(k_ok[None, :], s, float("-inf"))
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
+                                                DOT_PRECISION)
+    else:
+        chunk = tl.cdiv(tl.cdiv(end - start, SPLITS), BLOCK_N) * BLOCK_N
+        lo = start + split * chunk
+        hi = tl.minimum(end, lo + chunk)
+        full_hi = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
+        for k0 in range(lo, full_hi, BLOCK_N):
+            acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0,
+                                         hi, d, qk_scale, kd, vd, h * HEAD_DIM, BLOCK_N, False,
+                                         ACC_IN_DOT, DOT_PRECISION, TMA)
+        if full_hi < hi:
+            acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
+                                         full_hi, hi, d, qk_scale, kd, vd, h * HEAD_DIM,
+                                         BLOCK_N, True, ACC_IN_DOT, DOT_PRECISION, TMA)
 
     # Stage 2 (split 0): each row's own beam tokens. The tile's rows touch OWN_BEAMS beams;
     # one small product against those beams' own keys, keeping each row's own-beam column,
@@ -399,11 +445,13 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
                   scale: float, config: DecodeConfig,
                   out: torch.Tensor | None = None,
                   counters: torch.Tensor | None = None,
-                  seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+                  seq_lens: torch.Tensor | None = None,
+                  paged: PagedPrefix | None = None) -> torch.Tensor:
     """Runs the kernels with an explicit ``config`` (inputs already checked); ``out``
     (caller-owned, like q) receives the result when given; ``counters``: zeroed int32 split
     counters to use (and leave zeroed) instead of a fresh zeroed buffer, see
-    ``merge_counters``; ``seq_lens``: see ``decode_attention``."""
+    ``merge_counters``; ``seq_lens``: see ``decode_attention``; ``paged``: cached tokens
+    read before each request's prompt (pointer loads: no TMA)."""
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     group = hq // hkv
@@ -428,9 +476,16 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     # Finished-split counters of the fused merge, one per row tile, zero at the start.
     count = (_counters_for(counters, grid[0] * grid[1], q.device) if fused
              else torch.empty(1, device=q.device, dtype=torch.int32))
-    tma = config.tma and c.tma_ready(shared_k, shared_v)
+    tma = config.tma and paged is None and c.tma_ready(shared_k, shared_v)
     kd, vd = (c.kv_descriptors(shared_k, shared_v, config.block_n) if tma
               else (shared_k, shared_v))
+    if paged is None:  # the page arguments are never read: inputs stand in for them
+        page_args, page = (cu_seqlens, cu_seqlens, shared_k, shared_v) + (0,) * 7, 16
+    else:
+        pk, pv, table = paged.pool_k, paged.pool_v, paged.block_table
+        page_args = (paged.cached_lens, table, pk, pv, table.stride(0), pk.stride(0),
+                     pk.stride(1), pk.stride(2), pv.stride(0), pv.stride(1), pv.stride(2))
+        page = paged.page_tokens
     wrap_triton(_decode_partial_kernel)[grid](
         q, shared_k, shared_v, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
         beam_k, beam_v, out, part_o, part_lse, count, kd, vd, num_own, scale * _LOG2E, width, hkv,
@@ -439,10 +494,12 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         beam_k.stride(0), beam_k.stride(1), beam_k.stride(2), beam_k.stride(3),
         beam_v.stride(0), beam_v.stride(1), beam_v.stride(2), beam_v.stride(3),
         out.stride(0), out.stride(1), out.stride(2),
+        *page_args,
         GROUP=group, HEAD_DIM=dim, BLOCK_M=config.block_m, BLOCK_N=config.block_n,
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma, LENS=seq_lens is not None,
+        PAGED=paged is not None, PAGE=page,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **c.register_cap(config.maxnreg, q))
     if config.splits > 1 and not fused:

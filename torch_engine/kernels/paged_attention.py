@@ -3,29 +3,35 @@ the prompt's first tokens come from the prompt cache (``torch_engine.prompt_cach
 
 Same functions as ``torch_engine.reference.paged_attention``. Cached tokens live in a paged
 pool ``[pages, page_tokens, Hkv, D]``; request b's are the first ``cached_lens[b]`` tokens of
-its pages ``block_table[b, :]``. Each program loads one page as one key tile (no gather into
-a contiguous copy), then continues over the request's packed suffix keys, with one
-FlashAttention-2 online softmax in float32 across both:
+its pages ``block_table[b, :]``. Key tiles gather their rows' page indices from the table and
+load the pages in place (no contiguous copy of the cached part):
 
-* prefill: one program per (request, ``BLOCK_M`` suffix queries, query head). Every cached
-  key is visible; suffix keys follow the mask rule, derived from positions and segment ids
-  (causal: ``k <= q``; item-causal: or the same segment). Key tiles that no query of the tile
-  may see are skipped: under the causal rule the loop ends at the tile's last query; under
-  item-causal a tile past it runs only when it starts inside the last query's segment.
-* decode: one program per (request, KV head, ``BEAMS`` beams), the beams' query heads of that
-  KV head stacked as rows: the cached pages and the suffix once for all those rows, then each
-  beam's own slots (one key per row).
+* prefill: one program per (request, ``BLOCK_M`` suffix queries, query head), one
+  FlashAttention-2 online softmax (``_online_softmax``) over the cached tiles (every cached
+  key is visible), then over the request's packed suffix under the mask rule, derived from
+  positions and segment ids (causal: ``k <= q``; item-causal: or the same segment). Suffix
+  tiles that no query of the tile may see are skipped: under the causal rule the loop ends at
+  the tile's last query; under item-causal a tile past it runs only when it starts inside the
+  last query's segment.
+* decode: the xAttention kernel of ``decode_attention`` in its paged mode: the cached tokens
+  and the suffix form one key sequence, split across programs when the row tiles alone
+  cannot fill the GPU, then each beam's own slots, merged by log-sum-exp.
 
 The launchers validate every shape, dtype, stride and device before a launch.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
 
 from torch_engine.kernels import _common as c
+from torch_engine.kernels._online_softmax import load_paged_tile, online_softmax_step
+from torch_engine.kernels.decode_attention import (PagedPrefix, decode_config_for,
+                                                   launch_decode)
 from xgr_common.errors import InvalidInputError, require
 from xgr_common.layout import MaskMode
 
@@ -34,49 +40,16 @@ MODES = {MaskMode.CAUSAL: 0, MaskMode.ITEM_CAUSAL: 3}
 
 
 @triton.jit
-def _online_update(q, keys, values, allowed, m_i, l_i, acc, qk_scale,
-                   DOT_PRECISION: tl.constexpr):
-    s = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION) * qk_scale
-    s = tl.where(allowed, s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-    alpha = tl.exp2(m_i - m_safe)
-    p = tl.exp2(s - m_safe[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    acc = tl.dot(p.to(values.dtype), values, acc * alpha[:, None],
-                 input_precision=DOT_PRECISION)
-    return m_new, l_i, acc
-
-
-@triton.jit
-def _cached_pages(q, rows_ok, m_i, l_i, acc, b, kvh, cached, table_ptr, s_tb,
-                  pk_ptr, s_pkp, s_pkt, s_pkh, pv_ptr, s_pvp, s_pvt, s_pvh, d, d_ok, qk_scale,
-                  PAGE: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    t = tl.arange(0, PAGE)
-    for p in range(0, tl.cdiv(cached, PAGE)):
-        page = tl.load(table_ptr + b * s_tb + p).to(tl.int64)
-        t_ok = p * PAGE + t < cached
-        kv_ok = t_ok[:, None] & d_ok[None, :]
-        keys = tl.load(pk_ptr + page * s_pkp + t[:, None] * s_pkt + kvh * s_pkh + d[None, :],
-                       mask=kv_ok, other=0.0)
-        values = tl.load(pv_ptr + page * s_pvp + t[:, None] * s_pvt + kvh * s_pvh + d[None, :],
-                         mask=kv_ok, other=0.0)
-        allowed = rows_ok[:, None] & t_ok[None, :]
-        m_i, l_i, acc = _online_update(q, keys, values, allowed, m_i, l_i, acc, qk_scale,
-                                       DOT_PRECISION)
-    return m_i, l_i, acc
-
-
-@triton.jit
 def _paged_prefill_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, len_ptr, seg_ptr, cached_ptr, table_ptr,
         pk_ptr, pv_ptr,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_tb,
         s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
-        m_tiles, group, head_dim, qk_scale,
+        m_tiles, group, qk_scale,
         MODE: tl.constexpr, SEQ_LENS: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
+        BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
+        ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    qk_scale = tl.cast(qk_scale, tl.float32)
     pid = tl.program_id(0)
     head = tl.program_id(1)
     b = pid // m_tiles
@@ -91,17 +64,27 @@ def _paged_prefill_kernel(
     kvh = head // group
     m_idx = q0 + tl.arange(0, BLOCK_M)
     m_ok = m_idx < length
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < head_dim
+    d = tl.arange(0, HEAD_DIM)
     q = tl.load(q_ptr + (start + m_idx)[:, None] * s_qt + head * s_qh + d[None, :],
-                mask=m_ok[:, None] & d_ok[None, :], other=0.0)
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+                mask=m_ok[:, None], other=0.0)
+    # A finite floor instead of -inf keeps exp2(m_old - m_new) defined when a tile is all masked.
+    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    n = tl.arange(0, BLOCK_N)
+    # The cached part: every query sees every cached key.
     cached = tl.load(cached_ptr + b)
-    m_i, l_i, acc = _cached_pages(q, m_ok, m_i, l_i, acc, b, kvh, cached, table_ptr, s_tb,
-                                  pk_ptr, s_pkp, s_pkt, s_pkh, pv_ptr, s_pvp, s_pvt, s_pvh,
-                                  d, d_ok, qk_scale, PAGE, DOT_PRECISION)
+    table_row = table_ptr + b * s_tb
+    for k0 in range(0, cached, BLOCK_N):
+        kpos = k0 + n
+        k_ok = kpos < cached
+        k, v = load_paged_tile(pk_ptr + kvh * s_pkh, pv_ptr + kvh * s_pvh, s_pkp, s_pkt, s_pvp,
+                               s_pvt, table_row, kpos, k_ok, d, PAGE)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = tl.where(k_ok[None, :], s, float("-inf"))
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
+                                            DOT_PRECISION)
+    # The suffix under the mask rule.
     q_last = tl.minimum(q0 + BLOCK_M, length) - 1
     seg_q = tl.load(seg_ptr + start + m_idx, mask=m_ok, other=-1)
     seg_last = tl.load(seg_ptr + start + q_last)
@@ -109,95 +92,27 @@ def _paged_prefill_kernel(
         hi = q_last + 1
     else:
         hi = length
-    n = tl.arange(0, BLOCK_N)
     for n0 in range(0, hi, BLOCK_N):
         seg_first = tl.load(seg_ptr + start + n0)
         if (n0 <= q_last) | (seg_first == seg_last):
             n_idx = n0 + n
             n_ok = n_idx < length
-            kv_ok = n_ok[:, None] & d_ok[None, :]
             keys = tl.load(k_ptr + (start + n_idx)[:, None] * s_kt + kvh * s_kh + d[None, :],
-                           mask=kv_ok, other=0.0)
+                           mask=n_ok[:, None], other=0.0)
             values = tl.load(v_ptr + (start + n_idx)[:, None] * s_vt + kvh * s_vh + d[None, :],
-                             mask=kv_ok, other=0.0)
+                             mask=n_ok[:, None], other=0.0)
             allowed = n_idx[None, :] <= m_idx[:, None]
             if MODE == 3:
                 seg_k = tl.load(seg_ptr + start + n_idx, mask=n_ok, other=-2)
                 allowed = allowed | (seg_k[None, :] == seg_q[:, None])
-            allowed = allowed & n_ok[None, :] & m_ok[:, None]
-            m_i, l_i, acc = _online_update(q, keys, values, allowed, m_i, l_i, acc, qk_scale,
-                                           DOT_PRECISION)
+            allowed = allowed & n_ok[None, :]
+            s = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION)
+            s = tl.where(allowed, s, float("-inf"))
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, values, qk_scale,
+                                                ACC_IN_DOT, DOT_PRECISION)
     out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
     tl.store(out_ptr + (start + m_idx)[:, None] * s_ot + head * s_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None] & d_ok[None, :])
-
-
-@triton.jit
-def _paged_decode_kernel(
-        q_ptr, k_ptr, v_ptr, bk_ptr, bv_ptr, out_ptr, cu_ptr, len_ptr, cached_ptr, table_ptr,
-        pk_ptr, pv_ptr,
-        s_qb, s_qw, s_qh, s_kt, s_kh, s_vt, s_vh,
-        s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
-        s_ob, s_ow, s_oh, s_tb, s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
-        kv_heads, width, group, head_dim, num_own, qk_scale,
-        SEQ_LENS: tl.constexpr, BEAMS: tl.constexpr, ROWS: tl.constexpr,
-        BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE: tl.constexpr,
-        DOT_PRECISION: tl.constexpr):
-    pid = tl.program_id(0)
-    b = pid // kv_heads
-    kvh = pid % kv_heads
-    r = tl.arange(0, ROWS)
-    beam = tl.program_id(1) * BEAMS + r // group
-    head = kvh * group + r % group
-    row_ok = (r < BEAMS * group) & (beam < width)
-    d = tl.arange(0, BLOCK_D)
-    d_ok = d < head_dim
-    rd_ok = row_ok[:, None] & d_ok[None, :]
-    b64 = b.to(tl.int64)
-    beam64 = beam.to(tl.int64)
-    q = tl.load(q_ptr + b64 * s_qb + beam64[:, None] * s_qw + head[:, None] * s_qh + d[None, :],
-                mask=rd_ok, other=0.0)
-    m_i = tl.full([ROWS], float("-inf"), tl.float32)
-    l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
-    cached = tl.load(cached_ptr + b)
-    m_i, l_i, acc = _cached_pages(q, row_ok, m_i, l_i, acc, b, kvh, cached, table_ptr, s_tb,
-                                  pk_ptr, s_pkp, s_pkt, s_pkh, pv_ptr, s_pvp, s_pvt, s_pvh,
-                                  d, d_ok, qk_scale, PAGE, DOT_PRECISION)
-    start = tl.load(cu_ptr + b)
-    if SEQ_LENS:
-        length = tl.load(len_ptr + b)
-    else:
-        length = tl.load(cu_ptr + b + 1) - start
-    n = tl.arange(0, BLOCK_N)
-    for n0 in range(0, length, BLOCK_N):
-        n_idx = n0 + n
-        n_ok = n_idx < length
-        kv_ok = n_ok[:, None] & d_ok[None, :]
-        keys = tl.load(k_ptr + (start + n_idx)[:, None] * s_kt + kvh * s_kh + d[None, :],
-                       mask=kv_ok, other=0.0)
-        values = tl.load(v_ptr + (start + n_idx)[:, None] * s_vt + kvh * s_vh + d[None, :],
-                         mask=kv_ok, other=0.0)
-        allowed = row_ok[:, None] & n_ok[None, :]
-        m_i, l_i, acc = _online_update(q, keys, values, allowed, m_i, l_i, acc, qk_scale,
-                                       DOT_PRECISION)
-    qf = q.to(tl.float32)
-    for j in range(0, num_own):
-        k_own = tl.load(bk_ptr + b64 * s_bkb + beam64[:, None] * s_bkw + j * s_bks
-                        + kvh * s_bkh + d[None, :], mask=rd_ok, other=0.0).to(tl.float32)
-        v_own = tl.load(bv_ptr + b64 * s_bvb + beam64[:, None] * s_bvw + j * s_bvs
-                        + kvh * s_bvh + d[None, :], mask=rd_ok, other=0.0).to(tl.float32)
-        s_own = tl.where(row_ok, tl.sum(qf * k_own, 1) * qk_scale, float("-inf"))
-        m_new = tl.maximum(m_i, s_own)
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(s_own - m_safe)
-        l_i = l_i * alpha + p
-        acc = acc * alpha[:, None] + p[:, None] * v_own
-        m_i = m_new
-    out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-    tl.store(out_ptr + b64 * s_ob + beam64[:, None] * s_ow + head[:, None] * s_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=rd_ok)
+             out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
 
 
 # ------------------------------------------------------------------------------ launchers
@@ -276,10 +191,11 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     c.check_int32_offsets(op, {"q": q, "k": k, "v": v})
     qk_scale = c.resolve_scale(op, scale, dim) * _LOG2E
     out = torch.empty_like(q)
-    block_m, block_n = 16, 32
-    m_tiles = max(triton.cdiv(max_len, block_m), 1)
     if batch == 0 or total == 0:
         return out
+    block_m, block_n, warps, stages = prefill_tile(batch * hq * triton.cdiv(max(max_len, 1), 64),
+                                                   q.element_size(), q.device)
+    m_tiles = max(triton.cdiv(max_len, block_m), 1)
     with c.on_device(q.device):
         _paged_prefill_kernel[(batch * m_tiles, hq)](
             q, k, v, out, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
@@ -288,11 +204,26 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             out.stride(0), out.stride(1), block_table.stride(0),
             pool_k.stride(0), pool_k.stride(1), pool_k.stride(2),
             pool_v.stride(0), pool_v.stride(1), pool_v.stride(2),
-            m_tiles, hq // hkv, dim, qk_scale,
+            m_tiles, hq // hkv, qk_scale,
             MODE=MODES[MaskMode(mode)], SEQ_LENS=seq_lens is not None, BLOCK_M=block_m,
-            BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(dim), PAGE=page,
-            DOT_PRECISION=c.dot_precision(dtype))
+            BLOCK_N=block_n, HEAD_DIM=dim, PAGE=page, ACC_IN_DOT=True,
+            DOT_PRECISION=c.dot_precision(dtype), num_warps=warps, num_stages=stages)
     return out
+
+
+def prefill_tile(programs_of_64: int, element_size: int, device: torch.device
+                 ) -> tuple[int, int, int, int]:
+    """(query rows, keys, warps, stages) of a prefill program, from shapes alone: 64 x 64
+    tiles of 16-bit inputs, 32-row tiles when 64-row ones (``programs_of_64`` of them) would
+    leave multiprocessors idle, 32 x 32 for float32 (twice the bytes a tile), 16 x 16 under
+    the interpreter (many tiles on small tests)."""
+    if c.interpreting():
+        return 16, 16, 4, 1
+    if element_size > 2:
+        return 32, 32, 4, 2
+    if programs_of_64 < c.multiprocessors(device):
+        return 32, 64, 4, 2
+    return 64, 64, 4, 2
 
 
 def paged_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
@@ -328,28 +259,18 @@ def paged_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: to
                          "cu_seqlens": cu_seqlens, "pool_k": pool_k, "pool_v": pool_v,
                          "block_table": block_table, "cached_lens": cached_lens,
                          "beam_k": beam_k, "beam_v": beam_v})
-    c.check_int32_offsets(op, {"shared_k": shared_k, "shared_v": shared_v})
-    qk_scale = c.resolve_scale(op, scale, dim) * _LOG2E
-    out = torch.empty_like(q)
-    if out.numel() == 0:
-        return out
-    group = hq // hkv
-    beams = max(1, min(width, 64 // group))
-    rows = max(16, triton.next_power_of_2(beams * group))
+    c.check_int32_offsets(op, {"q": q, "shared_k": shared_k, "shared_v": shared_v})
+    c.require_size(batch * hkv <= 65535, f"{op}: batch x KV heads must be at most 65535, got "
+                   f"{batch} x {hkv}")
+    scale = c.resolve_scale(op, scale, dim)
+    if q.numel() == 0:
+        return torch.empty_like(q)
+    # The split rule counts every key a request may read: its pages' whole width and its
+    # packed prompt (an upper bound, from shapes alone, so the choice captures).
+    keys = shared_k.shape[0] + batch * block_table.shape[1] * page
+    config = dataclasses.replace(
+        decode_config_for(batch, width, hq // hkv, hkv, keys, dim, q.device), tma=False)
     with c.on_device(q.device):
-        _paged_decode_kernel[(batch * hkv, triton.cdiv(width, beams))](
-            q, shared_k, shared_v, beam_k, beam_v, out, cu_seqlens,
-            cu_seqlens if seq_lens is None else seq_lens, cached_lens, block_table,
-            pool_k, pool_v,
-            q.stride(0), q.stride(1), q.stride(2), shared_k.stride(0), shared_k.stride(1),
-            shared_v.stride(0), shared_v.stride(1),
-            beam_k.stride(0), beam_k.stride(1), beam_k.stride(2), beam_k.stride(3),
-            beam_v.stride(0), beam_v.stride(1), beam_v.stride(2), beam_v.stride(3),
-            out.stride(0), out.stride(1), out.stride(2), block_table.stride(0),
-            pool_k.stride(0), pool_k.stride(1), pool_k.stride(2),
-            pool_v.stride(0), pool_v.stride(1), pool_v.stride(2),
-            hkv, width, group, dim, num_own, qk_scale,
-            SEQ_LENS=seq_lens is not None, BEAMS=beams, ROWS=rows, BLOCK_N=32,
-            BLOCK_D=triton.next_power_of_2(dim), PAGE=page,
-            DOT_PRECISION=c.dot_precision(dtype))
-    return out
+        return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own,
+                             scale, config, seq_lens=seq_lens,
+                             paged=PagedPrefix(pool_k, pool_v, block_table, cached_lens))
