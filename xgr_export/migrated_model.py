@@ -34,8 +34,8 @@ from bridge.migration.plan import load_plan
 from bridge.migration.runner import PlanRunner
 from bridge.migration.served_outputs import (BOUNDARIES_SIGNATURE, MIGRATION_FILE,
                                              boundary_outputs, signature_outputs)
-from bridge.migration.served_stage import (ServedStage, ragged_input_checks,
-                                           served_replacement)
+from bridge.migration.served_stage import (ServedStage, model_input_checks,
+                                           ragged_input_checks, served_replacement)
 from bridge.migration.stage_program import (StageProgram, describe_boundary, export_stage,
                                             flat_example, id_bounds, open_dims)
 from bridge.parity.compare import compare
@@ -121,13 +121,21 @@ class MigratedExportReport:
 
 class _Walk:
     """The model and its replacements, held outside TF's tracking (a tracked Keras model
-    would be saved as Keras objects; the SavedModel keeps only the traced graph)."""
+    would be saved as Keras objects; the SavedModel keeps only the traced graph).
+    ``readers``: model input -> the first stage that reads it (or, for a ragged splits
+    input, its values), named when a request's input is refused."""
 
-    def __init__(self, staged, ragged, readers):
+    def __init__(self, staged, signature, ragged, readers):
         self.staged, self.replacements = staged, {}
-        self.ragged, self.readers = ragged, readers
+        self.signature, self.ragged, self.readers = signature, ragged, readers
 
     def run(self, inputs: dict):
+        # Every input's rank and fixed sizes first: a signature takes any shape of its dtype,
+        # and nothing downstream (a Torch stage's checks included) runs before these pass.
+        checks = [c for name, spec in self.signature.items()
+                  for c in model_input_checks(name, inputs[name], spec, self.readers[name])]
+        with tf.control_dependencies(checks):
+            inputs = {name: tf.identity(value) for name, value in inputs.items()}
         checks = [c for splits, values in self.ragged.items()
                   for c in ragged_input_checks(splits, inputs[splits],
                                                {v: inputs[v] for v in values},
@@ -175,15 +183,18 @@ def _signature(model) -> dict[str, tf.TensorSpec]:
 
 
 def _readers(staged, ragged: Mapping[str, tuple[str, ...]], names: list[str]) -> dict[str, str]:
-    """For each ragged splits input, the first stage that reads it or its values."""
-    readers = {}
+    """For each model input, the first stage that reads it; for each ragged splits input,
+    the first that reads it or its values."""
+    def first(wanted: set[str]) -> str:
+        return next((s for s in staged.names if wanted & set(staged.sources(s))), "(no stage)")
+
+    readers = {name: first({name}) for name in names}
     for splits, values in ragged.items():
         wanted = {splits, *values}
         unknown = sorted(wanted - set(names))
         require(not unknown, ConfigError, f"ragged {splits!r} -> {list(values)} names inputs "
                                           f"the model lacks: {unknown}; its inputs: {names}")
-        readers[splits] = next((s for s in staged.names if wanted & set(staged.sources(s))),
-                               "(no stage)")
+        readers[splits] = first(wanted)
     return readers
 
 
@@ -222,15 +233,27 @@ def _first_lines(error: BaseException) -> str:
 
 
 def _check_devices(config: MigratedExportConfig, torch_names: list[str]) -> None:
+    """Refuses, before anything is compiled, a device this machine lacks (a package is
+    compiled on a machine with the device it runs on), naming the stages placed there."""
     unknown = sorted(set(config.devices) - set(torch_names))
     require(not unknown, ConfigError, f"devices name stages that do not run in Torch: "
                                       f"{unknown}; the Torch stages are {torch_names}")
-    if any(config.device_of(n).startswith("cuda") for n in torch_names):
-        import torch
+    placed: dict[str, list[str]] = {}
+    for name in torch_names:
+        if config.device_of(name).startswith("cuda"):
+            placed.setdefault(config.device_of(name), []).append(name)
+    if not placed:
+        return
+    import torch
 
-        require(torch.cuda.is_available(), ExportError,
-                "a stage is placed on CUDA, but this machine has no CUDA device to compile "
-                "its package for")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    has = ("no CUDA device" if count == 0 else
+           f"{count} CUDA device{'s' if count > 1 else ''} (cuda:0 to cuda:{count - 1})")
+    for device, names in sorted(placed.items()):
+        require(int(device.split(":")[1]) < count, ExportError,
+                f"stages {names} are placed on {device}, but this machine has {has}: compile "
+                "each package on a machine with the device it runs on, or place the stage "
+                "on cpu")
 
 
 def export_migrated(config: MigratedExportConfig,
@@ -247,7 +270,8 @@ def export_migrated(config: MigratedExportConfig,
     signature = _signature(runner.model)
     readers = _readers(staged, config.ragged, list(signature))
     batches = load_batches(config.data, runner.model, config.batch_size)
-    out = require_empty_folder(config.out)
+    # Absolute: the check reloads the SavedModel in a process started in another folder.
+    out = require_empty_folder(config.out).resolve()
     torch_names = [n for n in staged.names if runner.runtime(n) == "torch"]
     _check_devices(config, torch_names)
     exports, stages = [], {}
@@ -260,8 +284,8 @@ def export_migrated(config: MigratedExportConfig,
             exports.append(StageExport(name, device, package.path.name, package.signature,
                                        round(seconds, 2)))
             stages[name] = (served, package.path, staged.layer(name))
-        module = MigratedModel(_Walk(staged, dict(config.ragged), readers), stages, signature,
-                               config.intra_op_threads)
+        module = MigratedModel(_Walk(staged, signature, dict(config.ragged), readers), stages,
+                               signature, config.intra_op_threads)
         progress(f"saving the SavedModel to {out}")
         try:
             functions = {SERVING_SIGNATURE: module.serve.get_concrete_function(),

@@ -9,7 +9,8 @@ The checks come first because compiled code trusts its inputs: a wrong size or a
 table would read out of bounds instead of raising. Each is a TF assertion, so a bad request is
 refused with ``InvalidArgument`` naming the stage, the input and the rule (``stage pool: input
 row_splits (the row splits of item_ids) must never decrease``: names unquoted, since TF escapes
-quotes in an assertion's message), as TF's own layers refuse it.
+quotes in an assertion's message), as TF's own layers refuse it. Before any stage runs,
+:func:`model_input_checks` holds each model input to the rank and sizes the model declares.
 """
 
 from __future__ import annotations
@@ -135,6 +136,57 @@ def served_replacement(stage: ServedStage, package: Any, layer: Any,
 def _op_name(stage: str) -> str:
     """A TF op name for the stage's TorchCall (letters, digits, ``_``)."""
     return "torch_" + "".join(c if c.isalnum() else "_" for c in stage)
+
+
+_SHAPE_FUNCTIONS: dict[tf.DType, Any] = {}
+
+
+def request_shape(x: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+    """``x``'s rank and shape (int64) as the request has them.
+
+    A signature's inputs carry the shapes it declares, and TF's graph optimizer turns a rank
+    or a size it believes known into a constant (also through a function's outputs: the
+    shape vector's length), so a check of them would pass a request that breaks them. Both
+    are taken in a function that is never inlined and whose argument declares no shape; the
+    rank comes back as a value, which the optimizer does not see through."""
+    function = _SHAPE_FUNCTIONS.get(x.dtype)
+    if function is None:
+        function = _SHAPE_FUNCTIONS[x.dtype] = tf.function(
+            lambda value: (tf.cast(tf.rank(value), tf.int64),
+                           tf.shape(value, out_type=tf.int64)),
+            input_signature=[tf.TensorSpec(None, x.dtype)],
+            experimental_attributes={"_noinline": True})
+    return function(x)
+
+
+def model_input_checks(name: str, value: tf.Tensor, spec: tf.TensorSpec,
+                       reader: str) -> list[tf.Operation]:
+    """TF assertions that model input ``name`` has the rank and the fixed sizes ``spec``
+    declares (a signature takes any shape of its dtype); ``reader``: the first stage that
+    reads it, named in the messages with the input (``stage features: input user must have
+    size 3 in dimension 1 (the model declares shape (None, 3))``)."""
+    if spec.shape.rank is None:
+        return []
+    dims = spec.shape.as_list()
+    declared = "(" + ", ".join("None" if d is None else str(d) for d in dims) + \
+        ("," if len(dims) == 1 else "") + ")"
+    what = f"stage {reader}: input {name}"
+    runtime_rank, shape = request_shape(value)
+    rank = tf.debugging.assert_equal(
+        runtime_rank, tf.constant(len(dims), tf.int64),
+        message=f"{what} must have rank {len(dims)} (the model declares shape {declared})")
+    checks = [rank]
+    fixed = [(d, size) for d, size in enumerate(dims) if size is not None]
+    if fixed:
+        with tf.control_dependencies([rank]):
+            # Padded, so a request of lower rank reads -1 here instead of past the shape.
+            padded = tf.concat([shape, tf.fill([len(dims)], tf.constant(-1, tf.int64))], 0)
+            for d, size in fixed:
+                checks.append(tf.debugging.assert_equal(
+                    padded[d], tf.constant(size, tf.int64),
+                    message=f"{what} must have size {size} in dimension {d} (the model "
+                            f"declares shape {declared})"))
+    return checks
 
 
 def ragged_input_checks(splits_name: str, splits: tf.Tensor, values: Mapping[str, tf.Tensor],

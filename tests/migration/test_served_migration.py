@@ -219,8 +219,16 @@ def test_bad_input_is_refused_naming_the_stage_and_the_input(migrated):
     fm = tf.saved_model.load(str(migrated("fm")[1].saved_model)).signatures["serving_default"]
     request = ctr_keras3.fm_batches(1, rows=2)[0]
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"stage dense_linear: input 0 \(dense\) must have size 3"):
+                       match=r"stage dense_linear: input dense must have size 3 in dimension "
+                             r"1 \(the model declares shape \(None, 3\)\)"):
         fm(fields=tf.constant(request["fields"]), dense=tf.zeros([2, 4]))
+    # A rank the model does not declare: the signature takes it, the walk refuses it before
+    # any stage (TF's or Torch's) reads it.
+    good = ctr_keras3.history_batches(1, rows=2)[0]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"stage item_embedding: input history must have rank 2"):
+        attention(history=tf.constant(good["history"][:, 0]),
+                  target=tf.constant(good["target"]), user=tf.constant(good["user"]))
 
     ranker = tf.saved_model.load(str(migrated("ranker")[1].saved_model)).signatures[
         "serving_default"]
@@ -234,6 +242,22 @@ def test_bad_input_is_refused_naming_the_stage_and_the_input(migrated):
                              r"input 0 \(pool\) dimension 0"):
         ranker(item_ids=tf.constant([1, 2, 3], tf.int64),
                row_splits=tf.constant([0, 2, 3], tf.int64), dense=tf.zeros([4, 3]))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"stage pool: input row_splits must have rank 1"):
+        ranker(item_ids=tf.constant([1, 2, 3], tf.int64),
+               row_splits=tf.constant([[0, 2, 3]], tf.int64), dense=tf.zeros([2, 3]))
+
+
+def test_export_to_a_relative_folder(migrated, package_cache, tmp_path, monkeypatch):
+    """`--out export/step_2` as the guide writes it: the check reloads the SavedModel in a
+    process started in another folder, so the export must not hand it a relative path."""
+    root = migrated("attention")[-1].saved_model.parent   # the last step's plan and data
+    monkeypatch.chdir(tmp_path)
+    report = export_migrated(MigratedExportConfig(
+        plan=root / "plan.json", out=Path("export") / "step_2", data=root / "batches.npz",
+        cache_dir=package_cache))
+    assert report.ok, report.to_json()
+    assert report.saved_model == (tmp_path / "export" / "step_2").resolve()
 
 
 def test_a_python_only_stage_is_refused_with_its_name_and_the_reason(tmp_path):
