@@ -29,7 +29,8 @@ import torch
 
 from torch_engine.prompt_cache.config import KVGeometry, PromptCacheConfig
 from torch_engine.prompt_cache.host_tier import HostTier
-from torch_engine.prompt_cache.keys import CacheScope, prefix_digests, safe_boundaries
+from torch_engine.prompt_cache.keys import (CacheScope, prefix_digest, prefix_digests,
+                                            safe_boundaries, token_records)
 from torch_engine.prompt_cache.pool import SINK, KVPool
 from xgr_common.errors import ConfigError, require
 
@@ -154,7 +155,7 @@ class PromptCache:
                 f"of {config.page_tokens} tokens is {page_bytes} bytes at "
                 f"{geometry.token_bytes} bytes a token")
         self.geometry, self.config = geometry, config
-        self.device = torch.device(device)
+        self.device = _indexed(torch.device(device))
         self.pool = KVPool(geometry, pages, config.page_tokens, self.device)
         self.host = (HostTier(config.host_bytes, pinned=self.device.type == "cuda")
                      if config.host_bytes else None)
@@ -218,8 +219,18 @@ class PromptCache:
         frozen = row.frozen
         if frozen <= 0:
             return RowPlan(0, 0, (), "none")
+        records = token_records(row.tokens[:frozen], row.segments[:frozen])
+        # A returning user's frozen part is usually cached whole: one digest finds it, and
+        # the digests of every boundary (thousands for a long history) are not needed.
+        whole = self._index.get(prefix_digest(scope, records, frozen))
+        if whole is not None and whole[1] == frozen:
+            entry = whole[0]
+            self._entries.move_to_end(id(entry))
+            plan = self._read(entry, frozen, res, "device")
+            self._count(plan, frozen)
+            return plan
         bounds = safe_boundaries(row.segments, frozen)
-        digests = prefix_digests(scope, row.tokens[:frozen], row.segments[:frozen], bounds)
+        digests = prefix_digests(scope, records, bounds)
         found, tier = self._longest(digests), "device"
         if self.host is not None:
             # The host tier may hold a longer part than the device (say, a common intro).
@@ -381,3 +392,11 @@ class PromptCache:
         entry.registered.clear()
         self._entries.pop(id(entry), None)
         self.pool.table.release(entry.pages)
+
+
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` as ``cuda:N`` of the current device (what a model's parameters report), so a
+    cache made with either name matches the engine that uses it."""
+    if device.type == "cuda" and device.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return device

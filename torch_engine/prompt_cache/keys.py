@@ -79,18 +79,35 @@ def safe_boundaries(segments: np.ndarray, frozen: int) -> list[int]:
     return (np.nonzero(seg[1:] != seg[:-1])[0] + 1).tolist() + [frozen]
 
 
-def prefix_digests(scope: CacheScope, tokens: np.ndarray, segments: np.ndarray,
-                   boundaries: list[int]) -> list[bytes]:
-    """The digest of each prefix ``tokens[:n]`` (with its segment ids) for ``n`` in
-    ``boundaries``: one running hash, copied at each boundary."""
+def token_records(tokens: np.ndarray, segments: np.ndarray) -> memoryview:
+    """The bytes a frozen part is hashed as: one 16-byte record per token (its id, and its
+    segment id relative to the part's first, so equal layouts hash alike). A prefix of n
+    tokens is the first ``16 n`` bytes, so one running hash serves every prefix."""
+    tokens = np.asarray(tokens, dtype=np.int64)
+    seg = np.asarray(segments, dtype=np.int64)
+    if seg.size:
+        seg = seg - seg[0]
+    return memoryview(np.ascontiguousarray(np.stack([tokens, seg], axis=1))).cast("B")
+
+
+RECORD_BYTES = 16
+
+
+def prefix_digest(scope: CacheScope, records: memoryview, length: int) -> bytes:
+    """The digest of the prefix of ``length`` tokens (``token_records``)."""
+    h = scope.root()
+    h.update(records[:length * RECORD_BYTES])
+    return h.digest()
+
+
+def prefix_digests(scope: CacheScope, records: memoryview, boundaries: list[int]
+                   ) -> list[bytes]:
+    """``prefix_digest`` at each of ``boundaries`` (ascending): one running hash, copied at
+    each boundary."""
     h = scope.root()
     digests, start = [], 0
-    tokens = np.ascontiguousarray(tokens, dtype=np.int64)
-    seg = np.ascontiguousarray(segments, dtype=np.int64)
     for end in boundaries:
-        h.update(tokens[start:end].tobytes())
-        # Relative to the part's first segment: equal layouts hash alike.
-        h.update((seg[start:end] - seg[0]).tobytes())
+        h.update(records[start * RECORD_BYTES:end * RECORD_BYTES])
         digests.append(h.copy().digest())
         start = end
     return digests
