@@ -47,6 +47,9 @@ flags.DEFINE_integer("beam", 256, "beam width")
 flags.DEFINE_integer("top_k", 300, "items returned")
 flags.DEFINE_integer("repeats", 20, "timed calls per configuration")
 flags.DEFINE_string("device", "cuda", "torch device (cpu: a smoke run of the script)")
+flags.DEFINE_bool("profile", False, "also profile one uncached call and one hit of engines "
+                  "with the graphs off and print their kernels side by side (where a hit's "
+                  "time goes)")
 
 LAYOUT = TokenLayout()
 ITEM = 4                  # tokens per item: ITEM_START and 3 codes
@@ -137,6 +140,8 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
         lambda: target.copy_(host, non_blocking=True), FLAGS.repeats)
     stats = cache.stats()
     medians = {k: statistics.median(v) for k, v in rows.items()}
+    kernels = profile_case(model, catalog, geometry, tokens, lengths, segments, frozen,
+                           name) if FLAGS.profile else None
     return {"case": spec, "preset": name, "cached_tokens": cached, "new_tokens": new,
             "beam_width": width, "top_k": top_k, "batch": 1, "dtype": str(dtype),
             "kv_bytes_per_token": geometry.token_bytes,
@@ -146,7 +151,58 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
             "hit_over_uncached": medians["hit (device pool)"] / medians["uncached"],
             "target_hit_ms": TARGETS_MS.get(name),
             "items_equal_to_uncached": same, "items_compared": int(want[0].numel()),
-            "cache_stats": stats.__dict__}
+            "cache_stats": stats.__dict__, "kernels_us": kernels}
+
+
+def kernel_times(call, calls: int = 3) -> dict[str, float]:
+    """Microseconds per call of each kernel over ``calls`` profiled calls: device time of the
+    GPU's kernels, or on the CPU the operators' own time."""
+    from torch.profiler import ProfilerActivity, profile
+    cuda = torch.cuda.is_available()
+    call()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU]
+                 + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+        for _ in range(calls):
+            call()
+        sync()
+    out = {}
+    for event in prof.key_averages():
+        if cuda:
+            us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+            if event.key.startswith(("aten::", "cuda", "Memcpy")):
+                continue    # the host-side names of the kernels listed under their own
+        else:
+            us = event.self_cpu_time_total
+        if us:
+            out[event.key] = out.get(event.key, 0.0) + us / calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def profile_case(model, catalog, geometry, tokens, lengths, segments, frozen, name,
+                 top: int = 15) -> dict:
+    """One uncached call and one hit of eager engines (graphs off, so each kernel is seen),
+    kernel by kernel; prints both tables."""
+    eager = EngineConfig(cuda_graphs=False)
+    pages = 2 * -(-int(frozen.max()) // 16) + 4
+    cache = PromptCache(geometry, PromptCacheConfig(device_bytes=pages * geometry.page_bytes(16)),
+                        tokens.device)
+    plain = Engine(model, catalog, eager)
+    cached = Engine(model, catalog, eager, prompt_cache=cache, model_version=name)
+    width, top_k = FLAGS.beam, FLAGS.top_k
+    cached.recommend(tokens, lengths, segments, beam_width=width, top_k=top_k,
+                     frozen_lengths=frozen)                          # the entry exists
+    result = {
+        "uncached": kernel_times(lambda: plain.recommend(tokens, lengths, segments,
+                                                          beam_width=width, top_k=top_k)),
+        "hit": kernel_times(lambda: cached.recommend(tokens, lengths, segments,
+                                                     beam_width=width, top_k=top_k,
+                                                     frozen_lengths=frozen))}
+    for what, times in result.items():
+        print(f"\n{name} {what}: {sum(times.values()):.0f} us of kernels a call")
+        for kernel, us in list(times.items())[:top]:
+            print(f"  {us:>9.1f} us  {kernel[:90]}")
+    return result
 
 
 def main(argv: list[str]) -> None:

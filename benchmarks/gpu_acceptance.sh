@@ -57,13 +57,19 @@ stage() {  # case, stages, extra env...
       OUT="$RUN_OUT/$name" XGR_SITE_READY=1 bash benchmarks/gpu_serving.sh
 }
 
+gpu_label() {  # h200, h100, ...: the card that ran, for result file names
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if [[ $name =~ H([0-9]+) ]]; then echo "h${BASH_REMATCH[1]}"; else echo gpu; fi
+}
+
 catalog_phase() {
   # A catalog refresh at the headline size: the compile once, the catalog-only version,
   # the swap under load (time, failures, latency, GPU memory).
   ls custom_ops/*.so >/dev/null 2>&1 \
       || "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
   local sizes=(--preset=qwen2-0.5b --device=cuda:0 --dtype=bfloat16 --items=1000000
-               --keep_last=255 --history_events=300 --beam_width=256 --top_k=300 --label=h200)
+               --keep_last=255 --history_events=300 --beam_width=256 --top_k=300 --label="$(gpu_label)")
   [ -n "$REHEARSAL" ] && sizes=(--preset=tiny --device=cpu --items=3000 --label=cpu)
   timeout "${CATALOG_LIMIT:-900}" "${PY:-python3}" -m benchmarks.bench_catalog_swap \
       "${sizes[@]}" --max_batch=16 --clients=8 --out_dir="$RUN_OUT" \

@@ -65,6 +65,11 @@ SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 started=$(date +%s)
 
+gpu_label() {  # h200, h100, ...: the card that ran, for result file names
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if [[ $name =~ H([0-9]+) ]]; then echo "h${BASH_REMATCH[1]}"; else echo gpu; fi
+}
 note() { echo "$(( $(date +%s) - started ))s $*" | tee -a "$SUMMARY"; }
 
 if [ -z "$XGR_SITE_READY" ] && ls .whl/*.whl >/dev/null 2>&1; then
@@ -159,7 +164,7 @@ if has load && [ -d "$WORK/models/recs/1" ]; then
       --rates="$RATES" --rate_fractions="$RATE_FRACTIONS" --rate_seconds=5 \
       --warmup_requests=8 --p99_target_ms="$P99_TARGET" \
       --max_batch_size="$LOAD_BATCH" --batch_timeout_micros=2000 \
-      --label="${CASE:+${CASE}_}${LABEL:-h200}" --server_log="$OUT/server.log" \
+      --label="${CASE:+${CASE}_}${LABEL:-$(gpu_label)}" --server_log="$OUT/server.log" \
       --score_dtype="$DTYPE" \
       --model_label="$PRESET random $DTYPE, prompt $(( 4 + 4 * KEEP )), beam $BEAM, $ITEMS items, top_k $TOPK, top_n $TOPN" \
       --out_dir="$OUT" >> "$OUT/bench.log" 2>&1
