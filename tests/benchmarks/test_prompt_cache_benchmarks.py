@@ -25,8 +25,8 @@ def _run(module: str, *flags: str) -> str:
 def test_the_hit_latency_benchmark_writes_its_result(tmp_path):
     out = _run("benchmarks.bench_prompt_cache", "--device=cpu", "--cases=tiny:48:24",
                "--items=2000", "--paths=2000", "--repeats=2", "--beam=8", "--top_k=10",
-               f"--out={tmp_path}")
-    assert "tiny:48:24" in out
+               "--profile", f"--out={tmp_path}")
+    assert "tiny:48:24" in out and "tiny hit:" in out
     (path,) = tmp_path.glob("prompt_cache_*.json")
     result = json.loads(path.read_text())
     case = result["cases"][0]
@@ -35,6 +35,7 @@ def test_the_hit_latency_benchmark_writes_its_result(tmp_path):
                                        "miss (computed and stored)",
                                        "host-tier copy (added to a hit)"}
     assert case["cache_stats"]["device_hits"] > 0
+    assert set(case["kernels_us"]) == {"uncached", "hit"}
 
 
 def test_the_hit_rate_simulation_plots_hits_against_the_pool(tmp_path):
