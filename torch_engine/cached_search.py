@@ -87,6 +87,39 @@ def suffix_batch(batch: RequestBatch, cached: torch.Tensor, width: int) -> Reque
         exclude_items=batch.exclude_items, soft_marker=batch.soft_marker)
 
 
+def search_features_cached(model, catalog, token_ids: torch.Tensor, lengths: torch.Tensor,
+                           segment_ids: torch.Tensor | None,
+                           prefix_embeds: torch.Tensor | None,
+                           exclude_items: torch.Tensor | None, beam_width: int, top_k: int,
+                           options: search.SearchOptions, exclusions, soft_marker: int | None,
+                           pool: torch.Tensor, block_table: torch.Tensor,
+                           cached_lengths: torch.Tensor, write_slots: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``search.search_features`` when the prompts' first tokens come from a prompt cache's
+    pool: traceable, for a package whose runtime keeps the cache (TorchCall's): the whole
+    prompts are sanitised by the value rules, cut to their suffixes after ``cached_lengths``
+    (``[B]`` int64), prefilled against the pages of ``block_table`` (``[B, P]`` int32) in
+    ``pool`` (``[layers, 2, pages + 1, page_tokens, Hkv, D]``), whose suffix slots are
+    written to ``write_slots`` (``[B, S]`` int64, S the suffix width; the sink for slots not
+    kept), then decoded. Returns items, scores and the rules' flags as ``search_features``."""
+    if prefix_embeds is not None:
+        prefix_embeds = prefix_embeds.to(model.lm_head.weight.dtype)
+    if segment_ids is not None:
+        segment_ids = segment_ids.to(torch.int32)
+    if exclude_items is not None:
+        exclude_items = exclude_items.to(torch.int64)
+    batch, flags = search.sanitise(token_ids, lengths, segment_ids, prefix_embeds,
+                                   exclude_items, model.config.vocab_size,
+                                   soft_marker=soft_marker)
+    cached = CachedPrefix(pool=pool, block_table=block_table, lengths=cached_lengths,
+                          longest=None, write_slots=write_slots)
+    suffix = suffix_batch(batch, cached_lengths, write_slots.shape[1])
+    state = search.prefill(model, catalog, suffix, options, exclusions, cached)
+    items, scores = search.decode(model, catalog, state, beam_width, top_k, options,
+                                  exclusions)
+    return items, scores, flags
+
+
 @dataclass(frozen=True)
 class CachedShape:
     """The buffers a cached search runs in: the runner's ``bucket``, ``suffix`` token slots

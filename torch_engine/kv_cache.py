@@ -177,14 +177,16 @@ class CachedPrefix:
     pool: ``[layers, 2, pages + 1, page_tokens, Hkv, D]`` (keys, values); block_table: ``[B,
     P]`` int32 pages of each request; lengths: ``[B]`` int64 cached tokens of each request
     (its suffix starts at that position); longest: ``max(lengths)`` as a host int (sizes the
-    torch path's gather); write_slots: ``[B, Lsuffix]`` int64 flat pool slot that each
-    suffix slot's KV is copied to after prefill (the sink's for slots not kept), or None.
+    torch path's gather), or None for the whole block table (a traced program, whose
+    lengths the host never reads); write_slots: ``[B, Lsuffix]`` int64 flat pool slot (of
+    one layer's keys) that each suffix slot's KV is copied to after prefill (the sink's for
+    slots not kept), or None.
     """
 
     pool: torch.Tensor
     block_table: torch.Tensor
     lengths: torch.Tensor
-    longest: int
+    longest: int | None
     write_slots: torch.Tensor | None = None
 
     def layer(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -195,17 +197,24 @@ class CachedPrefix:
         """One layer's cached keys and values as padded rows ``[B, C, Hkv, D]`` and their
         ``valid [B, C]`` (``C`` covers ``longest``): the plain-torch path's copy."""
         page_tokens = self.pool.shape[3]
-        pages = max(-(-self.longest // page_tokens), 1)
-        table = self.block_table[:, :pages].long()
+        table = self.block_table.long()
+        if self.longest is not None:
+            table = table[:, :max(-(-self.longest // page_tokens), 1)]
         keys, values = self.layer(index)
         k, v = keys[table].flatten(1, 2), values[table].flatten(1, 2)
         slots = torch.arange(k.shape[1], device=k.device)
         return k, v, slots[None, :] < self.lengths[:, None]
 
     def store(self, shared: SharedKV, slots: torch.Tensor) -> None:
-        """Copy the packed prompt KV (per layer ``[T, Hkv, D]``) to flat pool ``slots [T]``:
-        one fixed-shape copy per layer and tensor, no host decision."""
-        for index, (k, v) in enumerate(zip(shared.keys, shared.values)):
-            keys, values = self.layer(index)
-            keys.view(-1, *keys.shape[2:]).index_copy_(0, slots, k.to(keys.dtype))
-            values.view(-1, *values.shape[2:]).index_copy_(0, slots, v.to(values.dtype))
+        """Copy the packed prompt KV (per layer ``[T, Hkv, D]``) to flat pool ``slots [T]``
+        of every layer's keys and values: one fixed-shape ``index_copy_`` over the whole
+        pool, no host decision. One write of the whole pool, not one per layer: a traced
+        program then updates its pool input in place (a write into a slice of an input is
+        compiled as a copy of the whole pool)."""
+        layers, _, pages, page_tokens = self.pool.shape[:4]
+        stride = pages * page_tokens                      # flat slots of one layer's keys
+        rows = [t for pair in zip(shared.keys, shared.values) for t in pair]
+        kv = torch.cat(rows).to(self.pool.dtype)          # [layers * 2 * T, Hkv, D]
+        base = torch.arange(layers * 2, device=slots.device, dtype=slots.dtype) * stride
+        flat = (base[:, None] + slots[None, :]).reshape(-1)
+        self.pool.view(-1, *self.pool.shape[4:]).index_copy_(0, flat, kv)

@@ -242,14 +242,7 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     check_search_sizes(engine, config)
     program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
                                layer_kernels, capacity)
-    # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
-    # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
-    batch = torch.export.Dim("batch", min=1, max=config.max_batch)
-    length = torch.export.Dim.DYNAMIC
-    exclude = torch.export.Dim("exclude", min=1,
-                               max=spec.keep_last + 1 + config.max_request_exclusions)
-    dynamic = ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
-               {0: batch, 1: exclude})
+    dynamic = dynamic_inputs(spec, config)
     inputs = example_inputs(engine, spec)
     if config.beam_widths:
         # The width is the length of beam_slots, a dimension torch.export bounds itself.
@@ -273,6 +266,20 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     if capacity is not None:
         write_tables(tables_file(out_path), program.tables.tensors(), capacity, engine.catalog)
     return package
+
+
+def dynamic_inputs(spec, config: EngineExportConfig) -> tuple[dict, ...]:
+    """``torch.export``'s dynamic dimensions of the five engine inputs: the batch up to
+    ``config.max_batch``, the prompt length, the excluded items (the history and a request's
+    own)."""
+    # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
+    # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
+    batch = torch.export.Dim("batch", min=1, max=config.max_batch)
+    length = torch.export.Dim.DYNAMIC
+    exclude = torch.export.Dim("exclude", min=1,
+                               max=spec.keep_last + 1 + config.max_request_exclusions)
+    return ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
+            {0: batch, 1: exclude})
 
 
 def check_search_sizes(engine, config: EngineExportConfig) -> None:

@@ -73,11 +73,29 @@ class Package:
     rules: tuple[str, ...] = ()
     replay: tuple[str, ...] = ()
     tables: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
 
     @property
     def caller_inputs(self) -> tuple[TensorSpec, ...]:
-        """The inputs a caller sends (the tables held by the runtime excluded)."""
-        return self.inputs[:len(self.inputs) - len(self.tables)]
+        """The inputs a caller sends (the tables held by the runtime excluded; with a prompt
+        cache, its four inputs are the runtime's and callers send ``frozen_lengths`` int32
+        [B] and ``user_keys`` uint8 [B, 8] in their place)."""
+        inputs = self.inputs[:len(self.inputs) - len(self.tables)]
+        runtime = self.cache_runtime
+        if runtime is None:
+            return inputs
+        batch = inputs[0].dims[0]
+        return inputs[:runtime] + (TensorSpec("int32", (batch,)),
+                                   TensorSpec("uint8", (batch, 8)))
+
+    @property
+    def cache_runtime(self) -> int | None:
+        """The first of the program's prompt-cache inputs (its ``cache`` line), or None."""
+        for line in self.extra:
+            words = line.split()
+            if words and words[0] == "cache":
+                return next(int(w.split("=", 1)[1]) for w in words if w.startswith("runtime="))
+        return None
 
     def to_json(self) -> dict:
         """Plain data (for manifests written by a packaging process)."""
@@ -85,7 +103,8 @@ class Package:
                 "inputs": [[t.dtype, list(t.dims)] for t in self.inputs],
                 "outputs": [[t.dtype, list(t.dims)] for t in self.outputs],
                 "ranges": [list(r) for r in self.ranges], "rules": list(self.rules),
-                "replay": list(self.replay), "tables": list(self.tables)}
+                "replay": list(self.replay), "tables": list(self.tables),
+                "extra": list(self.extra)}
 
     @classmethod
     def from_json(cls, data: dict) -> "Package":
@@ -94,7 +113,7 @@ class Package:
         return cls(Path(data["path"]), data["format"], data["device"], specs(data["inputs"]),
                    specs(data["outputs"]), tuple(tuple(r) for r in data["ranges"]),
                    tuple(data.get("rules", ())), tuple(data.get("replay", ())),
-                   tuple(data.get("tables", ())))
+                   tuple(data.get("tables", ())), tuple(data.get("extra", ())))
 
     @property
     def signature(self) -> str:
@@ -106,6 +125,7 @@ class Package:
         lines += list(self.rules)
         lines += list(self.replay)
         lines += [f"table {name}" for name in self.tables]
+        lines += list(self.extra)
         return "\n".join(lines) + "\n"
 
 
@@ -268,7 +288,7 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
                  runtime_ops: tuple[str, ...] = (),
                  same_dims: Sequence[tuple[tuple[int, int], tuple[int, int]]] = (),
                  rules: Sequence[str] = (), replay: Replay = Replay(),
-                 tables: Sequence[str] = ()) -> Package:
+                 tables: Sequence[str] = (), extra: Sequence[str] = ()) -> Package:
     """Compile ``program`` with AOTInductor into ``out_path`` (a ``.pt2``) with its contract.
 
     With ``cache_dir``, a package compiled before from the same graph, weights, torch version
@@ -279,7 +299,8 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
     although the program traced them apart; the op then checks them as one. ``rules``:
     the value rules of the program's inputs, recorded in the contract (``Package.rules``);
     ``replay``: bucketed shapes and CUDA graphs for TorchCall (``Package.replay``);
-    ``tables``: names of the program's last inputs that TorchCall holds (``Package.tables``).
+    ``tables``: names of the program's last inputs that TorchCall holds (``Package.tables``);
+    ``extra``: more contract lines (a ``cache`` line, ``xgr_export.cached_package``).
     """
     out_path = Path(out_path)
     require(out_path.suffix == ".pt2", InvalidInputError,
@@ -293,7 +314,8 @@ def package_aoti(program: torch.export.ExportedProgram, out_path: str | os.PathL
             f"torch path (e.g. EngineConfig(attention_backend='torch', "
             f"selection_backend='torch'))")
     contract = replace(_unify_dims(contract_of(program, device), same_dims),
-                       rules=tuple(rules), replay=replay.lines(), tables=tuple(tables))
+                       rules=tuple(rules), replay=replay.lines(), tables=tuple(tables),
+                       extra=tuple(extra))
     for name, spec in zip(contract.tables, contract.inputs[-len(tables):] if tables else ()):
         require(all(isinstance(d, int) for d in spec.dims), ExportError,
                 f"table {name!r} has dynamic dims {spec.dims}: tables have fixed sizes")

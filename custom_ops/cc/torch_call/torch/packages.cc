@@ -7,6 +7,9 @@
 #include <torch/cuda.h>
 #include <torch/script.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -20,6 +23,7 @@
 
 #include "custom_ops/cc/torch_call/torch/extraction_folders.h"
 #include "custom_ops/cc/torch_call/torch/graph_runner.h"
+#include "custom_ops/cc/torch_call/torch/prompt_cache.h"
 #include "custom_ops/cc/torch_call/torch/signature.h"
 #include "custom_ops/cc/torch_call/torch/scalar_types.h"
 #include "custom_ops/cc/torch_call/torch/tables.h"
@@ -64,6 +68,147 @@ void ApplyThreadCount(int threads) {
   }
 }
 
+// The prompt cache's byte budget in this process (per package that keeps one):
+// XGR_PROMPT_CACHE_BYTES (`xgr serve --prompt_cache_gb` sets it), else 256 MiB.
+int64_t CacheBudget() {
+  const char* env = std::getenv("XGR_PROMPT_CACHE_BYTES");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long value = std::strtoll(env, &end, 10);
+    if (end != nullptr && *end == '\0' && value >= 0) return value;
+    std::fprintf(stderr, "TorchCall: XGR_PROMPT_CACHE_BYTES='%s' is not a byte count; using "
+                 "the default\n", env);
+  }
+  return int64_t{256} << 20;
+}
+
+std::string CacheStatsJson(const CacheStats& st) {
+  std::string buckets;
+  for (size_t i = 0; i < st.hit_bounds.size(); ++i) {
+    buckets += (i ? ", " : "") + std::string("[") + std::to_string(st.hit_bounds[i]) + ", " +
+               std::to_string(st.hit_buckets[i]) + "]";
+  }
+  return "{\"lookups\": " + std::to_string(st.lookups) +
+         ", \"hits\": " + std::to_string(st.hits) +
+         ", \"partial_hits\": " + std::to_string(st.partial_hits) +
+         ", \"misses\": " + std::to_string(st.misses) +
+         ", \"uncached\": " + std::to_string(st.uncached) +
+         ", \"evictions\": " + std::to_string(st.evictions) +
+         ", \"tokens_reused\": " + std::to_string(st.tokens_reused) +
+         ", \"tokens_written\": " + std::to_string(st.tokens_written) +
+         ", \"entries\": " + std::to_string(st.entries) +
+         ", \"bytes\": " + std::to_string(st.bytes) +
+         ", \"capacity_bytes\": " + std::to_string(st.capacity_bytes) +
+         ", \"hit_calls\": " + std::to_string(st.hit_calls) +
+         ", \"hit_seconds\": " + std::to_string(st.hit_seconds) +
+         ", \"hit_buckets\": [" + buckets + "]}";
+}
+
+// The rows the cache plans, from a call's host inputs (shapes and value rules already
+// checked); InvalidArgument naming frozen_lengths' row and rule for a frozen part the cache
+// cannot keep.
+Status CacheRows(const CacheSpec& cache, const std::vector<InputView>& inputs,
+                 std::vector<CacheRow>* rows) {
+  const InputView& tokens = inputs[cache.tokens];
+  const int64_t batch = tokens.shape[0], width = tokens.shape[1];
+  const auto* token = static_cast<const int32_t*>(tokens.data);
+  const auto* length = static_cast<const int32_t*>(inputs[cache.lengths].data);
+  const auto* segment = static_cast<const int32_t*>(inputs[cache.segments].data);
+  const auto* frozen = static_cast<const int32_t*>(inputs[cache.frozen_input()].data);
+  const auto* key = static_cast<const uint8_t*>(inputs[cache.keys_input()].data);
+  rows->assign(batch, CacheRow{});
+  for (int64_t b = 0; b < batch; ++b) {
+    CacheRow& row = (*rows)[b];
+    row.length = std::min<int64_t>(length[b], width);
+    row.frozen = frozen[b];
+    const std::string where = "frozen_lengths[" + std::to_string(b) + "] = " +
+                              std::to_string(row.frozen);
+    if (row.frozen < 0 || row.frozen >= std::max<int64_t>(row.length, 1)) {
+      return Invalid(where + " must be in [0, lengths[" + std::to_string(b) + "]) = [0, " +
+                     std::to_string(length[b]) + "): the part after it holds at least the "
+                     "row's last token");
+    }
+    const int32_t* row_tokens = token + b * width;
+    row.tokens.assign(row_tokens, row_tokens + row.length);
+    row.segments.resize(row.length);
+    int64_t items = 0;
+    for (int64_t i = 0; i < row.length; ++i) {
+      items += cache.causal && row_tokens[i] == cache.item_start;
+      row.segments[i] = cache.causal ? items : segment[b * width + i];
+    }
+    for (int64_t i = 0; i < row.frozen; ++i) {
+      if (cache.soft >= 0 && row_tokens[i] == cache.soft) {
+        return Invalid(where + " covers a SOFT marker at column " + std::to_string(i) +
+                       ": the frozen part cannot hold the request's soft vectors");
+      }
+    }
+    if (row.frozen > 0 && !cache.causal &&
+        row.segments[row.frozen - 1] == row.segments[row.frozen]) {
+      return Invalid(where + " cuts segment " + std::to_string(row.segments[row.frozen]) +
+                     " (columns " + std::to_string(row.frozen - 1) + " and " +
+                     std::to_string(row.frozen) + " share it): under the item-causal rule a "
+                     "frozen part must end at a segment's end");
+    }
+    const uint8_t* k = key + b * kUserKeyBytes;
+    if (std::any_of(k, k + kUserKeyBytes, [](uint8_t v) { return v != 0; })) {
+      row.key.assign(reinterpret_cast<const char*>(k), kUserKeyBytes);
+    }
+  }
+  return Status::Ok();
+}
+
+// `size` within the range the contract gives `symbol` (a trace may bound a dimension from
+// below, e.g. at 2: the runtime pads its own inputs up to it).
+int64_t WithinRange(const Signature& sig, const std::string& symbol, int64_t size) {
+  auto range = sig.ranges.find(symbol);
+  if (range == sig.ranges.end()) return size;
+  return std::min(std::max(size, range->second.first), range->second.second);
+}
+
+// The suffix width of a cached run: the longest suffix, rounded as the prompt's length is
+// bucketed (so a bucket's runs share few shapes), within the padded prompt.
+int64_t SuffixWidth(const Signature& sig, const Reservation& r,
+                    const std::vector<CacheRow>& rows, int64_t padded_length) {
+  int64_t longest = 1;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    longest = std::max(longest, rows[b].length - r.plans[b].cached);
+  }
+  int64_t width = longest;
+  for (const BucketRule& rule : sig.buckets) {
+    if (rule.input != sig.cache.tokens || rule.dim != 1) continue;
+    if (rule.multiple == 0) {
+      width = 1;
+      while (width < longest) width *= 2;
+    } else {
+      width = (longest + rule.offset + rule.multiple - 1) / rule.multiple * rule.multiple -
+              rule.offset;
+    }
+  }
+  width = std::max(longest, std::min(width, padded_length));
+  return WithinRange(sig, sig.cache_inputs[2].dims[1], width);
+}
+
+// Finishes a reservation however the run ends: kept only when it succeeded.
+class ReservationGuard {
+ public:
+  ReservationGuard(PromptCache* cache, std::unique_ptr<Reservation> r)
+      : cache_(cache), r_(std::move(r)), started_(std::chrono::steady_clock::now()) {}
+  ~ReservationGuard() {
+    if (r_) cache_->Finish(r_.get(), kept_, Seconds());
+  }
+  const Reservation& get() const { return *r_; }
+  void Keep() { kept_ = true; }
+
+ private:
+  double Seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  }
+  PromptCache* cache_;
+  std::unique_ptr<Reservation> r_;
+  std::chrono::steady_clock::time_point started_;
+  bool kept_ = false;
+};
+
 // Shared by both formats: contract checks, device moves, result hand-back.
 class PackageBase : public Package {
  public:
@@ -71,6 +216,9 @@ class PackageBase : public Package {
       : signature_(std::move(signature)), format_(std::move(format)),
         device_(signature_.device) {
     for (const auto& spec : signature_.outputs) output_dtypes_.push_back(spec.dtype);
+    if (signature_.cache.enabled) {
+      cache_ = std::make_unique<PromptCache>(signature_.cache, CacheBudget(), device_);
+    }
   }
 
   Status Run(const std::vector<InputView>& inputs, int threads,
@@ -85,6 +233,8 @@ class PackageBase : public Package {
     }
     Status s = signature_.CheckInputs(inputs);
     if (s.ok()) s = signature_.CheckValues(inputs);  // no kernel sees a value breaking a rule
+    std::vector<CacheRow> rows;
+    if (s.ok() && cache_) s = CacheRows(signature_.cache, inputs, &rows);
     if (!s.ok()) return s;
     ApplyThreadCount(threads);
     try {
@@ -93,11 +243,27 @@ class PackageBase : public Package {
       std::optional<c10::DeviceGuard> on_device;
       if (!device_.is_cpu() && device_.has_index()) on_device.emplace(device_);
       const BucketedShapes shapes = signature_.Bucket(inputs);
-      std::vector<at::Tensor> results = Execute(HostInputs(inputs, shapes), shapes, tables);
+      std::vector<at::Tensor> host = HostInputs(inputs, shapes);
+      std::vector<at::Tensor> resident;
+      std::string resident_key;
+      std::optional<ReservationGuard> reservation;
+      if (cache_) {
+        reservation.emplace(cache_.get(), cache_->Reserve(rows));
+        AddCacheInputs(reservation->get(), rows, shapes, &host);
+        resident.push_back(cache_->pool());
+        resident_key = "pool;";
+      }
+      if (tables != nullptr) {
+        resident.insert(resident.end(), tables->tensors.begin(), tables->tensors.end());
+        resident_key += "tables " + std::to_string(tables->id) + ";";
+      }
+      std::vector<at::Tensor> results = Execute(host, shapes, resident, resident_key);
       for (size_t i = 0; i < results.size() && i < signature_.outputs.size(); ++i) {
         results[i] = CutBack(results[i], i, shapes);
       }
-      return HandBack(results, outputs);
+      Status handed = HandBack(results, outputs);
+      if (handed.ok() && reservation) reservation->Keep();
+      return handed;
     } catch (const c10::OutOfMemoryError& e) {
       return {Code::kResourceExhausted, "the device ran out of memory running the " + format_ +
                                             " package: " + e.what_without_backtrace()};
@@ -113,6 +279,7 @@ class PackageBase : public Package {
 
   std::string Describe() const override { return signature_.Describe(); }
   size_t num_tables() const override { return signature_.tables.size(); }
+  std::string StatsJson() const override { return "{" + CacheJsonField() + "}"; }
   std::string device() const override { return device_.str(); }
   std::string format() const override { return format_; }
   const std::vector<ElementType>& output_dtypes() const override { return output_dtypes_; }
@@ -120,18 +287,25 @@ class PackageBase : public Package {
  protected:
   virtual std::vector<at::Tensor> Forward(std::vector<at::Tensor> inputs) = 0;
 
-  // Runs host inputs at their (bucketed) shapes, then the tables (already on the device):
-  // eagerly on the package's device by default.
+  // Runs host inputs at their (bucketed) shapes, then the resident tensors (already on the
+  // device: the cache's pool, the tables; `resident_key` names them): eagerly on the
+  // package's device by default.
   virtual std::vector<at::Tensor> Execute(const std::vector<at::Tensor>& host,
-                                          const BucketedShapes& shapes, const Tables* tables) {
+                                          const BucketedShapes& shapes,
+                                          const std::vector<at::Tensor>& resident,
+                                          const std::string& resident_key) {
     (void)shapes;
+    (void)resident_key;
     std::vector<at::Tensor> tensors;
-    tensors.reserve(host.size() + (tables ? tables->tensors.size() : 0));
+    tensors.reserve(host.size() + resident.size());
     for (const auto& t : host) tensors.push_back(device_.is_cpu() ? t : t.to(device_));
-    if (tables != nullptr) {
-      tensors.insert(tensors.end(), tables->tensors.begin(), tables->tensors.end());
-    }
+    tensors.insert(tensors.end(), resident.begin(), resident.end());
     return Forward(std::move(tensors));
+  }
+
+  // `"prompt_cache": {...}, ` for a package that keeps a cache, else empty.
+  std::string CacheJsonField() const {
+    return cache_ ? "\"prompt_cache\": " + CacheStatsJson(cache_->Stats()) : "";
   }
 
  public:
@@ -160,6 +334,24 @@ class PackageBase : public Package {
       host.push_back(padded);
     }
     return host;
+  }
+
+  // The caller's frozen_lengths and user_keys give way to the cache's inputs of this run:
+  // cached lengths, block table and write slots at the padded batch.
+  void AddCacheInputs(const Reservation& r, const std::vector<CacheRow>& rows,
+                      const BucketedShapes& shapes, std::vector<at::Tensor>* host) const {
+    const CacheSpec& cache = signature_.cache;
+    host->resize(cache.runtime);
+    const int64_t padded_rows = shapes.inputs[cache.tokens][0];
+    const int64_t padded_length = shapes.inputs[cache.tokens][1];
+    const int64_t pages = WithinRange(
+        signature_, signature_.cache_inputs[1].dims[1],
+        std::max<int64_t>((padded_length + cache_->page_tokens() - 1) / cache_->page_tokens(),
+                          1));
+    const int64_t suffix = SuffixWidth(signature_, r, rows, padded_length);
+    host->push_back(PromptCache::CachedLengths(r, padded_rows));
+    host->push_back(PromptCache::BlockTable(r, padded_rows, pages));
+    host->push_back(cache_->WriteSlots(r, padded_rows, suffix));
   }
 
   at::Tensor CutBack(const at::Tensor& result, size_t output,
@@ -204,6 +396,7 @@ class PackageBase : public Package {
   std::string format_;
   c10::Device device_;
   std::vector<ElementType> output_dtypes_;
+  std::unique_ptr<PromptCache> cache_;  // with a `cache` contract line
 };
 
 class AotiPackage : public PackageBase {
@@ -226,9 +419,11 @@ class AotiPackage : public PackageBase {
   }
 
   std::string StatsJson() const override {
-    if (!graphs_) return "{\"graphs\": false}";
+    const std::string cache = CacheJsonField();
+    if (!graphs_) return "{\"graphs\": false" + (cache.empty() ? "" : ", " + cache) + "}";
     const GraphStats st = graphs_->Stats();
-    return "{\"graphs\": true, \"calls\": " + std::to_string(st.calls) +
+    return "{" + (cache.empty() ? "" : cache + ", ") + "\"graphs\": true, \"calls\": " +
+           std::to_string(st.calls) +
            ", \"replays\": " + std::to_string(st.replays) +
            ", \"captures\": " + std::to_string(st.captures) +
            ", \"eager_runs\": " + std::to_string(st.eager_runs) +
@@ -243,16 +438,18 @@ class AotiPackage : public PackageBase {
   }
 
   std::vector<at::Tensor> Execute(const std::vector<at::Tensor>& host,
-                                  const BucketedShapes& shapes, const Tables* tables) override {
-    if (!graphs_) return PackageBase::Execute(host, shapes, tables);
-    // One graph per bucket and table set: a graph reads its tables where they were captured.
-    std::string key = tables ? "tables " + std::to_string(tables->id) + ";" : "";
+                                  const BucketedShapes& shapes,
+                                  const std::vector<at::Tensor>& resident,
+                                  const std::string& resident_key) override {
+    if (!graphs_) return PackageBase::Execute(host, shapes, resident, resident_key);
+    // One graph per bucket and resident set: a graph reads its tables (and the cache's
+    // pool) where they were captured.
+    std::string key = resident_key;
     for (const auto& t : host) {
       for (int64_t size : t.sizes()) key += std::to_string(size) + ",";
       key += ";";
     }
-    static const std::vector<at::Tensor> kNone;
-    return graphs_->Run(host, key, tables ? tables->tensors : kNone);
+    return graphs_->Run(host, key, resident);
   }
 
  private:

@@ -41,6 +41,108 @@ std::string SpecText(const TensorSpec& spec) {
   return s + "]";
 }
 
+// `cache KEY=VALUE ...` (see signature.h).
+Status ParseCache(std::istringstream& words, CacheSpec* cache) {
+  std::map<std::string, std::string> values;
+  std::string word;
+  while (words >> word) {
+    const size_t eq = word.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return Invalid("cache parameter '" + word + "' must be KEY=VALUE");
+    }
+    values[word.substr(0, eq)] = word.substr(eq + 1);
+  }
+  const char* ints[] = {"runtime", "page_tokens", "layers", "kv_heads", "head_dim", "tokens",
+                        "lengths", "segments", "soft", "item_start"};
+  std::map<std::string, int64_t> number;
+  for (const char* key : ints) {
+    auto it = values.find(key);
+    const bool negative = it != values.end() && !it->second.empty() && it->second[0] == '-';
+    const std::string digits = negative ? it->second.substr(1) : it == values.end() ? "" :
+                                                                                      it->second;
+    if (it == values.end() || !IsLiteral(digits) || digits.size() > 18) {
+      return Invalid(std::string("cache needs ") + key + "=INT");
+    }
+    number[key] = negative ? -std::stoll(digits) : std::stoll(digits);
+  }
+  for (const char* key : {"dtype", "mode", "scope"}) {
+    if (values.find(key) == values.end()) return Invalid(std::string("cache needs ") + key);
+  }
+  Status s = ParseElementType(values["dtype"], &cache->dtype);
+  if (!s.ok()) return s;
+  if (values["mode"] != "causal" && values["mode"] != "item_causal") {
+    return Invalid("cache mode must be causal or item_causal, got '" + values["mode"] + "'");
+  }
+  const int64_t pt = number["page_tokens"];
+  if (pt < 16 || (pt & (pt - 1)) != 0) return Invalid("cache page_tokens must be a power of two >= 16");
+  for (const char* key : {"runtime", "layers", "kv_heads", "head_dim", "tokens", "lengths",
+                          "segments"}) {
+    if (number[key] < 0 || (number[key] == 0 && std::string(key) != "runtime" &&
+                            std::string(key) != "tokens")) {
+      return Invalid(std::string("cache ") + key + " must be positive");
+    }
+  }
+  cache->enabled = true;
+  cache->runtime = static_cast<size_t>(number["runtime"]);
+  cache->page_tokens = pt;
+  cache->layers = number["layers"];
+  cache->kv_heads = number["kv_heads"];
+  cache->head_dim = number["head_dim"];
+  cache->tokens = static_cast<size_t>(number["tokens"]);
+  cache->lengths = static_cast<size_t>(number["lengths"]);
+  cache->segments = static_cast<size_t>(number["segments"]);
+  cache->causal = values["mode"] == "causal";
+  cache->soft = number["soft"];
+  cache->item_start = number["item_start"];
+  cache->scope = values["scope"];
+  return Status::Ok();
+}
+
+// With a cache, the program's four cache inputs come out of `inputs` (kept in cache_inputs)
+// and the caller's frozen_lengths and user_keys take their place.
+Status SplitCacheInputs(Signature* sig) {
+  const CacheSpec& cache = sig->cache;
+  if (cache.runtime + 4 != sig->inputs.size()) {
+    return Invalid("runtime=" + std::to_string(cache.runtime) + " must name the first of the "
+                   "last 4 inputs before the tables (the program declares " +
+                   std::to_string(sig->inputs.size()) + ")");
+  }
+  for (size_t i : {cache.tokens, cache.lengths, cache.segments}) {
+    if (i >= cache.runtime) return Invalid("an input position lies past the caller's inputs");
+  }
+  const TensorSpec& tokens = sig->inputs[cache.tokens];
+  const TensorSpec& lengths = sig->inputs[cache.lengths];
+  const TensorSpec& segments = sig->inputs[cache.segments];
+  if (tokens.dtype != ElementType::kInt32 || tokens.dims.size() != 2 ||
+      lengths.dtype != ElementType::kInt32 || lengths.dims.size() != 1 ||
+      segments.dtype != ElementType::kInt32 || segments.dims.size() != 2) {
+    return Invalid("tokens and segments must be int32 [B, L], lengths int32 [B]");
+  }
+  sig->cache_inputs.assign(sig->inputs.begin() + cache.runtime, sig->inputs.end());
+  const auto& c = sig->cache_inputs;
+  // The pool's page count (dim 2) is the runtime's: dynamic in the program.
+  const std::string pool_dims[] = {std::to_string(cache.layers), "2", "",
+                                   std::to_string(cache.page_tokens),
+                                   std::to_string(cache.kv_heads),
+                                   std::to_string(cache.head_dim)};
+  bool pool_ok = c[3].dtype == cache.dtype && c[3].dims.size() == 6;
+  for (size_t d = 0; pool_ok && d < 6; ++d) {
+    pool_ok = d == 2 ? !IsLiteral(c[3].dims[d]) : c[3].dims[d] == pool_dims[d];
+  }
+  if (c[0].dtype != ElementType::kInt64 || c[0].dims.size() != 1 ||
+      c[1].dtype != ElementType::kInt32 || c[1].dims.size() != 2 ||
+      c[2].dtype != ElementType::kInt64 || c[2].dims.size() != 2 || !pool_ok) {
+    return Invalid("the cache inputs must be cached_lengths int64 [B], block_table int32 "
+                   "[B, P], write_slots int64 [B, S] and the pool [layers, 2, pages, "
+                   "page_tokens, kv_heads, head_dim] with the cache's sizes and dtype");
+  }
+  sig->inputs.resize(cache.runtime);
+  const std::string batch = tokens.dims[0];
+  sig->inputs.push_back(TensorSpec{ElementType::kInt32, {batch}});
+  sig->inputs.push_back(TensorSpec{ElementType::kUInt8, {batch, std::to_string(kUserKeyBytes)}});
+  return Status::Ok();
+}
+
 }  // namespace
 
 const char* ElementTypeName(ElementType t) {
@@ -157,6 +259,9 @@ Status Signature::Parse(const std::string& text, Signature* out) {
       std::string name;
       if (!(words >> name)) return Invalid(where + "expected 'table NAME'");
       table_names.push_back(name);
+    } else if (kind == "cache") {
+      Status s = ParseCache(words, &sig.cache);
+      if (!s.ok()) return Invalid(where + s.message);
     } else if (kind == "graphs") {
       if (!(words >> sig.max_graphs) || sig.max_graphs < 1) {
         return Invalid(where + "expected 'graphs MAX' with MAX >= 1");
@@ -183,6 +288,10 @@ Status Signature::Parse(const std::string& text, Signature* out) {
     sig.tables.push_back({table_names[i], std::move(spec)});
   }
   sig.inputs.resize(first_table);
+  if (sig.cache.enabled) {
+    Status s = SplitCacheInputs(&sig);
+    if (!s.ok()) return Invalid("package signature cache: " + s.message);
+  }
   if (sig.pads.size() > sig.inputs.size()) {
     return Invalid("package signature pads input " + std::to_string(sig.pads.size() - 1) +
                    " but declares " + std::to_string(sig.inputs.size()) + " inputs");

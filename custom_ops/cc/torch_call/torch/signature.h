@@ -26,6 +26,19 @@
 //   table catalog.path_items  (the last inputs, one line each in order, are tables: fixed
 //                             sizes, loaded once from a tables file beside the package
 //                             (tables.h) and passed on every run; callers send the others)
+//   cache runtime=5 page_tokens=16 layers=24 kv_heads=2 head_dim=64 dtype=bfloat16
+//         tokens=0 lengths=1 segments=2 mode=item_causal soft=151667 item_start=151666
+//         scope=HEX           (one line: the runtime keeps a prompt-KV cache for the package,
+//                             prompt_cache.h. The program's inputs from `runtime` on, before
+//                             the tables, are the cache's: cached_lengths int64 [B],
+//                             block_table int32 [B, P], write_slots int64 [B, S] and the pool
+//                             [layers, 2, pages, page_tokens, kv_heads, head_dim]; in their
+//                             place callers send frozen_lengths int32 [B] and user_keys uint8
+//                             [B, 8] (all zero: no key). tokens/lengths/segments: the
+//                             positions of those caller inputs; mode: the mask rule (causal
+//                             segments are counted from item_start tokens); soft: the SOFT
+//                             marker a frozen part may not cover (-1: none); scope: the model,
+//                             layout and mask the entries belong to)
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_SIGNATURE_H_
 
@@ -70,6 +83,24 @@ struct BucketedShapes {
   bool padded = false;  // some size grew
 };
 
+// The prompt cache a package's runtime keeps (the `cache` line).
+struct CacheSpec {
+  bool enabled = false;
+  size_t runtime = 0;  // the program's first cache input (= the caller's frozen_lengths)
+  int64_t page_tokens = 16, layers = 0, kv_heads = 0, head_dim = 0;
+  ElementType dtype = ElementType::kFloat32;
+  size_t tokens = 0, lengths = 1, segments = 2;
+  bool causal = false;
+  int64_t soft = -1, item_start = -1;
+  std::string scope;
+
+  size_t frozen_input() const { return runtime; }
+  size_t keys_input() const { return runtime + 1; }
+};
+
+// Bytes of a user key as callers send it (user_keys [B, kUserKeyBytes]).
+constexpr int64_t kUserKeyBytes = 8;
+
 struct Signature {
   std::string device = "cpu";
   std::vector<TensorSpec> inputs;   // what callers send (the tables excluded)
@@ -80,6 +111,10 @@ struct Signature {
   std::vector<BucketRule> buckets;
   std::vector<double> pads;  // per input (0 where not named)
   int max_graphs = 0;        // 0: no CUDA graphs
+  CacheSpec cache;
+  // With a cache: the program's cache inputs (cached_lengths, block_table, write_slots,
+  // pool), which the runtime makes; `inputs` then ends with frozen_lengths and user_keys.
+  std::vector<TensorSpec> cache_inputs;
 
   // Parses the text form; errors name the offending line.
   static Status Parse(const std::string& text, Signature* out);

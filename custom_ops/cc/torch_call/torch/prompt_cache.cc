@@ -1,0 +1,357 @@
+// The prompt-KV cache of a served package (see prompt_cache.h).
+#include "custom_ops/cc/torch_call/torch/prompt_cache.h"
+
+#include <ATen/ATen.h>
+#include <torch/cuda.h>
+
+#include <algorithm>
+
+#include "custom_ops/cc/torch_call/torch/blake2b.h"
+#include "custom_ops/cc/torch_call/torch/scalar_types.h"
+
+namespace xgr {
+namespace torch_call {
+
+constexpr size_t kDigestBytes = 16;
+constexpr int32_t kSink = 0;
+
+struct CacheEntry {
+  std::vector<int32_t> pages;
+  int64_t length = 0;
+  std::vector<std::string> registered;  // digests that name this entry in the index
+  int readers = 0;
+  bool writer = false;
+  bool listed = false;  // in entries_ (published)
+};
+
+namespace {
+
+// The running hash of one row: the package's scope and the user key, then one 16-byte
+// record per token (its id, and its segment id relative to the part's first), so the
+// digest of a prefix of n tokens covers exactly its first n records.
+Blake2b RootOf(const std::string& scope, const std::string& key) {
+  Blake2b h(kDigestBytes);
+  for (const std::string* part : {&scope, &key}) {
+    const uint32_t size = static_cast<uint32_t>(part->size());
+    uint8_t prefix[4] = {static_cast<uint8_t>(size), static_cast<uint8_t>(size >> 8),
+                         static_cast<uint8_t>(size >> 16), static_cast<uint8_t>(size >> 24)};
+    h.Update(prefix, sizeof(prefix));
+    h.Update(part->data(), part->size());
+  }
+  return h;
+}
+
+void HashRecords(Blake2b* h, const CacheRow& row, int64_t from, int64_t to) {
+  uint8_t record[16];
+  for (int64_t i = from; i < to; ++i) {
+    const int64_t values[2] = {row.tokens[i], row.segments[i] - row.segments[0]};
+    for (int v = 0; v < 2; ++v) {
+      for (int b = 0; b < 8; ++b) record[8 * v + b] = static_cast<uint8_t>(values[v] >> (8 * b));
+    }
+    h->Update(record, sizeof(record));
+  }
+}
+
+const std::vector<double> kHitBounds = {0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5,
+                                        1.0};
+
+}  // namespace
+
+std::vector<int64_t> SafeBoundaries(const std::vector<int64_t>& segments, int64_t frozen) {
+  std::vector<int64_t> bounds;
+  for (int64_t i = 1; i < frozen; ++i) {
+    if (segments[i] != segments[i - 1]) bounds.push_back(i);
+  }
+  if (frozen > 0) bounds.push_back(frozen);
+  return bounds;
+}
+
+PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device)
+    : spec_(spec), page_tokens_(spec.page_tokens) {
+  page_bytes_ = spec.layers * 2 * spec.kv_heads * spec.head_dim * page_tokens_ *
+                ElementSize(spec.dtype);
+  // At least one page, so the pool keeps the shape a traced program was exported with
+  // (the sink and a page); a budget under a page holds that one page.
+  pages_ = std::max<int64_t>(page_bytes_ > 0 ? std::max<int64_t>(budget_bytes, 0) / page_bytes_
+                                             : 0, 1);
+  pool_ = at::zeros({spec.layers, 2, pages_ + 1, page_tokens_, spec.kv_heads, spec.head_dim},
+                    at::TensorOptions().dtype(ToScalarType(spec.dtype)).device(device));
+  for (int64_t p = pages_; p >= 1; --p) free_.push_back(static_cast<int32_t>(p));
+  refs_.assign(pages_ + 1, 0);
+  counts_.capacity_bytes = pages_ * page_bytes_;
+  counts_.hit_bounds = kHitBounds;
+  counts_.hit_buckets.assign(kHitBounds.size(), 0);
+}
+
+std::unique_ptr<Reservation> PromptCache::Reserve(const std::vector<CacheRow>& rows) {
+  auto res = std::make_unique<Reservation>();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const CacheRow& row : rows) {
+    res->plans.push_back(Plan(row, res.get()));
+    res->hit = res->hit || res->plans.back().cached > 0;
+  }
+  return res;
+}
+
+void PromptCache::Finish(Reservation* res, bool keep, double seconds) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (res->finished) return;
+  res->finished = true;
+  for (auto& action : keep ? res->commits : res->rollbacks) action();
+  for (auto& entry : res->readers) entry->readers -= 1;
+  res->readers.clear();
+  if (keep && res->hit) {
+    counts_.hit_calls += 1;
+    counts_.hit_seconds += seconds;
+    for (size_t i = 0; i < counts_.hit_bounds.size(); ++i) {
+      if (seconds <= counts_.hit_bounds[i]) counts_.hit_buckets[i] += 1;
+    }
+  }
+}
+
+CacheStats PromptCache::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  CacheStats stats = counts_;
+  stats.entries = static_cast<int64_t>(entries_.size());
+  stats.bytes = (pages_ - static_cast<int64_t>(free_.size())) * page_bytes_;
+  return stats;
+}
+
+RowPlan PromptCache::Plan(const CacheRow& row, Reservation* res) {
+  const int64_t frozen = row.frozen;
+  if (frozen <= 0 || row.key.empty()) return RowPlan{};
+  Blake2b root = RootOf(spec_.scope, row.key);
+  // A returning user's frozen part is usually cached whole: one digest finds it.
+  Blake2b whole = root;
+  HashRecords(&whole, row, 0, frozen);
+  auto found = index_.find(whole.Digest());
+  RowPlan plan;
+  if (found != index_.end() && found->second.second == frozen) {
+    Touch(found->second.first);
+    plan = Read(found->second.first, frozen, res);
+  } else {
+    const std::vector<int64_t> bounds = SafeBoundaries(row.segments, frozen);
+    std::vector<std::string> digests;
+    Blake2b running = root;
+    int64_t start = 0;
+    for (int64_t end : bounds) {
+      HashRecords(&running, row, start, end);
+      digests.push_back(running.Digest());
+      start = end;
+    }
+    std::shared_ptr<CacheEntry> entry;
+    int64_t length = 0;
+    for (size_t i = digests.size(); i-- > 0;) {
+      auto hit = index_.find(digests[i]);
+      if (hit != index_.end()) {
+        entry = hit->second.first;
+        length = hit->second.second;
+        break;
+      }
+    }
+    if (!entry) {
+      plan = Extend(nullptr, 0, frozen, bounds, digests, res, "miss");
+    } else {
+      Touch(entry);
+      plan = length == frozen ? Read(entry, length, res)
+                              : Extend(entry, length, frozen, bounds, digests, res, "device");
+    }
+  }
+  Count(plan, frozen);
+  return plan;
+}
+
+void PromptCache::Count(const RowPlan& plan, int64_t frozen) {
+  counts_.lookups += 1;
+  if (plan.tier == "device") {
+    counts_.hits += 1;
+    counts_.partial_hits += plan.cached < frozen;
+  } else if (plan.tier == "miss") {
+    counts_.misses += 1;
+  } else {
+    counts_.uncached += 1;
+  }
+  counts_.tokens_reused += plan.cached;
+}
+
+RowPlan PromptCache::Read(const std::shared_ptr<CacheEntry>& entry, int64_t length,
+                          Reservation* res) {
+  entry->readers += 1;
+  res->readers.push_back(entry);
+  RowPlan plan;
+  plan.cached = plan.written = length;
+  plan.pages.assign(entry->pages.begin(), entry->pages.begin() + PagesFor(length));
+  plan.tier = "device";
+  return plan;
+}
+
+RowPlan PromptCache::Extend(const std::shared_ptr<CacheEntry>& entry, int64_t length,
+                            int64_t frozen, const std::vector<int64_t>& bounds,
+                            const std::vector<std::string>& digests, Reservation* res,
+                            const std::string& tier) {
+  const int64_t need = PagesFor(frozen);
+  std::vector<CacheEntry*> keep;
+  if (entry) keep.push_back(entry.get());
+  if (entry && entry->length == length && !entry->writer) {
+    // In place: the entry ends where this part's new tokens start and nobody else writes it.
+    std::vector<int32_t> fresh;
+    if (!Take(need - static_cast<int64_t>(entry->pages.size()), keep, &fresh)) {
+      return Read(entry, length, res);
+    }
+    entry->pages.insert(entry->pages.end(), fresh.begin(), fresh.end());
+    entry->writer = true;
+    entry->readers += 1;
+    res->readers.push_back(entry);
+    res->commits.push_back([this, entry, frozen, length, bounds, digests] {
+      entry->length = frozen;
+      entry->writer = false;
+      Register(entry, bounds, digests);
+      counts_.tokens_written += frozen - length;
+    });
+    res->rollbacks.push_back([this, entry, fresh] {
+      entry->writer = false;
+      entry->pages.resize(entry->pages.size() - fresh.size());
+      Release(fresh);
+    });
+    RowPlan plan{length, frozen, {}, tier};
+    plan.pages.assign(entry->pages.begin(), entry->pages.begin() + need);
+    return plan;
+  }
+  // A new entry, sharing the whole pages of the one it continues.
+  const int64_t whole = entry ? length / page_tokens_ : 0;
+  std::vector<int32_t> fresh;
+  if (!Take(need - whole, keep, &fresh)) {
+    if (entry) return Extend(nullptr, 0, frozen, bounds, digests, res, "miss");
+    RowPlan plan;
+    plan.tier = "uncached";
+    return plan;
+  }
+  auto made = std::make_shared<CacheEntry>();
+  if (entry) made->pages.assign(entry->pages.begin(), entry->pages.begin() + whole);
+  Share(made->pages);
+  const int64_t head = length - whole * page_tokens_;
+  if (head > 0) {
+    // The partial page's tokens, copied before the run reads them (on the run's device and
+    // finished before it starts: the run goes on another stream).
+    pool_.select(2, fresh[0]).narrow(2, 0, head).copy_(
+        pool_.select(2, entry->pages[whole]).narrow(2, 0, head));
+    if (pool_.is_cuda()) torch::cuda::synchronize(pool_.device().index());
+  }
+  made->pages.insert(made->pages.end(), fresh.begin(), fresh.end());
+  made->length = length;
+  res->commits.push_back([this, made, frozen, length, bounds, digests] {
+    made->length = frozen;
+    Register(made, bounds, digests);
+    if (!made->registered.empty()) {
+      made->listed = true;
+      entries_.push_back(made);
+      counts_.tokens_written += frozen - length;
+    } else {
+      Release(made->pages);  // another request kept the same part first
+    }
+  });
+  res->rollbacks.push_back([this, made] { Release(made->pages); });
+  RowPlan plan{length, frozen, made->pages, tier};
+  return plan;
+}
+
+void PromptCache::Register(const std::shared_ptr<CacheEntry>& entry,
+                           const std::vector<int64_t>& bounds,
+                           const std::vector<std::string>& digests) {
+  for (size_t i = 0; i < bounds.size() && i < digests.size(); ++i) {
+    if (bounds[i] <= entry->length && index_.find(digests[i]) == index_.end()) {
+      index_.emplace(digests[i], std::make_pair(entry, bounds[i]));
+      entry->registered.push_back(digests[i]);
+    }
+  }
+}
+
+void PromptCache::Touch(const std::shared_ptr<CacheEntry>& entry) {
+  if (!entry->listed) return;
+  auto it = std::find(entries_.begin(), entries_.end(), entry);
+  if (it != entries_.end()) entries_.splice(entries_.end(), entries_, it);
+}
+
+bool PromptCache::Take(int64_t count, const std::vector<CacheEntry*>& keep,
+                       std::vector<int32_t>* pages) {
+  pages->clear();
+  if (count <= 0) return true;
+  while (static_cast<int64_t>(free_.size()) < count) {
+    std::shared_ptr<CacheEntry> victim;
+    for (const auto& e : entries_) {
+      if (e->readers == 0 && !e->writer &&
+          std::find(keep.begin(), keep.end(), e.get()) == keep.end()) {
+        victim = e;
+        break;
+      }
+    }
+    if (!victim) return false;
+    Drop(victim, /*evicted=*/true);
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    const int32_t page = free_.back();
+    free_.pop_back();
+    refs_[page] = 1;
+    pages->push_back(page);
+  }
+  return true;
+}
+
+void PromptCache::Drop(const std::shared_ptr<CacheEntry>& entry, bool evicted) {
+  if (evicted) counts_.evictions += 1;
+  for (const std::string& digest : entry->registered) {
+    auto it = index_.find(digest);
+    if (it != index_.end() && it->second.first == entry) index_.erase(it);
+  }
+  entry->registered.clear();
+  entries_.remove(entry);
+  entry->listed = false;
+  Release(entry->pages);
+}
+
+void PromptCache::Share(const std::vector<int32_t>& pages) {
+  for (int32_t page : pages) refs_[page] += 1;
+}
+
+void PromptCache::Release(const std::vector<int32_t>& pages) {
+  for (int32_t page : pages) {
+    if (refs_[page] > 0 && --refs_[page] == 0) free_.push_back(page);
+  }
+}
+
+at::Tensor PromptCache::CachedLengths(const Reservation& r, int64_t rows) {
+  at::Tensor out = at::zeros({rows}, at::kLong);
+  auto* data = out.data_ptr<int64_t>();
+  for (size_t i = 0; i < r.plans.size() && static_cast<int64_t>(i) < rows; ++i) {
+    data[i] = r.plans[i].cached;
+  }
+  return out;
+}
+
+at::Tensor PromptCache::BlockTable(const Reservation& r, int64_t rows, int64_t pages) {
+  at::Tensor out = at::full({rows, pages}, kSink, at::kInt);
+  auto* data = out.data_ptr<int32_t>();
+  for (size_t i = 0; i < r.plans.size() && static_cast<int64_t>(i) < rows; ++i) {
+    const auto& own = r.plans[i].pages;
+    for (size_t p = 0; p < own.size() && static_cast<int64_t>(p) < pages; ++p) {
+      data[i * pages + p] = own[p];
+    }
+  }
+  return out;
+}
+
+at::Tensor PromptCache::WriteSlots(const Reservation& r, int64_t rows, int64_t suffix) const {
+  at::Tensor out = at::full({rows, suffix}, int64_t{kSink} * page_tokens_, at::kLong);
+  auto* data = out.data_ptr<int64_t>();
+  for (size_t i = 0; i < r.plans.size() && static_cast<int64_t>(i) < rows; ++i) {
+    const RowPlan& plan = r.plans[i];
+    for (int64_t pos = plan.cached; pos < plan.written && pos - plan.cached < suffix; ++pos) {
+      data[i * suffix + (pos - plan.cached)] =
+          int64_t{plan.pages[pos / page_tokens_]} * page_tokens_ + pos % page_tokens_;
+    }
+  }
+  return out;
+}
+
+}  // namespace torch_call
+}  // namespace xgr

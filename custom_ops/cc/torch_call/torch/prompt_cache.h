@@ -1,0 +1,146 @@
+// The prompt-KV cache of a served package: a returning user's frozen long-term prompt part is
+// prefilled once, its keys and values kept in a paged pool on the package's device, and the
+// next request of that user prefills only the rest (the engine's `torch_engine.prompt_cache`,
+// here in the runtime, so a SavedModel served without Python torch has it too).
+//
+// What finds an entry: a BLAKE2b digest of the frozen part's tokens and segment layout,
+// chained from its first token, under a root of the package's scope (its model, token layout
+// and mask rule, fixed at export) and the request's user key. The key only selects among a
+// user's own entries; the content decides whether one is valid: a client that sends another
+// user's key gets that user's entries only if it also sends exactly that user's long-term
+// prompt, whose KV is then the same. A request without a usable key is not cached.
+//
+// A batch reserves its rows before the package runs (host work on a few kilobytes: digests,
+// lookups, pages) and finishes after: only a run that succeeded publishes what it wrote, so a
+// failed run leaves the cache as it was. Entries a batch reads are pinned until it finishes.
+// The pool is allocated once, at load, within the byte budget; a request never allocates, so
+// the cache never causes an out-of-memory. Least recently used entries are evicted first;
+// a row that finds no room even then runs uncached.
+#ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_
+#define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_
+
+#include <ATen/Tensor.h>
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "custom_ops/cc/torch_call/torch/signature.h"
+
+namespace xgr {
+namespace torch_call {
+
+// One request as the cache sees it: its prompt tokens and segment ids (host copies; a causal
+// prompt's segments counted from its item starts), the frozen part's length (0: nothing to
+// cache) and the user key (empty: no key, not cached).
+struct CacheRow {
+  std::vector<int64_t> tokens;
+  std::vector<int64_t> segments;
+  int64_t frozen = 0;
+  int64_t length = 0;
+  std::string key;
+};
+
+// What the cache does for one row: `cached` tokens read from `pages`, tokens
+// [cached, written) written by the run into `pages` too; `tier`: "device" (a hit), "miss"
+// (computed and kept), "uncached" (no room), "none" (nothing to cache).
+struct RowPlan {
+  int64_t cached = 0;
+  int64_t written = 0;
+  std::vector<int32_t> pages;
+  std::string tier = "none";
+};
+
+struct CacheEntry;
+
+// One batch's plans; Finish runs its commits (the run succeeded) or its rollbacks.
+struct Reservation {
+  std::vector<RowPlan> plans;
+  std::vector<std::function<void()>> commits, rollbacks;
+  std::vector<std::shared_ptr<CacheEntry>> readers;
+  bool finished = false;
+  bool hit = false;  // some row read cached tokens
+};
+
+// Counters since the cache was made, and what it holds now.
+struct CacheStats {
+  int64_t lookups = 0, hits = 0, partial_hits = 0, misses = 0, uncached = 0, evictions = 0;
+  int64_t tokens_reused = 0, tokens_written = 0;
+  int64_t entries = 0, bytes = 0, capacity_bytes = 0;
+  // Calls of batches with a hit, by wall time: counts at or below each bound (seconds), the
+  // count and the sum; what a latency histogram needs.
+  std::vector<double> hit_bounds;
+  std::vector<int64_t> hit_buckets;
+  int64_t hit_calls = 0;
+  double hit_seconds = 0;
+};
+
+class PromptCache {
+ public:
+  // A pool of `budget_bytes` (whole pages, at least one, plus the sink page) of `spec`'s
+  // geometry on `device`.
+  PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device);
+
+  // [layers, 2, pages + 1, page_tokens, Hkv, D]; page 0 is the sink (rows not kept write
+  // there).
+  const at::Tensor& pool() const { return pool_; }
+  int64_t page_tokens() const { return page_tokens_; }
+
+  // Plans every row (see RowPlan); the reservation must be finished.
+  std::unique_ptr<Reservation> Reserve(const std::vector<CacheRow>& rows);
+  // Publishes what the batch wrote (`keep`) or gives it back; unpins what it read; records a
+  // hit batch's wall time. Idempotent.
+  void Finish(Reservation* reservation, bool keep, double seconds);
+  CacheStats Stats() const;
+
+  // The run's tables, `rows` of them (rows past the batch's read nothing and write the sink):
+  // cached tokens [rows] int64, pages [rows, pages] int32, and the flat pool slot (of one
+  // layer's keys) of each of `suffix` suffix slots [rows, suffix] int64.
+  static at::Tensor CachedLengths(const Reservation& r, int64_t rows);
+  static at::Tensor BlockTable(const Reservation& r, int64_t rows, int64_t pages);
+  at::Tensor WriteSlots(const Reservation& r, int64_t rows, int64_t suffix) const;
+
+ private:
+  RowPlan Plan(const CacheRow& row, Reservation* res);
+  RowPlan Read(const std::shared_ptr<CacheEntry>& entry, int64_t length, Reservation* res);
+  RowPlan Extend(const std::shared_ptr<CacheEntry>& entry, int64_t length, int64_t frozen,
+                 const std::vector<int64_t>& bounds, const std::vector<std::string>& digests,
+                 Reservation* res, const std::string& tier);
+  void Register(const std::shared_ptr<CacheEntry>& entry, const std::vector<int64_t>& bounds,
+                const std::vector<std::string>& digests);
+  bool Take(int64_t count, const std::vector<CacheEntry*>& keep, std::vector<int32_t>* pages);
+  void Drop(const std::shared_ptr<CacheEntry>& entry, bool evicted);
+  void Release(const std::vector<int32_t>& pages);
+  void Share(const std::vector<int32_t>& pages);
+  void Touch(const std::shared_ptr<CacheEntry>& entry);
+  void Count(const RowPlan& plan, int64_t frozen);
+  int64_t PagesFor(int64_t tokens) const { return (tokens + page_tokens_ - 1) / page_tokens_; }
+
+  CacheSpec spec_;
+  int64_t page_tokens_;
+  int64_t page_bytes_;
+  int64_t pages_;
+  at::Tensor pool_;
+  mutable std::mutex mu_;
+  std::vector<int32_t> free_;  // free pages, the next to take last
+  std::vector<int32_t> refs_;  // holders of each page
+  // Entries, least recently used first; the index maps a digest to its entry and length.
+  std::list<std::shared_ptr<CacheEntry>> entries_;
+  std::unordered_map<std::string, std::pair<std::shared_ptr<CacheEntry>, int64_t>> index_;
+  CacheStats counts_;
+};
+
+// The frozen part's safe boundaries (ascending, ending at `frozen`): its segment starts, where
+// the KV before does not depend on the tokens after.
+std::vector<int64_t> SafeBoundaries(const std::vector<int64_t>& segments, int64_t frozen);
+
+}  // namespace torch_call
+}  // namespace xgr
+
+#endif  // XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_

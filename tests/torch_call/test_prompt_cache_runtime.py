@@ -1,0 +1,177 @@
+"""The prompt-KV cache TorchCall's runtime keeps for a package exported with one
+(``xgr_export.cached_package``), driven as a served SavedModel drives it: host inputs with the
+version 2 feature graph's ``frozen_lengths`` and the users' keys, in a child process with TF
+and custom_ops only. Every answer equals ``Engine.recommend`` without a cache; the counters
+show misses, hits, appends and evictions; hostile frozen lengths are refused by name and cost
+the next request nothing; a request without a key, or with another user's key, is never
+served another user's entry."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.child_env import child_env
+from tests.export.test_prompt_v2_package import _rows, _spec
+from tests.torch_engine.engine_worlds import small_world
+from torch_engine.catalog import Catalog
+from torch_engine.config import engine_config_for
+from torch_engine.engine import Engine
+from torch_engine.model import Model
+from xgr_common.errors import ConfigError
+from xgr_common.prompt_spec import PromptSpec
+from xgr_common.tolerances import tolerance_for
+from xgr_export.cached_package import export_cached_engine
+from xgr_export.config import EngineExportConfig
+
+HERE = Path(__file__).resolve().parent
+BEAMS, TOP_K = 8, 6
+ATOL = tolerance_for(torch.float32).atol
+pytestmark = pytest.mark.heavy
+
+
+@pytest.fixture(scope="module")
+def cached(tmp_path_factory):
+    """A CPU package of a tiny version 2 model with the cache, its engine and spec."""
+    ids, codes = small_world()
+    model = Model.from_preset("tiny", seed=1)
+    spec = _spec(model.config.hidden_size)
+    engine = Engine(model, Catalog.from_arrays(ids, codes),
+                    engine_config_for(spec, selection_backend="torch"))
+    path = tmp_path_factory.mktemp("cached") / "engine.pt2"
+    export_cached_engine(engine, spec, path, EngineExportConfig(BEAMS, TOP_K, max_batch=8))
+    return path, engine, spec, ids, codes
+
+
+def _key(name: str | None) -> np.ndarray:
+    if name is None:
+        return np.zeros(8, np.uint8)
+    return np.frombuffer(name.encode().ljust(8, b"\0")[:8], np.uint8)
+
+
+class Calls:
+    """The calls one child makes: each a batch of users (their long-term and recent item
+    counts over their own part of the catalog) and keys, with the reference answer."""
+
+    def __init__(self, cached):
+        _, self.engine, self.spec, ids, self.codes = cached
+        self.arrays, self.count = {"atol": np.float64(ATOL)}, 0
+        self.ids = ids
+
+    def user_rows(self, users: list[tuple[int, int, int]]):
+        """One prompt row per (user, long items, recent items): a user's items start at
+        catalog row ``7 * user``, so users differ and one user's parts agree across calls."""
+        rows = [_rows(self.spec, np.roll(self.codes, -7 * u, axis=0), [n], [m])
+                for u, n, m in users]
+        width = max(r.token_ids.shape[1] for r in rows)
+
+        def stack(name, pad):
+            return np.concatenate([
+                np.pad(getattr(r, name).numpy(), ((0, 0), (0, width - r.token_ids.shape[1])),
+                       constant_values=pad) for r in rows])
+        return (stack("token_ids", self.spec.layout.pad_id), np.concatenate(
+            [r.lengths.numpy() for r in rows]), stack("segment_ids", -1),
+            np.concatenate([r.frozen_lengths.numpy() for r in rows]))
+
+    def add(self, users, keys, frozen=None, refused=False) -> int:
+        tokens, lengths, segments, own_frozen = self.user_rows(users)
+        rows = len(users)
+        gen = torch.Generator().manual_seed(self.count)
+        embeds = torch.randn(rows, self.spec.profile_tokens, self.spec.model_hidden,
+                             generator=gen)
+        exclude = np.full((rows, 2), -1, np.int64)
+        exclude[0, 0] = int(self.ids[3])
+        i, a = self.count, self.arrays
+        a[f"tokens_{i}"], a[f"lengths_{i}"], a[f"segments_{i}"] = tokens, lengths, segments
+        a[f"embeds_{i}"], a[f"exclude_{i}"] = embeds.numpy(), exclude
+        a[f"frozen_{i}"] = (own_frozen if frozen is None else np.array(frozen, np.int32))
+        a[f"keys_{i}"] = np.stack([_key(k) for k in keys])
+        if not refused:
+            with torch.no_grad():
+                items, scores = self.engine.recommend(
+                    torch.from_numpy(tokens), torch.from_numpy(lengths),
+                    torch.from_numpy(segments), BEAMS, TOP_K, prefix_embeds=embeds,
+                    exclude_items=torch.from_numpy(exclude))
+            a[f"want_items_{i}"], a[f"want_scores_{i}"] = items.numpy(), scores.numpy()
+        self.count += 1
+        return i
+
+    def run(self, package: Path, folder: Path, budget: int) -> dict:
+        self.arrays["calls"] = np.int64(self.count)
+        requests = folder / f"requests_{budget}.npz"
+        np.savez(requests, **self.arrays)
+        done = subprocess.run(
+            [sys.executable, str(HERE / "prompt_cache_child.py"), str(package), str(requests)],
+            env=child_env(TF_CPP_MIN_LOG_LEVEL="3", XGR_PROMPT_CACHE_BYTES=str(budget)),
+            capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_hits_appends_keys_and_hostile_frozen_lengths(cached, tmp_path):
+    package = cached[0]
+    calls = Calls(cached)
+    trio = [(0, 3, 2), (1, 2, 3), (2, 1, 1)]
+    first = calls.add(trio, ["alice", "bob", "carol"])
+    again = calls.add(trio, ["alice", "bob", "carol"])
+    keyless = calls.add(trio, [None, None, None])
+    others = calls.add(trio, ["mallory", "mallory", "mallory"])
+    tokens, lengths, segments, frozen = calls.user_rows(trio)
+    soft = int(np.nonzero(tokens[0] == calls.spec.layout.soft_id)[0][0])
+    hostile = {"negative": [-1, 0, 0], "whole prompt": [int(lengths[0]), 0, 0],
+               "soft marker": [soft + 1, 0, 0], "cut item": [int(frozen[0]) - 1, 0, 0]}
+    refused = {name: calls.add(trio, ["alice", "bob", "carol"], value, refused=True)
+               for name, value in hostile.items()}
+    after = calls.add(trio, ["alice", "bob", "carol"])
+    grown = calls.add([(0, 4, 2)], ["alice"])          # a block closed: one more item
+    whole = calls.add([(0, 4, 1)], ["alice"])
+    result = calls.run(package, tmp_path, 64 << 20)
+    outcomes, stats = result["outcomes"], result["stats"]
+    for i in (first, again, keyless, others, after, grown, whole):
+        assert outcomes[i] == "ok", (i, outcomes[i])
+    assert stats[first]["misses"] == 3 and stats[first]["hits"] == 0
+    assert stats[again]["hits"] == 3 and stats[again]["tokens_reused"] == int(frozen.sum())
+    # No key: no lookup, nothing kept. Another key: its own entries, never alice's.
+    assert stats[keyless]["lookups"] == stats[again]["lookups"]
+    assert stats[others]["misses"] == 6 and stats[others]["hits"] == 3
+    for name, i in refused.items():
+        kind, message = outcomes[i]
+        assert kind == "InvalidArgumentError" and "frozen_lengths[0]" in message, (name, message)
+    assert stats[refused["cut item"]] == stats[others]      # refused before any lookup
+    assert stats[after]["hits"] == 6
+    # The grown part finds the old one as its prefix and appends in place; then a whole hit.
+    assert stats[grown]["partial_hits"] == 1 and stats[grown]["entries"] == stats[after]["entries"]
+    assert stats[whole]["hits"] == stats[grown]["hits"] + 1
+    assert stats[whole]["partial_hits"] == 1
+
+
+def test_the_pool_stays_within_its_budget_and_evicts(cached, tmp_path):
+    """24 users, each returning at once, then all again, in a pool of 6 one-page entries:
+    every answer right, the pool never over its capacity, the least recently used entries
+    evicted (so the second round misses), the immediate returns hit."""
+    package = cached[0]
+    calls = Calls(cached)
+    users = [(u, 3, 2) for u in range(24)]
+    for user in [u for user in users for u in (user, user)] + users:
+        calls.add([user], [f"user{user[0]}"])
+    page = 2 * 2 * 2 * 16 * 16 * 4       # layers x (K, V) x KV heads x dim x tokens x fp32
+    result = calls.run(package, tmp_path, 6 * page)
+    assert result["outcomes"] == ["ok"] * 72
+    final = result["stats"][-1]
+    assert final["capacity_bytes"] == 6 * page
+    assert all(s["bytes"] <= s["capacity_bytes"] for s in result["stats"])
+    assert final["hits"] == 24 and final["misses"] == 48 and final["entries"] == 6
+    assert final["evictions"] == 48 - 6
+
+
+def test_a_version_1_model_cannot_keep_a_cache(cached, tmp_path):
+    _, engine, spec, _, _ = cached
+    v1 = PromptSpec(model_hidden=spec.model_hidden, profile_tokens=2)
+    with pytest.raises(ConfigError, match="version 2 prompt"):
+        export_cached_engine(engine, v1, tmp_path / "v1.pt2", EngineExportConfig(BEAMS, TOP_K))
