@@ -90,6 +90,31 @@ def _path(file):
     return path
 
 
+def release_packages(folder) -> int:
+    """Every TorchCall kernel of this process lets go of the packages (and tables) under
+    ``folder``, a model version's folder being unloaded: TF's eager runtime keeps the
+    kernels of an unloaded model's functions cached, and they would keep its packages (its
+    weights and device memory, its prompt cache) alive. A package another loaded version
+    also runs (a catalog-only version's hard-linked package) stays. Returns how many
+    references were dropped (0 in a process that never loaded TorchCall: it is not loaded
+    for this)."""
+    import os
+
+    if load_library.cache_info().currsize == 0 or not _torch_call_loaded():
+        return 0
+    entry = ctypes.CDLL(str(library_path("torch_call"))).XgrTorchCallRelease
+    entry.restype, entry.argtypes = ctypes.c_int, [ctypes.c_char_p]
+    prefix = os.path.join(os.path.abspath(os.fspath(folder)), "")
+    return entry(prefix.encode())
+
+
+def _torch_call_loaded() -> bool:
+    """Whether this process loaded the TorchCall library (any kernel may hold packages)."""
+    path = str(library_path("torch_call"))
+    with open("/proc/self/maps") as maps:
+        return any(line.rstrip().endswith(path) for line in maps)
+
+
 def package_stats() -> dict:
     """The counters of every package this process has loaded, by path: for a package replayed
     as CUDA graphs, ``calls``, ``replays``, ``captures``, ``eager_runs`` (after a failed

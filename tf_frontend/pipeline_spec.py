@@ -18,6 +18,7 @@ from tf_frontend.feature_graph import INPUTS
 from tf_frontend.rules import (BusinessRules, PostProcessor, cut_to_request_top_k,
                                engine_feeds, with_request_exclusions)
 from xgr_common.errors import ConfigError, require
+from xgr_common.serving_names import USER_KEY
 
 # The engine's inputs, in order: what the feature graph emits plus the history to exclude.
 ENGINE_INPUTS = ("token_ids", "lengths", "segment_ids", "profile_embeds", "exclude_items")
@@ -30,6 +31,12 @@ CONTROLS = {"exclude_items": tf.int64, "exclude_splits": tf.int64, "top_k": tf.i
 # (PipelineConfig.beam_widths); the engine reads it as the length of BEAM_SLOTS.
 WIDTH_CONTROL = "beam_width"
 BEAM_SLOTS = "beam_slots"
+# With a prompt cache (PipelineConfig.prompt_cache): a request's user key (a string, e.g. the
+# user id; empty: not cached), and what the engine gets besides its inputs: the version 2
+# feature graph's frozen_lengths and the keys as uint8 [B, 8] fingerprints (all zero: none).
+CACHE_FEEDS = ("frozen_lengths", "user_keys")
+# Longest user key that is used (bytes); a longer or empty one is no key.
+MAX_USER_KEY_BYTES = 256
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,9 @@ class PipelineConfig:
     # the engine's one width), and the width of a request that names none.
     beam_widths: tuple[int, ...] = ()
     beam_width: int | None = None
+    # The engine keeps a prompt-KV cache of the version 2 prompt's frozen part
+    # (xgr_export.cached_package): the signature takes each request's user key.
+    prompt_cache: bool = False
 
     def __post_init__(self) -> None:
         for name in ("top_n", "intra_op_threads", "concurrency", "max_history_events"):
@@ -83,8 +93,28 @@ def feature_signature() -> dict[str, tf.TensorSpec]:
 
 def engine_inputs_of(config: PipelineConfig) -> tuple[str, ...]:
     """The engine's inputs: ``ENGINE_INPUTS``, then ``beam_slots`` where it serves several
-    widths."""
-    return ENGINE_INPUTS + ((BEAM_SLOTS,) if config.beam_widths else ())
+    widths, then ``CACHE_FEEDS`` where it keeps a prompt cache."""
+    return (ENGINE_INPUTS + ((BEAM_SLOTS,) if config.beam_widths else ())
+            + (CACHE_FEEDS if config.prompt_cache else ()))
+
+
+def serving_signature(config: PipelineConfig) -> dict[str, tf.TensorSpec]:
+    """What ``serving_default`` takes: the request features, and each request's user key
+    where the engine keeps a prompt cache."""
+    extra = {USER_KEY: tf.TensorSpec([None], tf.string, name=USER_KEY)} \
+        if config.prompt_cache else {}
+    return {**feature_signature(), **extra}
+
+
+def user_keys(keys: tf.Tensor) -> tf.Tensor:
+    """uint8 ``[B, 8]`` fingerprints of the user keys (string ``[B]``) the engine's prompt
+    cache selects entries by; all zero (no key: not cached) for an empty key or one over
+    ``MAX_USER_KEY_BYTES``. A fingerprint only selects: the cached content decides."""
+    keys = tf.convert_to_tensor(keys, tf.string)
+    size = tf.strings.length(keys)
+    usable = (size >= 1) & (size <= MAX_USER_KEY_BYTES)
+    prints = tf.fingerprint(keys)
+    return tf.where(usable[:, None], prints, tf.zeros_like(prints))
 
 
 def controls_of(config: PipelineConfig) -> dict[str, tf.DType]:
@@ -94,10 +124,10 @@ def controls_of(config: PipelineConfig) -> dict[str, tf.DType]:
 
 
 def controls_signature(config: PipelineConfig = PipelineConfig()) -> dict[str, tf.TensorSpec]:
-    """The features plus each request's own controls (``controls_of``), as
-    ``serving_with_controls`` takes them."""
-    return {**feature_signature(), **{name: tf.TensorSpec([None], dtype, name=name)
-                                      for name, dtype in controls_of(config).items()}}
+    """The features (and user key, ``serving_signature``) plus each request's own controls
+    (``controls_of``), as ``serving_with_controls`` takes them."""
+    return {**serving_signature(config), **{name: tf.TensorSpec([None], dtype, name=name)
+                                            for name, dtype in controls_of(config).items()}}
 
 
 def with_beam_slots(feeds: dict[str, tf.Tensor], controls: dict[str, tf.Tensor] | None,

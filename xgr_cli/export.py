@@ -91,6 +91,11 @@ flags.DEFINE_string("engine_from", None, "A SavedModel exported with --catalog_h
                     "graph). The engine flags (beam widths, top_k, device, dtype, backends) "
                     "are that export's; the new catalog must fit its capacity and keep the "
                     "codes of the items both catalogs hold.")
+flags.DEFINE_bool("prompt_cache", False, "Keep a prompt-KV cache of the version 2 prompt's "
+                  "frozen long-term part in the engine's runtime (TorchCall): a returning "
+                  "user's long-term history is prefilled once. The signature then takes each "
+                  "request's user_key (string; empty: not cached); `xgr serve "
+                  "--prompt_cache_gb` sizes the cache. Version 2 models only.")
 flags.DEFINE_string("report_json", None, "Write the export and verification report here.")
 flags.mark_flag_as_required("out")
 
@@ -116,7 +121,7 @@ def config_from_flags() -> ExportConfig:
         top_n=FLAGS.top_n, dtype=FLAGS.dtype, attention_backend=FLAGS.attention_backend,
         layer_kernels=FLAGS.layer_kernels, cache_dir=FLAGS.cache_dir or None,
         verify_requests=FLAGS.verify_requests, catalog_headroom=FLAGS.catalog_headroom,
-        engine_from=FLAGS.engine_from)
+        engine_from=FLAGS.engine_from, prompt_cache=FLAGS.prompt_cache)
 
 
 def main(argv: list[str]) -> int:

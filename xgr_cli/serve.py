@@ -12,6 +12,7 @@ under way a while past the grace is ended with exit code 3 and every thread's st
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import threading
@@ -83,6 +84,11 @@ flags.DEFINE_integer("grpc_max_threads", 16,
 flags.DEFINE_list("custom_op_libraries", [], "Extra TF op libraries (.so) to load first.")
 flags.DEFINE_float("shutdown_grace_seconds", 10.0,
                    "Longest a stop waits, in total, for requests already admitted.")
+flags.DEFINE_float("prompt_cache_gb", None,
+                   "The prompt-KV cache of each engine package exported with --prompt_cache, in "
+                   "GiB of its device's memory, allocated when the package loads (a model "
+                   "version swap holds two for a moment; a catalog-only version shares its "
+                   "package and cache). Unset: XGR_PROMPT_CACHE_BYTES, else 0.25 GiB.")
 flags.DEFINE_string("log_level", "INFO", "Level of the JSON logs on stderr.")
 flags.mark_flag_as_required("model_base_path")
 
@@ -141,6 +147,11 @@ def main(argv: list[str]) -> None:
         config = config_from_flags()
     except (XgrError, OSError) as e:  # a bad flag or file: a message, not a traceback
         raise app.UsageError(str(e)) from e
+    if FLAGS.prompt_cache_gb is not None:
+        if not FLAGS.prompt_cache_gb >= 0:
+            raise app.UsageError(f"--prompt_cache_gb must be >= 0, got {FLAGS.prompt_cache_gb}")
+        # Read by TorchCall's runtime when an engine package with a cache loads.
+        os.environ["XGR_PROMPT_CACHE_BYTES"] = str(int(FLAGS.prompt_cache_gb * (1 << 30)))
     # Before any engine package loads: its unpacked files go to this process's own folder,
     # and the folders of killed servers are removed.
     scratch, removed = claim_scratch_folder()

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import numpy as np
 
 from bridge.pipeline import RecommendPipeline
-from tf_frontend.pipeline_spec import PipelineConfig
+from tf_frontend.pipeline_spec import USER_KEY, PipelineConfig
 from xgr_common.layout import MaskMode
 from xgr_export.verify import VerifyReport, verify_saved_model
 
@@ -83,13 +85,22 @@ def check_against_python(saved_model, graph, engine, config: PipelineConfig, fea
                          beam_width: int, top_k: int,
                          prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> PipelineCheck:
     """Compares ``features`` (a request batch) through both pipelines (the engine searching
-    with ``beam_width``, ``top_k`` and ``prefill_mask``, the lists cut by ``config``)."""
-    python = RecommendPipeline.for_engine(graph, engine, beam_width, top_k, config,
+    with ``beam_width``, ``top_k`` and ``prefill_mask``, the lists cut by ``config``). With a
+    prompt cache (``config.prompt_cache``) the SavedModel's requests carry a user key per row,
+    so its first call fills the cache and its repeated calls (also compared) read it; the
+    in-process reference runs without one."""
+    python = RecommendPipeline.for_engine(graph, engine, beam_width, top_k,
+                                          replace(config, prompt_cache=False),
                                           prefill_mask=prefill_mask)
     want, first = _timed(lambda: python(features))
     again = [_timed(lambda: python(features))[1] for _ in range(REFERENCE_REPEATS)]
     dtype = str(engine.dtype).removeprefix("torch.")
-    report = verify_saved_model(saved_model, features, want, repeats=SAVED_REPEATS,
+    saved_features = features
+    if config.prompt_cache:
+        rows = len(np.asarray(features["history_splits"])) - 1
+        saved_features = {**features, USER_KEY: np.array(
+            [f"verify-{row}".encode() for row in range(rows)], dtype=object)}
+    report = verify_saved_model(saved_model, saved_features, want, repeats=SAVED_REPEATS,
                                 dtype=dtype)
     prompt = want["prompt_lengths"].numpy()
     return PipelineCheck(report=report, device=str(engine.device),

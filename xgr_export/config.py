@@ -99,6 +99,10 @@ class ExportConfig:
     verify_requests: after saving, send this many requests (the world's users, or requests
         drawn from the catalog) through the SavedModel in a fresh process (TF + custom_ops
         only) and through the in-process pipeline with the engine in the same dtype.
+    prompt_cache: the engine keeps a prompt-KV cache of the version 2 prompt's frozen
+        long-term part in TorchCall's runtime (``xgr_export.cached_package``); the signature
+        then takes each request's ``user_key``. A catalog version (engine_from) keeps the
+        reused package's choice.
     """
 
     out: str | os.PathLike
@@ -120,6 +124,7 @@ class ExportConfig:
     verify_requests: int = 0
     catalog_headroom: float = 0.0
     engine_from: str | None = None
+    prompt_cache: bool = False
 
     def __post_init__(self) -> None:
         require(isinstance(self.out, (str, os.PathLike)) and str(self.out) != "", ConfigError,
@@ -132,6 +137,9 @@ class ExportConfig:
         require(self.engine_from is None or headroom == 0, ConfigError,
                 "ExportConfig.engine_from reuses a package and its catalog capacity: leave "
                 "catalog_headroom unset")
+        require(self.engine_from is None or not self.prompt_cache, ConfigError,
+                "ExportConfig.engine_from reuses a package, with its prompt cache or without: "
+                "leave prompt_cache unset")
         _positive("ExportConfig", "top_n", self.top_n)
         for name in ("keep_last", "window_days"):
             if getattr(self, name) is not None:

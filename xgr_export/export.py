@@ -34,6 +34,7 @@ from xgr_common.errors import ConfigError, ExportError, require
 from xgr_common.layout import MaskMode
 from xgr_common.model_card import ModelCard
 from xgr_common.prompt_spec import PromptSpec
+from xgr_export.cached_package import export_cached_engine
 from xgr_export.check import PipelineCheck, check_against_python
 from xgr_export.config import ExportConfig
 from xgr_export.catalog_version import EngineRecord, link_package, require_codes_kept
@@ -82,6 +83,7 @@ class ExportReport:
     engine_from: str | None = None     # the SavedModel whose package this export reused
     package_shared: bool = False       # its package file hard-linked, not copied
     prompt_version: int = 1            # the card's prompt contract (xgr_common.prompt_spec)
+    prompt_cache: bool = False         # the runtime keeps a prompt-KV cache for the package
 
     @property
     def ok(self) -> bool:
@@ -101,7 +103,7 @@ class ExportReport:
                   "setup_seconds": self.setup_seconds, "package_seconds": self.package_seconds,
                   "package_bytes": self.package_bytes,
                   "capacity": self.capacity, "engine_from": self.engine_from,
-                  "package_shared": self.package_shared,
+                  "package_shared": self.package_shared, "prompt_cache": self.prompt_cache,
                   "engine_signature": self.engine_signature}
         if self.check is not None:
             report["verify"] = self.check.to_json()
@@ -252,10 +254,13 @@ def export_saved_model(config: ExportConfig,
         engine = Engine(engine.model, engine.catalog.padded(capacity), engine.config)
     setup_seconds = time.perf_counter() - started
     search = config.engine
+    prompt_cache = (config.prompt_cache if reused is None
+                    else reused.package.cache_runtime is not None)
     pipeline_config = PipelineConfig(top_n=config.top_n,
                                      max_request_exclusions=search.max_request_exclusions,
                                      beam_widths=search.beam_widths,
-                                     beam_width=search.beam_width if search.beam_widths else None)
+                                     beam_width=search.beam_width if search.beam_widths else None,
+                                     prompt_cache=prompt_cache)
     with tempfile.TemporaryDirectory(prefix="xgr_export_") as tmp:
         started = time.perf_counter()
         if reused is None:
@@ -263,10 +268,11 @@ def export_saved_model(config: ExportConfig,
                      f"{attention} attention, {selection} selection, "
                      f"{'fused layer kernels' if layer_kernels else 'Inductor layers'}, "
                      f"{sources.prefill_mask.value} mask, beam_width {search.beam_width}, "
-                     f"top_k {search.top_k}) for {search.device}; AOTInductor takes a while ...")
-            package = export_engine(engine, spec, Path(tmp) / "engine.pt2", search,
-                                    config.cache_dir, sources.prefill_mask, layer_kernels,
-                                    capacity)
+                     f"top_k {search.top_k}{', prompt cache' if prompt_cache else ''}) for "
+                     f"{search.device}; AOTInductor takes a while ...")
+            build = export_cached_engine if prompt_cache else export_engine
+            package = build(engine, spec, Path(tmp) / "engine.pt2", search, config.cache_dir,
+                            sources.prefill_mask, layer_kernels, capacity)
             tables = tables_file(package.path) if capacity is not None else None
         else:
             progress(f"reusing the engine package of {config.engine_from}; writing the new "
@@ -314,7 +320,7 @@ def export_saved_model(config: ExportConfig,
         torch_version=torch.__version__, setup_seconds=setup_seconds,
         package_seconds=package_seconds, package_bytes=package_bytes, check=check,
         capacity=None if capacity is None else capacity.to_json(),
-        engine_from=config.engine_from, package_shared=shared)
+        engine_from=config.engine_from, package_shared=shared, prompt_cache=prompt_cache)
 
 
 def catalog_capacity(config: ExportConfig, reused: EngineRecord | None, sources: Sources,

@@ -23,10 +23,11 @@ import numpy as np
 import tensorflow as tf
 
 from custom_ops.torch_call import torch_call
-from tf_frontend.pipeline_spec import (WIDTH_CONTROL, PipelineConfig, apply_controls,
-                                       controls_of, controls_signature, engine_inputs_of,
-                                       engine_lists, feature_signature, post_processor,
-                                       seen_items, with_beam_slots)
+from tf_frontend.pipeline_spec import (USER_KEY, WIDTH_CONTROL, PipelineConfig,
+                                       apply_controls, controls_of, controls_signature,
+                                       engine_inputs_of, engine_lists, post_processor,
+                                       seen_items, serving_signature, user_keys,
+                                       with_beam_slots)
 from tf_frontend.rules import engine_feeds
 from xgr_common.errors import ExportError, require
 from xgr_common.serving_names import CONTROLS_SIGNATURE, SERVING_SIGNATURE, SERVING_SPEC_FILE
@@ -61,7 +62,10 @@ class Pipeline(tf.Module):
         self._input_dtypes = [tf.as_dtype(s.dtype) for s in inputs]
         self._output_shapes = [s.static_shape() for s in package.outputs]
         self._engine_inputs, self._config = tuple(engine_inputs), config
-        self.serve = tf.function(self._serve, input_signature=[feature_signature()])
+        require(config.prompt_cache == (package.cache_runtime is not None), ExportError,
+                f"PipelineConfig.prompt_cache is {config.prompt_cache} but the package "
+                f"{'keeps' if package.cache_runtime is not None else 'keeps no'} prompt cache")
+        self.serve = tf.function(self._serve, input_signature=[serving_signature(config)])
         if config.max_request_exclusions:
             require("exclude_items" in self._engine_inputs, ExportError,
                     "per-request exclusions need an engine that takes exclude_items")
@@ -74,7 +78,11 @@ class Pipeline(tf.Module):
         return self._serve(features, {name: inputs[name] for name in controls})
 
     def _serve(self, features, controls=None):
+        features = dict(features)              # tf.function's own arguments stay as given
+        keys = features.pop(USER_KEY, None)
         feeds = engine_feeds(self.graph(features), self._config.rules)
+        if self._config.prompt_cache:
+            feeds = {**feeds, "user_keys": user_keys(keys)}
         if controls is not None:
             feeds = apply_controls(feeds, controls, self._config)
         feeds = with_beam_slots(feeds, controls, self._config)
@@ -121,12 +129,21 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     tf.saved_model.save(module, str(out_dir), signatures=signatures)
     _write_serving_spec(out_dir, config, _largest_batch(package), top_k)
     if warmup_features is not None:
+        if config.prompt_cache:
+            # Keyed, so the warm-up also runs (and on a GPU captures) the cached search.
+            warmup_features = {**warmup_features, USER_KEY: warmup_keys(warmup_features)}
         requests = split_requests(warmup_features)
         # Each other named width once too, so its graph is captured before the first client.
         others = [(CONTROLS_SIGNATURE, width_request(requests[0], width, top_k))
                   for width in config.beam_widths if width != config.beam_width]
         write_warmup_requests(out_dir, requests, more=others)
     return out_dir
+
+
+def warmup_keys(features: dict) -> np.ndarray:
+    """One user key per warm-up row (``warmup-<row>``)."""
+    rows = len(np.asarray(features["history_splits"])) - 1
+    return np.array([f"warmup-{row}".encode() for row in range(rows)], dtype=object)
 
 
 def width_request(request: dict, width: int, top_k) -> dict:
@@ -160,6 +177,8 @@ def _write_serving_spec(out_dir: Path, config: PipelineConfig, max_rows: int | N
     if config.beam_widths:   # one width per model call: the batcher merges equal widths only
         spec.setdefault("defaults", {})[WIDTH_CONTROL] = config.beam_width
         spec["per_call"] = [WIDTH_CONTROL]
+    if config.prompt_cache:  # a request without a key is served, uncached
+        spec.setdefault("defaults", {})[USER_KEY] = ""
     if max_rows is not None:
         spec["max_rows"] = int(max_rows)
     path = out_dir / SERVING_SPEC_FILE

@@ -15,7 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -164,6 +164,21 @@ def verify_saved_model(saved_model: str | os.PathLike, features: dict, reference
                        repeats: int = 0, timeout: float = 900.0,
                        dtype: object = "float32") -> VerifyReport:
     """Runs ``saved_model`` in a fresh process on ``features`` and compares with ``reference``
-    (the in-process pipeline with its engine in ``dtype``)."""
+    (the in-process pipeline with its engine in ``dtype``); with ``repeats``, the last repeated
+    call too (a prompt cache answers it from its entries), its differing rows reported with
+    ``"call": "repeat"``."""
     got = run_fresh(saved_model, features, repeats, timeout)
-    return compare(got, reference, got.pop("modules").tolist(), got.pop("seconds"), dtype)
+    modules, seconds = got.pop("modules").tolist(), got.pop("seconds")
+    repeat = {name.removeprefix("repeat_"): got.pop(name) for name in list(got)
+              if name.startswith("repeat_")}
+    report = compare(got, reference, modules, seconds, dtype)
+    if not repeat:
+        return report
+    again = compare(repeat, reference, modules, seconds, dtype)
+    return replace(
+        report, rows_exact=min(report.rows_exact, again.rows_exact),
+        num_items_exact=report.num_items_exact and again.num_items_exact,
+        max_score_error=max(report.max_score_error, again.max_score_error),
+        mismatched_rows=report.mismatched_rows + tuple(
+            {**row, "call": "repeat"} for row in again.mismatched_rows),
+        rows_within_ties=max(report.rows_within_ties, again.rows_within_ties))

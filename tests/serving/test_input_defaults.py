@@ -9,7 +9,7 @@ import pytest
 import tensorflow as tf
 
 from tf_frontend.serving.signature import (RaggedGroup, ServingSpec, SignatureInfo,
-                                           TensorInfo)
+                                           TensorInfo, describe_signature)
 from tf_frontend.serving.validation import prepare
 from xgr_common.errors import ExportError, InvalidInputError
 
@@ -60,9 +60,42 @@ def test_the_spec_file_declares_defaults(tmp_path):
     path.write_text(json.dumps({"ragged": {"exclude_splits": ["exclude_items"]},
                                 "defaults": {"exclude_items": [], "top_k": 10}}))
     assert ServingSpec.read(str(tmp_path)).defaults == {"exclude_items": (), "top_k": 10}
-    path.write_text(json.dumps({"defaults": {"top_k": "ten"}}))
+    path.write_text(json.dumps({"defaults": {"top_k": True}}))
     with pytest.raises(ExportError, match="'defaults' must map an input name"):
         ServingSpec.read(str(tmp_path))
+
+
+def _keyed_function(folder):
+    """A saved signature taking a user id and a user key (as a prompt-cache export does)."""
+    module = tf.Module()
+    module.serve = tf.function(
+        lambda user_id, user_key: {"n": tf.strings.length(user_key)},
+        input_signature=[tf.TensorSpec([None], tf.int64, name="user_id"),
+                         tf.TensorSpec([None], tf.string, name="user_key")])
+    tf.saved_model.save(module, str(folder), signatures={
+        "s": module.serve.get_concrete_function()})
+    return tf.saved_model.load(str(folder)).signatures["s"]
+
+
+def test_a_default_must_match_its_input_dtype(tmp_path):
+    """A string default (a user key's "") fills string inputs only, a number numeric ones."""
+    function = _keyed_function(tmp_path)
+    with pytest.raises(ExportError, match="default of 'user_id' must be a number"):
+        describe_signature("s", function, ServingSpec(defaults={"user_id": "ten"}), None)
+    with pytest.raises(ExportError, match="default of 'user_key' must be a string"):
+        describe_signature("s", function, ServingSpec(defaults={"user_key": 0}), None)
+
+
+def test_a_user_key_comes_from_the_body_the_header_or_the_default(tmp_path):
+    sig = describe_signature("s", _keyed_function(tmp_path),
+                             ServingSpec(defaults={"user_key": ""}), None)
+    users = {"user_id": np.array([3, 4], np.int64)}
+    assert prepare(sig, users).inputs["user_key"].tolist() == ["", ""]
+    header = prepare(sig, users, user_key="alice").inputs["user_key"]
+    assert header.tolist() == [b"alice", b"alice"]
+    body = prepare(sig, {**users, "user_key": np.array([b"bob", b"eve"], object)},
+                   user_key="alice").inputs["user_key"]
+    assert body.tolist() == [b"bob", b"eve"]            # the body's keys win
 
 
 def _per_call_sig() -> SignatureInfo:

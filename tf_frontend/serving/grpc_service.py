@@ -22,6 +22,7 @@ from tensorflow_serving.apis import (model_service_pb2_grpc, predict_pb2,
                                      prediction_service_pb2_grpc)
 
 from xgr_common.errors import ConfigError, InvalidInputError, require
+from xgr_common.serving_names import USER_KEY_HEADER
 from tf_frontend.serving import status_codes
 from tf_frontend.serving.config import SSLConfig
 from tf_frontend.serving.metadata import metadata_response, status_response
@@ -88,7 +89,8 @@ class PredictionServicer(prediction_service_pb2_grpc.PredictionServiceServicer):
         with self._manager.admitted(spec.name, _version(spec)) as version:
             sig = version.signature(spec.signature_name)
             inputs = decode_inputs(sig, request.inputs, version.limits.max_tensor_elements)
-            prepared = version.prepare(sig.name, inputs)
+            user_key = dict(context.invocation_metadata()).get(USER_KEY_HEADER)
+            prepared = version.prepare(sig.name, inputs, user_key)
 
             def on_future(future: concurrent.futures.Future) -> None:
                 # Fires when the call ends for any reason: a call cancelled (or timed out)

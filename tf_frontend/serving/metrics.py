@@ -6,6 +6,7 @@ Exposed on the REST port at ``/monitoring/prometheus/metrics`` (TF Serving's pat
 from __future__ import annotations
 
 import prometheus_client as prom
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                     2.5, 5.0, 10.0)
@@ -35,6 +36,7 @@ class ServerMetrics:
             "xgr_serving_dropped_requests",
             "Requests taken out of the queue before they ran: their caller cancelled or their "
             "deadline passed.", ["model_name", "reason"], registry=self.registry)
+        self.registry.register(PromptCacheCollector(model_name))
 
     def observe_request(self, api: str, code: str, seconds: float) -> None:
         self._requests.labels(self._model, api, code).inc()
@@ -50,3 +52,65 @@ class ServerMetrics:
 
     def exposition(self) -> tuple[bytes, str]:
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
+
+
+def _package_stats() -> dict:
+    """TorchCall's counters of every engine package this process loaded (by path)."""
+    from custom_ops.torch_call import package_stats
+    return package_stats()
+
+
+class PromptCacheCollector:
+    """The engine runtimes' prompt-KV caches (``xgr export --prompt_cache``), read from
+    TorchCall at each scrape, one series per package: lookups, hits (by tier: the runtime's
+    caches hold the device tier), partial hits, misses, rows run uncached for want of room,
+    evictions, entries, bytes held and the pool's capacity, and the wall time of calls whose
+    batch had a hit."""
+
+    def __init__(self, model_name: str, stats=_package_stats):
+        self._model, self._stats = model_name, stats
+
+    def describe(self):
+        return []   # read per scrape: the packages come and go with model versions
+
+    def collect(self):
+        labels = ["model_name", "package"]
+        counters = {name: CounterMetricFamily(f"xgr_prompt_cache_{name}", text, labels=labels)
+                    for name, text in (
+                        ("lookups", "Rows with a frozen part and a user key looked up."),
+                        ("partial_hits", "Hits that reused only part of the frozen part."),
+                        ("misses", "Rows whose frozen part was computed and kept."),
+                        ("uncached", "Rows run uncached: no room even after eviction."),
+                        ("evictions", "Entries evicted, least recently used first."),
+                        ("tokens_reused", "Prompt tokens read from the cache, not prefilled."))}
+        hits = CounterMetricFamily("xgr_prompt_cache_hits", "Rows whose frozen part (or part "
+                                   "of it) was read from the cache, by tier.",
+                                   labels=labels + ["tier"])
+        gauges = {name: GaugeMetricFamily(f"xgr_prompt_cache_{name}", text, labels=labels)
+                  for name, text in (("entries", "Entries held."),
+                                     ("bytes", "Bytes of KV held in the pool."),
+                                     ("capacity_bytes", "The pool's size (--prompt_cache_gb)."))}
+        latency = HistogramMetricFamily(
+            "xgr_prompt_cache_hit_latency_seconds",
+            "Wall time of engine calls whose batch had a hit.", labels=labels)
+        try:
+            packages = self._stats()
+        except (OSError, ValueError):   # the op library is not loadable: no engine runs here
+            packages = {}
+        for path, stats in packages.items():
+            cache = stats.get("prompt_cache")
+            if not cache:
+                continue
+            values = [self._model, path]
+            for name, family in counters.items():
+                family.add_metric(values, cache[name])
+            hits.add_metric(values + ["device"], cache["hits"])
+            for name, family in gauges.items():
+                family.add_metric(values, cache[name])
+            buckets = [(str(bound), count) for bound, count in cache["hit_buckets"]]
+            latency.add_metric(values, buckets + [("+Inf", cache["hit_calls"])],
+                               cache["hit_seconds"])
+        yield from counters.values()
+        yield hits
+        yield from gauges.values()
+        yield latency

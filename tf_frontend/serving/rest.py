@@ -41,6 +41,7 @@ from aiohttp.web_request import BaseRequest
 
 from xgr_common.errors import (DeadlineExceededError, InvalidInputError, NotFoundError,
                                SlowClientError, require)
+from xgr_common.serving_names import USER_KEY_HEADER
 from tf_frontend.serving import status_codes
 from tf_frontend.serving.config import ServerConfig
 from tf_frontend.serving.json_codec import decode_request, encode_response
@@ -151,15 +152,16 @@ def _parse_json(raw: bytes) -> dict:
     return body
 
 
-def _decode(version: ServableVersion, raw: bytes):
-    """The pool's half of a predict: JSON -> checked request (CPU work, off the loop)."""
+def _decode(version: ServableVersion, raw: bytes, user_key: str | None = None):
+    """The pool's half of a predict: JSON -> checked request (CPU work, off the loop);
+    ``user_key``: the request's ``USER_KEY_HEADER``, if any."""
     body = _parse_json(raw)
     signature_name = body.get("signature_name", "")
     require(isinstance(signature_name, str), InvalidInputError,
             "'signature_name' must be a string")
     sig = version.signature(signature_name)
     inputs, row_format = decode_request(sig, body, version.limits.max_tensor_elements)
-    prepared = version.prepare(sig.name, inputs)
+    prepared = version.prepare(sig.name, inputs, user_key)
     return prepared, row_format, len(body["instances"]) if row_format else None
 
 
@@ -318,7 +320,7 @@ class RestServer:
             try:
                 async with asyncio.timeout(timeout_s):
                     prepared, row_format, rows = await loop.run_in_executor(
-                        self._pool, _decode, version, raw)
+                        self._pool, _decode, version, raw, request.headers.get(USER_KEY_HEADER))
                     future = version.submit(prepared, deadline)
                     if future is None:
                         outputs = await loop.run_in_executor(self._pool, version.run, prepared,

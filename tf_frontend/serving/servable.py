@@ -28,6 +28,7 @@ from tensorflow.core.protobuf import meta_graph_pb2, saved_model_pb2
 from xgr_common.errors import (CapacityError, DeadlineExceededError, ExportError,
                                InvalidInputError, RequestCancelledError, ServingError)
 from xgr_common.serving_names import SERVING_SIGNATURE
+from custom_ops.torch_call import release_packages
 from tf_frontend.serving.admission import AdmissionGate
 from tf_frontend.serving.batch_merge import UnsplittableOutput, merge_inputs, split_outputs
 from tf_frontend.serving.batching import BatchScheduler, BatchTask, SchedulerClosed
@@ -131,9 +132,11 @@ class ServableVersion:
                                     f"available: {sorted(self.signatures)}")
         return self.signatures[name]
 
-    def prepare(self, signature_name: str, inputs: Mapping[str, np.ndarray]) -> PreparedRequest:
-        """Validates a decoded request against the signature (InvalidInputError on a mistake)."""
-        return prepare(self.signature(signature_name), inputs)
+    def prepare(self, signature_name: str, inputs: Mapping[str, np.ndarray],
+                user_key: str | None = None) -> PreparedRequest:
+        """Validates a decoded request against the signature (InvalidInputError on a mistake);
+        ``user_key``: the one the transport carried (``validation.with_user_key``)."""
+        return prepare(self.signature(signature_name), inputs, user_key)
 
     def submit(self, request: PreparedRequest,
                deadline: float | None = None) -> concurrent.futures.Future | None:
@@ -254,3 +257,7 @@ class ServableVersion:
         self._functions, self._loaded = {}, None
         if collect:
             gc.collect()
+        # TF's kernel cache keeps the unloaded functions' kernels, which hold their engine
+        # packages: let those go, so the version's packages (weights, device memory, prompt
+        # cache) are freed unless another loaded version runs them too.
+        release_packages(self.path)

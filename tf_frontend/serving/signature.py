@@ -74,8 +74,8 @@ class ServingSpec:
     """The model's own serving hints (``assets.extra/xgr_serving.json``), or none.
 
     ragged: splits name -> the value names it partitions.
-    defaults: input name -> the value a request that leaves it out gets (a number per row, or
-      ``()`` for a ragged value input: empty rows).
+    defaults: input name -> the value a request that leaves it out gets (a number or a string
+      per row, or ``()`` for a ragged value input: empty rows).
     limits: the request limits the model asks for (``RequestLimits``; server flags win):
       ``max_rows`` (the largest batch the model's engine accepts), ``max_history_events``,
       ``max_tensor_elements``, ``max_pending_requests``, ``rest_api_timeout_in_ms``.
@@ -86,7 +86,7 @@ class ServingSpec:
 
     ragged: Mapping[str, tuple[str, ...]] | None = None
     limits: RequestLimits = RequestLimits()
-    defaults: Mapping[str, int | float | tuple] = dataclasses.field(default_factory=dict)
+    defaults: Mapping[str, int | float | str | tuple] = dataclasses.field(default_factory=dict)
     per_call: tuple[str, ...] = ()
 
     @property
@@ -120,9 +120,10 @@ class ServingSpec:
             ragged = {k: tuple(v) for k, v in ragged.items()}
         defaults = raw.get("defaults", {})
         require(isinstance(defaults, dict) and all(
-            v == [] or (isinstance(v, (int, float)) and not isinstance(v, bool))
+            v == [] or isinstance(v, str) or (isinstance(v, (int, float))
+                                              and not isinstance(v, bool))
             for v in defaults.values()), ExportError,
-            f"{where}: 'defaults' must map an input name to a number or []")
+            f"{where}: 'defaults' must map an input name to a number, a string or []")
         defaults = {k: (() if v == [] else v) for k, v in defaults.items()}
         per_call = raw.get("per_call", [])
         require(isinstance(per_call, list) and all(isinstance(n, str) for n in per_call),
@@ -218,6 +219,12 @@ def describe_signature(name: str, function, spec: ServingSpec,
         require((v == ()) == (n in grouped), ExportError,
                 f"signature {name!r}: the default of {n!r} must be [] exactly when it is a "
                 f"ragged value input")
+        if v != ():
+            text = inputs[n].dtype == tf.string
+            require(isinstance(v, str) == text, ExportError,
+                    f"signature {name!r}: the default of {n!r} must be a "
+                    f"{'string' if text else 'number'} ({inputs[n].dtype.name} input), got "
+                    f"{v!r}")
     per_call = tuple(n for n in spec.per_call if n in inputs)
     for n in per_call:
         info = inputs[n]

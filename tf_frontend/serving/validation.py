@@ -12,6 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from xgr_common.errors import InvalidInputError, require
+from xgr_common.serving_names import USER_KEY
 from tf_frontend.serving.signature import SignatureInfo, TensorInfo
 
 
@@ -119,10 +120,29 @@ def with_defaults(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]
     return filled
 
 
-def prepare(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> PreparedRequest:
+def with_user_key(sig: SignatureInfo, inputs: Mapping[str, np.ndarray],
+                  user_key: str | None) -> Mapping[str, np.ndarray]:
+    """``inputs`` with ``USER_KEY`` filled from the transport's ``user_key`` (the REST header
+    or gRPC metadata entry ``USER_KEY_HEADER``), the same key for every row, where ``sig``
+    takes one and the body sent none. The key is only a hint to the engine's prompt cache
+    (the cached content decides), so any string is taken as it is."""
+    if not user_key or USER_KEY not in sig.inputs or USER_KEY in inputs:
+        return inputs
+    try:
+        rows = _rows(sig, inputs)
+    except InvalidInputError:
+        return inputs   # prepare names the disagreement
+    if rows is None:
+        return inputs
+    return {**inputs, USER_KEY: np.full(rows, user_key.encode("utf-8", "replace"), object)}
+
+
+def prepare(sig: SignatureInfo, inputs: Mapping[str, np.ndarray],
+            user_key: str | None = None) -> PreparedRequest:
     """Validates ``inputs`` (already decoded to arrays) against ``sig``, after filling the
-    inputs it may leave out (``with_defaults``)."""
-    inputs = with_defaults(sig, inputs)
+    user key the transport carried (``with_user_key``) and the inputs it may leave out
+    (``with_defaults``)."""
+    inputs = with_defaults(sig, with_user_key(sig, inputs, user_key))
     missing = sorted(set(sig.inputs) - set(inputs))
     require(not missing, InvalidInputError,
             f"signature {sig.name!r}: missing input(s) {missing}; expected "

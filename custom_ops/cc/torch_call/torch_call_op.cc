@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "absl/status/status.h"
 #include "custom_ops/cc/torch_call/torch_runner.h"
@@ -87,9 +88,29 @@ class TorchBuffer : public tensorflow::TensorBuffer {
   size_t bytes_;
 };
 
+class TorchCallOp;
+
+// Every TorchCall kernel alive in the process. TF's eager runtime keeps a function's kernels
+// in its kernel cache after the function's model is unloaded, and a kernel holds the packages
+// it ran: so a server that unloads a model version tells the kernels to let go of that
+// version's packages (XgrTorchCallRelease), and a package no other version holds is freed.
+struct KernelRegistry {
+  std::mutex mu;
+  std::set<TorchCallOp*> kernels;
+};
+
+KernelRegistry& Kernels() {
+  static KernelRegistry* registry = new KernelRegistry();  // outlives every kernel
+  return *registry;
+}
+
 class TorchCallOp : public OpKernel {
  public:
   explicit TorchCallOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    {
+      std::lock_guard<std::mutex> lock(Kernels().mu);
+      Kernels().kernels.insert(this);
+    }
     OP_REQUIRES_OK(ctx, ctx->GetAttr("Tout", &output_types_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("intra_op_threads", &threads_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("concurrency", &options_.concurrency));
@@ -99,6 +120,32 @@ class TorchCallOp : public OpKernel {
     OP_REQUIRES(ctx, options_.concurrency >= 1,
                 absl::InvalidArgumentError("TorchCall: concurrency must be >= 1, got " +
                                            std::to_string(options_.concurrency)));
+  }
+
+  ~TorchCallOp() override {
+    std::lock_guard<std::mutex> lock(Kernels().mu);
+    Kernels().kernels.erase(this);
+  }
+
+  // Lets go of the packages and tables whose paths start with `prefix` (a model version's
+  // folder); returns how many. Called again, a path loads afresh.
+  int Release(const std::string& prefix) {
+    std::lock_guard<std::mutex> lock(mu_);
+    int released = 0;
+    for (auto it = held_.begin(); it != held_.end();) {
+      if (it->first.compare(0, prefix.size(), prefix) == 0) {
+        it = held_.erase(it);
+        ++released;
+      } else {
+        ++it;
+      }
+    }
+    if (held_tables_.second.first.compare(0, prefix.size(), prefix) == 0 &&
+        held_tables_.second.second) {
+      held_tables_ = {};
+      ++released;
+    }
+    return released;
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -287,3 +334,16 @@ REGISTER_KERNEL_BUILDER(Name("TorchCall").Device(tensorflow::DEVICE_CPU), TorchC
 }  // namespace
 }  // namespace torch_call
 }  // namespace xgr
+
+// For a server unloading a model version (ctypes): every TorchCall kernel lets go of the
+// packages and tables under `prefix` (the version's folder, ending in '/'); returns how many
+// references were dropped.
+extern "C" __attribute__((visibility("default"))) int XgrTorchCallRelease(const char* prefix) {
+  if (prefix == nullptr || *prefix == '\0') return 0;
+  const std::string folder(prefix);
+  auto& registry = xgr::torch_call::Kernels();
+  std::lock_guard<std::mutex> lock(registry.mu);
+  int released = 0;
+  for (auto* kernel : registry.kernels) released += kernel->Release(folder);
+  return released;
+}
