@@ -224,7 +224,7 @@ def cached_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if backend == "triton":
         return _paged().paged_prefill_attention(
             q, k, v, prompt.prefill_cu_seqlens, prompt.segment_ids, prompt.mode, keys, values,
-            cached.block_table, cached.lengths, int(prompt.valid.shape[1]))
+            cached.block_table, cached.lengths, prompt.valid.shape[1])
     ck, cv, cvalid = cached.gathered(layer)
     qs, ks, vs = prompt.unpack(q), prompt.unpack(k), prompt.unpack(v)
     width = qs.shape[1]

@@ -178,9 +178,11 @@ def resolve_attention(requested: str, device: str) -> str:
     if not device.startswith("cuda"):
         return "torch"
     import torch_engine.kernels  # noqa: F401  (registers the xgr:: ops)
+    import torch_engine.kernels.paged_attention  # noqa: F401  (and the prompt cache's)
 
     embeddable = all(is_triton_op(name) for name in
-                     ("xgr::decode_attention", "xgr::prefill_attention"))
+                     ("xgr::decode_attention", "xgr::prefill_attention",
+                      "xgr::paged_prefill_attention", "xgr::paged_decode_attention"))
     return "triton" if embeddable else "torch"
 
 

@@ -71,9 +71,10 @@ def main(widths: tuple[int, ...]) -> None:
                       "launches": launches(program)}))
 
 
-def launches(program) -> list[dict]:
+def launches(program, absent: tuple[int, ...] = ()) -> list[dict]:
     """(kernel name, its int and bool arguments) of every Triton launch in ``program``'s
-    ops, traced as AOTInductor traces them: the triton_ops decomposed, the sizes symbolic."""
+    ops, traced as AOTInductor traces them: the triton_ops decomposed, the sizes symbolic.
+    ``absent``: positions of the program's arguments that were exported as None."""
     from torch._functorch import config as functorch_config
     from torch._functorch.aot_autograd import aot_export_module
     from torch._guards import detect_fake_mode
@@ -82,6 +83,8 @@ def launches(program) -> list[dict]:
     placeholders = [node for node in program.graph.nodes if node.op == "placeholder"]
     user = [node.meta["val"] for node in placeholders
             if node.name in program.graph_signature.user_inputs]
+    for position in absent:
+        user.insert(position, None)
     with functorch_config.patch(decompose_custom_triton_ops=True), \
             detect_fake_mode([node.meta["val"] for node in placeholders]):
         graph, _ = aot_export_module(program.module(), tuple(user), trace_joint=False)

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from torch.library import triton_op, wrap_triton
+
 from torch_engine.kernels import _common as c
 from torch_engine.kernels._online_softmax import load_paged_tile, online_softmax_step
 from torch_engine.kernels.decode_attention import (PagedPrefix, decode_config_for,
@@ -149,16 +151,11 @@ def _check_offsets(op: str, cu_seqlens, seq_lens, batch: int) -> None:
         c.check_index(op, "seq_lens", seq_lens)
 
 
-def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                            cu_seqlens: torch.Tensor, segment_ids: torch.Tensor,
-                            mode: MaskMode, pool_k: torch.Tensor, pool_v: torch.Tensor,
-                            block_table: torch.Tensor, cached_lens: torch.Tensor,
-                            max_len: int, scale: float | None = None,
-                            seq_lens: torch.Tensor | None = None) -> torch.Tensor:
-    """``reference.paged_attention.paged_prefill_attention`` in one launch; ``max_len``:
-    the longest suffix of the batch (an upper bound: its padded width), which sizes the
-    grid. Values (offsets, pages, lengths within the pool) are the caller's contract: the
-    engine builds them from the cache's plan."""
+def _check_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, block_table,
+                   cached_lens, max_len, scale, seq_lens, devices: bool = True
+                   ) -> tuple[float, int]:
+    """Shape, dtype, stride and (unless tracing) device checks; the scale in base-2 units and
+    the page size."""
     op = "paged_prefill_attention"
     require(MaskMode(mode) in MODES, InvalidInputError,
             f"{op}: mode must be one of {[m.value for m in MODES]} (the prompt cache keeps "
@@ -181,34 +178,95 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     batch = cu_seqlens.shape[0] - 1
     _check_offsets(op, cu_seqlens, seq_lens, batch)
     page = _check_pages(op, pool_k, pool_v, block_table, cached_lens, batch, hkv, dim, dtype)
-    require(isinstance(max_len, int) and max_len >= 0, InvalidInputError,
-            f"{op}: max_len must be an int >= 0, got {max_len!r}")
+    require(isinstance(max_len, (int, torch.SymInt)) and not isinstance(max_len, bool),
+            InvalidInputError, f"{op}: max_len must be an int, got {max_len!r}")
+    c.require_size(max_len >= 0, f"{op}: max_len must be >= 0, got {max_len}")
     c.check_last_dim_contiguous(op, {"q": q, "k": k, "v": v})
-    tensors = {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens, "segment_ids": segment_ids,
-               "pool_k": pool_k, "pool_v": pool_v, "block_table": block_table,
-               "cached_lens": cached_lens}
-    c.check_devices(op, tensors)
+    if devices:
+        c.check_devices(op, {"q": q, "k": k, "v": v, "cu_seqlens": cu_seqlens,
+                             "segment_ids": segment_ids, "pool_k": pool_k, "pool_v": pool_v,
+                             "block_table": block_table, "cached_lens": cached_lens})
     c.check_int32_offsets(op, {"q": q, "k": k, "v": v})
-    qk_scale = c.resolve_scale(op, scale, dim) * _LOG2E
+    return c.resolve_scale(op, scale, dim) * _LOG2E, page
+
+
+def _run_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, block_table,
+                 cached_lens, max_len, scale, seq_lens) -> torch.Tensor:
+    """Checks, the tile from shapes (example sizes when traced), the launch."""
+    qk_scale, page = _check_prefill(q, k, v, cu_seqlens, segment_ids, mode, pool_k, pool_v,
+                                    block_table, cached_lens, max_len, scale, seq_lens)
     out = torch.empty_like(q)
-    if batch == 0 or total == 0:
+    total, hq, dim = q.shape
+    batch = cu_seqlens.shape[0] - 1
+    if isinstance(out.numel(), int) and out.numel() == 0:
         return out
-    block_m, block_n, warps, stages = prefill_tile(batch * hq * triton.cdiv(max(max_len, 1), 64),
-                                                   q.element_size(), q.device)
-    m_tiles = max(triton.cdiv(max_len, block_m), 1)
+    hint = c.size_hint(batch) * hq * triton.cdiv(max(c.size_hint(max_len), 1), 64)
+    block_m, block_n, warps, stages = prefill_tile(hint, q.element_size(), q.device)
+    m_tiles = (max_len + block_m - 1) // block_m
     with c.on_device(q.device):
-        _paged_prefill_kernel[(batch * m_tiles, hq)](
+        wrap_triton(_paged_prefill_kernel)[(batch * m_tiles, hq)](
             q, k, v, out, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
             segment_ids, cached_lens, block_table, pool_k, pool_v,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), block_table.stride(0),
             pool_k.stride(0), pool_k.stride(1), pool_k.stride(2),
             pool_v.stride(0), pool_v.stride(1), pool_v.stride(2),
-            m_tiles, hq // hkv, qk_scale,
+            m_tiles, hq // k.shape[1], qk_scale,
             MODE=MODES[MaskMode(mode)], SEQ_LENS=seq_lens is not None, BLOCK_M=block_m,
             BLOCK_N=block_n, HEAD_DIM=dim, PAGE=page, ACC_IN_DOT=True,
-            DOT_PRECISION=c.dot_precision(dtype), num_warps=warps, num_stages=stages)
+            DOT_PRECISION=c.dot_precision(q.dtype), num_warps=warps, num_stages=stages)
     return out
+
+
+@triton_op("xgr::paged_prefill_attention", mutates_args=())
+def _paged_prefill_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      cu_seqlens: torch.Tensor, segment_ids: torch.Tensor, mode: str,
+                      pool_k: torch.Tensor, pool_v: torch.Tensor, block_table: torch.Tensor,
+                      cached_lens: torch.Tensor, max_len: int, scale: float | None = None,
+                      seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    # torch.library.triton_op, as the other attention kernels: AOTInductor compiles the
+    # kernel into a package that keeps a prompt cache (xgr_export.cached_package).
+    if c.interpreting():
+        return torch.ops.xgr.paged_prefill_attention_interpreted(
+            q, k, v, cu_seqlens, segment_ids, mode, pool_k, pool_v, block_table, cached_lens,
+            max_len, scale, seq_lens)
+    return _run_prefill(q, k, v, cu_seqlens, segment_ids, mode, pool_k, pool_v, block_table,
+                        cached_lens, max_len, scale, seq_lens)
+
+
+@torch.library.custom_op("xgr::paged_prefill_attention_interpreted", mutates_args=())
+def _paged_prefill_interpreted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               cu_seqlens: torch.Tensor, segment_ids: torch.Tensor, mode: str,
+                               pool_k: torch.Tensor, pool_v: torch.Tensor,
+                               block_table: torch.Tensor, cached_lens: torch.Tensor,
+                               max_len: int, scale: float | None = None,
+                               seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """The op under ``TRITON_INTERPRET=1`` (CPU): interpreted kernels cannot be traced."""
+    return _run_prefill(q, k, v, cu_seqlens, segment_ids, mode, pool_k, pool_v, block_table,
+                        cached_lens, max_len, scale, seq_lens)
+
+
+@_paged_prefill_interpreted.register_fake
+def _(q, k, v, cu_seqlens, segment_ids, mode, pool_k, pool_v, block_table, cached_lens,
+      max_len, scale=None, seq_lens=None):
+    _check_prefill(q, k, v, cu_seqlens, segment_ids, mode, pool_k, pool_v, block_table,
+                   cached_lens, max_len, scale, seq_lens, devices=False)
+    return torch.empty_like(q)
+
+
+def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                            cu_seqlens: torch.Tensor, segment_ids: torch.Tensor,
+                            mode: MaskMode, pool_k: torch.Tensor, pool_v: torch.Tensor,
+                            block_table: torch.Tensor, cached_lens: torch.Tensor,
+                            max_len: int, scale: float | None = None,
+                            seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """``reference.paged_attention.paged_prefill_attention`` in one launch; ``max_len``:
+    the longest suffix of the batch (an upper bound: its padded width), which sizes the
+    grid. Values (offsets, pages, lengths within the pool) are the caller's contract: the
+    engine builds them from the cache's plan."""
+    return torch.ops.xgr.paged_prefill_attention(
+        q, k, v, cu_seqlens, segment_ids, MaskMode(mode).value, pool_k, pool_v, block_table,
+        cached_lens, max_len, scale, seq_lens)
 
 
 def prefill_tile(programs_of_64: int, element_size: int, device: torch.device
@@ -226,13 +284,9 @@ def prefill_tile(programs_of_64: int, element_size: int, device: torch.device
     return 64, 64, 4, 2
 
 
-def paged_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
-                           cu_seqlens: torch.Tensor, pool_k: torch.Tensor,
-                           pool_v: torch.Tensor, block_table: torch.Tensor,
-                           cached_lens: torch.Tensor, beam_k: torch.Tensor,
-                           beam_v: torch.Tensor, num_own: int, scale: float | None = None,
-                           seq_lens: torch.Tensor | None = None) -> torch.Tensor:
-    """``reference.paged_attention.paged_decode_attention`` in one launch."""
+def _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
+                  cached_lens, beam_k, beam_v, num_own, seq_lens, devices: bool = True) -> int:
+    """Shape, dtype, stride and (unless tracing) device checks; the page size."""
     op = "paged_decode_attention"
     c.check_rank(op, "q", q, 4, "[B, W, Hq, D]")
     c.check_rank(op, "shared_k", shared_k, 3, "[T, Hkv, D]")
@@ -255,22 +309,83 @@ def paged_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: to
     page = _check_pages(op, pool_k, pool_v, block_table, cached_lens, batch, hkv, dim, dtype)
     c.check_last_dim_contiguous(op, {"q": q, "shared_k": shared_k, "shared_v": shared_v,
                                      "beam_k": beam_k, "beam_v": beam_v})
-    c.check_devices(op, {"q": q, "shared_k": shared_k, "shared_v": shared_v,
-                         "cu_seqlens": cu_seqlens, "pool_k": pool_k, "pool_v": pool_v,
-                         "block_table": block_table, "cached_lens": cached_lens,
-                         "beam_k": beam_k, "beam_v": beam_v})
+    if devices:
+        c.check_devices(op, {"q": q, "shared_k": shared_k, "shared_v": shared_v,
+                             "cu_seqlens": cu_seqlens, "pool_k": pool_k, "pool_v": pool_v,
+                             "block_table": block_table, "cached_lens": cached_lens,
+                             "beam_k": beam_k, "beam_v": beam_v})
     c.check_int32_offsets(op, {"q": q, "shared_k": shared_k, "shared_v": shared_v})
     c.require_size(batch * hkv <= 65535, f"{op}: batch x KV heads must be at most 65535, got "
                    f"{batch} x {hkv}")
-    scale = c.resolve_scale(op, scale, dim)
-    if q.numel() == 0:
-        return torch.empty_like(q)
+    return page
+
+
+def _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, cached_lens,
+                beam_k, beam_v, num_own, scale, seq_lens) -> torch.Tensor:
+    """Checks, the split rule from shapes (example sizes when traced), the launch."""
+    page = _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
+                         cached_lens, beam_k, beam_v, num_own, seq_lens)
+    batch, width, hq, dim = q.shape
+    hkv = shared_k.shape[1]
+    scale = c.resolve_scale("paged_decode_attention", scale, dim)
     # The split rule counts every key a request may read: its pages' whole width and its
     # packed prompt (an upper bound, from shapes alone, so the choice captures).
-    keys = shared_k.shape[0] + batch * block_table.shape[1] * page
+    keys = c.size_hint(shared_k.shape[0], 1024) + (c.size_hint(batch) *
+                                                   c.size_hint(block_table.shape[1]) * page)
     config = dataclasses.replace(
-        decode_config_for(batch, width, hq // hkv, hkv, keys, dim, q.device), tma=False)
+        decode_config_for(c.size_hint(batch), width, hq // hkv, hkv, keys, dim, q.device),
+        tma=False)
     with c.on_device(q.device):
         return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own,
                              scale, config, seq_lens=seq_lens,
                              paged=PagedPrefix(pool_k, pool_v, block_table, cached_lens))
+
+
+@triton_op("xgr::paged_decode_attention", mutates_args=())
+def _paged_decode_op(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                     cu_seqlens: torch.Tensor, pool_k: torch.Tensor, pool_v: torch.Tensor,
+                     block_table: torch.Tensor, cached_lens: torch.Tensor,
+                     beam_k: torch.Tensor, beam_v: torch.Tensor, num_own: int,
+                     scale: float | None = None,
+                     seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    if c.interpreting():
+        return torch.ops.xgr.paged_decode_attention_interpreted(
+            q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, cached_lens,
+            beam_k, beam_v, num_own, scale, seq_lens)
+    return _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
+                       cached_lens, beam_k, beam_v, num_own, scale, seq_lens)
+
+
+@torch.library.custom_op("xgr::paged_decode_attention_interpreted", mutates_args=())
+def _paged_decode_interpreted(q: torch.Tensor, shared_k: torch.Tensor,
+                              shared_v: torch.Tensor, cu_seqlens: torch.Tensor,
+                              pool_k: torch.Tensor, pool_v: torch.Tensor,
+                              block_table: torch.Tensor, cached_lens: torch.Tensor,
+                              beam_k: torch.Tensor, beam_v: torch.Tensor, num_own: int,
+                              scale: float | None = None,
+                              seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """The op under ``TRITON_INTERPRET=1`` (CPU): interpreted kernels cannot be traced."""
+    return _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
+                       cached_lens, beam_k, beam_v, num_own, scale, seq_lens)
+
+
+@_paged_decode_interpreted.register_fake
+def _(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, cached_lens, beam_k,
+      beam_v, num_own, scale=None, seq_lens=None):
+    _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, cached_lens,
+                  beam_k, beam_v, num_own, seq_lens, devices=False)
+    return torch.empty_like(q)
+
+
+def paged_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
+                           cu_seqlens: torch.Tensor, pool_k: torch.Tensor,
+                           pool_v: torch.Tensor, block_table: torch.Tensor,
+                           cached_lens: torch.Tensor, beam_k: torch.Tensor,
+                           beam_v: torch.Tensor, num_own: int, scale: float | None = None,
+                           seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """``reference.paged_attention.paged_decode_attention``: the xAttention kernel in its
+    paged mode (split programs merged by log-sum-exp when the row tiles alone leave the GPU
+    idle)."""
+    return torch.ops.xgr.paged_decode_attention(q, shared_k, shared_v, cu_seqlens, pool_k,
+                                                pool_v, block_table, cached_lens, beam_k,
+                                                beam_v, num_own, scale, seq_lens)

@@ -1,0 +1,73 @@
+"""Child of ``test_traced_cached.py``: the cached search of a version 2 model (its prompts'
+first tokens from a prompt cache's pool) traced for a CUDA package on the CPU, as
+``trace_widths_child.py`` traces the plain one (the Triton interpreter off; the device checks
+and backend choices that need CUDA switched off; nothing compiled or run). Prints, as JSON,
+the Triton kernels of the traced program's launches, and whether the suffix width, the block
+table's width and the pool's page count stayed symbolic.
+
+    python tests/export/trace_cached_child.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with the Triton interpreter off"
+
+import torch_engine.attention as attention  # noqa: E402
+import torch_engine.beam_search as beam_search  # noqa: E402
+import torch_engine.engine as engine_module  # noqa: E402
+from torch_engine.kernels import _common  # noqa: E402
+
+_common.check_devices = lambda *args, **kwargs: None
+engine_module.resolve_backend = attention.resolve_backend = lambda name, device: "triton"
+beam_search.resolve_selection = lambda name, device: "triton"
+
+from tests.export.test_prompt_v2_package import _spec  # noqa: E402
+from tests.export.trace_widths_child import launches  # noqa: E402
+from tests.torch_engine.engine_worlds import small_world  # noqa: E402
+from torch_engine.catalog import Catalog  # noqa: E402
+from torch_engine.config import engine_config_for  # noqa: E402
+from torch_engine.model import Model  # noqa: E402
+from xgr_export import cached_package, torch_package  # noqa: E402
+from xgr_export.config import EngineExportConfig  # noqa: E402
+
+
+class _Traced(Exception):
+    """Stops the export once the program is traced (no compile on this host)."""
+
+
+def main() -> None:
+    traced = {}
+
+    def keep_program(program, *args, **kwargs):
+        traced["program"], traced["extra"] = program, kwargs.get("extra", ())
+        raise _Traced
+
+    cached_package.torch_package.package_aoti = keep_program
+    ids, codes = small_world()
+    model = Model.from_preset("tiny", seed=1)
+    spec = _spec(model.config.hidden_size)
+    engine = engine_module.Engine(model, Catalog.from_arrays(ids, codes), engine_config_for(
+        spec, attention_backend="triton", selection_backend="triton", cuda_graphs=False))
+    try:
+        cached_package.export_cached_engine(engine, spec, "unused.pt2",
+                                            EngineExportConfig(8, 6, max_batch=8))
+    except _Traced:
+        pass
+    program = traced["program"]
+    contract = torch_package.contract_of(program, "cuda:0")
+    runtime = 5                      # the five engine inputs, no beam_slots
+    table, slots, pool = contract.inputs[runtime + 1], contract.inputs[runtime + 2], \
+        contract.inputs[runtime + 3]
+    kernels = {launch["kernel"] for launch in launches(program, absent=(runtime,))}
+    print(json.dumps({"kernels": sorted(kernels),
+                      "symbolic": {"suffix": isinstance(slots.dims[1], str),
+                                   "pages": isinstance(table.dims[1], str),
+                                   "pool": isinstance(pool.dims[2], str)},
+                      "cache_line": list(traced["extra"])}))
+
+
+if __name__ == "__main__":
+    main()
