@@ -33,6 +33,7 @@ from absl import app, flags
 from benchmarks import results_file as rf
 from benchmarks.gpu_sampler import GpuSampler
 from benchmarks.serve_process import ROOT, child_env, start_server, stop_server
+from benchmarks.team_files import write_team_files
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("preset", "tiny", "Random-weight model preset.")
@@ -58,35 +59,13 @@ flags.DEFINE_string("out_dir", os.path.join(ROOT, "benchmarks", "results"), "Res
 
 
 def team_files(folder: Path, world) -> dict[str, Path]:
-    """A random-weight preset as a team would hand it over: checkpoint + card, catalog,
-    feature-graph weights (an untrained tower of the contract's shapes)."""
-    from safetensors.numpy import save_file
-
-    from torch_engine.model import Model
-    from xgr_checkpoint.catalog_file import write_catalog
-    from xgr_common.layout import MaskMode
-    from xgr_common.model_card import ModelCard
+    """A random-weight ``--preset`` as a team would hand it over, over the world's catalog."""
     from xgr_common.prompt_spec import PromptSpec
+    from torch_engine.config import preset
 
-    model = Model.from_preset(FLAGS.preset, seed=0)
-    config = model.config
-    spec = PromptSpec(model_hidden=config.hidden_size, keep_last=FLAGS.keep_last,
+    spec = PromptSpec(model_hidden=preset(FLAGS.preset).hidden_size, keep_last=FLAGS.keep_last,
                       window_seconds=3650 * 86400)
-    model.save_pretrained(folder / "model")
-    ModelCard(spec=spec, prefill_mask=MaskMode.ITEM_CAUSAL,
-              architecture=config.to_hf_dict()["model_type"], vocab_size=config.vocab_size,
-              hidden_size=config.hidden_size).write(folder / "model")
-    rng = np.random.default_rng(0)
-    shapes = {"table": (spec.embedding_buckets, spec.embedding_dim),
-              "tower_kernel": (2 * spec.embedding_dim, spec.tower_hidden),
-              "tower_bias": (spec.tower_hidden,),
-              "projection_kernel": (spec.tower_hidden, spec.profile_tokens * spec.model_hidden),
-              "projection_bias": (spec.profile_tokens * spec.model_hidden,)}
-    save_file({k: (rng.standard_normal(s) * 0.05).astype(np.float32) for k, s in shapes.items()},
-              str(folder / "tower.safetensors"))
-    write_catalog(folder / "catalog_1.parquet", world.item_ids, world.item_codes)
-    return {"model": folder / "model", "catalog": folder / "catalog_1.parquet",
-            "feature_graph": folder / "tower.safetensors"}
+    return write_team_files(folder, FLAGS.preset, spec, world.item_ids, world.item_codes)
 
 
 def next_catalog(world, path: Path) -> tuple[np.ndarray, np.ndarray]:

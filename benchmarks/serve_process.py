@@ -20,10 +20,11 @@ def child_env(**extra: str) -> dict[str, str]:
 
 
 def start_server(base: str, log_path: str, max_batch_size: int, batch_timeout_micros: int,
-                 poll_seconds: float = 1.0) -> tuple[subprocess.Popen, int, int]:
-    """``xgr serve`` over ``base``: (process, gRPC port, REST port). Its JSON logs go to
-    ``log_path`` (the record of what a stop did), its stdout is drained so that nothing it
-    prints can block it."""
+                 poll_seconds: float = 1.0, extra_flags: tuple[str, ...] = ()
+                 ) -> tuple[subprocess.Popen, int, int]:
+    """``xgr serve`` over ``base`` (with ``extra_flags``): (process, gRPC port, REST port).
+    Its JSON logs go to ``log_path`` (the record of what a stop did), its stdout is drained
+    so that nothing it prints can block it."""
     env = child_env(TF_CPP_MIN_LOG_LEVEL="2", PYTHONUNBUFFERED="1")
     print(f"server log: {log_path}")
     log = open(log_path, "w")
@@ -32,7 +33,8 @@ def start_server(base: str, log_path: str, max_batch_size: int, batch_timeout_mi
          f"--model_base_path={base}", "--port=0", "--rest_api_port=0",
          "--bind_address=127.0.0.1", "--enable_batching", "--log_level=INFO",
          f"--max_batch_size={max_batch_size}", f"--batch_timeout_micros={batch_timeout_micros}",
-         "--num_batch_threads=2", f"--file_system_poll_wait_seconds={poll_seconds}"],
+         "--num_batch_threads=2", f"--file_system_poll_wait_seconds={poll_seconds}",
+         *extra_flags],
         stdout=subprocess.PIPE, stderr=log, text=True, env=env, cwd=ROOT)
     log.close()   # the child holds its own descriptor
     line = process.stdout.readline()
