@@ -83,10 +83,15 @@ LAYERS = (
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge", "xgr_checkpoint",
            "xgr_world"), ("tensorflow", "torch", "numpy"),
           "`run_saved_model` (the reload child) needs only TF + `custom_ops`"),
+    Layer("xgr_train", "a team's behaviour logs (Parquet) to a trained generative retriever: "
+          "the logs cut into requests, fine-tuning (`xgr train`), offline evaluation against "
+          "popularity and co-occurrence (`xgr evaluate`)",
+          ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
+           "xgr_checkpoint", "xgr_world"), ("tensorflow", "torch", "numpy")),
     Layer("xgr_cli", "the `xgr` command: flags -> configs -> one library call per subcommand",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
-           "xgr_checkpoint", "xgr_world", "xgr_export"), ("tensorflow", "torch", "numpy"),
-          "imported by nobody"),
+           "xgr_checkpoint", "xgr_world", "xgr_export", "xgr_train"),
+          ("tensorflow", "torch", "numpy"), "imported by nobody"),
 )
 NON_PACKAGES = (
     ("benchmarks", "benchmarks run as modules (`python -m benchmarks.bench_engine`) that time "

@@ -13,25 +13,18 @@ from __future__ import annotations
 import json
 import os
 
-assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with the Triton interpreter off"
-
-import torch_engine.attention as attention  # noqa: E402
-import torch_engine.beam_search as beam_search  # noqa: E402
-import torch_engine.engine as engine_module  # noqa: E402
-from torch_engine.kernels import _common  # noqa: E402
-
-_common.check_devices = lambda *args, **kwargs: None
-engine_module.resolve_backend = attention.resolve_backend = lambda name, device: "triton"
-beam_search.resolve_selection = lambda name, device: "triton"
-
-from tests.export.test_prompt_v2_package import _spec  # noqa: E402
-from tests.export.trace_widths_child import launches  # noqa: E402
-from tests.torch_engine.engine_worlds import small_world  # noqa: E402
-from torch_engine.catalog import Catalog  # noqa: E402
-from torch_engine.config import engine_config_for  # noqa: E402
-from torch_engine.model import Model  # noqa: E402
-from xgr_export import cached_package, torch_package  # noqa: E402
-from xgr_export.config import EngineExportConfig  # noqa: E402
+import torch_engine.attention as attention
+import torch_engine.beam_search as beam_search
+import torch_engine.engine as engine_module
+from tests.export.test_prompt_v2_package import _spec
+from tests.export.trace_widths_child import launches
+from tests.torch_engine.engine_worlds import small_world
+from torch_engine.catalog import Catalog
+from torch_engine.config import engine_config_for
+from torch_engine.kernels import _common
+from torch_engine.model import Model
+from xgr_export import cached_package, torch_package
+from xgr_export.config import EngineExportConfig
 
 
 class _Traced(Exception):
@@ -39,6 +32,11 @@ class _Traced(Exception):
 
 
 def main() -> None:
+    assert os.environ.get("TRITON_INTERPRET", "0") != "1", "run with the Triton interpreter off"
+    # What needs a GPU is switched off: the device checks and the backend choices.
+    _common.check_devices = lambda *args, **kwargs: None
+    engine_module.resolve_backend = attention.resolve_backend = lambda name, device: "triton"
+    beam_search.resolve_selection = lambda name, device: "triton"
     traced = {}
 
     def keep_program(program, *args, **kwargs):
