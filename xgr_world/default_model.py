@@ -168,10 +168,16 @@ def feature_graph_for(spec: PromptSpec, world: World, tower: dict[str, np.ndarra
     """The feature graph of ``spec``'s prompt version (``FeatureGraphV2`` for version 2) over
     ``world``'s catalog; ``tower`` from ``ProfileTower.keras_weights`` (None: Keras' random
     initialisation from ``seed``)."""
+    return catalog_feature_graph(spec, world.item_ids, world.item_codes, tower, seed)
+
+
+def catalog_feature_graph(spec: PromptSpec, item_ids: np.ndarray, item_codes: np.ndarray,
+                          tower: dict[str, np.ndarray] | None, seed: int = 0) -> FeatureGraph:
+    """``feature_graph_for`` over a catalog's ``item_ids`` and ``item_codes``."""
     graph_class = FeatureGraphV2 if spec.version == 2 else FeatureGraph
     if tower is None:
-        return graph_class(spec, world.item_ids, world.item_codes, seed=seed)
-    return graph_class(spec, world.item_ids, world.item_codes, embedding_table=tower["table"],
+        return graph_class(spec, item_ids, item_codes, seed=seed)
+    return graph_class(spec, item_ids, item_codes, embedding_table=tower["table"],
                        tower_weights={
                            "profile_tower": [tower["tower_kernel"], tower["tower_bias"]],
                            "profile_projection": [tower["projection_kernel"],
