@@ -102,15 +102,8 @@ def search_features_cached(model, catalog, token_ids: torch.Tensor, lengths: tor
     ``pool`` (``[layers, 2, pages + 1, page_tokens, Hkv, D]``), whose suffix slots are
     written to ``write_slots`` (``[B, S]`` int64, S the suffix width; the sink for slots not
     kept), then decoded. Returns items, scores and the rules' flags as ``search_features``."""
-    if prefix_embeds is not None:
-        prefix_embeds = prefix_embeds.to(model.lm_head.weight.dtype)
-    if segment_ids is not None:
-        segment_ids = segment_ids.to(torch.int32)
-    if exclude_items is not None:
-        exclude_items = exclude_items.to(torch.int64)
-    batch, flags = search.sanitise(token_ids, lengths, segment_ids, prefix_embeds,
-                                   exclude_items, model.config.vocab_size,
-                                   soft_marker=soft_marker)
+    batch, flags = search.sanitise_features(model, token_ids, lengths, segment_ids,
+                                            prefix_embeds, exclude_items, soft_marker)
     cached = CachedPrefix(pool=pool, block_table=block_table, lengths=cached_lengths,
                           longest=None, write_slots=write_slots)
     suffix = suffix_batch(batch, cached_lengths, write_slots.shape[1])

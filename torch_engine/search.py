@@ -278,16 +278,26 @@ def search_features(model: Model, catalog: Catalog, token_ids: torch.Tensor,
     (``VALUE_RULES`` order): on inputs that break a rule the results are of the sanitised
     copy.
     """
+    batch, flags = sanitise_features(model, token_ids, lengths, segment_ids, prefix_embeds,
+                                     exclude_items, soft_marker)
+    items, scores = search(model, catalog, batch, beam_width, top_k, options, exclusions)
+    return items, scores, flags
+
+
+def sanitise_features(model: Model, token_ids: torch.Tensor, lengths: torch.Tensor,
+                      segment_ids: torch.Tensor | None, prefix_embeds: torch.Tensor | None,
+                      exclude_items: torch.Tensor | None, soft_marker: int | None
+                      ) -> tuple[RequestBatch, torch.Tensor]:
+    """``sanitise`` of raw feature tensors (soft vectors in the model's dtype, segments
+    int32, exclusions int64): the start of every traced search."""
     if prefix_embeds is not None:
         prefix_embeds = prefix_embeds.to(model.lm_head.weight.dtype)
     if segment_ids is not None:
         segment_ids = segment_ids.to(torch.int32)
     if exclude_items is not None:
         exclude_items = exclude_items.to(torch.int64)
-    batch, flags = sanitise(token_ids, lengths, segment_ids, prefix_embeds, exclude_items,
-                            model.config.vocab_size, soft_marker=soft_marker)
-    items, scores = search(model, catalog, batch, beam_width, top_k, options, exclusions)
-    return items, scores, flags
+    return sanitise(token_ids, lengths, segment_ids, prefix_embeds, exclude_items,
+                    model.config.vocab_size, soft_marker=soft_marker)
 
 
 def place_soft_vectors(embeds: torch.Tensor, marked: torch.Tensor, soft: torch.Tensor

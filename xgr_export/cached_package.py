@@ -25,9 +25,10 @@ from xgr_common.errors import ConfigError, require
 from xgr_common.layout import MaskMode
 from xgr_export import torch_package
 from xgr_export.config import EngineExportConfig
-from xgr_export.engine_package import (RecommendProgram, check_search_sizes, dynamic_inputs,
-                                       engine_replay, engine_rules, example_inputs,
-                                       require_widths_traced, tables_file, write_tables)
+from xgr_export.engine_package import (RecommendProgram, check_engine_for_export,
+                                       dynamic_inputs, engine_replay, engine_rules,
+                                       example_inputs, require_widths_traced, tables_file,
+                                       write_tables)
 
 PAGE_TOKENS = 16
 CACHE_INPUTS = ("cached_lengths", "block_table", "write_slots", "pool")
@@ -114,14 +115,7 @@ def export_cached_engine(engine, spec, out_path: str | os.PathLike,
             f"the prompt cache keeps the frozen long-term part of the version 2 prompt; this "
             f"model's card says prompt version {spec.version}, whose soft vectors come first "
             f"(re-fit it with prompt version 2, or export it without the cache)")
-    require(engine.config.soft_marker == spec.layout.soft_id, ConfigError,
-            f"the engine places no soft vectors at the SOFT markers (EngineConfig.soft_marker="
-            f"{engine.config.soft_marker}); build it with torch_engine.config.engine_config_for"
-            f"(spec)")
-    require(engine.device.type == torch.device(config.device).type, ConfigError,
-            f"engine lives on {engine.device}, the export targets {config.device}; move the "
-            f"engine first (the package runs where it was compiled)")
-    check_search_sizes(engine, config)
+    check_engine_for_export(engine, spec, config)
     program = CachedRecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
                                      layer_kernels, capacity)
     inputs = example_inputs(engine, spec)

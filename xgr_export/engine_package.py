@@ -230,16 +230,7 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
     tables become inputs padded to it, written to ``tables_file(out_path)``
     (``write_tables``), so a new catalog within it needs no new package."""
-    marker = spec.layout.soft_id if spec.version == 2 else None
-    require(engine.config.soft_marker == marker, ConfigError,
-            f"the model's card says prompt version {spec.version}, whose soft vectors go "
-            f"{'at the SOFT markers' if marker is not None else 'before the tokens'}; the "
-            f"engine has EngineConfig.soft_marker={engine.config.soft_marker} (build it with "
-            f"torch_engine.config.engine_config_for(spec))")
-    require(engine.device.type == torch.device(config.device).type, ConfigError,
-            f"engine lives on {engine.device}, the export targets {config.device}; move the "
-            f"engine first (the package runs where it was compiled)")
-    check_search_sizes(engine, config)
+    check_engine_for_export(engine, spec, config)
     program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
                                layer_kernels, capacity)
     dynamic = dynamic_inputs(spec, config)
@@ -266,6 +257,22 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     if capacity is not None:
         write_tables(tables_file(out_path), program.tables.tensors(), capacity, engine.catalog)
     return package
+
+
+def check_engine_for_export(engine, spec, config: EngineExportConfig) -> None:
+    """What an export checks of its engine before the trace: the soft vectors placed as the
+    card's prompt version places them, the engine on the target's device type, the search
+    sizes (``check_search_sizes``); ``ConfigError`` naming the mismatch."""
+    marker = spec.layout.soft_id if spec.version == 2 else None
+    require(engine.config.soft_marker == marker, ConfigError,
+            f"the model's card says prompt version {spec.version}, whose soft vectors go "
+            f"{'at the SOFT markers' if marker is not None else 'before the tokens'}; the "
+            f"engine has EngineConfig.soft_marker={engine.config.soft_marker} (build it with "
+            f"torch_engine.config.engine_config_for(spec))")
+    require(engine.device.type == torch.device(config.device).type, ConfigError,
+            f"engine lives on {engine.device}, the export targets {config.device}; move the "
+            f"engine first (the package runs where it was compiled)")
+    check_search_sizes(engine, config)
 
 
 def dynamic_inputs(spec, config: EngineExportConfig) -> tuple[dict, ...]:

@@ -98,10 +98,7 @@ def with_defaults(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]
     if not absent:
         return inputs
     filled = dict(inputs)
-    try:
-        rows = _rows(sig, inputs)
-    except InvalidInputError:
-        return inputs   # prepare names the disagreement
+    rows = _rows_if_agreed(sig, inputs)
     if rows is None:
         return inputs
     for group in sig.input_groups:
@@ -128,13 +125,19 @@ def with_user_key(sig: SignatureInfo, inputs: Mapping[str, np.ndarray],
     (the cached content decides), so any string is taken as it is."""
     if not user_key or USER_KEY not in sig.inputs or USER_KEY in inputs:
         return inputs
-    try:
-        rows = _rows(sig, inputs)
-    except InvalidInputError:
-        return inputs   # prepare names the disagreement
+    rows = _rows_if_agreed(sig, inputs)
     if rows is None:
         return inputs
     return {**inputs, USER_KEY: np.full(rows, user_key.encode("utf-8", "replace"), object)}
+
+
+def _rows_if_agreed(sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> int | None:
+    """The batch size the inputs agree on, or None (none sent, or a disagreement, which
+    ``prepare`` then names)."""
+    try:
+        return _rows(sig, inputs)
+    except InvalidInputError:
+        return None
 
 
 def prepare(sig: SignatureInfo, inputs: Mapping[str, np.ndarray],
