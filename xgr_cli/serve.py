@@ -89,6 +89,15 @@ flags.DEFINE_float("prompt_cache_gb", None,
                    "GiB of its device's memory, allocated when the package loads (a model "
                    "version swap holds two for a moment; a catalog-only version shares its "
                    "package and cache). Unset: XGR_PROMPT_CACHE_BYTES, else 0.25 GiB.")
+flags.DEFINE_integer("replicas", 1, "Serving processes behind one front (>= 2: one per GPU "
+                     "with --replica_devices): each request goes to the replica that owns its "
+                     "user key (header / metadata x-user-key; consistent hashing, so a user's "
+                     "cached history stays on one GPU), the least loaded when that one is "
+                     "saturated, never one drained after faults.")
+flags.DEFINE_list("replica_devices", [], "With --replicas: the GPU of each replica "
+                  "(CUDA_VISIBLE_DEVICES of its process), e.g. 0,1,2,3.")
+flags.DEFINE_integer("replica_max_in_flight", 32, "With --replicas: requests at once a "
+                     "replica takes before its users' requests go to the least loaded.")
 flags.DEFINE_string("log_level", "INFO", "Level of the JSON logs on stderr.")
 flags.mark_flag_as_required("model_base_path")
 
@@ -162,6 +171,8 @@ def main(argv: list[str]) -> None:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
+    if FLAGS.replicas > 1:
+        return serve_replicas(config, stop, scratch, log)
     try:
         load_op_libraries(tuple(FLAGS.custom_op_libraries))
         server = ModelServer(config)
@@ -178,6 +189,49 @@ def main(argv: list[str]) -> None:
     server.stop()
     shutil.rmtree(scratch, ignore_errors=True)
     finished.set()
+    leave(EXIT_CLEAN)
+
+
+def serve_replicas(config, stop: threading.Event, scratch, log) -> None:
+    """``--replicas N``: N serving processes (``tf_frontend.serving.replica_processes``)
+    behind the routing front (``tf_frontend.serving.router``) on the public ports."""
+    import sys
+
+    from tf_frontend.serving.affinity import AffinityConfig, ReplicaSet
+    from tf_frontend.serving.replica_processes import start_replicas, stop_replicas
+    from tf_frontend.serving.router import Router, replicas_from
+    from tf_frontend.serving.shutdown import EXIT_CLEAN, leave
+
+    if FLAGS.ssl_config_file:
+        raise app.UsageError("--replicas does not take --ssl_config_file: put TLS on the "
+                             "balancer in front, or serve one replica per host")
+    argv = sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "serve" else sys.argv[1:]
+    try:
+        replicas = start_replicas(argv, FLAGS.replicas, FLAGS.replica_devices,
+                                  log_dir=str(scratch))
+    except XgrError as e:
+        raise app.UsageError(str(e)) from e
+    router = Router(ReplicaSet(replicas_from((r.name, r.grpc_port, r.rest_port)
+                                             for r in replicas),
+                               AffinityConfig(max_in_flight=FLAGS.replica_max_in_flight)),
+                    bind_address=config.bind_address, grpc_port=config.port,
+                    rest_port=config.rest_api_port)
+    try:
+        router.start()
+    except (OSError, RuntimeError) as e:
+        stop_replicas(replicas, FLAGS.shutdown_grace_seconds)
+        raise app.UsageError(f"cannot bind the front's ports: {e}") from e
+    log.info("replicas serving behind the front",
+             extra={"replicas": [{"name": r.name, "grpc_port": r.grpc_port,
+                                  "rest_port": r.rest_port} for r in replicas],
+                    "devices": FLAGS.replica_devices})
+    print(f"serving {FLAGS.model_name}: grpc port {router.grpc_port}, "
+          f"rest port {router.rest_port} ({len(replicas)} replicas)", flush=True)
+    stop.wait()
+    router.stop(FLAGS.shutdown_grace_seconds)
+    codes = stop_replicas(replicas, FLAGS.shutdown_grace_seconds)
+    log.info("replicas stopped", extra={"exit_codes": codes})
+    shutil.rmtree(scratch, ignore_errors=True)
     leave(EXIT_CLEAN)
 
 
