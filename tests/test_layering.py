@@ -85,9 +85,10 @@ LAYERS = (
           "`run_saved_model` (the reload child) needs only TF + `custom_ops`"),
     Layer("xgr_train", "a team's behaviour logs (Parquet) to a trained generative retriever: "
           "the logs cut into requests, fine-tuning (`xgr train`), offline evaluation against "
-          "popularity and co-occurrence (`xgr evaluate`)",
+          "popularity and co-occurrence (`xgr evaluate`: a team's files read as export reads "
+          "them)",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
-           "xgr_checkpoint", "xgr_world"), ("tensorflow", "torch", "numpy")),
+           "xgr_checkpoint", "xgr_world", "xgr_export"), ("tensorflow", "torch", "numpy")),
     Layer("xgr_cli", "the `xgr` command: flags -> configs -> one library call per subcommand",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
            "xgr_checkpoint", "xgr_world", "xgr_export", "xgr_train"),

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "auto, revert, assemble, export)"),
     "parity": ("xgr_cli.parity", "run TF and the migrated plan side by side; report parity"),
     "catalog": ("xgr_cli.catalog", "check a catalog file (Parquet, .npz) and print its summary"),
+    "evaluate": ("xgr_cli.evaluate", "recall@K, NDCG@K on a log beside popularity, co-occurrence"),
     "extend_vocab": ("xgr_cli.extend_vocab", "add the token layout after a Qwen2/Qwen3 "
                      "checkpoint's text vocabulary; write xgr_model.json"),
     "stand_in": ("xgr_cli.stand_in", "write a random-weight Qwen2/Qwen3 checkpoint and "
