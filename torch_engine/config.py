@@ -143,6 +143,10 @@ PRESETS: dict[str, ModelConfig] = {
     "qwen2-0.5b": ModelConfig(vocab_size=151_936, hidden_size=896, num_layers=24, num_heads=14,
                               num_kv_heads=2, head_dim=64, intermediate_size=4864,
                               attention_bias=True, tie_word_embeddings=True),
+    # A 7B Qwen2 shape: the model tensor parallelism is for (torch_engine.tensor_parallel).
+    "qwen2-7b": ModelConfig(vocab_size=152_064, hidden_size=3584, num_layers=28, num_heads=28,
+                            num_kv_heads=4, head_dim=128, intermediate_size=18_944,
+                            attention_bias=True, max_position=32_768),
     "qwen3-1.7b": ModelConfig(vocab_size=151_936, hidden_size=2048, num_layers=28, num_heads=16,
                               num_kv_heads=8, head_dim=128, intermediate_size=6144,
                               qk_norm=True, tie_word_embeddings=True, max_position=40_960),

@@ -147,6 +147,10 @@ class DecoderLayer(nn.Module):
         """Build ``self.fused`` from the current weights (see ``FusedProjections``); the
         copies are kept while still current, so engines sharing a model share them (a
         captured CUDA graph reads the copies it was captured with)."""
+        # A row-parallel output projection (tensor_parallel) must all-reduce between its
+        # product and the residual add, which the kernel that folds both into one launch
+        # skips: such a layer keeps the fused products but not the layer kernels.
+        kernels = kernels and not getattr(self.self_attn.o_proj, "reduces", False)
         fused = self.fused
         if fused is not None and fused.current() and all(
                 a is b for a, b in zip(fused.sources, self._sources())):
