@@ -18,12 +18,15 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "migrate": ("xgr_cli.migrate", "show or change a migration plan (init, status, swap, "
                 "auto, revert, assemble, export)"),
     "parity": ("xgr_cli.parity", "run TF and the migrated plan side by side; report parity"),
-    "catalog": ("xgr_cli.catalog", "check a catalog file (Parquet, .npz) and print its summary"),
+    "catalog": ("xgr_cli.catalog", "check a catalog file (Parquet, .npz) and print its "
+                "summary; `catalog build`: make one from item embeddings"),
     "evaluate": ("xgr_cli.evaluate", "recall@K, NDCG@K on a log beside popularity, co-occurrence"),
     "extend_vocab": ("xgr_cli.extend_vocab", "add the token layout after a Qwen2/Qwen3 "
                      "checkpoint's text vocabulary; write xgr_model.json"),
     "stand_in": ("xgr_cli.stand_in", "write a random-weight Qwen2/Qwen3 checkpoint and "
                  "tokenizer to try the others on"),
+    "train": ("xgr_cli.train", "fine-tune a checkpoint and its profile tower on a behaviour "
+              "log (Parquet) for xgr export"),
 }
 
 
