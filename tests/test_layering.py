@@ -74,10 +74,17 @@ LAYERS = (
           "(Parquet, `.npz`) and its checks, the layout's tokens added after a checkpoint's "
           "text vocabulary (transformers), the model card beside it",
           ("xgr_common", "torch_engine"), ("torch", "numpy"), "never TensorFlow"),
+    Layer("xgr_catalog", "a catalog built from item embeddings (`xgr catalog build`): the "
+          "embedding file read and checked (Parquet, `.npy`, texts through a "
+          "sentence-transformers model), residual k-means in torch on any device, collision "
+          "capping, the quality report and its plot, faiss's residual quantiser beside it, "
+          "behind `build_catalog(CatalogBuildConfig) -> CatalogBuildReport`",
+          ("xgr_common", "xgr_checkpoint"), ("torch", "numpy"),
+          "pyarrow; faiss and sentence-transformers lazily; never TensorFlow"),
     Layer("xgr_world", "the demo world: synthetic catalog and users, training, residual "
-          "k-means, the embedded default model, offline evaluation",
+          "k-means (`xgr_catalog`'s), the embedded default model, offline evaluation",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
-           "xgr_checkpoint"), ("tensorflow", "torch", "numpy")),
+           "xgr_checkpoint", "xgr_catalog"), ("tensorflow", "torch", "numpy")),
     Layer("xgr_export", "SavedModel export of the whole pipeline and its fresh-process "
           "verification, behind `export_saved_model(ExportConfig) -> ExportReport`",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge", "xgr_checkpoint",
@@ -91,7 +98,7 @@ LAYERS = (
            "xgr_checkpoint", "xgr_world", "xgr_export"), ("tensorflow", "torch", "numpy")),
     Layer("xgr_cli", "the `xgr` command: flags -> configs -> one library call per subcommand",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
-           "xgr_checkpoint", "xgr_world", "xgr_export", "xgr_train"),
+           "xgr_checkpoint", "xgr_catalog", "xgr_world", "xgr_export", "xgr_train"),
           ("tensorflow", "torch", "numpy"), "imported by nobody"),
 )
 NON_PACKAGES = (

@@ -47,6 +47,12 @@ class CatalogFileError(CatalogError):
         self.column = column
 
 
+class EmbeddingFileError(CatalogFileError):
+    """An item-embedding file, the source of ``xgr catalog build`` (Parquet, ``.npy``), cannot
+    be read or breaks one of its rules (a NaN, a repeated id, no rows, rows of other widths);
+    ``path``, ``row`` and ``column`` as for ``CatalogFileError``."""
+
+
 class CapacityError(XgrError, RuntimeError):
     """A request cannot fit the device (memory, beam width, batch); raised before any work starts."""
 
