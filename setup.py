@@ -46,6 +46,7 @@ setup(
     packages=find_packages(include=["xgr_common*", "custom_ops*", "tf_frontend*", "torch_engine*",
                                     "bridge*", "xgr_checkpoint*", "xgr_catalog*", "xgr_export*",
                                     "xgr_world*",
+                                    "xgr_train*", "xgr_batch*",
                                     "xgr_cli*"]),
     package_data={"custom_ops": ["cc/**/*.cc", "cc/**/*.h"]},
     ext_modules=[Extension(name, sources=[]) for name in LIBRARIES],

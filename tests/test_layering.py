@@ -96,9 +96,15 @@ LAYERS = (
           "them)",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
            "xgr_checkpoint", "xgr_world", "xgr_export"), ("tensorflow", "torch", "numpy")),
+    Layer("xgr_batch", "offline recommendation for every user of a Parquet file through an "
+          "exported SavedModel (`xgr batch`): Ray Data actors, one model load each, part files "
+          "written as they finish so a stopped job resumes",
+          ("xgr_common", "custom_ops", "tf_frontend"), ("tensorflow", "numpy"),
+          "ray and pyarrow; never torch"),
     Layer("xgr_cli", "the `xgr` command: flags -> configs -> one library call per subcommand",
           ("xgr_common", "custom_ops", "tf_frontend", "torch_engine", "bridge",
-           "xgr_checkpoint", "xgr_catalog", "xgr_world", "xgr_export", "xgr_train"),
+           "xgr_checkpoint", "xgr_catalog", "xgr_world", "xgr_export", "xgr_train",
+           "xgr_batch"),
           ("tensorflow", "torch", "numpy"), "imported by nobody"),
 )
 NON_PACKAGES = (

@@ -18,6 +18,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "migrate": ("xgr_cli.migrate", "show or change a migration plan (init, status, swap, "
                 "auto, revert, assemble, export)"),
     "parity": ("xgr_cli.parity", "run TF and the migrated plan side by side; report parity"),
+    "batch": ("xgr_cli.batch", "recommend for every user of a Parquet file through a "
+              "SavedModel on a Ray cluster, resumable"),
     "catalog": ("xgr_cli.catalog", "check a catalog file (Parquet, .npz) and print its "
                 "summary; `catalog build`: make one from item embeddings"),
     "evaluate": ("xgr_cli.evaluate", "recall@K, NDCG@K on a log beside popularity, co-occurrence"),
