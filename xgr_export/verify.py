@@ -84,7 +84,9 @@ def run_fresh(saved_model: str | os.PathLike, features: dict, repeats: int = 0,
             [str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]),
                    TF_CPP_MIN_LOG_LEVEL="3")
         done = subprocess.run([sys.executable, "-m", "xgr_export.run_saved_model",
-                               str(saved_model), str(feats), str(out), f"--repeats={repeats}"],
+                               # resolved: the child runs from the repository root
+                               str(Path(saved_model).resolve()), str(feats), str(out),
+                               f"--repeats={repeats}"],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         require(done.returncode == 0, ExportError,
                 f"the SavedModel {saved_model} failed in a fresh process (TF + custom_ops): "

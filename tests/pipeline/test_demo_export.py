@@ -74,7 +74,7 @@ def test_the_item_causal_mask_would_give_other_items(demo_export, quick_model, m
 
 
 def test_a_saved_model_feature_graph_exports_the_same_items(demo_export, quick_model, xgr,
-                                                            tmp_path):
+                                                            tmp_path, monkeypatch):
     folder = save_feature_graph(quick_model.feature_graph(), tmp_path / "feature_graph")
     files = {**quick_model.export_files(), "feature_graph": folder}
     out = tmp_path / "saved_model"
@@ -84,3 +84,6 @@ def test_a_saved_model_feature_graph_exports_the_same_items(demo_export, quick_m
     first = run_fresh(demo_export[0], features)
     second = run_fresh(out, features)
     assert compare(second, first).ok
+    # A path relative to the caller's folder (the fresh process starts elsewhere).
+    monkeypatch.chdir(tmp_path)
+    assert compare(run_fresh("saved_model", features), first).ok
