@@ -40,6 +40,8 @@ flags.DEFINE_bool("faiss", True, "also run faiss's residual quantiser (needs fai
 flags.DEFINE_string("out", "benchmarks/results", "folder for catalog_build_<date>.json")
 flags.DEFINE_string("tag", "", "suffix of the result file name")
 flags.DEFINE_string("work_dir", None, "where the .npy and the catalog go (default: a temp folder)")
+flags.DEFINE_integer("threads", None, "CPU threads of torch and faiss (default: theirs, all "
+                     "cores); 1 compares the two per core on a machine other work shares")
 
 
 def make_items(count: int, dim: int, clusters: int, device: str) -> np.ndarray:
@@ -63,6 +65,13 @@ def main(argv: list[str]) -> None:
     del argv
     from xgr_catalog import CatalogBuildConfig, build_catalog
 
+    if FLAGS.threads:
+        torch.set_num_threads(FLAGS.threads)
+        if FLAGS.faiss:
+            import faiss
+
+            faiss.omp_set_num_threads(FLAGS.threads)
+    load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="xgr_bench_catalog_build_",
                                      dir=FLAGS.work_dir) as work:
         source = Path(work) / "items.npy"
@@ -81,7 +90,10 @@ def main(argv: list[str]) -> None:
         build_s = time.perf_counter() - start
     print(report.summary())
     result = {"date": rf.utc_now(), "cpu_count": os.cpu_count(),
-              "torch_threads": torch.get_num_threads(), "items": FLAGS.items, "dim": FLAGS.dim,
+              "torch_threads": torch.get_num_threads(),
+              # other work on the machine slows both sides: the 1/5/15-minute load averages
+              "load_average": {"before": load_before, "after": os.getloadavg()},
+              "items": FLAGS.items, "dim": FLAGS.dim,
               "clusters": FLAGS.clusters, "data_s": make_s, "build_s": build_s,
               "build_s_without_faiss": build_s - report.timings.get("faiss", 0.0),
               "config": {name: getattr(config, name) for name in (
