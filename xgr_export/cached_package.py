@@ -47,15 +47,12 @@ class CachedRecommendProgram(RecommendProgram):
     def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items,
                 beam_slots, cached_lengths, block_table, write_slots, pool, tables=None):
         engine = self.engine
-        if self.prefill_mask is MaskMode.CAUSAL:
-            segment_ids = None
-        width = self.beam_width if beam_slots is None else beam_slots.shape[0]
-        bound = None if tables is None else dict(zip(self.tables.names, tables))
+        segment_ids, width, catalog, exclusions = self.search_arguments(
+            segment_ids, beam_slots, tables)
         item_ids, scores, _ = search_features_cached(
-            self.model, self.tables.get("catalog", bound), token_ids, lengths, segment_ids,
-            profile_embeds, exclude_items, width, self.top_k, engine.options,
-            self.tables.get("exclusions", bound), engine.config.soft_marker, pool, block_table,
-            cached_lengths, write_slots)
+            self.model, catalog, token_ids, lengths, segment_ids, profile_embeds,
+            exclude_items, width, self.top_k, engine.options, exclusions,
+            engine.config.soft_marker, pool, block_table, cached_lengths, write_slots)
         return item_ids, scores.to(torch.float32)
 
 

@@ -130,17 +130,26 @@ class RecommendProgram(torch.nn.Module):
         self.beam_width, self.top_k = beam_width, top_k
         self.prefill_mask = served_mask(prefill_mask)
 
-    def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items,
-                beam_slots=None, tables=None):
-        engine = self.engine
+    def search_arguments(self, segment_ids, beam_slots, tables):
+        """What every program's search takes beside the inputs: the segment ids (None under
+        the causal mask), the beam width, the catalog and exclusion tables (held, or bound
+        from the ``tables`` input)."""
         if self.prefill_mask is MaskMode.CAUSAL:
             segment_ids = None
         width = self.beam_width if beam_slots is None else beam_slots.shape[0]
         bound = None if tables is None else dict(zip(self.tables.names, tables))
+        return (segment_ids, width, self.tables.get("catalog", bound),
+                self.tables.get("exclusions", bound))
+
+    def forward(self, token_ids, lengths, segment_ids, profile_embeds, exclude_items,
+                beam_slots=None, tables=None):
+        engine = self.engine
+        segment_ids, width, catalog, exclusions = self.search_arguments(
+            segment_ids, beam_slots, tables)
         item_ids, scores, _ = search_features(
-            self.model, self.tables.get("catalog", bound), token_ids, lengths, segment_ids,
-            profile_embeds, exclude_items, width, self.top_k, engine.options,
-            self.tables.get("exclusions", bound), engine.config.soft_marker)
+            self.model, catalog, token_ids, lengths, segment_ids, profile_embeds,
+            exclude_items, width, self.top_k, engine.options, exclusions,
+            engine.config.soft_marker)
         return item_ids, scores.to(torch.float32)
 
 
