@@ -117,3 +117,28 @@ def test_bad_inputs_are_refused_by_name(team, tmp_path):
                    f"--logs={team / 'log.parquet'}", f"--out={tmp_path / 'out'}",
                    "--device=cpu", "--steps=5", "--warmup_steps=1")
     assert done.returncode == 1 and "xgr_model.json" in done.stderr
+
+
+def test_a_version_2_checkpoint_trains_on_its_own_prompt(team, tmp_path):
+    """A card with the version 2 contract (frozen long-term part, text spans from the
+    checkpoint's tokenizer): the examples come from its feature graph, the card comes out
+    unchanged, and the loss falls."""
+    from xgr_common.model_card import ModelCard
+
+    v2 = tmp_path / "model_v2"
+    done = run_xgr("extend_vocab", f"--model={team / 'base'}", f"--out={v2}",
+                   "--prompt_version=2", "--prefill_mask=causal", "--recent_items=6",
+                   "--long_term_items=20", "--intro=recent items of a user:",
+                   "--question=next item:")
+    assert done.returncode == 0, done.stderr[-2000:]
+    card = ModelCard.read(v2)
+    assert card.spec.version == 2
+    done = run_xgr("train", f"--model={v2}", f"--catalog={team / 'catalog.parquet'}",
+                   f"--logs={team / 'log.parquet'}", f"--out={tmp_path / 'out'}",
+                   "--device=cpu", "--batch_size=16", "--warmup_steps=5",
+                   "--learning_rate=3e-3", "--steps=120", "--examples_per_user=4",
+                   timeout=900)
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    losses = json.loads((tmp_path / "out" / "train_report.json").read_text())["losses"]
+    assert np.mean(losses[-20:]) < 0.7 * np.mean(losses[:20])
+    assert ModelCard.read(tmp_path / "out" / "model") == card
