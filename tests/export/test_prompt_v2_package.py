@@ -7,15 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from custom_ops.torch_twins import assemble_prompt_v2
+from tests.export.prompt_v2_rows import small_v2_spec, v2_rows
 from tests.torch_engine.engine_worlds import small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig, engine_config_for
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.errors import ConfigError
-from xgr_common.prompt_spec import PromptSpec
-from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout, TextSpans
 from xgr_common.tolerances import tolerance_for
 from xgr_export.config import EngineExportConfig
 from xgr_export.engine_package import example_row, export_engine
@@ -24,40 +22,11 @@ FP32 = tolerance_for(torch.float32)
 BEAMS, TOP_K = 8, 6
 
 
-def _spec(hidden: int) -> PromptSpec:
-    return PromptSpec(model_hidden=hidden, profile_tokens=2, prompt_v2=PromptV2Layout(
-        HistorySplit(100, 4, 4, 3), TextSpans(intro=(20,), before_recent=(21,),
-                                              question=(22, 23))))
-
-
-def _rows(spec: PromptSpec, catalog_codes, long_counts, recent_counts):
-    """Version 2 rows from the assembly op's twin: each row's items from the catalog's own
-    code paths, padded to the longest row the layout allows."""
-    layout = spec.layout
-    codes = torch.tensor(catalog_codes, dtype=torch.int64)
-    tokens = codes + torch.tensor([layout.code_token(level, 0) for level in range(3)])
-
-    def part(counts, offset):
-        items = torch.cat([tokens[offset + 3 * row: offset + 3 * row + n]
-                           for row, n in enumerate(counts)])
-        splits = torch.tensor([0, *torch.tensor(counts).cumsum(0).tolist()])
-        return items, splits
-
-    long, long_splits = part(long_counts, 0)
-    recent, recent_splits = part(recent_counts, 20)
-    context = torch.tensor([[spec.context_token(k)] for k in range(len(long_counts))])
-    return assemble_prompt_v2(
-        long, long_splits, context, recent, recent_splits, bos_id=layout.bos_id,
-        profile_start_id=layout.profile_start_id, item_start_id=layout.item_start_id,
-        soft_id=layout.soft_id, pad_id=layout.pad_id, soft_tokens=spec.profile_tokens,
-        max_length=spec.max_prompt_tokens, **spec.prompt_v2.spans.as_attrs())
-
-
 def test_the_example_row_is_the_longest_row_the_graph_emits():
-    spec = _spec(64)
+    spec = small_v2_spec(64)
     ids, codes = small_world()
     zero = [[0, 0, 0]] * 60
-    full = _rows(spec, zero, [4], [3])
+    full = v2_rows(spec, zero, [4], [3])
     tokens, segments = example_row(spec)
     assert int(full.lengths[0]) == len(tokens) == spec.max_prompt_tokens
     assert full.token_ids[0].tolist() == tokens and full.segment_ids[0].tolist() == segments
@@ -69,13 +38,13 @@ def test_a_version_2_package_places_the_vectors_at_the_markers(tmp_path):
 
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1)
-    spec = _spec(model.config.hidden_size)
+    spec = small_v2_spec(model.config.hidden_size)
     engine = Engine(model, Catalog.from_arrays(ids, codes),
                     engine_config_for(spec, selection_backend="torch"))
     export_engine(engine, spec, tmp_path / "v2.pt2",
                   EngineExportConfig(BEAMS, TOP_K, max_batch=4))
     runner = load_package(tmp_path / "v2.pt2")
-    prompt = _rows(spec, codes, [4, 1, 0], [3, 2, 1])
+    prompt = v2_rows(spec, codes, [4, 1, 0], [3, 2, 1])
     gen = torch.Generator().manual_seed(4)
     soft = torch.randn(3, spec.profile_tokens, model.config.hidden_size, generator=gen)
     exclude = torch.tensor([[int(ids[0]), -1], [-1, -1], [int(ids[5]), int(ids[7])]])
@@ -94,7 +63,7 @@ def test_a_version_2_package_places_the_vectors_at_the_markers(tmp_path):
 def test_a_card_and_an_engine_of_different_versions_are_refused(tmp_path):
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1)
-    spec = _spec(model.config.hidden_size)
+    spec = small_v2_spec(model.config.hidden_size)
     engine = Engine(model, Catalog.from_arrays(ids, codes), EngineConfig())
     with pytest.raises(ConfigError, match="card says prompt version 2, whose soft vectors go "
                                           "at the SOFT markers; the engine has "

@@ -16,7 +16,7 @@ import os
 import torch_engine.attention as attention
 import torch_engine.beam_search as beam_search
 import torch_engine.engine as engine_module
-from tests.export.test_prompt_v2_package import _spec
+from tests.export.prompt_v2_rows import small_v2_spec
 from tests.export.trace_widths_child import launches
 from tests.torch_engine.engine_worlds import small_world
 from torch_engine.catalog import Catalog
@@ -46,7 +46,7 @@ def main() -> None:
     cached_package.torch_package.package_aoti = keep_program
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1)
-    spec = _spec(model.config.hidden_size)
+    spec = small_v2_spec(model.config.hidden_size)
     engine = engine_module.Engine(model, Catalog.from_arrays(ids, codes), engine_config_for(
         spec, attention_backend="triton", selection_backend="triton", cuda_graphs=False))
     try:

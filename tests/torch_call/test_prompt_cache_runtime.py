@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.child_env import child_env
-from tests.export.test_prompt_v2_package import _rows, _spec
+from tests.export.prompt_v2_rows import small_v2_spec, v2_rows
 from tests.torch_engine.engine_worlds import small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import engine_config_for
@@ -41,7 +41,7 @@ def cached(tmp_path_factory):
     """A CPU package of a tiny version 2 model with the cache, its engine and spec."""
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1)
-    spec = _spec(model.config.hidden_size)
+    spec = small_v2_spec(model.config.hidden_size)
     engine = Engine(model, Catalog.from_arrays(ids, codes),
                     engine_config_for(spec, selection_backend="torch"))
     path = tmp_path_factory.mktemp("cached") / "engine.pt2"
@@ -67,7 +67,7 @@ class Calls:
     def user_rows(self, users: list[tuple[int, int, int]]):
         """One prompt row per (user, long items, recent items): a user's items start at
         catalog row ``7 * user``, so users differ and one user's parts agree across calls."""
-        rows = [_rows(self.spec, np.roll(self.codes, -7 * u, axis=0), [n], [m])
+        rows = [v2_rows(self.spec, np.roll(self.codes, -7 * u, axis=0), [n], [m])
                 for u, n, m in users]
         width = max(r.token_ids.shape[1] for r in rows)
 
