@@ -1,7 +1,9 @@
-"""Shared test set-up: the Triton interpreter on machines without a GPU, the gpu marker, and
-test modules that need TensorFlow skipped where it is not installed (the GPU machine)."""
+"""Shared test set-up: the Triton interpreter on machines without a GPU, the gpu marker,
+test modules that need TensorFlow skipped where it is not installed (the GPU machine), and the
+session fixtures that build in a child process (the quick fit, the tiny engine's export)."""
 
 import importlib.util
+import json
 import os
 
 # Must be decided before triton is first imported anywhere in the test process.
@@ -109,3 +111,29 @@ def tiny_engine_export(tmp_path_factory):
     from tests.tiny_export import export_tiny
 
     return export_tiny(tmp_path_factory.mktemp("tiny_engine_export"))
+
+
+@pytest.fixture(scope="session")
+def quick_run(tmp_path_factory):
+    """(cache dir, stdout, JSON report) of ``xgr demo --quick`` on its 300 held-out users: the
+    session's one quick fit. It runs in a child process because torch's optimiser imports
+    Triton, which aborts a process that imported TensorFlow first (this one may have)."""
+    from tests.pipeline.conftest import run_xgr
+
+    cache = tmp_path_factory.mktemp("xgr_cache")
+    report = cache / "report.json"
+    proc = run_xgr("demo", "--quick", f"--cache_dir={cache}", f"--report_json={report}",
+                   "--users=300", "--batch_size=100", "--show_users=2", "--recall_at=10,50",
+                   timeout=1200)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return cache, proc.stdout, json.loads(report.read_text())
+
+
+@pytest.fixture(scope="session")
+def quick_model(quick_run):
+    """The quick fit, loaded from the cache the demo wrote."""
+    from xgr_world import default_model
+
+    fitted = default_model.fit_or_load(default_model.QUICK, quick_run[0], progress=False)
+    assert fitted.loaded
+    return fitted

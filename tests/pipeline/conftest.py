@@ -1,9 +1,6 @@
-"""Shared fixtures: one quick fit, made by ``xgr demo --quick`` in a fresh process.
-
-The fit runs in a child process because torch's optimiser imports Triton, which aborts a
-process that imported TensorFlow first (this test process may have). The child caches the fit;
-the tests here load it (no optimiser involved) and run the pipeline in process.
-"""
+"""The pipeline tests' fixtures and helpers: ``xgr`` in a fresh process, team-file exports, the
+in-process pipeline over the quick fit (``quick_model``, in ``tests/conftest.py``: the
+evaluation tests share it)."""
 
 from __future__ import annotations
 
@@ -46,28 +43,6 @@ def export_team_files(xgr, out: Path, files: dict, beam_width: int, top_k: int, 
 def xgr():
     """``run_xgr``, for tests that start their own ``xgr`` process."""
     return run_xgr
-
-
-@pytest.fixture(scope="session")
-def quick_run(tmp_path_factory):
-    """(cache dir, stdout, JSON report) of ``xgr demo --quick`` on its 300 held-out users."""
-    cache = tmp_path_factory.mktemp("xgr_cache")
-    report = cache / "report.json"
-    proc = run_xgr("demo", "--quick", f"--cache_dir={cache}", f"--report_json={report}",
-                   "--users=300", "--batch_size=100", "--show_users=2", "--recall_at=10,50",
-                   timeout=1200)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return cache, proc.stdout, json.loads(report.read_text())
-
-
-@pytest.fixture(scope="session")
-def quick_model(quick_run):
-    """The quick fit, loaded from the cache the demo wrote."""
-    from xgr_world import default_model
-
-    fitted = default_model.fit_or_load(default_model.QUICK, quick_run[0], progress=False)
-    assert fitted.loaded
-    return fitted
 
 
 @pytest.fixture(scope="session")

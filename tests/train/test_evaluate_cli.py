@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,30 +14,11 @@ import pytest
 from tests.child_env import child_env
 from tests.xgr_commands import run_commands
 
-# Heavy: a demo fit (once, cached under build/) and fresh `xgr evaluate` processes.
+# Heavy: the session's quick fit (``quick_model``, tests/conftest.py) and fresh `xgr evaluate`
+# processes.
 pytestmark = pytest.mark.heavy
 
-ROOT = Path(__file__).resolve().parents[2]
-FIT_CACHE = ROOT / "build" / "xgr_cache"
 EXTRA_USERS = 3   # users whose test event is an item outside the catalog
-
-
-@pytest.fixture(scope="module")
-def quick_fit():
-    """The quick demo fit (``default_model.QUICK``), fitted in a child process the first time
-    (torch's optimiser imports Triton, which a process with TF loaded first cannot), then
-    loaded from the cache."""
-    done = subprocess.run(
-        [sys.executable, "-c", "import sys; from xgr_world import default_model as dm; "
-         "dm.fit_or_load(dm.QUICK, sys.argv[1], progress=False)", str(FIT_CACHE)],
-        cwd=ROOT, env=child_env(TF_CPP_MIN_LOG_LEVEL="3"), capture_output=True, text=True,
-        timeout=1200)
-    assert done.returncode == 0, done.stderr[-4000:]
-    from xgr_world import default_model as dm
-
-    fitted = dm.fit_or_load(dm.QUICK, FIT_CACHE, progress=False)
-    assert fitted.loaded
-    return fitted
 
 
 def world_log(fitted, path: Path) -> int:
@@ -70,13 +49,13 @@ def world_log(fitted, path: Path) -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(quick_fit, tmp_path_factory):
+def runs(quick_model, tmp_path_factory):
     """(cut, out folder, [(exit status, stdout, stderr)]) of the ``xgr evaluate`` commands,
     run in one fresh process."""
     folder = tmp_path_factory.mktemp("evaluate")
     logs = folder / "log.parquet"
-    cut = world_log(quick_fit, logs)
-    files = quick_fit.export_files()
+    cut = world_log(quick_model, logs)
+    files = quick_model.export_files()
     team = [f"--model={files['model']}", f"--catalog={files['catalog']}",
             f"--feature_graph={files['feature_graph']}"]
     out = folder / "out"
@@ -95,18 +74,18 @@ def runs(quick_fit, tmp_path_factory):
     return cut, out, results
 
 
-def test_time_split_prints_the_table_and_writes_report_and_plot(runs, quick_fit):
+def test_time_split_prints_the_table_and_writes_report_and_plot(runs, quick_model):
     cut, out, results = runs
     code, stdout, stderr = results[0]
     assert code == 0, stderr[-3000:]
     report = json.loads((out / "evaluation.json").read_text())
     assert (out / "evaluation.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert report["split"] == {"kind": "time", "test_from": cut, "test_until": cut + 86400}
-    held = len(quick_fit.settings.eval_users)
+    held = len(quick_model.settings.eval_users)
     assert (report["requests"], report["outside_catalog"], report["capped"]) == (held, 3, 0)
     assert report["candidates"] == held + EXTRA_USERS
     # Only the events before the cut are counted: every history, and the extra users' first.
-    assert report["train_events"] == held * quick_fit.settings.world.history_events + 3
+    assert report["train_events"] == held * quick_model.settings.world.history_events + 3
     assert f"time split: test on [{cut}, {cut + 86400}); {held} requests evaluated (3 " \
            f"skipped: target outside the catalog" in stdout
     for k in (1, 5, 10, 20, 50, 100):
