@@ -28,24 +28,19 @@ at least 1.8). Writes ``results/served_cache_<date>_<label>.json``.
 
 from __future__ import annotations
 
-import concurrent.futures
-import json
 import os
-import re
 import shutil
-import subprocess
-import sys
 import tempfile
-import threading
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 from absl import app, flags
 
 from benchmarks import results_file as rf
-from benchmarks.serve_process import ROOT, child_env, start_server, stop_server
+from benchmarks.serve_process import ROOT
+from benchmarks.session_load import (ExportSettings, LoadSettings, Server,
+                                     SessionWorld, best_rate, cache_counters, export,
+                                     open_loop, return_intervals)
 from benchmarks.team_files import write_team_files
 
 FLAGS = flags.FLAGS
@@ -61,7 +56,10 @@ flags.DEFINE_integer("population", 200, "Users of the session workload.")
 flags.DEFINE_float("zipf", 1.0, "Exponent of the Zipf law that picks each request's user.")
 flags.DEFINE_list("rates", ["2", "4"], "Open-loop request rates (req/s).")
 flags.DEFINE_float("rate_seconds", 8.0, "Seconds at each rate.")
-flags.DEFINE_integer("workers", 32, "Client threads carrying the open-loop arrivals.")
+flags.DEFINE_integer("workers", 32, "Client threads (per client process) carrying the "
+                     "open-loop arrivals.")
+flags.DEFINE_integer("client_processes", 1, "Client processes, each a Poisson stream of an "
+                     "equal share of the rate.")
 flags.DEFINE_float("p99_target_ms", 100.0, "The latency bound of the throughput figure.")
 flags.DEFINE_integer("beam_width", 16, "Beam width.")
 flags.DEFINE_integer("top_k", 12, "Items the engine returns.")
@@ -74,245 +72,40 @@ flags.DEFINE_string("work", None, "Working folder (default: a temporary one, rem
 flags.DEFINE_string("label", "cpu", "Device label of the result file.")
 flags.DEFINE_string("out_dir", os.path.join(ROOT, "benchmarks", "results"), "Result folder.")
 
-BLOCK = 86400            # the prompt's history blocks: a day
-NOW = 1_750_000_000 // BLOCK * BLOCK + BLOCK // 2   # every request: midday of one block
-
-
-def prompt_spec():
-    """The version 2 prompt of the benchmark's users (long-term items in closed day blocks,
-    the recent ones in the open block)."""
-    from torch_engine.config import preset
-    from xgr_common.prompt_spec import PromptSpec
-    from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
-
-    days = -(-FLAGS.long_items // 10) + 2
-    split = HistorySplit(block_seconds=BLOCK, long_term_blocks=days,
-                         long_term_items=FLAGS.long_items, recent_items=FLAGS.recent_items)
-    return PromptSpec(model_hidden=preset(FLAGS.preset).hidden_size,
-                      window_seconds=(days + 2) * BLOCK, prompt_v2=PromptV2Layout(split))
-
-
-def catalog(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """``--items`` ids on ``--paths`` random 3-level paths of 256 codes."""
-    paths = rng.integers(0, 256, (FLAGS.paths, 3)).astype(np.int32)
-    ids = rng.choice(np.arange(10_000, 10_000 + 20 * FLAGS.items), FLAGS.items,
-                     replace=False).astype(np.int64)
-    return ids, paths[np.arange(FLAGS.items) % FLAGS.paths]
-
-
-def user_requests(ids: np.ndarray, rng: np.random.Generator) -> list[dict]:
-    """One request (feature arrays of one row) per user of the population: ten long-term
-    events a day over the closed blocks before ``NOW``'s, the recent ones in its block."""
-    requests = []
-    for user in range(FLAGS.population):
-        back = np.arange(FLAGS.long_items)[::-1]      # events before the newest one
-        long_times = (NOW - NOW % BLOCK - BLOCK * (back // 10 + 1)
-                      + 3600 * (23 - back % 10))
-        recent_times = NOW - NOW % BLOCK + 60 * (1 + np.arange(FLAGS.recent_items))
-        items = rng.choice(ids, FLAGS.long_items + FLAGS.recent_items)
-        times = np.concatenate([long_times, recent_times]).astype(np.int64)
-        requests.append({
-            "user_id": np.array([user + 1], np.int64),
-            "country": np.array([b"us"], object),
-            "history_items": items.astype(np.int64), "history_times": times,
-            "history_splits": np.array([0, len(items)], np.int64),
-            "request_time": np.array([NOW], np.int64)})
-    return requests
-
-
-def sequence(rng: np.random.Generator, count: int) -> np.ndarray:
-    """``count`` users drawn by the Zipf law over the population (rank r: weight r^-zipf)."""
-    weight = 1.0 / np.arange(1, FLAGS.population + 1) ** FLAGS.zipf
-    return rng.choice(FLAGS.population, count, p=weight / weight.sum())
-
-
-def return_intervals(users: np.ndarray, times: np.ndarray) -> dict:
-    """How long users took to come back (seconds), and the share of requests that were a
-    return (at most the hit rate a large enough cache reaches)."""
-    last, gaps = {}, []
-    for user, at in zip(users.tolist(), times.tolist()):
-        if user in last:
-            gaps.append(at - last[user])
-        last[user] = at
-    return {"returns": len(gaps), "requests": len(users),
-            "return_share": len(gaps) / max(len(users), 1),
-            "median_s": float(np.median(gaps)) if gaps else None,
-            "p90_s": float(np.percentile(gaps, 90)) if gaps else None}
-
-
-def export(files: dict, out: Path, *extra: str) -> dict:
-    """``xgr export`` in a child process; its report."""
-    report = out.parent / f"{out.name}.report.json"
-    done = subprocess.run(
-        [sys.executable, "-m", "xgr_cli.main", "export", f"--model={files['model']}",
-         f"--catalog={files['catalog']}", f"--feature_graph={files['feature_graph']}",
-         f"--out={out}", f"--device={FLAGS.device}", f"--beam_width={FLAGS.beam_width}",
-         f"--top_k={FLAGS.top_k}", f"--top_n={FLAGS.top_k}", f"--max_batch={FLAGS.max_batch}",
-         "--cache_dir=", f"--verify_requests={FLAGS.verify_requests}",
-         f"--report_json={report}",
-         *([f"--dtype={FLAGS.dtype}"] if FLAGS.dtype else []), *extra],
-        cwd=ROOT, env=child_env(TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True, text=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"xgr export failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    return json.loads(report.read_text())
-
-
-def cache_counters(rest_port: int) -> dict[str, float]:
-    """The cached server's prompt-cache counters, from its Prometheus metrics."""
-    url = f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics"
-    with urllib.request.urlopen(url, timeout=30) as reply:
-        text = reply.read().decode()
-    out = {}
-    for name in ("lookups", "hits", "misses", "uncached", "evictions"):
-        found = re.findall(rf"^xgr_prompt_cache_{name}_total{{[^}}]*}} ([0-9.e+]+)$", text,
-                           re.MULTILINE)
-        out[name] = sum(float(v) for v in found)
-    return out
-
-
-class Server:
-    """``xgr serve`` on one SavedModel, and its clients: each ``send`` is one gRPC Predict
-    whose wall time, status and items are kept."""
-
-    def __init__(self, saved_model: Path, work: Path, name: str, keyed: bool):
-        import grpc
-        from tensorflow_serving.apis import prediction_service_pb2_grpc
-
-        base = work / f"served_{name}"
-        shutil.copytree(saved_model, base / "1")
-        flags_ = (f"--prompt_cache_gb={FLAGS.prompt_cache_gb}",) if keyed else ()
-        self.process, grpc_port, self.rest_port = start_server(
-            str(base), str(work / f"{name}.log"), FLAGS.max_batch_size,
-            FLAGS.batch_timeout_micros, extra_flags=flags_)
-        self.keyed = keyed
-        self._channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
-        self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
-        self._protos: dict[int, object] = {}
-        self._wait_until_serving()
-
-    def _wait_until_serving(self, timeout: float = 900.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                url = f"http://127.0.0.1:{self.rest_port}/v1/models/recs"
-                with urllib.request.urlopen(url, timeout=10) as reply:
-                    states = json.loads(reply.read())["model_version_status"]
-                if any(v["state"] == "AVAILABLE" for v in states):
-                    return
-            except OSError:
-                pass
-            time.sleep(0.5)
-        raise RuntimeError("the server did not serve its model in time")
-
-    def proto(self, user: int, features: dict):
-        import tensorflow as tf
-        from tensorflow_serving.apis import predict_pb2
-
-        if user not in self._protos:
-            proto = predict_pb2.PredictRequest()
-            proto.model_spec.name = "recs"
-            for name, array in features.items():
-                proto.inputs[name].CopyFrom(tf.make_tensor_proto(array))
-            self._protos[user] = proto
-        return self._protos[user]
-
-    def send(self, user: int, features: dict) -> tuple[float, str, np.ndarray | None]:
-        import grpc
-        import tensorflow as tf
-
-        metadata = (("x-user-key", f"user-{user}"),) if self.keyed else ()
-        started = time.perf_counter()
-        try:
-            answer = self._stub.Predict(self.proto(user, features), timeout=60,
-                                        metadata=metadata)
-            items, status = tf.make_ndarray(answer.outputs["item_ids"])[0], "OK"
-        except grpc.RpcError as error:
-            items, status = None, error.code().name
-        return time.perf_counter() - started, status, items
-
-    def stop(self) -> int | str:
-        self._channel.close()
-        return stop_server(self.process)
-
-
-def open_loop(server: Server, requests: list[dict], users: np.ndarray, rate: float,
-              reference: dict[int, np.ndarray] | None, dtype: str) -> dict:
-    """Poisson arrivals of ``users`` at ``rate`` for ``--rate_seconds``; latency of each
-    answer and whether its items equal ``reference``'s for that user (None: recorded)."""
-    from xgr_common.tolerances import TIE_DTYPES
-
-    rng = np.random.default_rng(int(rate * 1000))
-    gaps = rng.exponential(1.0 / rate, len(users))
-    records, lock = [], threading.Lock()
-    started = time.monotonic()
-
-    def one(user: int) -> None:
-        seconds, status, items = server.send(user, requests[user])
-        with lock:
-            records.append((user, seconds, status, items))
-
-    with concurrent.futures.ThreadPoolExecutor(FLAGS.workers) as pool:
-        due = started
-        for user, gap in zip(users.tolist(), gaps):
-            due += gap
-            if due - started > FLAGS.rate_seconds:
-                break
-            time.sleep(max(0.0, due - time.monotonic()))
-            pool.submit(one, user)
-    elapsed = time.monotonic() - started
-    ok = [r for r in records if r[1] is not None and r[2] == "OK"]
-    seconds = np.array([r[1] for r in ok]) if ok else np.zeros(0)
-    # Answers for a user the reference run also answered: at float32 equal item by item; at
-    # 16 bits the two programs round apart, so ties may swap (counted, not failed).
-    differing = sum(1 for user, _, _, items in ok if reference is not None
-                    and user in reference and not np.array_equal(items, reference[user]))
-    return {"rate": rate, "sent": len(records), "answered": len(ok),
-            "failed": len(records) - len(ok), "differing": differing,
-            "wrong": differing if dtype not in TIE_DTYPES else 0,
-            "throughput": len(ok) / max(elapsed, 1e-9),
-            "p50_ms": float(np.percentile(seconds, 50) * 1e3) if len(seconds) else None,
-            "p99_ms": float(np.percentile(seconds, 99) * 1e3) if len(seconds) else None,
-            "answers": {user: items for user, _, _, items in ok}}
-
-
-def best_rate(rows: list[dict]) -> float | None:
-    """The highest rate whose P99, and every lower rate's, is within the target."""
-    best = None
-    for row in sorted(rows, key=lambda r: r["rate"]):
-        if row["p99_ms"] is None or row["p99_ms"] > FLAGS.p99_target_ms or row["failed"]:
-            break
-        best = row["throughput"]
-    return best
-
-
 def main(argv: list[str]) -> None:
     del argv
     import torch_engine.model  # noqa: F401  (torch before TensorFlow on the GPU host)
 
     rng = np.random.default_rng(0)
     work = Path(FLAGS.work or tempfile.mkdtemp(prefix="xgr_served_cache_"))
-    spec = prompt_spec()
-    ids, codes = catalog(rng)
+    world = SessionWorld(FLAGS.preset, FLAGS.items, FLAGS.paths, FLAGS.long_items,
+                         FLAGS.recent_items, FLAGS.population, FLAGS.zipf)
+    spec = world.prompt_spec()
+    ids, codes = world.catalog(rng)
     files = write_team_files(work / "team", FLAGS.preset, spec, ids, codes)
     print(f"exporting plain and cached SavedModels of {FLAGS.preset} "
           f"({spec.max_prompt_tokens}-token prompts) ...", flush=True)
-    plain_report = export(files, work / "plain")
-    cached_report = export(files, work / "cached", "--prompt_cache")
-    requests = user_requests(ids, rng)
+    settings = ExportSettings(FLAGS.device, FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch,
+                              FLAGS.verify_requests, FLAGS.dtype)
+    plain_report = export(files, work / "plain", settings)
+    cached_report = export(files, work / "cached", settings, "--prompt_cache")
+    requests = world.user_requests(ids, rng)
     rates = [float(r) for r in FLAGS.rates]
-    arrivals = {rate: sequence(np.random.default_rng(int(rate)), int(rate * FLAGS.rate_seconds
-                                                                     * 2) + 8)
+    arrivals = {rate: world.arrivals(np.random.default_rng(int(rate)),
+                                     int(rate * FLAGS.rate_seconds * 2) + 8)
                 for rate in rates}
+    load = LoadSettings(FLAGS.rate_seconds, FLAGS.workers, FLAGS.client_processes)
     dtype = cached_report["dtype"]
     results, exits, reference = {}, {}, {}
     for name, saved, keyed in (("plain", work / "plain", False),
                                ("cached", work / "cached", True)):
-        server = Server(saved, work, name, keyed)
+        server = Server(saved, work, name, FLAGS.max_batch_size, FLAGS.batch_timeout_micros,
+                        (f"--prompt_cache_gb={FLAGS.prompt_cache_gb}",) if keyed else ())
         rows = []
         try:
             for rate in rates:
                 before = cache_counters(server.rest_port) if keyed else None
-                row = open_loop(server, requests, arrivals[rate], rate,
+                row = open_loop(server.grpc_port, keyed, requests, arrivals[rate], rate, load,
                                 reference if keyed else None, dtype)
                 answers = row.pop("answers")
                 if not keyed:
@@ -331,7 +124,8 @@ def main(argv: list[str]) -> None:
         finally:
             exits[name] = server.stop()
         results[name] = rows
-    plain_best, cached_best = best_rate(results["plain"]), best_rate(results["cached"])
+    plain_best = best_rate(results["plain"], FLAGS.p99_target_ms)
+    cached_best = best_rate(results["cached"], FLAGS.p99_target_ms)
     intervals = return_intervals(np.concatenate([arrivals[r] for r in rates]),
                                  np.cumsum(np.concatenate([
                                      np.random.default_rng(int(r * 1000)).exponential(

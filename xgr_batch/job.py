@@ -21,6 +21,7 @@ import numpy as np
 
 from xgr_batch.users import read_rows, row_count, write_results
 from xgr_common.errors import ConfigError, require
+from xgr_common.multi_gpu import NO_MULTICAST
 from tf_frontend.serving.public_text import public_text
 from xgr_common.serving_names import SERVING_SIGNATURE
 
@@ -153,7 +154,8 @@ def run_batch(config: BatchConfig, progress: bool = True) -> BatchReport:
     if todo:
         if not ray.is_initialized():
             ray.init(address=config.ray_address, num_cpus=config.local_cpus,
-                     include_dashboard=False, log_to_driver=False)
+                     include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": dict(NO_MULTICAST)})
         items = [{"shard": i, "start": lo, "stop": hi} for i, lo, hi in todo]
         done = ray.data.from_items(items).map_batches(
             ShardRecommender, batch_size=1, batch_format="numpy",

@@ -1,6 +1,7 @@
 """The prompt cache's two benchmarks run end to end at tiny sizes on the CPU: the hit
 latency beside the uncached engine (items of the hit equal the uncached engine's), and the
-hit-rate simulation (its table, JSON and plot, more hits with a bigger pool)."""
+hit-rate simulation (its table, JSON and plot, more hits with a bigger pool). The cache
+through ``xgr serve`` is in ``test_serving_benchmarks.py``."""
 
 from __future__ import annotations
 
@@ -49,19 +50,3 @@ def test_the_hit_rate_simulation_plots_hits_against_the_pool(tmp_path):
     small, large = result["rows"][:2]
     assert 0 <= small["hit_rate"] < large["hit_rate"] <= 1
     assert result["workload"]["return_intervals"]["returns"] > 0
-
-
-def test_the_served_cache_benchmark_serves_both_and_compares(tmp_path):
-    """Both SavedModels exported and served at tiny sizes: no request fails, the cached
-    server answers as the plain one (float32), users who return hit."""
-    out = _run("benchmarks.bench_served_cache", "--population=20", "--rates=3",
-               "--rate_seconds=4", "--long_items=12", "--recent_items=4", "--verify_requests=0",
-               f"--work={tmp_path / 'work'}", f"--out_dir={tmp_path}")
-    assert "at P99 <=" in out
-    (path,) = tmp_path.glob("served_cache_*.json")
-    result = json.loads(path.read_text())
-    (plain,), (cached,) = result["plain"], result["cached"]
-    assert plain["failed"] == cached["failed"] == 0 and result["wrong_answers"] == 0
-    assert cached["cache"]["hits"] > 0 and 0 < cached["hit_rate"] <= 1
-    assert result["plain_best_rate"] and result["cached_best_rate"]
-    assert result["workload"]["returns"] > 0

@@ -1,7 +1,8 @@
 """The serving processes behind ``xgr serve --replicas N``: one ``xgr serve`` child per
 replica on loopback ports the OS picks, each on its own GPU (``CUDA_VISIBLE_DEVICES`` set to
 one device, so an engine package compiled for ``cuda:0`` runs there: the device is chosen at
-load time, not at export), stopped with SIGTERM when the front stops."""
+load time, not at export), with NVLink multicast off in their environment
+(``xgr_common.multi_gpu``), stopped with SIGTERM when the front stops."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from xgr_common.errors import ConfigError, require
+from xgr_common.multi_gpu import without_multicast
 
 
 @dataclass
@@ -51,7 +53,7 @@ def start_replicas(argv: Sequence[str], count: int, devices: Sequence[str],
     try:
         pending = []
         for i in range(count):
-            env = dict(os.environ)
+            env = without_multicast()
             if devices:
                 env["CUDA_VISIBLE_DEVICES"] = str(devices[i])
             err = (open(os.path.join(log_dir, f"replica_{i}.log"), "w") if log_dir

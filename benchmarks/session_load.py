@@ -1,0 +1,360 @@
+"""A session workload against ``xgr serve``, shared by the serving benchmarks that need users
+who come back (``bench_served_cache``, ``bench_replicas``).
+
+* ``SessionWorld``: a random-weight preset with a version 2 prompt card (long-term items in
+  closed day blocks, recent ones in the open block), a catalog of random code paths, one
+  fixed request per user, and the users of each request drawn by a Zipf law.
+* ``export``: ``xgr export`` of that world in a child process.
+* ``Server`` / ``Client``: ``xgr serve`` as a child process and a TF Serving gRPC client of
+  it (the user key, when sent, as gRPC metadata ``x-user-key``).
+* ``open_loop``: Poisson arrivals at a rate, in one or more client processes (one Python
+  process's gRPC clients top out near a thousand calls a second), every answer's latency,
+  status and items kept.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import multiprocessing
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from benchmarks.serve_process import ROOT, child_env, start_server, stop_server
+
+BLOCK = 86400            # the prompt's history blocks: a day
+NOW = 1_750_000_000 // BLOCK * BLOCK + BLOCK // 2   # every request: midday of one block
+
+
+@dataclass(frozen=True)
+class SessionWorld:
+    """Who sends what: ``population`` users of ``preset``, each with ``long_items`` long-term
+    items (ten a day, the frozen prompt part) and ``recent_items`` items today (prompts of
+    about ``4 x (long + recent)`` tokens), over ``items`` catalog items on ``paths`` code
+    paths; each request's user drawn by a Zipf law of exponent ``zipf``."""
+
+    preset: str
+    items: int
+    paths: int
+    long_items: int
+    recent_items: int
+    population: int
+    zipf: float
+
+    def prompt_spec(self):
+        from torch_engine.config import preset
+        from xgr_common.prompt_spec import PromptSpec
+        from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
+
+        days = -(-self.long_items // 10) + 2
+        split = HistorySplit(block_seconds=BLOCK, long_term_blocks=days,
+                             long_term_items=self.long_items, recent_items=self.recent_items)
+        return PromptSpec(model_hidden=preset(self.preset).hidden_size,
+                          window_seconds=(days + 2) * BLOCK, prompt_v2=PromptV2Layout(split))
+
+    def catalog(self, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+        """``items`` ids on ``paths`` random 3-level paths of 256 codes."""
+        paths = rng.integers(0, 256, (self.paths, 3)).astype(np.int32)
+        ids = rng.choice(np.arange(10_000, 10_000 + 20 * self.items), self.items,
+                         replace=False).astype(np.int64)
+        return ids, paths[np.arange(self.items) % self.paths]
+
+    def user_requests(self, ids: np.ndarray, rng: np.random.Generator) -> list[dict]:
+        """One request (feature arrays of one row) per user: ten long-term events a day over
+        the closed blocks before ``NOW``'s, the recent ones in its block."""
+        requests = []
+        for user in range(self.population):
+            back = np.arange(self.long_items)[::-1]      # events before the newest one
+            long_times = (NOW - NOW % BLOCK - BLOCK * (back // 10 + 1)
+                          + 3600 * (23 - back % 10))
+            recent_times = NOW - NOW % BLOCK + 60 * (1 + np.arange(self.recent_items))
+            items = rng.choice(ids, self.long_items + self.recent_items)
+            times = np.concatenate([long_times, recent_times]).astype(np.int64)
+            requests.append({
+                "user_id": np.array([user + 1], np.int64),
+                "country": np.array([b"us"], object),
+                "history_items": items.astype(np.int64), "history_times": times,
+                "history_splits": np.array([0, len(items)], np.int64),
+                "request_time": np.array([NOW], np.int64)})
+        return requests
+
+    def arrivals(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """``count`` users drawn by the Zipf law (rank r: weight r^-zipf)."""
+        weight = 1.0 / np.arange(1, self.population + 1) ** self.zipf
+        return rng.choice(self.population, count, p=weight / weight.sum())
+
+
+def return_intervals(users: np.ndarray, times: np.ndarray) -> dict:
+    """How long users took to come back (seconds), and the share of requests that were a
+    return (at most the hit rate a large enough cache reaches)."""
+    last, gaps = {}, []
+    for user, at in zip(users.tolist(), times.tolist()):
+        if user in last:
+            gaps.append(at - last[user])
+        last[user] = at
+    return {"returns": len(gaps), "requests": len(users),
+            "return_share": len(gaps) / max(len(users), 1),
+            "median_s": float(np.median(gaps)) if gaps else None,
+            "p90_s": float(np.percentile(gaps, 90)) if gaps else None}
+
+
+@dataclass(frozen=True)
+class ExportSettings:
+    """``xgr export``'s flags the serving benchmarks set (``dtype`` None: the device's)."""
+
+    device: str
+    beam_width: int
+    top_k: int
+    max_batch: int
+    verify_requests: int
+    dtype: str | None = None
+
+
+def export(files: dict, out: Path, settings: ExportSettings, *extra: str) -> dict:
+    """``xgr export`` of the team files in a child process; its report."""
+    report = out.parent / f"{out.name}.report.json"
+    done = subprocess.run(
+        [sys.executable, "-m", "xgr_cli.main", "export", f"--model={files['model']}",
+         f"--catalog={files['catalog']}", f"--feature_graph={files['feature_graph']}",
+         f"--out={out}", f"--device={settings.device}",
+         f"--beam_width={settings.beam_width}", f"--top_k={settings.top_k}",
+         f"--top_n={settings.top_k}", f"--max_batch={settings.max_batch}", "--cache_dir=",
+         f"--verify_requests={settings.verify_requests}", f"--report_json={report}",
+         *([f"--dtype={settings.dtype}"] if settings.dtype else []), *extra],
+        cwd=ROOT, env=child_env(TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"xgr export failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    return json.loads(report.read_text())
+
+
+def saved_dtype(saved: Path) -> str:
+    """The engine dtype of an export, from the report ``xgr export`` leaves beside it."""
+    report = saved.parent / f"{saved.name}.report.json"
+    if not report.exists():
+        raise ValueError(f"--saved_model {saved}: no export report {report} beside it "
+                         f"(the engine's dtype decides how answers are compared)")
+    return json.loads(report.read_text())["dtype"]
+
+
+def metric_samples(rest_port: int, prefix: str) -> list[tuple[str, dict, float]]:
+    """Every Prometheus sample whose name starts with ``prefix`` on the server at
+    ``rest_port``: (name, labels, value)."""
+    url = f"http://127.0.0.1:{rest_port}/monitoring/prometheus/metrics"
+    with urllib.request.urlopen(url, timeout=30) as reply:
+        text = reply.read().decode()
+    out = []
+    for name, labels, value in re.findall(
+            rf"^({re.escape(prefix)}\w*)(?:{{([^}}]*)}})? ([0-9.e+-]+|[+-]?Inf|NaN)$", text,
+            re.MULTILINE):
+        out.append((name, dict(re.findall(r'(\w+)="([^"]*)"', labels)), float(value)))
+    return out
+
+
+def metric_sums(rest_port: int, prefix: str) -> dict[str, float]:
+    """``metric_samples`` summed over their labels, by name."""
+    out: dict[str, float] = {}
+    for name, _, value in metric_samples(rest_port, prefix):
+        out[name] = out.get(name, 0.0) + value
+    return out
+
+
+def cache_counters(rest_port: int) -> dict[str, float]:
+    """A server's prompt-cache counters: lookups, hits, misses, uncached, evictions."""
+    sums = metric_sums(rest_port, "xgr_prompt_cache_")
+    return {name: sums.get(f"xgr_prompt_cache_{name}_total", 0.0)
+            for name in ("lookups", "hits", "misses", "uncached", "evictions")}
+
+
+class Server:
+    """``xgr serve`` on one SavedModel (copied in as version 1 of ``work/served_<name>``),
+    with ``extra_flags``; waits until the model is available."""
+
+    def __init__(self, saved_model: Path, work: Path, name: str, max_batch_size: int,
+                 batch_timeout_micros: int, extra_flags: tuple[str, ...] = ()):
+        base = work / f"served_{name}"
+        if not (base / "1").exists():
+            shutil.copytree(saved_model, base / "1")
+        self.log_path = work / f"{name}.log"
+        self.process, self.grpc_port, self.rest_port = start_server(
+            str(base), str(self.log_path), max_batch_size, batch_timeout_micros,
+            extra_flags=extra_flags)
+        self._wait_until_serving()
+
+    def _wait_until_serving(self, timeout: float = 900.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                url = f"http://127.0.0.1:{self.rest_port}/v1/models/recs"
+                with urllib.request.urlopen(url, timeout=10) as reply:
+                    states = json.loads(reply.read())["model_version_status"]
+                if any(v["state"] == "AVAILABLE" for v in states):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError("the server did not serve its model in time")
+
+    def log_records(self) -> list[dict]:
+        """The server's JSON log records so far."""
+        records = []
+        for line in self.log_path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+        return records
+
+    def stop(self) -> int | str:
+        return stop_server(self.process)
+
+
+class Client:
+    """TF Serving gRPC client of the server on ``grpc_port``; ``keyed``: each request carries
+    its user's key (``x-user-key``). Each ``send`` is one Predict whose wall time, status
+    and items are kept."""
+
+    def __init__(self, grpc_port: int, keyed: bool):
+        import grpc
+        from tensorflow_serving.apis import prediction_service_pb2_grpc
+
+        self.keyed = keyed
+        self._channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        self._stub = prediction_service_pb2_grpc.PredictionServiceStub(self._channel)
+        self._protos: dict[int, object] = {}
+
+    def proto(self, user: int, features: dict):
+        import tensorflow as tf
+        from tensorflow_serving.apis import predict_pb2
+
+        if user not in self._protos:
+            proto = predict_pb2.PredictRequest()
+            proto.model_spec.name = "recs"
+            for name, array in features.items():
+                proto.inputs[name].CopyFrom(tf.make_tensor_proto(array))
+            self._protos[user] = proto
+        return self._protos[user]
+
+    def send(self, user: int, features: dict) -> tuple[float, str, np.ndarray | None]:
+        import grpc
+        import tensorflow as tf
+
+        metadata = (("x-user-key", f"user-{user}"),) if self.keyed else ()
+        started = time.perf_counter()
+        try:
+            answer = self._stub.Predict(self.proto(user, features), timeout=60,
+                                        metadata=metadata)
+            items, status = tf.make_ndarray(answer.outputs["item_ids"])[0], "OK"
+        except grpc.RpcError as error:
+            items, status = None, error.code().name
+        return time.perf_counter() - started, status, items
+
+    def close(self) -> None:
+        self._channel.close()
+
+
+def _arrivals_of_one_process(grpc_port: int, keyed: bool, requests: dict[int, dict],
+                             users: list[int], rate: float, seconds: float, workers: int,
+                             seed: int, barrier=None) -> tuple[list, float]:
+    """One client process's share of an open loop: Poisson arrivals of ``users`` at ``rate``
+    for ``seconds``, started together with the other processes at ``barrier`` (None: at once);
+    (records, elapsed seconds).
+    ``requests`` holds the features of those users only (they travel to the process)."""
+    client = Client(grpc_port, keyed)
+    for user in set(users):
+        client.proto(user, requests[user])            # built before the clock starts
+    gaps = np.random.default_rng(seed).exponential(1.0 / rate, len(users))
+    records, lock = [], threading.Lock()
+
+    def one(user: int) -> None:
+        result = client.send(user, requests[user])
+        with lock:
+            records.append((user, *result))
+
+    if barrier is not None:
+        barrier.wait()
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        due = started
+        for user, gap in zip(users, gaps):
+            due += gap
+            if due - started > seconds:
+                break
+            time.sleep(max(0.0, due - time.monotonic()))
+            pool.submit(one, user)
+    elapsed = time.monotonic() - started
+    client.close()
+    return records, elapsed
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How an open loop is driven: ``seconds`` at each rate, ``workers`` threads per client
+    process carrying the arrivals, ``processes`` client processes (each a Poisson stream of
+    ``rate / processes``: together a Poisson stream of ``rate``)."""
+
+    seconds: float
+    workers: int
+    processes: int = 1
+
+
+def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarray,
+              rate: float, load: LoadSettings, reference: dict[int, np.ndarray] | None,
+              dtype: str) -> dict:
+    """Poisson arrivals of ``users`` at ``rate`` for ``load.seconds``; latency of each answer
+    and whether its items equal ``reference``'s for that user (None: nothing compared)."""
+    from xgr_common.tolerances import TIE_DTYPES
+
+    shares = [users[i::load.processes].tolist() for i in range(load.processes)]
+    seeds = [int(rate * 1000) + i for i in range(load.processes)]
+    own = [{user: requests[user] for user in set(share)} for share in shares]
+    if load.processes == 1:
+        parts = [_arrivals_of_one_process(grpc_port, keyed, own[0], shares[0], rate,
+                                          load.seconds, load.workers, seeds[0])]
+    else:
+        context = multiprocessing.get_context("spawn")
+        with context.Manager() as manager, concurrent.futures.ProcessPoolExecutor(
+                load.processes, mp_context=context) as pool:
+            barrier = manager.Barrier(load.processes)   # every process built, then all start
+            parts = list(pool.map(
+                _arrivals_of_one_process, [grpc_port] * load.processes,
+                [keyed] * load.processes, own, shares,
+                [rate / load.processes] * load.processes, [load.seconds] * load.processes,
+                [load.workers] * load.processes, seeds, [barrier] * load.processes))
+    records = [r for part, _ in parts for r in part]
+    elapsed = max(e for _, e in parts)
+    ok = [r for r in records if r[2] == "OK"]
+    seconds = np.array([r[1] for r in ok]) if ok else np.zeros(0)
+    # Answers for a user the reference run also answered: at float32 equal item by item; at
+    # 16 bits the two programs round apart, so ties may swap (counted, not failed).
+    differing = sum(1 for user, _, _, items in ok if reference is not None
+                    and user in reference and not np.array_equal(items, reference[user]))
+    statuses: dict[str, int] = {}
+    for r in records:
+        statuses[r[2]] = statuses.get(r[2], 0) + 1
+    return {"rate": rate, "sent": len(records), "answered": len(ok),
+            "failed": len(records) - len(ok), "statuses": statuses, "differing": differing,
+            "wrong": differing if dtype not in TIE_DTYPES else 0,
+            "throughput": len(ok) / max(elapsed, 1e-9),
+            "p50_ms": float(np.percentile(seconds, 50) * 1e3) if len(seconds) else None,
+            "p99_ms": float(np.percentile(seconds, 99) * 1e3) if len(seconds) else None,
+            "answers": {user: items for user, _, _, items in ok}}
+
+
+def best_rate(rows: list[dict], p99_target_ms: float) -> float | None:
+    """The throughput of the highest rate whose P99, and every lower rate's, is within the
+    target with no failed request."""
+    best = None
+    for row in sorted(rows, key=lambda r: r["rate"]):
+        if row["p99_ms"] is None or row["p99_ms"] > p99_target_ms or row["failed"]:
+            break
+        best = row["throughput"]
+    return best
