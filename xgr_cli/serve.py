@@ -89,6 +89,11 @@ flags.DEFINE_float("prompt_cache_gb", None,
                    "GiB of its device's memory, allocated when the package loads (a model "
                    "version swap holds two for a moment; a catalog-only version shares its "
                    "package and cache). Unset: XGR_PROMPT_CACHE_BYTES, else 0.25 GiB.")
+flags.DEFINE_float("prompt_cache_host_gb", None,
+                   "The prompt cache's host tier beside each pool, in GiB of host memory "
+                   "(pinned beside a GPU): entries the pool evicts are copied there and "
+                   "copied back when their user returns. Unset: "
+                   "XGR_PROMPT_CACHE_HOST_BYTES, else none.")
 flags.DEFINE_integer("replicas", 1, "Serving processes behind one front (>= 2: one per GPU "
                      "with --replica_devices): each request goes to the replica that owns its "
                      "user key (header / metadata x-user-key; consistent hashing, so a user's "
@@ -161,6 +166,12 @@ def main(argv: list[str]) -> None:
             raise app.UsageError(f"--prompt_cache_gb must be >= 0, got {FLAGS.prompt_cache_gb}")
         # Read by TorchCall's runtime when an engine package with a cache loads.
         os.environ["XGR_PROMPT_CACHE_BYTES"] = str(int(FLAGS.prompt_cache_gb * (1 << 30)))
+    if FLAGS.prompt_cache_host_gb is not None:
+        if not FLAGS.prompt_cache_host_gb >= 0:
+            raise app.UsageError(f"--prompt_cache_host_gb must be >= 0, got "
+                                 f"{FLAGS.prompt_cache_host_gb}")
+        os.environ["XGR_PROMPT_CACHE_HOST_BYTES"] = str(
+            int(FLAGS.prompt_cache_host_gb * (1 << 30)))
     # Before any engine package loads: its unpacked files go to this process's own folder,
     # and the folders of killed servers are removed.
     scratch, removed = claim_scratch_folder()

@@ -102,13 +102,14 @@ class Calls:
         self.count += 1
         return i
 
-    def run(self, package: Path, folder: Path, budget: int) -> dict:
+    def run(self, package: Path, folder: Path, budget: int, host_budget: int = 0) -> dict:
         self.arrays["calls"] = np.int64(self.count)
-        requests = folder / f"requests_{budget}.npz"
+        requests = folder / f"requests_{budget}_{host_budget}.npz"
         np.savez(requests, **self.arrays)
         done = subprocess.run(
             [sys.executable, str(HERE / "prompt_cache_child.py"), str(package), str(requests)],
-            env=child_env(TF_CPP_MIN_LOG_LEVEL="3", XGR_PROMPT_CACHE_BYTES=str(budget)),
+            env=child_env(TF_CPP_MIN_LOG_LEVEL="3", XGR_PROMPT_CACHE_BYTES=str(budget),
+                          XGR_PROMPT_CACHE_HOST_BYTES=str(host_budget)),
             capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -168,6 +169,37 @@ def test_the_pool_stays_within_its_budget_and_evicts(cached, tmp_path):
     assert all(s["bytes"] <= s["capacity_bytes"] for s in result["stats"])
     assert final["hits"] == 24 and final["misses"] == 48 and final["entries"] == 6
     assert final["evictions"] == 48 - 6
+    assert final["host_hits"] == 0 and final["host_capacity_bytes"] == 0
+
+
+def test_the_host_tier_keeps_what_the_pool_evicts(cached, tmp_path):
+    """12 users, each returning at once, then all again, in a pool of 6 one-page entries:
+    with a host tier that holds the 6 the pool evicts, every user of the second round is a
+    hit copied back from it (each copy evicting the pool's oldest into the host tier); with
+    a host tier of 4 entries, it drops its oldest for room. Every answer right, each tier
+    within its budget."""
+    package = cached[0]
+    calls = Calls(cached)
+    users = [(u, 3, 2) for u in range(12)]
+    for user in [u for user in users for u in (user, user)] + users:
+        calls.add([user], [f"user{user[0]}"])
+    page = 2 * 2 * 2 * 16 * 16 * 4
+    entry = int(calls.user_rows(users[:1])[3][0]) * page // 16     # one entry's tokens
+    roomy = calls.run(package, tmp_path, 6 * page, host_budget=6 * entry)
+    assert roomy["outcomes"] == ["ok"] * 36
+    stats = roomy["stats"]
+    assert all(s["bytes"] <= s["capacity_bytes"] and s["host_bytes"] <= s["host_capacity_bytes"]
+               for s in stats)
+    first_round = stats[23]
+    assert first_round["host_entries"] == 6 and first_round["host_evictions"] == 0
+    assert first_round["hits"] == 12 and first_round["host_hits"] == 0
+    final = stats[-1]
+    assert final["host_hits"] == 12 and final["hits"] == 24 and final["misses"] == 12
+    assert final["evictions"] == 6 + 12 and final["host_entries"] == 6
+    tight = calls.run(package, tmp_path, 6 * page, host_budget=4 * entry)
+    assert tight["outcomes"] == ["ok"] * 36
+    assert tight["stats"][23]["host_evictions"] == 2
+    assert all(s["host_bytes"] <= 4 * entry for s in tight["stats"])
 
 
 def test_a_version_1_model_cannot_keep_a_cache(cached, tmp_path):

@@ -62,10 +62,10 @@ def _package_stats() -> dict:
 
 class PromptCacheCollector:
     """The engine runtimes' prompt-KV caches (``xgr export --prompt_cache``), read from
-    TorchCall at each scrape, one series per package: lookups, hits (by tier: the runtime's
-    caches hold the device tier), partial hits, misses, rows run uncached for want of room,
-    evictions, entries, bytes held and the pool's capacity, and the wall time of calls whose
-    batch had a hit."""
+    TorchCall at each scrape, one series per package: lookups, hits by tier (``device``: read
+    in place; ``host``: copied back from the host tier), partial hits, misses, rows run
+    uncached for want of room, evictions from the pool and from the host tier, entries, bytes
+    held and capacity of each tier, and the wall time of calls whose batch had a hit."""
 
     def __init__(self, model_name: str, stats=_package_stats):
         self._model, self._stats = model_name, stats
@@ -81,15 +81,21 @@ class PromptCacheCollector:
                         ("partial_hits", "Hits that reused only part of the frozen part."),
                         ("misses", "Rows whose frozen part was computed and kept."),
                         ("uncached", "Rows run uncached: no room even after eviction."),
-                        ("evictions", "Entries evicted, least recently used first."),
+                        ("evictions", "Entries evicted from the pool, least recently used "
+                                      "first (to the host tier when it keeps one)."),
+                        ("host_evictions", "Entries the host tier dropped for room."),
                         ("tokens_reused", "Prompt tokens read from the cache, not prefilled."))}
         hits = CounterMetricFamily("xgr_prompt_cache_hits", "Rows whose frozen part (or part "
                                    "of it) was read from the cache, by tier.",
                                    labels=labels + ["tier"])
         gauges = {name: GaugeMetricFamily(f"xgr_prompt_cache_{name}", text, labels=labels)
-                  for name, text in (("entries", "Entries held."),
+                  for name, text in (("entries", "Entries held in the pool."),
                                      ("bytes", "Bytes of KV held in the pool."),
-                                     ("capacity_bytes", "The pool's size (--prompt_cache_gb)."))}
+                                     ("capacity_bytes", "The pool's size (--prompt_cache_gb)."),
+                                     ("host_entries", "Entries held in the host tier."),
+                                     ("host_bytes", "Bytes of KV held in the host tier."),
+                                     ("host_capacity_bytes", "The host tier's size "
+                                      "(--prompt_cache_host_gb; 0: none)."))}
         latency = HistogramMetricFamily(
             "xgr_prompt_cache_hit_latency_seconds",
             "Wall time of engine calls whose batch had a hit.", labels=labels)
@@ -103,10 +109,12 @@ class PromptCacheCollector:
                 continue
             values = [self._model, path]
             for name, family in counters.items():
-                family.add_metric(values, cache[name])
-            hits.add_metric(values + ["device"], cache["hits"])
+                family.add_metric(values, cache.get(name, 0))
+            host_hits = cache.get("host_hits", 0)
+            hits.add_metric(values + ["device"], cache["hits"] - host_hits)
+            hits.add_metric(values + ["host"], host_hits)
             for name, family in gauges.items():
-                family.add_metric(values, cache[name])
+                family.add_metric(values, cache.get(name, 0))
             buckets = [(str(bound), count) for bound, count in cache["hit_buckets"]]
             latency.add_metric(values, buckets + [("+Inf", cache["hit_calls"])],
                                cache["hit_seconds"])

@@ -82,6 +82,20 @@ int64_t CacheBudget() {
   return int64_t{256} << 20;
 }
 
+// The host tier's byte budget beside each pool: XGR_PROMPT_CACHE_HOST_BYTES (`xgr serve
+// --prompt_cache_host_gb` sets it), else none.
+int64_t HostCacheBudget() {
+  const char* env = std::getenv("XGR_PROMPT_CACHE_HOST_BYTES");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long value = std::strtoll(env, &end, 10);
+    if (end != nullptr && *end == '\0' && value >= 0) return value;
+    std::fprintf(stderr, "TorchCall: XGR_PROMPT_CACHE_HOST_BYTES='%s' is not a byte count; "
+                 "keeping no host tier\n", env);
+  }
+  return 0;
+}
+
 std::string CacheStatsJson(const CacheStats& st) {
   std::string buckets;
   for (size_t i = 0; i < st.hit_bounds.size(); ++i) {
@@ -90,6 +104,7 @@ std::string CacheStatsJson(const CacheStats& st) {
   }
   return "{\"lookups\": " + std::to_string(st.lookups) +
          ", \"hits\": " + std::to_string(st.hits) +
+         ", \"host_hits\": " + std::to_string(st.host_hits) +
          ", \"partial_hits\": " + std::to_string(st.partial_hits) +
          ", \"misses\": " + std::to_string(st.misses) +
          ", \"uncached\": " + std::to_string(st.uncached) +
@@ -99,6 +114,10 @@ std::string CacheStatsJson(const CacheStats& st) {
          ", \"entries\": " + std::to_string(st.entries) +
          ", \"bytes\": " + std::to_string(st.bytes) +
          ", \"capacity_bytes\": " + std::to_string(st.capacity_bytes) +
+         ", \"host_evictions\": " + std::to_string(st.host_evictions) +
+         ", \"host_entries\": " + std::to_string(st.host_entries) +
+         ", \"host_bytes\": " + std::to_string(st.host_bytes) +
+         ", \"host_capacity_bytes\": " + std::to_string(st.host_capacity_bytes) +
          ", \"hit_calls\": " + std::to_string(st.hit_calls) +
          ", \"hit_seconds\": " + std::to_string(st.hit_seconds) +
          ", \"hit_buckets\": [" + buckets + "]}";
@@ -217,7 +236,8 @@ class PackageBase : public Package {
         device_(signature_.device) {
     for (const auto& spec : signature_.outputs) output_dtypes_.push_back(spec.dtype);
     if (signature_.cache.enabled) {
-      cache_ = std::make_unique<PromptCache>(signature_.cache, CacheBudget(), device_);
+      cache_ = std::make_unique<PromptCache>(signature_.cache, CacheBudget(), device_,
+                                             HostCacheBudget());
     }
   }
 

@@ -24,6 +24,14 @@ struct CacheEntry {
   bool listed = false;  // in entries_ (published)
 };
 
+// An entry the pool evicted, kept by the host tier: its tokens' keys and values.
+struct HostEntry {
+  at::Tensor kv;  // [layers, 2, length, Hkv, D] in host memory
+  int64_t length = 0;
+  int64_t bytes = 0;
+  std::vector<std::pair<std::string, int64_t>> names;  // digest, tokens it covers
+};
+
 namespace {
 
 // The running hash of one row: the package's scope and the user key, then one 16-byte
@@ -66,8 +74,10 @@ std::vector<int64_t> SafeBoundaries(const std::vector<int64_t>& segments, int64_
   return bounds;
 }
 
-PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device)
-    : spec_(spec), page_tokens_(spec.page_tokens) {
+PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device,
+                         int64_t host_budget_bytes)
+    : spec_(spec), page_tokens_(spec.page_tokens),
+      host_budget_(std::max<int64_t>(host_budget_bytes, 0)) {
   page_bytes_ = spec.layers * 2 * spec.kv_heads * spec.head_dim * page_tokens_ *
                 ElementSize(spec.dtype);
   // At least one page, so the pool keeps the shape a traced program was exported with
@@ -79,6 +89,7 @@ PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Devic
   for (int64_t p = pages_; p >= 1; --p) free_.push_back(static_cast<int32_t>(p));
   refs_.assign(pages_ + 1, 0);
   counts_.capacity_bytes = pages_ * page_bytes_;
+  counts_.host_capacity_bytes = host_budget_;
   counts_.hit_bounds = kHitBounds;
   counts_.hit_buckets.assign(kHitBounds.size(), 0);
 }
@@ -114,6 +125,8 @@ CacheStats PromptCache::Stats() const {
   CacheStats stats = counts_;
   stats.entries = static_cast<int64_t>(entries_.size());
   stats.bytes = (pages_ - static_cast<int64_t>(free_.size())) * page_bytes_;
+  stats.host_entries = static_cast<int64_t>(host_entries_.size());
+  stats.host_bytes = host_bytes_;
   return stats;
 }
 
@@ -149,12 +162,26 @@ RowPlan PromptCache::Plan(const CacheRow& row, Reservation* res) {
         break;
       }
     }
+    std::string tier = "device";
+    if (host_budget_ > 0) {
+      int64_t restored_length = 0;
+      auto restored = Restore(digests, length, entry.get(), &restored_length);
+      if (restored) {
+        entry = restored;
+        length = restored_length;
+        tier = "host";
+      }
+    }
     if (!entry) {
       plan = Extend(nullptr, 0, frozen, bounds, digests, res, "miss");
     } else {
       Touch(entry);
-      plan = length == frozen ? Read(entry, length, res)
-                              : Extend(entry, length, frozen, bounds, digests, res, "device");
+      if (length == frozen) {
+        plan = Read(entry, length, res);
+        plan.tier = tier;
+      } else {
+        plan = Extend(entry, length, frozen, bounds, digests, res, tier);
+      }
     }
   }
   Count(plan, frozen);
@@ -163,8 +190,9 @@ RowPlan PromptCache::Plan(const CacheRow& row, Reservation* res) {
 
 void PromptCache::Count(const RowPlan& plan, int64_t frozen) {
   counts_.lookups += 1;
-  if (plan.tier == "device") {
+  if (plan.tier == "device" || plan.tier == "host") {
     counts_.hits += 1;
+    counts_.host_hits += plan.tier == "host";
     counts_.partial_hits += plan.cached < frozen;
   } else if (plan.tier == "miss") {
     counts_.misses += 1;
@@ -299,14 +327,94 @@ bool PromptCache::Take(int64_t count, const std::vector<CacheEntry*>& keep,
 
 void PromptCache::Drop(const std::shared_ptr<CacheEntry>& entry, bool evicted) {
   if (evicted) counts_.evictions += 1;
+  std::vector<std::pair<std::string, int64_t>> names;
   for (const std::string& digest : entry->registered) {
     auto it = index_.find(digest);
-    if (it != index_.end() && it->second.first == entry) index_.erase(it);
+    if (it != index_.end() && it->second.first == entry) {
+      names.emplace_back(digest, it->second.second);
+      index_.erase(it);
+    }
   }
   entry->registered.clear();
   entries_.remove(entry);
   entry->listed = false;
+  // Copied out while its pages still hold it (an evicted entry has no reader or writer).
+  if (evicted && host_budget_ > 0) Spill(entry, names);
   Release(entry->pages);
+}
+
+void PromptCache::Spill(const std::shared_ptr<CacheEntry>& entry,
+                        const std::vector<std::pair<std::string, int64_t>>& names) {
+  const int64_t tokens = entry->length;
+  const int64_t bytes = tokens * (page_bytes_ / page_tokens_);
+  if (names.empty() || tokens <= 0 || bytes > host_budget_) return;
+  std::vector<int64_t> pages(entry->pages.begin(), entry->pages.begin() + PagesFor(tokens));
+  const at::Tensor index = at::tensor(pages, at::kLong).to(pool_.device());
+  const at::Tensor kv = pool_.index_select(2, index).flatten(2, 3).narrow(2, 0, tokens);
+  auto host = std::make_shared<HostEntry>();
+  host->kv = at::empty(kv.sizes(), kv.options().device(at::kCPU).pinned_memory(pool_.is_cuda()));
+  host->kv.copy_(kv);  // synchronous: the pages are free for reuse once this returns
+  host->length = tokens;
+  host->bytes = bytes;
+  host->names = names;
+  while (host_bytes_ + bytes > host_budget_ && !host_entries_.empty()) {
+    DropHost(host_entries_.front());
+    counts_.host_evictions += 1;
+  }
+  host_entries_.push_back(host);
+  host_bytes_ += bytes;
+  for (const auto& name : host->names) host_index_[name.first] = {host, name.second};
+}
+
+std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>& digests,
+                                                 int64_t longer_than, CacheEntry* keep,
+                                                 int64_t* length) {
+  for (size_t i = digests.size(); i-- > 0;) {
+    auto it = host_index_.find(digests[i]);
+    if (it == host_index_.end()) continue;
+    if (it->second.second <= longer_than) return nullptr;  // the pool has as much
+    const std::shared_ptr<HostEntry> host = it->second.first;
+    const int64_t matched = it->second.second;
+    const int64_t need = PagesFor(host->length);
+    std::vector<int32_t> pages;
+    std::vector<CacheEntry*> kept;
+    if (keep != nullptr) kept.push_back(keep);
+    // Out of the host tier first: the evictions that make room spill into it.
+    DropHost(host);
+    if (!Take(need, kept, &pages)) return nullptr;  // no room: the row computes it again
+    at::Tensor padded = at::zeros({spec_.layers, 2, need * page_tokens_, spec_.kv_heads,
+                                   spec_.head_dim}, pool_.options());
+    padded.narrow(2, 0, host->length).copy_(host->kv);
+    std::vector<int64_t> targets(pages.begin(), pages.end());
+    pool_.index_copy_(2, at::tensor(targets, at::kLong).to(pool_.device()),
+                      padded.view({spec_.layers, 2, need, page_tokens_, spec_.kv_heads,
+                                   spec_.head_dim}));
+    // Finished before the run reads it (the run goes on another stream).
+    if (pool_.is_cuda()) torch::cuda::synchronize(pool_.device().index());
+    auto made = std::make_shared<CacheEntry>();
+    made->pages = pages;
+    made->length = host->length;
+    made->listed = true;
+    entries_.push_back(made);
+    for (const auto& name : host->names) {
+      if (index_.find(name.first) == index_.end()) {
+        index_.emplace(name.first, std::make_pair(made, name.second));
+        made->registered.push_back(name.first);
+      }
+    }
+    *length = matched;
+    return made;
+  }
+  return nullptr;
+}
+
+void PromptCache::DropHost(const std::shared_ptr<HostEntry>& host) {
+  for (const auto& name : host->names) {
+    auto it = host_index_.find(name.first);
+    if (it != host_index_.end() && it->second.first == host) host_index_.erase(it);
+  }
+  host_entries_.remove(host);
+  host_bytes_ -= host->bytes;
 }
 
 void PromptCache::Share(const std::vector<int32_t>& pages) {

@@ -16,6 +16,12 @@
 // The pool is allocated once, at load, within the byte budget; a request never allocates, so
 // the cache never causes an out-of-memory. Least recently used entries are evicted first;
 // a row that finds no room even then runs uncached.
+//
+// The host tier (a byte budget of its own, 0: none) keeps what the pool evicts: an evicted
+// entry's tokens are copied to host memory (pinned beside a GPU) under the digests that named
+// it, least recently used dropped past the budget. A row whose longest match is there, not in
+// the pool, has it copied back into fresh pages before the run (a hit from the host tier: the
+// copy's cost instead of the prefill's), and the entry leaves the host tier.
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_
 
@@ -48,8 +54,9 @@ struct CacheRow {
 };
 
 // What the cache does for one row: `cached` tokens read from `pages`, tokens
-// [cached, written) written by the run into `pages` too; `tier`: "device" (a hit), "miss"
-// (computed and kept), "uncached" (no room), "none" (nothing to cache).
+// [cached, written) written by the run into `pages` too; `tier`: "device" (a hit), "host"
+// (a hit copied back from the host tier), "miss" (computed and kept), "uncached" (no room),
+// "none" (nothing to cache).
 struct RowPlan {
   int64_t cached = 0;
   int64_t written = 0;
@@ -58,6 +65,7 @@ struct RowPlan {
 };
 
 struct CacheEntry;
+struct HostEntry;
 
 // One batch's plans; Finish runs its commits (the run succeeded) or its rollbacks.
 struct Reservation {
@@ -70,9 +78,12 @@ struct Reservation {
 
 // Counters since the cache was made, and what it holds now.
 struct CacheStats {
-  int64_t lookups = 0, hits = 0, partial_hits = 0, misses = 0, uncached = 0, evictions = 0;
+  // `hits` counts both tiers; `host_hits` those copied back from the host tier.
+  int64_t lookups = 0, hits = 0, host_hits = 0, partial_hits = 0, misses = 0, uncached = 0;
+  int64_t evictions = 0, host_evictions = 0;
   int64_t tokens_reused = 0, tokens_written = 0;
   int64_t entries = 0, bytes = 0, capacity_bytes = 0;
+  int64_t host_entries = 0, host_bytes = 0, host_capacity_bytes = 0;
   // Calls of batches with a hit, by wall time: counts at or below each bound (seconds), the
   // count and the sum; what a latency histogram needs.
   std::vector<double> hit_bounds;
@@ -84,8 +95,9 @@ struct CacheStats {
 class PromptCache {
  public:
   // A pool of `budget_bytes` (whole pages, at least one, plus the sink page) of `spec`'s
-  // geometry on `device`.
-  PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device);
+  // geometry on `device`, and a host tier of `host_budget_bytes` (0: none).
+  PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device,
+              int64_t host_budget_bytes = 0);
 
   // [layers, 2, pages + 1, page_tokens, Hkv, D]; page 0 is the sink (rows not kept write
   // there).
@@ -120,6 +132,14 @@ class PromptCache {
   void Share(const std::vector<int32_t>& pages);
   void Touch(const std::shared_ptr<CacheEntry>& entry);
   void Count(const RowPlan& plan, int64_t frozen);
+  // The host tier: an evicted entry's tokens kept under `names` (digest, length); the
+  // longest of `digests` (beyond `longer_than` tokens) brought back into the pool as an
+  // entry, `keep` never evicted for its room (null: none there, or no room).
+  void Spill(const std::shared_ptr<CacheEntry>& entry,
+             const std::vector<std::pair<std::string, int64_t>>& names);
+  std::shared_ptr<CacheEntry> Restore(const std::vector<std::string>& digests,
+                                      int64_t longer_than, CacheEntry* keep, int64_t* length);
+  void DropHost(const std::shared_ptr<HostEntry>& entry);
   int64_t PagesFor(int64_t tokens) const { return (tokens + page_tokens_ - 1) / page_tokens_; }
 
   CacheSpec spec_;
@@ -133,6 +153,11 @@ class PromptCache {
   // Entries, least recently used first; the index maps a digest to its entry and length.
   std::list<std::shared_ptr<CacheEntry>> entries_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<CacheEntry>, int64_t>> index_;
+  // The host tier, least recently spilled first, and its index.
+  int64_t host_budget_ = 0;
+  int64_t host_bytes_ = 0;
+  std::list<std::shared_ptr<HostEntry>> host_entries_;
+  std::unordered_map<std::string, std::pair<std::shared_ptr<HostEntry>, int64_t>> host_index_;
   CacheStats counts_;
 };
 

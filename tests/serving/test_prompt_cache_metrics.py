@@ -1,0 +1,46 @@
+"""The prompt cache's Prometheus series (``tf_frontend.serving.metrics.PromptCacheCollector``)
+from the stats TorchCall reports: hits split by tier, each tier's size, a package without a
+cache left out."""
+
+from __future__ import annotations
+
+import prometheus_client as prom
+
+from tf_frontend.serving.metrics import PromptCacheCollector
+
+STATS = {"lookups": 40, "hits": 25, "host_hits": 7, "partial_hits": 3, "misses": 12,
+         "uncached": 3, "evictions": 9, "host_evictions": 2, "tokens_reused": 900,
+         "tokens_written": 400, "entries": 5, "bytes": 1 << 20, "capacity_bytes": 4 << 20,
+         "host_entries": 4, "host_bytes": 3 << 20, "host_capacity_bytes": 8 << 20,
+         "hit_calls": 20, "hit_seconds": 0.25, "hit_buckets": [[0.01, 15], [0.1, 20]]}
+
+
+def _registry(packages: dict) -> prom.CollectorRegistry:
+    registry = prom.CollectorRegistry()
+    registry.register(PromptCacheCollector("recs", stats=lambda: packages))
+    return registry
+
+
+def test_hits_are_split_by_tier_and_each_tier_has_its_size():
+    registry = _registry({"/m/1/engine.pt2": {"prompt_cache": STATS}, "/m/1/other.pt2": {}})
+    labels = {"model_name": "recs", "package": "/m/1/engine.pt2"}
+    value = registry.get_sample_value
+    assert value("xgr_prompt_cache_hits_total", {**labels, "tier": "device"}) == 18
+    assert value("xgr_prompt_cache_hits_total", {**labels, "tier": "host"}) == 7
+    assert value("xgr_prompt_cache_host_evictions_total", labels) == 2
+    assert value("xgr_prompt_cache_host_bytes", labels) == 3 << 20
+    assert value("xgr_prompt_cache_host_capacity_bytes", labels) == 8 << 20
+    assert value("xgr_prompt_cache_capacity_bytes", labels) == 4 << 20
+    assert value("xgr_prompt_cache_hit_latency_seconds_count", labels) == 20
+    assert value("xgr_prompt_cache_lookups_total",
+                 {"model_name": "recs", "package": "/m/1/other.pt2"}) is None
+
+
+def test_stats_of_a_runtime_without_the_host_fields_read_as_no_host_tier():
+    old = {k: v for k, v in STATS.items() if not k.startswith("host_")}
+    registry = _registry({"/m/1/engine.pt2": {"prompt_cache": old}})
+    labels = {"model_name": "recs", "package": "/m/1/engine.pt2"}
+    assert registry.get_sample_value("xgr_prompt_cache_hits_total",
+                                     {**labels, "tier": "device"}) == 25
+    assert registry.get_sample_value("xgr_prompt_cache_hits_total",
+                                     {**labels, "tier": "host"}) == 0
