@@ -364,14 +364,23 @@ def xgr(*commands: list[str]) -> list[tuple[int, str, str]]:
 @pytest.mark.heavy
 def test_the_commands_end_to_end(tmp_path):
     stand_in, out, report_json = tmp_path / "stand_in", tmp_path / "out", tmp_path / "r.json"
-    made, again, bad_heads = xgr(
+    made, again, bad_heads, shaped, both = xgr(
         ["stand_in", "--out", str(stand_in), "--architecture", "qwen3",
          "--notie_word_embeddings", "--seed", "2"],
         ["stand_in", "--out", str(stand_in)],
-        ["stand_in", "--out", str(tmp_path / "other"), "--heads", "3"])
+        ["stand_in", "--out", str(tmp_path / "other"), "--heads", "3"],
+        ["stand_in", "--out", str(tmp_path / "shaped"), "--preset", "tiny"],
+        ["stand_in", "--out", str(tmp_path / "both"), "--preset", "tiny", "--layers", "3"])
     assert made[0] == 0, made
     assert "wrote a random-weight qwen3 stand-in" in made[1]
     assert "323 text tokens in 384 embedding rows, hidden 64, lm_head untied" in made[1]
+    # A preset's shape: the engine's tiny model (its MLP width too), the stand-in vocabulary.
+    assert shaped[0] == 0, shaped
+    config = json.loads((tmp_path / "shaped" / "config.json").read_text())
+    assert (config["num_hidden_layers"], config["num_attention_heads"],
+            config["intermediate_size"], config["vocab_size"]) == (2, 4, 128, 384)
+    assert both[0] == 1 and "--preset tiny sets the shape: drop --layers" in both[2]
+    assert not (tmp_path / "both").exists()
     results = xgr(
         ["extend_vocab", "--model", str(stand_in), "--out", str(out), "--levels", "2",
          "--codebook_size", "64", "--profile_vocab", "32", "--keep_last", "20",
