@@ -45,7 +45,8 @@ class Layer:
 
 LAYERS = (
     Layer("xgr_common", "the shared leaves: error hierarchy, TF/Triton import order, tolerance "
-          "table, token layout, prompt contract, buckets, value rules, serving names",
+          "table, token layout, prompt contract, buckets, value rules, serving names, the "
+          "multi-GPU environment (NVLink multicast off)",
           (), (), "standard library only (`import_order` loads triton lazily)"),
     Layer("custom_ops", "C++ TF ops (history cleaning, semantic-ID table and lookup, prompt "
           "assembly, `TorchCall` in `custom_ops/torch_call.py` + `custom_ops/cc/torch_call/`), "
