@@ -17,7 +17,8 @@ P99 bound with and without the cache, in one run.
    metadata ``x-user-key``).
 3. Each server: ``xgr serve`` with batching, TF Serving gRPC clients (``--workers`` threads
    carrying the open-loop arrivals), per rate the throughput, P50 / P99 and failed requests;
-   the cached server's hit rate per rate from its Prometheus metrics. Every answer is checked
+   the cached server's hit rate per rate from its Prometheus metrics (and the share of
+   requests served from the host tier, with ``--prompt_cache_host_gb``). Every answer is checked
    against the plain server's answer for the same user (items exact at float32, the
    ranked-list rule at 16 bits).
 
@@ -67,6 +68,8 @@ flags.DEFINE_integer("max_batch", 16, "Largest batch the packages accept.")
 flags.DEFINE_integer("max_batch_size", 8, "Server batching: rows per model call.")
 flags.DEFINE_integer("batch_timeout_micros", 2000, "Server batching timeout.")
 flags.DEFINE_float("prompt_cache_gb", 1.0, "xgr serve --prompt_cache_gb of the cached server.")
+flags.DEFINE_float("prompt_cache_host_gb", 0.0, "xgr serve --prompt_cache_host_gb of the cached "
+                   "server (0: no host tier).")
 flags.DEFINE_integer("verify_requests", 4, "xgr export --verify_requests of both exports.")
 flags.DEFINE_string("work", None, "Working folder (default: a temporary one, removed).")
 flags.DEFINE_string("label", "cpu", "Device label of the result file.")
@@ -100,7 +103,9 @@ def main(argv: list[str]) -> None:
     for name, saved, keyed in (("plain", work / "plain", False),
                                ("cached", work / "cached", True)):
         server = Server(saved, work, name, FLAGS.max_batch_size, FLAGS.batch_timeout_micros,
-                        (f"--prompt_cache_gb={FLAGS.prompt_cache_gb}",) if keyed else ())
+                        (f"--prompt_cache_gb={FLAGS.prompt_cache_gb}",
+                         f"--prompt_cache_host_gb={FLAGS.prompt_cache_host_gb}")
+                        if keyed else ())
         rows = []
         try:
             for rate in rates:
@@ -115,12 +120,14 @@ def main(argv: list[str]) -> None:
                     after = cache_counters(server.rest_port)
                     delta = {k: after[k] - before[k] for k in after}
                     row["hit_rate"] = delta["hits"] / max(delta["lookups"], 1)
+                    row["host_hit_rate"] = delta["host_hits"] / max(delta["lookups"], 1)
                     row["cache"] = delta
                 rows.append(row)
                 print(f"{name:>6} rate {rate:6.1f}: {row['throughput']:6.1f} req/s, P50 "
                       f"{row['p50_ms'] or float('nan'):.1f} ms, P99 "
                       f"{row['p99_ms'] or float('nan'):.1f} ms, failed {row['failed']}"
-                      + (f", hit rate {row['hit_rate']:.2f}" if keyed else ""), flush=True)
+                      + (f", hit rate {row['hit_rate']:.2f} (host tier "
+                         f"{row['host_hit_rate']:.2f})" if keyed else ""), flush=True)
         finally:
             exits[name] = server.stop()
         results[name] = rows
@@ -145,7 +152,8 @@ def main(argv: list[str]) -> None:
         "recent_items": FLAGS.recent_items, "beam_width": FLAGS.beam_width,
         "top_k": FLAGS.top_k, "population": FLAGS.population, "zipf": FLAGS.zipf,
         "rate_seconds": FLAGS.rate_seconds, "p99_target_ms": FLAGS.p99_target_ms,
-        "prompt_cache_gb": FLAGS.prompt_cache_gb, "workload": intervals,
+        "prompt_cache_gb": FLAGS.prompt_cache_gb,
+        "prompt_cache_host_gb": FLAGS.prompt_cache_host_gb, "workload": intervals,
         "plain": results["plain"], "cached": results["cached"],
         "plain_best_rate": plain_best, "cached_best_rate": cached_best, "ratio": ratio,
         "wrong_answers": wrong, "server_exit": exits,

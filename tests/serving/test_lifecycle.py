@@ -206,3 +206,16 @@ def test_xgr_serve_refuses_a_bad_batching_file_with_a_message(model_base, tmp_pa
     assert done.returncode == 1
     assert "batching parameters: unknown field 'max_batch'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("flag", ["--prompt_cache_gb=-1", "--prompt_cache_host_gb=-0.5",
+                                  "--prompt_cache_host_gb=nan"])
+def test_xgr_serve_refuses_a_negative_prompt_cache_size(model_base, flag):
+    done = subprocess.run(
+        [sys.executable, "-m", "xgr_cli.main", "serve", f"--model_base_path={model_base}",
+         flag], capture_output=True, text=True, timeout=120,
+        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
+        cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    assert done.returncode == 1
+    assert f"{flag.split('=')[0]} must be >= 0" in done.stderr
+    assert "Traceback" not in done.stderr
