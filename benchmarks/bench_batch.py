@@ -34,27 +34,20 @@ from absl import app, flags
 
 from benchmarks import results_file as rf
 from benchmarks.serve_process import ROOT
-from benchmarks.session_load import ExportSettings, SessionWorld, export, saved_dtype
+from benchmarks import session_load
+from benchmarks.session_load import (define_world_flags, export, export_settings_from_flags,
+                                     saved_dtype, world_from_flags)
 from benchmarks.team_files import write_team_files
 from xgr_common.multi_gpu import NO_MULTICAST
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "tiny", "Random-weight model preset.")
-flags.DEFINE_string("device", "cpu", "The engine's device: cpu or cuda:0 (each actor sees its "
-                    "own GPU as cuda:0).")
-flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Engine dtype (default: the "
-                  "device's).")
-flags.DEFINE_integer("items", 3000, "Catalog items.")
-flags.DEFINE_integer("paths", 2500, "Distinct code paths the items share.")
-flags.DEFINE_integer("long_items", 12, "Long-term items of every user.")
-flags.DEFINE_integer("recent_items", 4, "Recent items of every user.")
+define_world_flags(long_items=12, recent_items=4,
+                   device_note=" Each actor sees its own GPU as cuda:0.")
+flags.adopt_module_key_flags(session_load)
 flags.DEFINE_integer("users", 120, "Users in the users file.")
 flags.DEFINE_list("actor_counts", ["1"], "Actor counts (one GPU each on a GPU host).")
 flags.DEFINE_integer("rows_per_shard", 40, "Users per shard.")
 flags.DEFINE_integer("batch_size", 16, "Users per SavedModel call.")
-flags.DEFINE_integer("beam_width", 16, "Beam width.")
-flags.DEFINE_integer("top_k", 12, "Items the engine returns.")
-flags.DEFINE_integer("max_batch", 16, "Largest batch the package accepts (>= --batch_size).")
 flags.DEFINE_integer("local_cpus", None, "CPUs of the local Ray cluster (unset: the host's).")
 flags.DEFINE_string("saved_model", None, "Run this export instead of exporting: a plain one "
                     "made with the same world flags (preset, items, paths, long_items, "
@@ -132,8 +125,7 @@ def main(argv: list[str]) -> None:
     rng = np.random.default_rng(0)
     work = Path(FLAGS.work or tempfile.mkdtemp(prefix="xgr_batch_bench_"))
     work.mkdir(parents=True, exist_ok=True)
-    world = SessionWorld(FLAGS.preset, FLAGS.items, FLAGS.paths, FLAGS.long_items,
-                         FLAGS.recent_items, FLAGS.users, 1.0)
+    world = world_from_flags(FLAGS.users)
     spec = world.prompt_spec()
     ids, codes = world.catalog(rng)
     if FLAGS.saved_model:
@@ -144,9 +136,7 @@ def main(argv: list[str]) -> None:
         print(f"exporting {FLAGS.preset} ({spec.max_prompt_tokens}-token prompts) ...",
               flush=True)
         saved = work / "saved"
-        dtype = export(files, saved, ExportSettings(FLAGS.device, FLAGS.beam_width,
-                                                    FLAGS.top_k, FLAGS.max_batch, 0,
-                                                    FLAGS.dtype))["dtype"]
+        dtype = export(files, saved, export_settings_from_flags(0))["dtype"]
         if FLAGS.export_only:
             print(f"exported to {saved}")
             return

@@ -40,40 +40,25 @@ from absl import app, flags
 
 from benchmarks import results_file as rf
 from benchmarks.serve_process import ROOT
-from benchmarks.session_load import (ExportSettings, LoadSettings, Server, SessionWorld,
-                                     best_rate, cache_counters, export, metric_samples,
-                                     open_loop, return_intervals, saved_dtype)
+from benchmarks import session_load
+from benchmarks.session_load import (LoadSettings, Server, best_rate, cache_counters,
+                                     define_load_flags, define_world_flags, export,
+                                     export_settings_from_flags, metric_samples, open_loop,
+                                     return_intervals, saved_dtype, world_from_flags)
 from benchmarks.team_files import write_team_files
 from xgr_common.multi_gpu import NO_MULTICAST
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "tiny", "Random-weight model preset.")
-flags.DEFINE_string("device", "cpu", "The engine's device: cpu or cuda:0 (each replica sees "
-                    "its own GPU as cuda:0).")
-flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Engine dtype (default: the "
-                  "device's).")
-flags.DEFINE_integer("items", 3000, "Catalog items.")
-flags.DEFINE_integer("paths", 2500, "Distinct code paths the items share.")
-flags.DEFINE_integer("long_items", 12, "Long-term items of every user (the frozen part).")
-flags.DEFINE_integer("recent_items", 4, "Recent items of every user.")
+define_world_flags(long_items=12, recent_items=4,
+                   device_note=" Each replica sees its own GPU as cuda:0.")
+define_load_flags("rates_per_replica", ["2", "4"], "Open-loop rates (req/s) of one replica; "
+                  "N replicas are swept at N times each.")
+flags.adopt_module_key_flags(session_load)
 flags.DEFINE_integer("population", 200, "Users of the session workload.")
-flags.DEFINE_float("zipf", 1.0, "Exponent of the Zipf law that picks each request's user.")
 flags.DEFINE_list("replica_counts", ["1", "2"], "Replica counts to serve with (GPUs on a GPU "
                   "host: at most the GPUs it has).")
-flags.DEFINE_list("rates_per_replica", ["2", "4"], "Open-loop rates (req/s) of one replica; "
-                  "N replicas are swept at N times each.")
-flags.DEFINE_float("rate_seconds", 6.0, "Seconds at each rate.")
-flags.DEFINE_integer("workers", 32, "Client threads per client process.")
-flags.DEFINE_integer("client_processes", 1, "Client processes, each a Poisson stream of an "
-                     "equal share of the rate.")
-flags.DEFINE_float("p99_target_ms", 100.0, "The latency bound of the throughput figure.")
 flags.DEFINE_bool("prompt_cache", True, "Export with the prompt cache and send user keys.")
 flags.DEFINE_float("prompt_cache_gb", 1.0, "Each replica's --prompt_cache_gb.")
-flags.DEFINE_integer("beam_width", 16, "Beam width.")
-flags.DEFINE_integer("top_k", 12, "Items the engine returns.")
-flags.DEFINE_integer("max_batch", 16, "Largest batch the package accepts.")
-flags.DEFINE_integer("max_batch_size", 8, "Server batching: rows per model call.")
-flags.DEFINE_integer("batch_timeout_micros", 2000, "Server batching timeout.")
 flags.DEFINE_integer("verify_requests", 0, "xgr export --verify_requests.")
 flags.DEFINE_string("saved_model", None, "Serve this export instead of exporting: one made "
                     "with the same world flags (preset, items, paths, long_items, recent_items, "
@@ -184,8 +169,7 @@ def main(argv: list[str]) -> None:
     rng = np.random.default_rng(0)
     work = Path(FLAGS.work or tempfile.mkdtemp(prefix="xgr_replicas_"))
     work.mkdir(parents=True, exist_ok=True)
-    world = SessionWorld(FLAGS.preset, FLAGS.items, FLAGS.paths, FLAGS.long_items,
-                         FLAGS.recent_items, FLAGS.population, FLAGS.zipf)
+    world = world_from_flags(FLAGS.population, FLAGS.zipf)
     spec = world.prompt_spec()
     ids, codes = world.catalog(rng)
     if FLAGS.saved_model:
@@ -195,8 +179,7 @@ def main(argv: list[str]) -> None:
         files = write_team_files(work / "team", FLAGS.preset, spec, ids, codes)
         print(f"exporting {FLAGS.preset} ({spec.max_prompt_tokens}-token prompts) ...",
               flush=True)
-        settings = ExportSettings(FLAGS.device, FLAGS.beam_width, FLAGS.top_k,
-                                  FLAGS.max_batch, FLAGS.verify_requests, FLAGS.dtype)
+        settings = export_settings_from_flags(FLAGS.verify_requests)
         saved = work / "saved"
         dtype = export(files, saved, settings,
                        *(("--prompt_cache",) if FLAGS.prompt_cache else ()))["dtype"]

@@ -39,34 +39,18 @@ from absl import app, flags
 
 from benchmarks import results_file as rf
 from benchmarks.serve_process import ROOT
-from benchmarks.session_load import (ExportSettings, LoadSettings, Server,
-                                     SessionWorld, best_rate, cache_counters, export,
-                                     open_loop, return_intervals)
+from benchmarks import session_load
+from benchmarks.session_load import (LoadSettings, Server, best_rate, cache_counters,
+                                     define_load_flags, define_world_flags, export,
+                                     export_settings_from_flags, open_loop, return_intervals,
+                                     world_from_flags)
 from benchmarks.team_files import write_team_files
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("preset", "tiny", "Random-weight model preset.")
-flags.DEFINE_string("device", "cpu", "The engine's device: cpu or cuda[:i].")
-flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Engine dtype (default: the "
-                  "device's).")
-flags.DEFINE_integer("items", 3000, "Catalog items.")
-flags.DEFINE_integer("paths", 2500, "Distinct code paths the items share.")
-flags.DEFINE_integer("long_items", 24, "Long-term items of every user (the frozen part).")
-flags.DEFINE_integer("recent_items", 6, "Recent items of every user.")
+define_world_flags(long_items=24, recent_items=6)
+define_load_flags("rates", ["2", "4"], "Open-loop request rates (req/s).")
+flags.adopt_module_key_flags(session_load)
 flags.DEFINE_integer("population", 200, "Users of the session workload.")
-flags.DEFINE_float("zipf", 1.0, "Exponent of the Zipf law that picks each request's user.")
-flags.DEFINE_list("rates", ["2", "4"], "Open-loop request rates (req/s).")
-flags.DEFINE_float("rate_seconds", 8.0, "Seconds at each rate.")
-flags.DEFINE_integer("workers", 32, "Client threads (per client process) carrying the "
-                     "open-loop arrivals.")
-flags.DEFINE_integer("client_processes", 1, "Client processes, each a Poisson stream of an "
-                     "equal share of the rate.")
-flags.DEFINE_float("p99_target_ms", 100.0, "The latency bound of the throughput figure.")
-flags.DEFINE_integer("beam_width", 16, "Beam width.")
-flags.DEFINE_integer("top_k", 12, "Items the engine returns.")
-flags.DEFINE_integer("max_batch", 16, "Largest batch the packages accept.")
-flags.DEFINE_integer("max_batch_size", 8, "Server batching: rows per model call.")
-flags.DEFINE_integer("batch_timeout_micros", 2000, "Server batching timeout.")
 flags.DEFINE_float("prompt_cache_gb", 1.0, "xgr serve --prompt_cache_gb of the cached server.")
 flags.DEFINE_float("prompt_cache_host_gb", 0.0, "xgr serve --prompt_cache_host_gb of the cached "
                    "server (0: no host tier).")
@@ -81,15 +65,13 @@ def main(argv: list[str]) -> None:
 
     rng = np.random.default_rng(0)
     work = Path(FLAGS.work or tempfile.mkdtemp(prefix="xgr_served_cache_"))
-    world = SessionWorld(FLAGS.preset, FLAGS.items, FLAGS.paths, FLAGS.long_items,
-                         FLAGS.recent_items, FLAGS.population, FLAGS.zipf)
+    world = world_from_flags(FLAGS.population, FLAGS.zipf)
     spec = world.prompt_spec()
     ids, codes = world.catalog(rng)
     files = write_team_files(work / "team", FLAGS.preset, spec, ids, codes)
     print(f"exporting plain and cached SavedModels of {FLAGS.preset} "
           f"({spec.max_prompt_tokens}-token prompts) ...", flush=True)
-    settings = ExportSettings(FLAGS.device, FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch,
-                              FLAGS.verify_requests, FLAGS.dtype)
+    settings = export_settings_from_flags(FLAGS.verify_requests)
     plain_report = export(files, work / "plain", settings)
     cached_report = export(files, work / "cached", settings, "--prompt_cache")
     requests = world.user_requests(ids, rng)

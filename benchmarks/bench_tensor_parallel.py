@@ -100,20 +100,23 @@ def _sync(device: torch.device) -> None:
 
 
 def _allreduce_share(prof, cuda: bool) -> tuple[float, float]:
-    """(all kernels' microseconds, the all-reduces' microseconds) of a profiled call: device
-    time on CUDA, the operators' own time on the CPU."""
+    """(all kernels' microseconds, the all-reduces' microseconds) of a profiled call: the
+    device's kernel events on CUDA (host operators left out: their device time repeats their
+    kernels'), the operators' own time on the CPU."""
     total = reduce = 0.0
+    if cuda:
+        for event in prof.events():
+            if event.device_type != torch.autograd.DeviceType.CUDA:
+                continue
+            us = event.time_range.elapsed_us()
+            total += us
+            name = event.name.lower()
+            reduce += us if "nccl" in name and "allreduce" in name.replace("_", "") else 0.0
+        return total, reduce
     for event in prof.key_averages():
-        if cuda:
-            us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
-            if event.key.startswith(("aten::", "cuda", "c10d::", "nccl:", "record_param")):
-                continue    # host-side names of the kernels counted under their own names
-            is_reduce = "nccl" in event.key.lower() and "allreduce" in event.key.lower()
-        else:
-            us = event.self_cpu_time_total
-            is_reduce = "all_reduce" in event.key or "allreduce" in event.key
+        us = event.self_cpu_time_total
         total += us
-        reduce += us if is_reduce else 0.0
+        reduce += us if ("all_reduce" in event.key or "allreduce" in event.key) else 0.0
     return total, reduce
 
 

@@ -20,7 +20,10 @@
 # (the same in a new process session, so it outlives the command that started it) and
 # `gpu_acceptance.sh wait SECONDS` (waits for a started run, then archives its logs and results
 # into $OUT/results.tgz, done or not). XGR_COMMIT, PYTHONPATH (TensorFlow) and .whl/ as gpu_serving.sh wants.
-# PHASES (default "exports served load"; "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
+# PHASES (default "exports served load"; "served_cache" adds `bench_served_cache` at qwen3-1.7b,
+# context 5000, last: the prompt-KV cache through `xgr serve`, plain and cached SavedModels of
+# its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms;
+# "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
 # 1M items, beam 256, beside the exports when both are named) and CASES (default all) pick parts.
 set +e
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -61,6 +64,23 @@ gpu_label() {  # h200, h100, ...: the card that ran, for result file names
   local name
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
   if [[ $name =~ H([0-9]+) ]]; then echo "h${BASH_REMATCH[1]}"; else echo gpu; fi
+}
+
+served_cache_phase() {
+  # The cache through the server at the issue's size: 300 users of ~5,000-token prompts
+  # (1,000 long-term items), Zipf 1.0; a 40 GiB pool (~87 users' frozen parts) and a 48 GiB
+  # host tier beside it.
+  local sizes=(--preset=qwen3-1.7b --device=cuda:0 --dtype=bfloat16 --items=1000000
+               --paths=250000 --long_items=1000 --recent_items=245 --beam_width=256 --top_k=300
+               --max_batch=4 --max_batch_size=4 --p99_target_ms=200 --rates=10,15,20,25,30,40
+               --rate_seconds=20 --population=300 --prompt_cache_gb=40
+               --prompt_cache_host_gb=48 --client_processes=2 --label="$(gpu_label)_q3_ctx5000")
+  [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu)
+  timeout "${SERVED_CACHE_LIMIT:-2400}" "${PY:-python3}" -m benchmarks.bench_served_cache \
+      "${sizes[@]}" --work="$BASE/served_cache" --out_dir="$RUN_OUT" \
+      > "$RUN_OUT/served_cache.log" 2>&1
+  note "served cache rc=$?"
+  tail -8 "$RUN_OUT/served_cache.log" >> "$log"
 }
 
 catalog_phase() {
@@ -133,6 +153,11 @@ run() {
       note "load $name done"
     done
   fi
+  if [[ "$PHASES" == *" served_cache "* ]]; then
+    ls custom_ops/*.so >/dev/null 2>&1 \
+        || "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
+    served_cache_phase
+  fi
   if [[ "$PHASES" == *" catalog "* ]] && [ -z "$catalog_pid" ]; then
     catalog_phase
   fi
@@ -140,20 +165,6 @@ run() {
   note "finished"
 }
 
-case "${1:-run}" in
-  run) run ;;
-  start)
-    rm -rf "$RUN_OUT" && mkdir -p "$RUN_OUT"
-    setsid nohup bash "$0" run > "$BASE/run.stdout" 2>&1 < /dev/null &
-    echo "started $!" ;;
-  wait)
-    deadline=$(( $(date +%s) + ${2:-500} ))
-    while [ "$(date +%s)" -lt $deadline ] && ! grep -q "finished" "$RUN_OUT/acceptance.log" 2>/dev/null; do
-      sleep 5
-    done
-    # One archive (a command's $OUT brings back few files) beside the run's own log.
-    mkdir -p "$OUT" && tar czf "$OUT/results.tgz" -C "$RUN_OUT" . \
-        && cp "$RUN_OUT/acceptance.log" "$OUT/" 2>/dev/null
-    tail -40 "$RUN_OUT/acceptance.log" ;;
-  *) echo "usage: $0 run|start|wait SECONDS" >&2; exit 2 ;;
-esac
+# shellcheck source=benchmarks/detached_run.sh
+source "$ROOT/benchmarks/detached_run.sh"
+detached_main acceptance.log "$0" "$@"

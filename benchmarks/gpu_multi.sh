@@ -112,19 +112,6 @@ run() {
   note "finished"
 }
 
-case "${1:-run}" in
-  run) run ;;
-  start)
-    rm -rf "$RUN_OUT" && mkdir -p "$RUN_OUT"
-    setsid nohup bash "$0" run > "$BASE/run.stdout" 2>&1 < /dev/null &
-    echo "started $!" ;;
-  wait)
-    deadline=$(( $(date +%s) + ${2:-500} ))
-    while [ "$(date +%s)" -lt $deadline ] && ! grep -q "finished" "$RUN_OUT/multi.log" 2>/dev/null; do
-      sleep 5
-    done
-    mkdir -p "$OUT" && tar czf "$OUT/results.tgz" -C "$RUN_OUT" . \
-        && cp "$RUN_OUT/multi.log" "$OUT/" 2>/dev/null
-    tail -40 "$RUN_OUT/multi.log" ;;
-  *) echo "usage: $0 run|start|wait SECONDS" >&2; exit 2 ;;
-esac
+# shellcheck source=benchmarks/detached_run.sh
+source "$ROOT/benchmarks/detached_run.sh"
+detached_main multi.log "$0" "$@"

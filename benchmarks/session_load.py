@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from absl import flags
 
 from benchmarks.serve_process import ROOT, child_env, start_server, stop_server
 
@@ -91,6 +92,53 @@ class SessionWorld:
         """``count`` users drawn by the Zipf law (rank r: weight r^-zipf)."""
         weight = 1.0 / np.arange(1, self.population + 1) ** self.zipf
         return rng.choice(self.population, count, p=weight / weight.sum())
+
+
+def define_world_flags(long_items: int, recent_items: int, device_note: str = "") -> None:
+    """The flags of the benchmarks that build a ``SessionWorld`` and export it: the preset,
+    the catalog, the users' long-term and recent items (these defaults given), the engine's
+    device (``device_note`` says how several processes share it) and dtype."""
+    flags.DEFINE_string("preset", "tiny", "Random-weight model preset.")
+    flags.DEFINE_string("device", "cpu", "The engine's device: cpu or cuda[:i]." + device_note)
+    flags.DEFINE_enum("dtype", None, ["float32", "bfloat16"], "Engine dtype (default: the "
+                      "device's).")
+    flags.DEFINE_integer("items", 3000, "Catalog items.")
+    flags.DEFINE_integer("paths", 2500, "Distinct code paths the items share.")
+    flags.DEFINE_integer("long_items", long_items, "Long-term items of every user (the "
+                         "frozen part).")
+    flags.DEFINE_integer("recent_items", recent_items, "Recent items of every user.")
+    flags.DEFINE_integer("beam_width", 16, "Beam width.")
+    flags.DEFINE_integer("top_k", 12, "Items the engine returns.")
+    flags.DEFINE_integer("max_batch", 16, "Largest batch the exported package accepts.")
+
+
+def define_load_flags(rates_name: str, rates: list[str], rates_help: str) -> None:
+    """The flags of the benchmarks that drive ``xgr serve`` with an open loop: the rates (under
+    ``rates_name``), their duration, the clients, the latency bound, the server's batching."""
+    flags.DEFINE_float("zipf", 1.0, "Exponent of the Zipf law that picks each request's user.")
+    flags.DEFINE_list(rates_name, rates, rates_help)
+    flags.DEFINE_float("rate_seconds", 8.0, "Seconds at each rate.")
+    flags.DEFINE_integer("workers", 32, "Client threads (per client process) carrying the "
+                         "open-loop arrivals.")
+    flags.DEFINE_integer("client_processes", 1, "Client processes, each a Poisson stream of an "
+                         "equal share of the rate.")
+    flags.DEFINE_float("p99_target_ms", 100.0, "The latency bound of the throughput figure.")
+    flags.DEFINE_integer("max_batch_size", 8, "Server batching: rows per model call.")
+    flags.DEFINE_integer("batch_timeout_micros", 2000, "Server batching timeout.")
+
+
+def world_from_flags(population: int, zipf: float = 1.0) -> SessionWorld:
+    """The ``SessionWorld`` of ``define_world_flags``' flags."""
+    f = flags.FLAGS
+    return SessionWorld(f.preset, f.items, f.paths, f.long_items, f.recent_items, population,
+                        zipf)
+
+
+def export_settings_from_flags(verify_requests: int) -> ExportSettings:
+    """The ``ExportSettings`` of ``define_world_flags``' flags."""
+    f = flags.FLAGS
+    return ExportSettings(f.device, f.beam_width, f.top_k, f.max_batch, verify_requests,
+                          f.dtype)
 
 
 def return_intervals(users: np.ndarray, times: np.ndarray) -> dict:
