@@ -165,22 +165,29 @@ def _decode_partial_kernel(
         lo = split * chunk
         hi = tl.minimum(n_keys, lo + chunk)
         table_row = table_ptr + b * s_tb
-        for k0 in range(lo, hi, BLOCK_N):
+        # The split's cached keys [lo, mid) from the pages alone, then its suffix keys
+        # [mid, hi) as whole packed-prompt tiles: no tile loads both and selects.
+        mid = tl.minimum(hi, tl.maximum(cached, lo))
+        for k0 in range(lo, mid, BLOCK_N):
             kpos = k0 + tl.arange(0, BLOCK_N)
-            k_ok = kpos < hi
-            pooled = kpos < cached
+            k_ok = kpos < mid
             pk, pv = load_paged_tile(pk_ptr + h * s_pkh, pv_ptr + h * s_pvh, s_pkp, s_pkt,
-                                     s_pvp, s_pvt, table_row, kpos, k_ok & pooled, d, PAGE)
-            row = start + kpos - cached
-            fresh = (k_ok & (kpos >= cached))[:, None]
-            sk = tl.load(sk_head + row[:, None] * s_skt + d[None, :], mask=fresh, other=0.0)
-            sv = tl.load(sv_head + row[:, None] * s_svt + d[None, :], mask=fresh, other=0.0)
-            k = tl.where(pooled[:, None], pk, sk)
-            v = tl.where(pooled[:, None], pv, sv)
-            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+                                     s_pvp, s_pvt, table_row, kpos, k_ok, d, PAGE)
+            s = tl.dot(q, tl.trans(pk), input_precision=DOT_PRECISION)
             s = tl.where(k_ok[None, :], s, float("-inf"))
-            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
+            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, pv, qk_scale, ACC_IN_DOT,
                                                 DOT_PRECISION)
+        row_lo = start + mid - cached
+        row_hi = start + hi - cached
+        row_full = row_lo + tl.maximum(row_hi - row_lo, 0) // BLOCK_N * BLOCK_N
+        for k0 in range(row_lo, row_full, BLOCK_N):
+            acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt, k0,
+                                         row_hi, d, qk_scale, kd, vd, h * HEAD_DIM, BLOCK_N,
+                                         False, ACC_IN_DOT, DOT_PRECISION, TMA)
+        if row_full < row_hi:
+            acc, l_i, m_i = _shared_tile(acc, l_i, m_i, q, sk_head, sv_head, s_skt, s_svt,
+                                         row_full, row_hi, d, qk_scale, kd, vd, h * HEAD_DIM,
+                                         BLOCK_N, True, ACC_IN_DOT, DOT_PRECISION, TMA)
     else:
         chunk = tl.cdiv(tl.cdiv(end - start, SPLITS), BLOCK_N) * BLOCK_N
         lo = start + split * chunk
