@@ -35,9 +35,7 @@ from absl import app, flags
 from benchmarks import results_file as rf
 from benchmarks.serve_process import ROOT
 from benchmarks import session_load
-from benchmarks.session_load import (define_world_flags, export, export_settings_from_flags,
-                                     saved_dtype, world_from_flags)
-from benchmarks.team_files import write_team_files
+from benchmarks.session_load import define_world_flags, export_or_take, world_from_flags
 from xgr_common.multi_gpu import NO_MULTICAST
 
 FLAGS = flags.FLAGS
@@ -128,18 +126,10 @@ def main(argv: list[str]) -> None:
     world = world_from_flags(FLAGS.users)
     spec = world.prompt_spec()
     ids, codes = world.catalog(rng)
-    if FLAGS.saved_model:
-        saved = Path(FLAGS.saved_model)
-        dtype = saved_dtype(saved)
-    else:
-        files = write_team_files(work / "team", FLAGS.preset, spec, ids, codes)
-        print(f"exporting {FLAGS.preset} ({spec.max_prompt_tokens}-token prompts) ...",
-              flush=True)
-        saved = work / "saved"
-        dtype = export(files, saved, export_settings_from_flags(0))["dtype"]
-        if FLAGS.export_only:
-            print(f"exported to {saved}")
-            return
+    saved, dtype = export_or_take(FLAGS.saved_model, work, world, ids, codes, 0)
+    if FLAGS.export_only:
+        print(f"exported to {saved}")
+        return
     users = write_users(work / "users.parquet",
                         users_features(world.user_requests(ids, rng)))
     rows = []

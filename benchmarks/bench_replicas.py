@@ -42,10 +42,9 @@ from benchmarks import results_file as rf
 from benchmarks.serve_process import ROOT
 from benchmarks import session_load
 from benchmarks.session_load import (LoadSettings, Server, best_rate, cache_counters,
-                                     define_load_flags, define_world_flags, export,
-                                     export_settings_from_flags, metric_samples, open_loop,
-                                     return_intervals, saved_dtype, world_from_flags)
-from benchmarks.team_files import write_team_files
+                                     define_load_flags, define_world_flags, export_or_take,
+                                     metric_samples, open_loop, return_intervals,
+                                     world_from_flags)
 from xgr_common.multi_gpu import NO_MULTICAST
 
 FLAGS = flags.FLAGS
@@ -172,20 +171,12 @@ def main(argv: list[str]) -> None:
     world = world_from_flags(FLAGS.population, FLAGS.zipf)
     spec = world.prompt_spec()
     ids, codes = world.catalog(rng)
-    if FLAGS.saved_model:
-        saved = Path(FLAGS.saved_model)
-        dtype = saved_dtype(saved)
-    else:
-        files = write_team_files(work / "team", FLAGS.preset, spec, ids, codes)
-        print(f"exporting {FLAGS.preset} ({spec.max_prompt_tokens}-token prompts) ...",
-              flush=True)
-        settings = export_settings_from_flags(FLAGS.verify_requests)
-        saved = work / "saved"
-        dtype = export(files, saved, settings,
-                       *(("--prompt_cache",) if FLAGS.prompt_cache else ()))["dtype"]
-        if FLAGS.export_only:
-            print(f"exported to {saved}")
-            return
+    saved, dtype = export_or_take(FLAGS.saved_model, work, world, ids, codes,
+                                  FLAGS.verify_requests,
+                                  *(("--prompt_cache",) if FLAGS.prompt_cache else ()))
+    if FLAGS.export_only:
+        print(f"exported to {saved}")
+        return
     requests = world.user_requests(ids, rng)
     per_replica = [float(r) for r in FLAGS.rates_per_replica]
     # One user sequence per per-replica rate, long enough for the largest count's rate: every

@@ -184,6 +184,24 @@ def export(files: dict, out: Path, settings: ExportSettings, *extra: str) -> dic
     return json.loads(report.read_text())
 
 
+def export_or_take(saved_model: str | None, work: Path, world: SessionWorld, ids: np.ndarray,
+                   codes: np.ndarray, verify_requests: int, *extra: str) -> tuple[Path, str]:
+    """The SavedModel a benchmark serves and its engine dtype: ``saved_model`` when given
+    (an export of the same world; its dtype from the report beside it), else a fresh export
+    of ``world`` (its team files in ``work/team``, the SavedModel in ``work/saved``) with
+    ``define_world_flags``' settings and ``extra`` flags."""
+    from benchmarks.team_files import write_team_files
+
+    if saved_model:
+        return Path(saved_model), saved_dtype(Path(saved_model))
+    spec = world.prompt_spec()
+    files = write_team_files(work / "team", world.preset, spec, ids, codes)
+    print(f"exporting {world.preset} ({spec.max_prompt_tokens}-token prompts) ...", flush=True)
+    saved = work / "saved"
+    return saved, export(files, saved, export_settings_from_flags(verify_requests),
+                         *extra)["dtype"]
+
+
 def saved_dtype(saved: Path) -> str:
     """The engine dtype of an export, from the report ``xgr export`` leaves beside it."""
     report = saved.parent / f"{saved.name}.report.json"
