@@ -6,6 +6,14 @@
 # so it outlives the command that started it; `DRIVER wait SECONDS` waits for a started run
 # (at most SECONDS), then archives $RUN_OUT into $OUT/results.tgz with LOG beside it, done or
 # not, and prints the log's end.
+
+# h200, h100, ... (gpu if no H card answers): the card that ran, for result file names.
+gpu_label() {
+  local name
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
+  if [[ $name =~ H([0-9]+) ]]; then echo "h${BASH_REMATCH[1]}"; else echo gpu; fi
+}
+
 detached_main() {
   local log_name=$1 script=$2
   shift 2

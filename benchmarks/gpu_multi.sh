@@ -39,12 +39,6 @@ counts_upto() {  # the powers of two up to $1, comma-separated
   echo "$out"
 }
 
-gpu_label() {
-  local name
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-  if [[ $name =~ H([0-9]+) ]]; then echo "h${BASH_REMATCH[1]}x$GPUS"; else echo "gpux$GPUS"; fi
-}
-
 install_wheels() {  # joins the carried parts, installs every wheel into /tmp/xgr_site
   mkdir -p /tmp/xgr_parts /tmp/xgr_wheels
   cp .whlparts/* /tmp/xgr_parts/ 2>/dev/null
@@ -62,7 +56,7 @@ install_wheels() {  # joins the carried parts, installs every wheel into /tmp/xg
 run() {
   mkdir -p "$RUN_OUT"
   local log=$RUN_OUT/multi.log label
-  label=$(gpu_label)
+  label="$(gpu_label)x$GPUS"  # h100x4, ...
   note() { echo "$(date +%T) $*" | tee -a "$log"; }
   note "start: $GPUS GPUs ($label), phases${PHASES}"
   install_wheels

@@ -22,12 +22,6 @@ PY=${PY:-python3}
 PHASES=" ${PHASES:-catalog train} "
 RUN_OUT=$BASE/run_out
 
-gpu_label() {
-  local name
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-  if [[ $name =~ H([0-9]+) ]]; then echo "h${BASH_REMATCH[1]}"; else echo gpu; fi
-}
-
 run() {
   mkdir -p "$RUN_OUT"
   local log=$RUN_OUT/train.log label
