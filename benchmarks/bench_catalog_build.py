@@ -72,6 +72,8 @@ def main(argv: list[str]) -> None:
 
             faiss.omp_set_num_threads(FLAGS.threads)
     load_before = os.getloadavg()
+    if FLAGS.work_dir:
+        Path(FLAGS.work_dir).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="xgr_bench_catalog_build_",
                                      dir=FLAGS.work_dir) as work:
         source = Path(work) / "items.npy"
