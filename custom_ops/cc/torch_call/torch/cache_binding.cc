@@ -1,0 +1,176 @@
+// The prompt cache's side of a package run (see cache_binding.h).
+#include "custom_ops/cc/torch_call/torch/cache_binding.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+
+namespace xgr {
+namespace torch_call {
+namespace {
+
+Status Invalid(const std::string& message) { return {Code::kInvalidArgument, message}; }
+
+// `size` within the range the contract gives `symbol` (a trace may bound a dimension from
+// below, e.g. at 2: the runtime pads its own inputs up to it).
+int64_t WithinRange(const Signature& sig, const std::string& symbol, int64_t size) {
+  auto range = sig.ranges.find(symbol);
+  if (range == sig.ranges.end()) return size;
+  return std::min(std::max(size, range->second.first), range->second.second);
+}
+
+// The suffix width of a cached run: the longest suffix, rounded as the prompt's length is
+// bucketed (so a bucket's runs share few shapes), within the padded prompt.
+int64_t SuffixWidth(const Signature& sig, const Reservation& r,
+                    const std::vector<CacheRow>& rows, int64_t padded_length) {
+  int64_t longest = 1;
+  for (size_t b = 0; b < rows.size(); ++b) {
+    longest = std::max(longest, rows[b].length - r.plans[b].cached);
+  }
+  int64_t width = longest;
+  for (const BucketRule& rule : sig.buckets) {
+    if (rule.input != sig.cache.tokens || rule.dim != 1) continue;
+    if (rule.multiple == 0) {
+      width = 1;
+      while (width < longest) width *= 2;
+    } else {
+      width = (longest + rule.offset + rule.multiple - 1) / rule.multiple * rule.multiple -
+              rule.offset;
+    }
+  }
+  width = std::max(longest, std::min(width, padded_length));
+  return WithinRange(sig, sig.cache_inputs[2].dims[1], width);
+}
+
+}  // namespace
+
+int64_t CacheBudget() {
+  const char* env = std::getenv("XGR_PROMPT_CACHE_BYTES");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long value = std::strtoll(env, &end, 10);
+    if (end != nullptr && *end == '\0' && value >= 0) return value;
+    std::fprintf(stderr, "TorchCall: XGR_PROMPT_CACHE_BYTES='%s' is not a byte count; using "
+                 "the default\n", env);
+  }
+  return int64_t{256} << 20;
+}
+
+int64_t HostCacheBudget() {
+  const char* env = std::getenv("XGR_PROMPT_CACHE_HOST_BYTES");
+  if (env != nullptr && *env != '\0') {
+    char* end = nullptr;
+    const long long value = std::strtoll(env, &end, 10);
+    if (end != nullptr && *end == '\0' && value >= 0) return value;
+    std::fprintf(stderr, "TorchCall: XGR_PROMPT_CACHE_HOST_BYTES='%s' is not a byte count; "
+                 "keeping no host tier\n", env);
+  }
+  return 0;
+}
+
+std::string CacheStatsJson(const CacheStats& st) {
+  std::string buckets;
+  for (size_t i = 0; i < st.hit_bounds.size(); ++i) {
+    buckets += (i ? ", " : "") + std::string("[") + std::to_string(st.hit_bounds[i]) + ", " +
+               std::to_string(st.hit_buckets[i]) + "]";
+  }
+  return "{\"lookups\": " + std::to_string(st.lookups) +
+         ", \"hits\": " + std::to_string(st.hits) +
+         ", \"host_hits\": " + std::to_string(st.host_hits) +
+         ", \"partial_hits\": " + std::to_string(st.partial_hits) +
+         ", \"misses\": " + std::to_string(st.misses) +
+         ", \"uncached\": " + std::to_string(st.uncached) +
+         ", \"evictions\": " + std::to_string(st.evictions) +
+         ", \"tokens_reused\": " + std::to_string(st.tokens_reused) +
+         ", \"tokens_written\": " + std::to_string(st.tokens_written) +
+         ", \"entries\": " + std::to_string(st.entries) +
+         ", \"bytes\": " + std::to_string(st.bytes) +
+         ", \"capacity_bytes\": " + std::to_string(st.capacity_bytes) +
+         ", \"host_evictions\": " + std::to_string(st.host_evictions) +
+         ", \"host_entries\": " + std::to_string(st.host_entries) +
+         ", \"host_bytes\": " + std::to_string(st.host_bytes) +
+         ", \"host_capacity_bytes\": " + std::to_string(st.host_capacity_bytes) +
+         ", \"hit_calls\": " + std::to_string(st.hit_calls) +
+         ", \"hit_seconds\": " + std::to_string(st.hit_seconds) +
+         ", \"hit_buckets\": [" + buckets + "]}";
+}
+
+Status CacheRows(const CacheSpec& cache, const std::vector<InputView>& inputs,
+                 std::vector<CacheRow>* rows) {
+  const InputView& tokens = inputs[cache.tokens];
+  const int64_t batch = tokens.shape[0], width = tokens.shape[1];
+  const auto* token = static_cast<const int32_t*>(tokens.data);
+  const auto* length = static_cast<const int32_t*>(inputs[cache.lengths].data);
+  const auto* segment = static_cast<const int32_t*>(inputs[cache.segments].data);
+  const auto* frozen = static_cast<const int32_t*>(inputs[cache.frozen_input()].data);
+  const auto* key = static_cast<const uint8_t*>(inputs[cache.keys_input()].data);
+  rows->assign(batch, CacheRow{});
+  for (int64_t b = 0; b < batch; ++b) {
+    CacheRow& row = (*rows)[b];
+    row.length = std::min<int64_t>(length[b], width);
+    row.frozen = frozen[b];
+    const std::string where = "frozen_lengths[" + std::to_string(b) + "] = " +
+                              std::to_string(row.frozen);
+    if (row.frozen < 0 || row.frozen >= std::max<int64_t>(row.length, 1)) {
+      return Invalid(where + " must be in [0, lengths[" + std::to_string(b) + "]) = [0, " +
+                     std::to_string(length[b]) + "): the part after it holds at least the "
+                     "row's last token");
+    }
+    const int32_t* row_tokens = token + b * width;
+    row.tokens.assign(row_tokens, row_tokens + row.length);
+    row.segments.resize(row.length);
+    int64_t items = 0;
+    for (int64_t i = 0; i < row.length; ++i) {
+      items += cache.causal && row_tokens[i] == cache.item_start;
+      row.segments[i] = cache.causal ? items : segment[b * width + i];
+    }
+    for (int64_t i = 0; i < row.frozen; ++i) {
+      if (cache.soft >= 0 && row_tokens[i] == cache.soft) {
+        return Invalid(where + " covers a SOFT marker at column " + std::to_string(i) +
+                       ": the frozen part cannot hold the request's soft vectors");
+      }
+    }
+    if (row.frozen > 0 && !cache.causal &&
+        row.segments[row.frozen - 1] == row.segments[row.frozen]) {
+      return Invalid(where + " cuts segment " + std::to_string(row.segments[row.frozen]) +
+                     " (columns " + std::to_string(row.frozen - 1) + " and " +
+                     std::to_string(row.frozen) + " share it): under the item-causal rule a "
+                     "frozen part must end at a segment's end");
+    }
+    const uint8_t* k = key + b * kUserKeyBytes;
+    if (std::any_of(k, k + kUserKeyBytes, [](uint8_t v) { return v != 0; })) {
+      row.key.assign(reinterpret_cast<const char*>(k), kUserKeyBytes);
+    }
+  }
+  return Status::Ok();
+}
+
+void AddCacheInputs(const Signature& sig, const PromptCache& cache, const Reservation& r,
+                    const std::vector<CacheRow>& rows, const BucketedShapes& shapes,
+                    std::vector<at::Tensor>* host) {
+  const CacheSpec& spec = sig.cache;
+  host->resize(spec.runtime);
+  const int64_t padded_rows = shapes.inputs[spec.tokens][0];
+  const int64_t padded_length = shapes.inputs[spec.tokens][1];
+  const int64_t pages = WithinRange(
+      sig, sig.cache_inputs[1].dims[1],
+      std::max<int64_t>((padded_length + cache.page_tokens() - 1) / cache.page_tokens(), 1));
+  const int64_t suffix = SuffixWidth(sig, r, rows, padded_length);
+  host->push_back(PromptCache::CachedLengths(r, padded_rows));
+  host->push_back(PromptCache::BlockTable(r, padded_rows, pages));
+  host->push_back(cache.WriteSlots(r, padded_rows, suffix));
+}
+
+ReservationGuard::ReservationGuard(PromptCache* cache, std::unique_ptr<Reservation> r)
+    : cache_(cache), r_(std::move(r)), started_(std::chrono::steady_clock::now()) {}
+
+ReservationGuard::~ReservationGuard() {
+  if (r_) cache_->Finish(r_.get(), kept_, Seconds());
+}
+
+double ReservationGuard::Seconds() const {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+}
+
+}  // namespace torch_call
+}  // namespace xgr
