@@ -60,6 +60,32 @@ def test_paged_prefill_matches_the_reference(kt, gen, dtype, mode, cached, suffi
     kt.check(got, want, dtype, f"paged prefill {mode.value} {cached}/{suffix}")
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("hq, hkv, config", [
+    (4, 2, kernels.PagedPrefillConfig(16, 16, heads=2)),
+    (7, 1, kernels.PagedPrefillConfig(4, 16, heads=8)),
+    (6, 2, kernels.PagedPrefillConfig(16, 32, heads=4)),
+    (4, 2, kernels.PagedPrefillConfig(32, 16))], ids=["G2", "G7-padded", "G3-padded", "per-head"])
+def test_paged_prefill_tilings_match_the_reference(kt, gen, mode, hq, hkv, config):
+    """Every tiling the rule may pick: a KV head's group stacked in one program (padded when
+    the group is not a power of two) and one query head a program; suffixes longer and
+    shorter than a tile, caches of whole and partial tiles."""
+    cached, suffix = [0, 16, 45], [9, 40, 70]
+    inputs = _world(kt, gen, cached, suffix, hq, hkv, 32, torch.float16)
+    want = reference.paged_prefill_attention(**_double(inputs), mode=mode)
+    got = kernels.launch_paged_prefill(**inputs, mode=mode, max_len=max(suffix), config=config)
+    kt.check(got, want, torch.float16, f"paged prefill {mode.value} {config}")
+
+
+def test_a_tiling_too_small_for_the_group_is_refused(kt, gen):
+    inputs = _world(kt, gen, [16], [8], 4, 1, 32, torch.float16)
+    with pytest.raises(InvalidInputError, match="heads >= the group 4"):
+        kernels.launch_paged_prefill(**inputs, mode=MaskMode.CAUSAL, max_len=8,
+                                     config=kernels.PagedPrefillConfig(16, 16, heads=2))
+    with pytest.raises(InvalidInputError, match="heads must be a power of two"):
+        kernels.PagedPrefillConfig(16, 16, heads=3)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("num_own", [0, 1, 2])
 @pytest.mark.parametrize("hq, hkv, width", [(4, 2, 5), (7, 1, 3), (2, 2, 40)],

@@ -52,16 +52,24 @@ def score_key_tile(q, k_base, v_base, k_desc, v_desc, k0, kpos, col, s_kt, s_vt,
 
 @triton.jit
 def load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row, kpos, ok, d,
-                    PAGE: tl.constexpr):
+                    PAGE: tl.constexpr, MASKED: tl.constexpr = True):
     """Keys and values ``[N, D]`` of a request's cached token positions ``kpos`` from the
     prompt cache's pages: position p lies at slot ``p % PAGE`` of page ``table_row[p // PAGE]``
     (one gathered page index per key row; a tile spans whole pages when N is a multiple of
-    PAGE). Rows where ``ok`` is false read as zeros. Page offsets in int64: a layer's pool
-    can pass 2**31 elements."""
-    page = tl.load(table_row + kpos // PAGE, mask=ok, other=0).to(tl.int64)
+    PAGE). With MASKED, rows where ``ok`` is false read as zeros; without it every row is a
+    cached token (``ok`` unused) and the loads carry no mask. Page offsets in int64: a
+    layer's pool can pass 2**31 elements."""
+    if MASKED:
+        page = tl.load(table_row + kpos // PAGE, mask=ok, other=0).to(tl.int64)
+    else:
+        page = tl.load(table_row + kpos // PAGE).to(tl.int64)
     slot = (kpos % PAGE).to(tl.int64)
-    k = tl.load(pk_head + (page * s_pkp + slot * s_pkt)[:, None] + d[None, :],
-                mask=ok[:, None], other=0.0)
-    v = tl.load(pv_head + (page * s_pvp + slot * s_pvt)[:, None] + d[None, :],
-                mask=ok[:, None], other=0.0)
+    k_rows = pk_head + (page * s_pkp + slot * s_pkt)[:, None] + d[None, :]
+    v_rows = pv_head + (page * s_pvp + slot * s_pvt)[:, None] + d[None, :]
+    if MASKED:
+        k = tl.load(k_rows, mask=ok[:, None], other=0.0)
+        v = tl.load(v_rows, mask=ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_rows)
+        v = tl.load(v_rows)
     return k, v

@@ -6,13 +6,16 @@ pool ``[pages, page_tokens, Hkv, D]``; request b's are the first ``cached_lens[b
 its pages ``block_table[b, :]``. Key tiles gather their rows' page indices from the table and
 load the pages in place (no contiguous copy of the cached part):
 
-* prefill: one program per (request, ``BLOCK_M`` suffix queries, query head), one
+* prefill: one program per (request, ``BLOCK_M`` suffix queries, query head), or, where
+  that still fills the GPU, per (request, ``BLOCK_M`` queries, KV head) with the group's
+  query heads stacked as rows, so a key tile is loaded once for the group. One
   FlashAttention-2 online softmax (``_online_softmax``) over the cached tiles (every cached
-  key is visible), then over the request's packed suffix under the mask rule, derived from
-  positions and segment ids (causal: ``k <= q``; item-causal: or the same segment). Suffix
-  tiles that no query of the tile may see are skipped: under the causal rule the loop ends at
-  the tile's last query; under item-causal a tile past it runs only when it starts inside the
-  last query's segment.
+  key is visible: whole tiles run without a mask), then over the request's packed suffix
+  under the mask rule, derived from positions and segment ids (causal: ``k <= q``;
+  item-causal: or the same segment). Suffix tiles before the tile's first query are visible
+  to all its queries and run unmasked; tiles that no query may see are skipped: under the
+  causal rule the loop ends at the tile's last query; under item-causal a tile past it runs
+  only when it starts inside the last query's segment.
 * decode: the xAttention kernel of ``decode_attention`` in its paged mode: the cached tokens
   and the suffix form one key sequence, split across programs when the row tiles alone
   cannot fill the GPU, then each beam's own slots, merged by log-sum-exp.
@@ -49,11 +52,10 @@ def _paged_prefill_kernel(
         s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
         m_tiles, group, qk_scale,
         MODE: tl.constexpr, SEQ_LENS: tl.constexpr, BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, PAGE: tl.constexpr,
-        ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        BLOCK_N: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
+        PAGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)
     pid = tl.program_id(0)
-    head = tl.program_id(1)
     b = pid // m_tiles
     q0 = (pid % m_tiles) * BLOCK_M
     start = tl.load(cu_ptr + b)
@@ -63,47 +65,78 @@ def _paged_prefill_kernel(
         length = tl.load(cu_ptr + b + 1) - start
     if q0 >= length:
         return
-    kvh = head // group
-    m_idx = q0 + tl.arange(0, BLOCK_M)
-    m_ok = m_idx < length
+    # Rows: BLOCK_M tokens x HEADS query heads, token-major. HEADS == 1: program_id(1) is the
+    # query head. HEADS > 1: program_id(1) is the KV head and the rows hold its whole group
+    # (padded to HEADS), so each key tile is loaded once for the group, not once per head.
+    r = tl.arange(0, BLOCK_M * HEADS)
+    tok = q0 + r // HEADS
+    if HEADS == 1:
+        head = tl.program_id(1) + 0 * r
+        kvh = tl.program_id(1) // group
+        row_ok = tok < length
+    else:
+        kvh = tl.program_id(1)
+        head = kvh * group + r % HEADS
+        row_ok = (tok < length) & (r % HEADS < group)
     d = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + (start + m_idx)[:, None] * s_qt + head * s_qh + d[None, :],
-                mask=m_ok[:, None], other=0.0)
+    q_rows = (start + tok)[:, None] * s_qt + head[:, None] * s_qh + d[None, :]
+    q = tl.load(q_ptr + q_rows, mask=row_ok[:, None], other=0.0)
     # A finite floor instead of -inf keeps exp2(m_old - m_new) defined when a tile is all masked.
-    m_i = tl.full([BLOCK_M], -1.0e30, tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    m_i = tl.full([BLOCK_M * HEADS], -1.0e30, tl.float32)
+    l_i = tl.zeros([BLOCK_M * HEADS], tl.float32)
+    acc = tl.zeros([BLOCK_M * HEADS, HEAD_DIM], tl.float32)
     n = tl.arange(0, BLOCK_N)
-    # The cached part: every query sees every cached key.
+    pk_head = pk_ptr + kvh * s_pkh
+    pv_head = pv_ptr + kvh * s_pvh
+    # The cached part: every query sees every cached key, so whole tiles need no mask.
     cached = tl.load(cached_ptr + b)
     table_row = table_ptr + b * s_tb
-    for k0 in range(0, cached, BLOCK_N):
-        kpos = k0 + n
+    whole = (cached // BLOCK_N) * BLOCK_N
+    for k0 in range(0, whole, BLOCK_N):
+        k, v = load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row,
+                               k0 + n, n, d, PAGE, MASKED=False)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
+                                            DOT_PRECISION)
+    if whole < cached:
+        kpos = whole + n
         k_ok = kpos < cached
-        k, v = load_paged_tile(pk_ptr + kvh * s_pkh, pv_ptr + kvh * s_pvh, s_pkp, s_pkt, s_pvp,
-                               s_pvt, table_row, kpos, k_ok, d, PAGE)
+        k, v = load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row, kpos,
+                               k_ok, d, PAGE)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         s = tl.where(k_ok[None, :], s, float("-inf"))
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
                                             DOT_PRECISION)
-    # The suffix under the mask rule.
+    # The suffix. Keys before the tile's first query are visible to all its queries under
+    # both rules (k <= q), so the tiles wholly before q0 run unmasked.
+    k_rows = k_ptr + kvh * s_kh + d[None, :]
+    v_rows = v_ptr + kvh * s_vh + d[None, :]
+    before = (q0 // BLOCK_N) * BLOCK_N
+    for n0 in range(0, before, BLOCK_N):
+        n_idx = start + n0 + n
+        keys = tl.load(k_rows + n_idx[:, None] * s_kt)
+        values = tl.load(v_rows + n_idx[:, None] * s_vt)
+        s = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, values, qk_scale, ACC_IN_DOT,
+                                            DOT_PRECISION)
+    # The rest under the mask rule; a tile past the last query runs only when item-causal
+    # and it starts inside the last query's segment.
     q_last = tl.minimum(q0 + BLOCK_M, length) - 1
-    seg_q = tl.load(seg_ptr + start + m_idx, mask=m_ok, other=-1)
+    seg_q = tl.load(seg_ptr + start + tok, mask=row_ok, other=-1)
     seg_last = tl.load(seg_ptr + start + q_last)
     if MODE == 0:
         hi = q_last + 1
     else:
         hi = length
-    for n0 in range(0, hi, BLOCK_N):
+    for n0 in range(before, hi, BLOCK_N):
         seg_first = tl.load(seg_ptr + start + n0)
         if (n0 <= q_last) | (seg_first == seg_last):
             n_idx = n0 + n
             n_ok = n_idx < length
-            keys = tl.load(k_ptr + (start + n_idx)[:, None] * s_kt + kvh * s_kh + d[None, :],
-                           mask=n_ok[:, None], other=0.0)
-            values = tl.load(v_ptr + (start + n_idx)[:, None] * s_vt + kvh * s_vh + d[None, :],
-                             mask=n_ok[:, None], other=0.0)
-            allowed = n_idx[None, :] <= m_idx[:, None]
+            rows = start + n_idx
+            keys = tl.load(k_rows + rows[:, None] * s_kt, mask=n_ok[:, None], other=0.0)
+            values = tl.load(v_rows + rows[:, None] * s_vt, mask=n_ok[:, None], other=0.0)
+            allowed = n_idx[None, :] <= tok[:, None]
             if MODE == 3:
                 seg_k = tl.load(seg_ptr + start + n_idx, mask=n_ok, other=-2)
                 allowed = allowed | (seg_k[None, :] == seg_q[:, None])
@@ -113,8 +146,8 @@ def _paged_prefill_kernel(
             acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, values, qk_scale,
                                                 ACC_IN_DOT, DOT_PRECISION)
     out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
-    tl.store(out_ptr + (start + m_idx)[:, None] * s_ot + head * s_oh + d[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=m_ok[:, None])
+    o_rows = (start + tok)[:, None] * s_ot + head[:, None] * s_oh + d[None, :]
+    tl.store(out_ptr + o_rows, out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
 # ------------------------------------------------------------------------------ launchers
@@ -190,32 +223,73 @@ def _check_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, 
     return c.resolve_scale(op, scale, dim) * _LOG2E, page
 
 
+@dataclasses.dataclass(frozen=True)
+class PagedPrefillConfig:
+    """Tiling of one paged prefill launch: ``block_m`` suffix tokens x ``heads`` query heads
+    a program (``heads`` > 1: the KV head's whole group, padded to a power of two, shares
+    each key tile), ``block_n`` keys a step."""
+
+    block_m: int
+    block_n: int
+    heads: int = 1
+    num_warps: int = 4
+    num_stages: int = 2
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "heads"):
+            value = getattr(self, name)
+            require(isinstance(value, int) and value >= 1 and value & (value - 1) == 0,
+                    InvalidInputError, f"PagedPrefillConfig.{name} must be a power of two, "
+                    f"got {value!r}")
+        require(self.block_m * self.heads >= 16 and self.block_n >= 16, InvalidInputError,
+                f"PagedPrefillConfig: block_m x heads and block_n must be at least 16 (the "
+                f"smallest tensor-core tile), got {self.block_m} x {self.heads} and "
+                f"{self.block_n}")
+
+
 def _run_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, block_table,
-                 cached_lens, max_len, scale, seq_lens) -> torch.Tensor:
+                 cached_lens, max_len, scale, seq_lens,
+                 config: PagedPrefillConfig | None = None) -> torch.Tensor:
     """Checks, the tile from shapes (example sizes when traced), the launch."""
     qk_scale, page = _check_prefill(q, k, v, cu_seqlens, segment_ids, mode, pool_k, pool_v,
                                     block_table, cached_lens, max_len, scale, seq_lens)
     out = torch.empty_like(q)
     total, hq, dim = q.shape
+    hkv = k.shape[1]
     batch = cu_seqlens.shape[0] - 1
     if isinstance(out.numel(), int) and out.numel() == 0:
         return out
-    hint = c.size_hint(batch) * hq * triton.cdiv(max(c.size_hint(max_len), 1), 64)
-    block_m, block_n, warps, stages = prefill_tile(hint, q.element_size(), q.device)
-    m_tiles = (max_len + block_m - 1) // block_m
+    if config is None:
+        config = prefill_config(c.size_hint(batch), c.size_hint(max_len), hq // hkv, hkv,
+                                q.element_size(), q.device)
+    require(config.heads == 1 or config.heads >= hq // hkv, InvalidInputError,
+            f"paged_prefill_attention: a program holding a group needs heads >= the group "
+            f"{hq // hkv}, got {config.heads}")
+    m_tiles = (max_len + config.block_m - 1) // config.block_m
     with c.on_device(q.device):
-        wrap_triton(_paged_prefill_kernel)[(batch * m_tiles, hq)](
+        wrap_triton(_paged_prefill_kernel)[(batch * m_tiles, hq if config.heads == 1 else hkv)](
             q, k, v, out, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
             segment_ids, cached_lens, block_table, pool_k, pool_v,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), block_table.stride(0),
             pool_k.stride(0), pool_k.stride(1), pool_k.stride(2),
             pool_v.stride(0), pool_v.stride(1), pool_v.stride(2),
-            m_tiles, hq // k.shape[1], qk_scale,
-            MODE=MODES[MaskMode(mode)], SEQ_LENS=seq_lens is not None, BLOCK_M=block_m,
-            BLOCK_N=block_n, HEAD_DIM=dim, PAGE=page, ACC_IN_DOT=True,
-            DOT_PRECISION=c.dot_precision(q.dtype), num_warps=warps, num_stages=stages)
+            m_tiles, hq // hkv, qk_scale,
+            MODE=MODES[MaskMode(mode)], SEQ_LENS=seq_lens is not None,
+            BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEADS=config.heads, HEAD_DIM=dim,
+            PAGE=page, ACC_IN_DOT=True, DOT_PRECISION=c.dot_precision(q.dtype),
+            num_warps=config.num_warps, num_stages=config.num_stages)
     return out
+
+
+def launch_paged_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, pool_k, pool_v,
+                         block_table, cached_lens, max_len: int,
+                         config: PagedPrefillConfig, scale: float | None = None,
+                         seq_lens=None) -> torch.Tensor:
+    """``paged_prefill_attention`` with a given tiling (tests and tiling sweeps), outside the
+    registered op."""
+    return _run_prefill(q, k, v, cu_seqlens, segment_ids, MaskMode(mode).value, pool_k,
+                        pool_v, block_table, cached_lens, max_len, scale, seq_lens, config)
 
 
 @triton_op("xgr::paged_prefill_attention", mutates_args=())
@@ -269,19 +343,27 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         cached_lens, max_len, scale, seq_lens)
 
 
-def prefill_tile(programs_of_64: int, element_size: int, device: torch.device
-                 ) -> tuple[int, int, int, int]:
-    """(query rows, keys, warps, stages) of a prefill program, from shapes alone: 64 x 64
-    tiles of 16-bit inputs, 32-row tiles when 64-row ones (``programs_of_64`` of them) would
-    leave multiprocessors idle, 32 x 32 for float32 (twice the bytes a tile), 16 x 16 under
-    the interpreter (many tiles on small tests)."""
+def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_size: int,
+                   device: torch.device) -> PagedPrefillConfig:
+    """The tiling from shapes alone. 16-bit inputs: a KV head's whole group in one program
+    (128 rows: tokens x the group padded to a power of two) when that still gives every
+    multiprocessor a program, so each key tile is loaded once per group; else one query head
+    a program, 64 x 64 tiles, 32-row ones when 64-row ones would leave multiprocessors idle.
+    float32: 32 x 32 (twice the bytes a tile). The interpreter: 16 x 16 (many tiles on small
+    tests)."""
     if c.interpreting():
-        return 16, 16, 4, 1
+        return PagedPrefillConfig(16, 16, 1, 4, 1)
     if element_size > 2:
-        return 32, 32, 4, 2
-    if programs_of_64 < c.multiprocessors(device):
-        return 32, 64, 4, 2
-    return 64, 64, 4, 2
+        return PagedPrefillConfig(32, 32, 1, 4, 2)
+    sms = c.multiprocessors(device)
+    heads = triton.next_power_of_2(group)
+    if group > 1 and heads <= 8:
+        tokens = 128 // heads
+        if batch * triton.cdiv(max(max_len, 1), tokens) * kv_heads >= sms:
+            return PagedPrefillConfig(tokens, 64, heads, 8, 2)
+    if batch * group * kv_heads * triton.cdiv(max(max_len, 1), 64) < sms:
+        return PagedPrefillConfig(32, 64, 1, 4, 2)
+    return PagedPrefillConfig(64, 64, 1, 4, 2)
 
 
 def _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
