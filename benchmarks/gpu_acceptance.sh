@@ -60,12 +60,6 @@ stage() {  # case, stages, extra env...
       OUT="$RUN_OUT/$name" XGR_SITE_READY=1 bash benchmarks/gpu_serving.sh
 }
 
-gpu_label() {  # h200, h100, ...: the card that ran, for result file names
-  local name
-  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
-  if [[ $name =~ H([0-9]+) ]]; then echo "h${BASH_REMATCH[1]}"; else echo gpu; fi
-}
-
 served_cache_phase() {
   # The cache through the server at the issue's size: 300 users of ~5,000-token prompts
   # (1,000 long-term items), Zipf 1.0; a 40 GiB pool (~87 users' frozen parts) and a 48 GiB
