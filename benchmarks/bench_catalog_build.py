@@ -10,11 +10,14 @@ an exact copy of another (the collisions a catalog of near-duplicates has), writ
 ``.npy``; ``xgr_catalog.build_catalog`` then reads it, fits and encodes every row, caps the
 paths, writes the catalog file and its report, and (``--faiss``) fits and encodes the same rows
 with faiss's ``ResidualQuantizer`` (plain k-means per level, greedy encoding: the same
-algorithm). Prints a table and writes ``catalog_build_<date>[_<tag>].json``.
+algorithm). Prints a table and writes ``catalog_build_<date>[_<tag>].json``; on stderr the
+build's tqdm bars (``--noprogress`` leaves them out) and each stage's seconds as it ends, so a
+long run's log shows where it is.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import tempfile
 import time
@@ -36,6 +39,7 @@ flags.DEFINE_integer("iterations", 20, "Lloyd iterations per level (faiss's nite
 flags.DEFINE_integer("train_sample", None, "rows both fit on (default: all)")
 flags.DEFINE_integer("max_items_per_path", 16, "the cap on items per path")
 flags.DEFINE_string("device", "cpu", "where ours runs: cpu, cuda, cuda:N")
+flags.DEFINE_bool("progress", True, "the build's tqdm bars on stderr")
 flags.DEFINE_bool("faiss", True, "also run faiss's residual quantiser (needs faiss-cpu)")
 flags.DEFINE_string("out", "benchmarks/results", "folder for catalog_build_<date>.json")
 flags.DEFINE_string("tag", "", "suffix of the result file name")
@@ -65,6 +69,8 @@ def main(argv: list[str]) -> None:
     del argv
     from xgr_catalog import CatalogBuildConfig, build_catalog
 
+    # build_catalog logs each stage's seconds at INFO; absl's handler puts them on stderr.
+    logging.getLogger("xgr_catalog").setLevel(logging.INFO)
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
         if FLAGS.faiss:
@@ -86,7 +92,7 @@ def main(argv: list[str]) -> None:
             levels=FLAGS.levels, codebook_size=FLAGS.codebook_size,
             iterations=FLAGS.iterations, train_sample=FLAGS.train_sample,
             max_items_per_path=FLAGS.max_items_per_path, device=FLAGS.device,
-            faiss=FLAGS.faiss, progress=False)
+            faiss=FLAGS.faiss, progress=FLAGS.progress)
         start = time.perf_counter()
         report = build_catalog(config)
         build_s = time.perf_counter() - start

@@ -9,6 +9,7 @@ quality report (``report``), with faiss's residual quantiser beside ours when as
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass, replace
@@ -37,9 +38,10 @@ class CatalogBuildConfig:
     Codes: ``levels`` x ``codebook_size``, ``iterations`` of Lloyd per level, fitted on
     ``train_sample`` rows (None: all) drawn with ``seed``, on ``device`` (``cpu``, ``cuda``,
     ``cuda:N``), ``chunk`` rows a pass.
-    Collisions: at most ``max_items_per_path`` items a path, overflow tried on the
-    ``candidates`` next-nearest last-level codes; the catalog must let ``beam_width`` reach
-    ``top_k`` items, and ``max_items_per_path <= top_k`` keeps every item reachable.
+    Collisions: at most ``max_items_per_path`` items a path, the others moved level by level
+    to the nearest code with room, offered ``candidates`` codes a batch (bounds the memory);
+    the catalog must let ``beam_width`` reach ``top_k`` items, and ``max_items_per_path <=
+    top_k`` keeps every item reachable.
     Output: ``out`` (``.parquet`` or ``.npz``), and unless ``report`` is off the report beside
     it (``<out stem>.report.json`` and ``.report.png``). ``faiss``: also fit faiss's residual
     quantiser on the same rows (``faiss_beam``: its encoding beam).
@@ -208,7 +210,8 @@ def _variance(points: torch.Tensor, device: torch.device, chunk: int) -> float:
 
 
 class _Clock:
-    """Seconds per stage into ``timings`` (waiting for the device first)."""
+    """Seconds per stage into ``timings`` (waiting for the device first), each logged at INFO
+    as it ends so that a long run shows where it is."""
 
     def __init__(self, device: torch.device, timings: dict[str, float]):
         self.device, self.timings = device, timings
@@ -220,3 +223,4 @@ class _Clock:
         now = time.perf_counter()
         self.timings[name] = now - self.start
         self.start = now
+        logging.getLogger(__name__).info("catalog build: %s %.1f s", name, self.timings[name])

@@ -3,30 +3,40 @@ neighbourhood.
 
 Residual k-means gives near-identical items the same path; the engine returns every item of
 each path its beams reach, so one crowded path crowds out the rest of a top-k and its last
-items may never be returned. ``cap_paths`` keeps on each path the ``cap`` items nearest to the
-path's reconstruction and moves each other one (an *overflow* item) to its next-nearest
-last-level code under the same prefix, in rounds:
+items may never be returned. ``cap_paths`` keeps every path within ``cap`` items, so that every
+item stays reachable. Capping the last level alone cannot: thousands of near-duplicates under
+one prefix (more than ``cap x codebook_size``) leave no last-level code with room. So the
+paths are capped top-down, one level at a time, and a crowded neighbourhood spills into the
+nearest subtree with room.
 
-1. round t offers every waiting item its t-th nearest last-level code (its own code left
-   out), among the ``candidates`` nearest;
-2. a path with room takes the arrivals nearest to its last centroid until it holds ``cap``;
-   the rest wait for round t + 1.
+The subtree of a prefix of length ``l + 1`` may hold at most ``cap x codebook_size **
+(levels - 1 - l)`` items (its share of the catalog's ``cap x codebook_size ** levels``). For
+each level ``l`` from the first, in each prefix that holds more, the items nearest to it
+(smallest squared residual after level ``l``; ties by item index) stay and each other one (an
+*overflow* item) moves to its next-nearest level-``l`` code under the same length-``l``
+prefix, in rounds:
 
-Items still waiting after ``candidates`` rounds (their prefix is full: more than ``cap x
-codebook_size`` items under it) are placed one by one, greedily from the first level: at each
-level the nearest code whose subtree still has room. The subtree of a prefix of length l holds
-at most ``cap x codebook_size ** (levels - l)`` items and the catalog at most ``cap x
-codebook_size ** levels``, so a subtree with room always has a child with room: every item gets
-a path, none over its cap.
+1. round t offers every waiting item its t-th nearest sibling code, from a batch of the
+   ``candidates`` nearest (the first batch leaves out the item's own code; a later batch,
+   computed only for items still waiting, holds the nearest codes that still have room: every
+   code offered before is full);
+2. a code with room takes the arrivals nearest to it until its subtree is full; the rest wait
+   for round t + 1.
 
-The rounds run in torch on the codes' device; the greedy placement runs on the host.
+A moved item's deeper codes are encoded again (nearest code per level from its new
+residual), and the next level's pass caps them. Level ``l - 1`` left at most ``codebook_size``
+subtrees' worth of items under each length-``l`` prefix, so a waiting item always finds a code
+with room: every item gets a path, none over its cap. When the cap binds only at the last level
+this is one pass of next-nearest last-level codes.
+
+Everything runs in torch on the codebooks' device, on the overflow items only, with distances
+computed ``chunk`` rows at a time.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -37,25 +47,48 @@ from xgr_common.errors import ConfigError, require
 @dataclass(frozen=True)
 class CapResult:
     """The capped codes ``[N, levels]`` int64 (on the input codes' device) and what moved:
-    ``items_over_cap`` items on ``paths_over_cap`` crowded paths (the most items on one path
-    was ``max_items_per_path_before``); ``moved_next_code`` of them took a next-nearest
-    last-level code, ``moved_greedy`` a path found greedily from the first level;
+    ``items_over_cap`` items on ``paths_over_cap`` crowded paths before capping (the most
+    items on one path was ``max_items_per_path_before``); ``moved_per_level[l]``: moves to a
+    next-nearest level-``l`` code (an item moved at one level may move again deeper);
     ``added_error``: the mean squared reconstruction error the moves added, over all items;
-    ``rounds``: rounds of next-nearest codes used."""
+    ``rounds``: rounds of next-nearest codes used, over all levels."""
 
     codes: torch.Tensor
     items_over_cap: int
     paths_over_cap: int
     max_items_per_path_before: int
-    moved_next_code: int
-    moved_greedy: int
+    moved_per_level: tuple[int, ...]
     added_error: float
     rounds: int
 
+    @property
+    def moved_next_code(self) -> int:
+        """Moves to a next-nearest last-level code."""
+        return self.moved_per_level[-1]
+
     def to_json(self) -> dict:
-        return {name: getattr(self, name) for name in (
-            "items_over_cap", "paths_over_cap", "max_items_per_path_before", "moved_next_code",
-            "moved_greedy", "added_error", "rounds")}
+        return {"items_over_cap": self.items_over_cap, "paths_over_cap": self.paths_over_cap,
+                "max_items_per_path_before": self.max_items_per_path_before,
+                "moved_per_level": list(self.moved_per_level),
+                "moved_next_code": self.moved_next_code, "added_error": self.added_error,
+                "rounds": self.rounds}
+
+
+class _Siblings:
+    """Runtime state of one level's pass: the ``overflow`` items ``[m]`` (ascending) that
+    leave a full subtree, the row of ``table`` holding their parent prefix (``parent_row
+    [m]``), and ``table [parents, codebook_size]``: the items each child of those parents
+    holds, updated as items arrive."""
+
+    def __init__(self, overflow: torch.Tensor, parent_row: torch.Tensor, table: torch.Tensor,
+                 capacity: int):
+        self.overflow, self.parent_row, self.table = overflow, parent_row, table
+        self.capacity = capacity
+
+    def full(self, positions: torch.Tensor) -> torch.Tensor:
+        """``[len(positions), codebook_size]`` bool: which children of each overflow item's
+        parent are full."""
+        return self.table[self.parent_row[positions]] >= self.capacity
 
 
 def path_keys(codes: torch.Tensor, codebook_size: int, length: int | None = None
@@ -87,12 +120,14 @@ def cap_paths(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor
               progress: bool = True) -> CapResult:
     """``codes [N, levels]`` (int64) of ``points [N, d]`` under ``codebooks [levels, K, d]``
     with at most ``cap`` items a path (see the module docstring). ``item_errors [N]``: each
-    item's squared residual norm under ``codes``, which orders the items of a crowded path.
-    Computes on the codebooks' device; the codes come back where they were."""
+    item's squared residual norm under ``codes``, the baseline of ``added_error``. Computes on
+    the codebooks' device; the codes come back where they were."""
     levels, size = codebooks.shape[0], codebooks.shape[1]
     count = codes.shape[0]
     require(isinstance(cap, int) and cap >= 1, ConfigError,
             f"the cap on items per path must be a positive int, got {cap!r}")
+    require(isinstance(candidates, int) and candidates >= 1, ConfigError,
+            f"candidates must be a positive int, got {candidates!r}")
     require(float(size) ** levels < 2.0 ** 62, ConfigError,
             f"codebook_size ** levels = {size} ** {levels} must stay below 2**62 (one int64 "
             f"key per path, as the engine's catalog tables need)")
@@ -100,135 +135,159 @@ def cap_paths(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor
             f"{count} items cannot fit {size} ** {levels} paths of at most {cap} items "
             f"(max_items_per_path); raise max_items_per_path, codebook_size or levels")
     device = codebooks.device
-    home = codes.device
-    work = codes.to(device).clone()
-    errors = item_errors.to(device)
-    key = path_keys(work, size)
-    order, rank, distinct, counts = _rank_in_group(key, errors)
-    over = rank >= cap
-    overflow = order[over].sort().values
-    before = int(counts.max())
-    stats = {"items_over_cap": int(overflow.shape[0]),
-             "paths_over_cap": int((counts > cap).sum()), "max_items_per_path_before": before}
-    if overflow.shape[0] == 0:
-        return CapResult(codes=codes, moved_next_code=0, moved_greedy=0, added_error=0.0,
+    work = codes.to(device=device, dtype=torch.int64, copy=True)
+    stats = _crowding(work, size, cap)
+    if stats["items_over_cap"] == 0:    # no path over the cap: no subtree over its share
+        return CapResult(codes=codes, moved_per_level=(0,) * levels, added_error=0.0,
                          rounds=0, **stats)
-    occupied_keys, occupied = distinct, counts.clamp(max=cap)
-    added = torch.zeros((), dtype=torch.float64, device=device)
+    moved = torch.zeros(count, dtype=torch.bool, device=device)
+    moves, rounds = [], 0
+    for level in range(levels):
+        siblings = _overflow(points, codebooks, work, level, cap, chunk)
+        with tqdm(total=int(siblings.overflow.shape[0]), unit="item", disable=not progress,
+                  desc=f"collisions (level {level + 1} of {levels})") as bar:
+            rounds += _move_to_siblings(points, codebooks, work, level, siblings, candidates,
+                                        chunk, bar)
+        if level < levels - 1:
+            _encode_below(points, codebooks, work, siblings.overflow, level, chunk)
+        moved[siblings.overflow] = True
+        moves.append(int(siblings.overflow.shape[0]))
+    touched = torch.nonzero(moved).flatten()
+    after = _squared_residuals(points, codebooks, work, touched, levels, chunk)
+    added = (after.double() - item_errors.to(device)[touched].double()).sum()
+    return CapResult(codes=work.to(codes.device), moved_per_level=tuple(moves),
+                     added_error=float(added) / count, rounds=rounds, **stats)
+
+
+def _crowding(codes: torch.Tensor, size: int, cap: int) -> dict:
+    """Items over the cap, paths over it and the most items on one path, before capping."""
+    _, counts = torch.unique(path_keys(codes, size), return_counts=True)
+    return {"items_over_cap": int((counts - cap).clamp(min=0).sum()),
+            "paths_over_cap": int((counts > cap).sum()),
+            "max_items_per_path_before": int(counts.max())}
+
+
+def _overflow(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor, level: int,
+              cap: int, chunk: int) -> _Siblings:
+    """The items that leave the length-``level + 1`` prefixes holding more than their share
+    (those farthest from it after ``level``), and the occupancy of their parents' children."""
+    levels, size = codebooks.shape[0], codebooks.shape[1]
+    capacity = cap * size ** (levels - 1 - level)
+    key = path_keys(codes, size, level + 1)
+    distinct, counts = torch.unique(key, return_counts=True)
+    crowded = distinct[counts > capacity]
+    members = torch.nonzero(torch.isin(key, crowded)).flatten()
+    errors = _squared_residuals(points, codebooks, codes, members, level + 1, chunk)
+    order, rank, _, _ = _rank_in_group(key[members], errors)
+    overflow = members[order[rank >= capacity]].sort().values
+    # Each child of a parent the overflow leaves keeps at most its capacity.
+    parents = torch.unique(key[overflow] // size)
+    under = torch.isin(distinct // size, parents)
+    cells = torch.searchsorted(parents, distinct[under] // size) * size + distinct[under] % size
+    table = torch.zeros(parents.shape[0] * size, dtype=torch.int64, device=key.device)
+    table[cells] = counts[under].clamp(max=capacity)
+    parent_row = torch.searchsorted(parents, key[overflow] // size)
+    return _Siblings(overflow, parent_row, table.view(-1, size), capacity)
+
+
+def _move_to_siblings(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor,
+                      level: int, siblings: _Siblings, candidates: int, chunk: int,
+                      bar: tqdm) -> int:
+    """Gives every overflow item a level-``level`` code with room, nearest first in rounds
+    (see the module docstring); writes ``codes`` in place and returns the rounds used."""
+    size = codebooks.shape[1]
     width = min(size - 1, candidates)
-    waiting = torch.arange(overflow.shape[0], device=device)
-    rounds = 0
-    if width >= 1:
-        near_codes, near_dist = _next_nearest(points, codebooks, work, overflow, width, chunk)
-        prefix = key[overflow] // size
-        with tqdm(total=int(overflow.shape[0]), desc="collisions (next-nearest code)",
-                  unit="item", disable=not progress) as bar:
-            for step in range(width):
-                if waiting.shape[0] == 0:
-                    break
-                rounds = step + 1
-                code, dist = near_codes[waiting, step], near_dist[waiting, step]
-                want = prefix[waiting] * size + code
-                slot = torch.searchsorted(occupied_keys, want).clamp(
-                    max=occupied_keys.shape[0] - 1)
-                found = occupied_keys[slot] == want
-                held = torch.where(found, occupied[slot], torch.zeros_like(slot))
-                order, rank, _, _ = _rank_in_group(want, dist)
-                taken = torch.zeros_like(found)
-                taken[order] = held[order] + rank < cap
-                items = overflow[waiting[taken]]
-                work[items, levels - 1] = code[taken]
-                added += (dist[taken].double() - errors[items].double()).sum()
-                occupied.index_add_(0, slot[taken & found],
-                                    torch.ones_like(slot[taken & found]))
-                fresh, fresh_counts = torch.unique(want[taken & ~found], return_counts=True)
-                if fresh.shape[0]:
-                    occupied_keys, by_key = torch.sort(torch.cat([occupied_keys, fresh]))
-                    occupied = torch.cat([occupied, fresh_counts])[by_key]
-                waiting = waiting[~taken]
-                bar.update(int(taken.sum()))
-    moved_next_code = int(overflow.shape[0] - waiting.shape[0])
-    if waiting.shape[0]:
-        left = overflow[waiting]
-        added += _place_greedily(points, codebooks, work, left, errors, cap, progress)
-    return CapResult(codes=work.to(home), moved_next_code=moved_next_code,
-                     moved_greedy=int(waiting.shape[0]), added_error=float(added) / count,
-                     rounds=rounds, **stats)
+    waiting = torch.arange(siblings.overflow.shape[0], device=codes.device)
+    rounds, first = 0, True
+    while waiting.shape[0]:
+        near_codes, near_dist = _nearest_siblings(points, codebooks, codes, siblings, waiting,
+                                                  level, width, first, chunk)
+        if not bool(torch.isfinite(near_dist[:, 0]).all()):
+            raise AssertionError(   # the previous level left room for every item: a bug
+                f"level {level}: an item's parent prefix has no child with room; the "
+                f"capacity of its subtree was exceeded")
+        rows = torch.arange(waiting.shape[0], device=codes.device)
+        for step in range(width):
+            dist = near_dist[rows, step]
+            offered = torch.isfinite(dist)
+            if not bool(offered.any()):
+                break
+            rounds += 1
+            code = near_codes[rows, step].long()
+            cell = siblings.parent_row[waiting] * size + code
+            held = torch.where(offered, siblings.table.view(-1)[cell],
+                               torch.full_like(cell, siblings.capacity))
+            order, rank, _, _ = _rank_in_group(cell, dist)
+            taken = torch.zeros_like(offered)
+            taken[order] = held[order] + rank < siblings.capacity
+            codes[siblings.overflow[waiting[taken]], level] = code[taken]
+            siblings.table.view(-1).index_add_(0, cell[taken], torch.ones_like(cell[taken]))
+            bar.update(int(taken.sum()))
+            waiting, rows = waiting[~taken], rows[~taken]
+            if not waiting.shape[0]:
+                break
+        first = False
+    return rounds
 
 
-def _next_nearest(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor,
-                  items: torch.Tensor, width: int, chunk: int
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The ``width`` nearest last-level codes ``[m, width]`` of each item (its own code left
-    out) and their squared distances from the item's last-level residual (the item's squared
-    reconstruction error on that code), nearest first."""
-    last = codebooks.shape[0] - 1
-    centroids = codebooks[last]
+def _nearest_siblings(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor,
+                      siblings: _Siblings, waiting: torch.Tensor, level: int, width: int,
+                      first: bool, chunk: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``width`` nearest level-``level`` codes ``[m, width]`` (int32) of the waiting
+    overflow items and their squared distances from each item's residual before ``level``
+    (inf where no code is left), nearest first. The first batch leaves out the item's own
+    code; a later one every full code (those offered before among them)."""
+    centroids = codebooks[level]
     norms = (centroids * centroids).sum(dim=1)
     codes_out, dist_out = [], []
-    for start in range(0, items.shape[0], chunk):
-        index = items[start:start + chunk]
-        rows = points[index.to(points.device)].to(codebooks.device)
-        own = codes[index]
-        residual = partial_residual(rows, codebooks, own, last)
+    for start in range(0, waiting.shape[0], chunk):
+        positions = waiting[start:start + chunk]
+        items = siblings.overflow[positions]
+        residual = partial_residual(_rows(points, items, codebooks.device), codebooks,
+                                    codes[items], level)
         dist = torch.addmm(norms[None, :], residual, centroids.T, alpha=-2.0)
         dist += (residual * residual).sum(dim=1, keepdim=True)
-        dist.scatter_(1, own[:, last:last + 1], float("inf"))
+        if first:
+            dist.scatter_(1, codes[items, level:level + 1], float("inf"))
+        else:
+            dist.masked_fill_(siblings.full(positions), float("inf"))
         nearest = torch.topk(dist, width, dim=1, largest=False, sorted=True)
-        codes_out.append(nearest.indices)
+        codes_out.append(nearest.indices.to(torch.int32))   # half the memory of int64
         dist_out.append(nearest.values.clamp(min=0.0))
     return torch.cat(codes_out), torch.cat(dist_out)
 
 
-def _place_greedily(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor,
-                    items: torch.Tensor, errors: torch.Tensor, cap: int,
-                    progress: bool = True) -> float:
-    """Gives each of ``items`` (in order) the path chosen greedily from the first level: at
-    each level the nearest code whose subtree has room; writes ``codes`` in place and returns
-    the squared error added (summed)."""
-    levels, size = codebooks.shape[0], codebooks.shape[1]
-    books = codebooks.double().cpu().numpy()
-    all_codes = codes.cpu().numpy()
-    moving = items.cpu().numpy()
-    staying = np.ones(all_codes.shape[0], dtype=bool)
-    staying[moving] = False
-    # Per prefix length: the occupancy of every prefix of the items that stay (sorted keys and
-    # counts), plus the items placed here (a dict).
-    base, placed = [], [dict() for _ in range(levels)]
-    key = np.zeros(all_codes.shape[0], dtype=np.int64)
-    for level in range(levels):
-        key = key * size + all_codes[:, level]
-        base.append(np.unique(key[staying], return_counts=True))
-    room = [cap * size ** (levels - 1 - level) for level in range(levels)]
+def _encode_below(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor,
+                  items: torch.Tensor, level: int, chunk: int) -> None:
+    """Encodes the levels after ``level`` of ``items`` again, nearest code per level from
+    the residual their (new) codes up to ``level`` leave; writes ``codes`` in place."""
+    norms = (codebooks * codebooks).sum(dim=2)
+    for start in range(0, items.shape[0], chunk):
+        index = items[start:start + chunk]
+        block = codes[index]
+        residual = partial_residual(_rows(points, index, codebooks.device), codebooks, block,
+                                    level + 1)
+        for deeper in range(level + 1, codebooks.shape[0]):
+            # |r - c|^2 = |r|^2 - 2 r.c + |c|^2, and |r|^2 does not change the argmin.
+            block[:, deeper] = torch.addmm(norms[deeper][None, :], residual,
+                                           codebooks[deeper].T, alpha=-2.0).min(dim=1).indices
+            residual -= codebooks[deeper][block[:, deeper]]
+        codes[index] = block
 
-    def held(level: int, prefix: int) -> int:
-        keys, counts = base[level]
-        at = int(np.searchsorted(keys, prefix))
-        found = int(counts[at]) if at < keys.shape[0] and keys[at] == prefix else 0
-        return found + placed[level].get(prefix, 0)
 
-    rows = points[items.to(points.device)].double().cpu().numpy()
-    before = errors[items.to(errors.device)].double().cpu().numpy()
-    added = 0.0
-    for item, row, error in tqdm(zip(moving, rows, before), total=moving.shape[0],
-                                 desc="collisions (greedy path)", unit="item",
-                                 disable=not progress):
-        residual, prefix, path = row, 0, []
-        for level in range(levels):
-            dist = ((books[level] - residual) ** 2).sum(axis=1)
-            for code in np.argsort(dist, kind="stable"):
-                if held(level, prefix * size + int(code)) < room[level]:
-                    break
-            else:  # unreachable while the catalog fits its capacity (checked by the caller)
-                raise AssertionError("no code with room: the capacity check was bypassed")
-            prefix = prefix * size + int(code)
-            path.append(int(code))
-            residual = residual - books[level][code]
-        prefix = 0
-        for level, code in enumerate(path):
-            prefix = prefix * size + code
-            placed[level][prefix] = placed[level].get(prefix, 0) + 1
-        all_codes[item] = path
-        added += float((residual * residual).sum()) - float(error)
-    codes.copy_(torch.from_numpy(all_codes).to(codes.device))
-    return added
+def _squared_residuals(points: torch.Tensor, codebooks: torch.Tensor, codes: torch.Tensor,
+                       items: torch.Tensor, upto: int, chunk: int) -> torch.Tensor:
+    """``[len(items)]`` float32: each item's squared residual norm after levels ``0 ..
+    upto-1`` of its ``codes``."""
+    out = [torch.zeros(0, device=codebooks.device)]
+    for start in range(0, items.shape[0], chunk):
+        index = items[start:start + chunk]
+        residual = partial_residual(_rows(points, index, codebooks.device), codebooks,
+                                    codes[index], upto)
+        out.append((residual * residual).sum(dim=1))
+    return torch.cat(out)
+
+
+def _rows(points: torch.Tensor, items: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``points[items]`` on ``device`` (the rows may live on the host)."""
+    return points[items.to(points.device)].to(device)

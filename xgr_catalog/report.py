@@ -80,8 +80,8 @@ class CatalogBuildReport:
             f"  {'collisions (cap ' + str(moved['cap']) + '):':<24}{moved['items_over_cap']} items "
             f"over the cap on "
             f"{moved['paths_over_cap']} paths (most {moved['max_items_per_path_before']}): "
-            f"{moved['moved_next_code']} moved to a next-nearest last code, "
-            f"{moved['moved_greedy']} placed greedily",
+            f"moved per level {', '.join(str(n) for n in moved['moved_per_level'])} (to the "
+            f"nearest code with room)",
             f"  reachability:           beam {reach['beam_width']} reaches "
             f"{reach['reachable_items']} items (top_k {reach['top_k']}); every item on a path "
             f"of at most {paths['max_items_per_path']} items",
