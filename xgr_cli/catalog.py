@@ -50,10 +50,11 @@ flags.DEFINE_integer("seed", 0, "build: the seed of the sample and of the k-mean
 flags.DEFINE_string("device", "cpu", "build: where the k-means runs: cpu, cuda, cuda:N.")
 flags.DEFINE_integer("chunk", 65_536, "build: rows per pass chunk (bounds the memory).")
 flags.DEFINE_integer("max_items_per_path", 16, "build: the cap on items sharing one code "
-                     "path; the others move to their next-nearest last-level code. Between "
+                     "path; the others move to their next-nearest code with room (the last level first; a "
+                     "prefix too crowded for its subtree spills at a higher level). Between "
                      "ceil(top_k / beam_width) and top_k.")
-flags.DEFINE_integer("candidates", 64, "build: next-nearest last-level codes tried for an item "
-                     "over the cap before a path is found greedily from the first level.")
+flags.DEFINE_integer("candidates", 64, "build: next-nearest codes computed at a time for the "
+                     "items over a cap (bounds the memory; every code is tried in the end).")
 flags.DEFINE_integer("beam_width", 256, "build: the beam the catalog is served with.")
 flags.DEFINE_integer("top_k", 300, "build: the items a request asks for; the build fails when "
                      "the beam could not reach them.")
