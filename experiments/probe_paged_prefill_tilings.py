@@ -51,6 +51,8 @@ def main(argv: list[str]) -> None:
     for name, (hq, hkv, dim, cached, suffix) in SHAPES.items():
         inputs = world(hq, hkv, dim, cached, suffix)
         chosen = kernels.prefill_config(1, suffix, hq // hkv, hkv, 2, torch.device("cuda"))
+        shared = kernels.prefill_config(1, suffix, hq // hkv, hkv, 2, torch.device("cuda"),
+                                        share_group=True)
         for mode in (MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL):
             want = reference.paged_prefill_attention(
                 **{k: v.double() if v.is_floating_point() else v for k, v in inputs.items()},
@@ -62,10 +64,13 @@ def main(argv: list[str]) -> None:
                     **inputs, mode=mode, max_len=suffix, config=tiling)
                 error = float((run().double() - want).abs().max())
                 us = triton.testing.do_bench(run, warmup=25, rep=200) * 1000
+                mark = ("  <- rule" if tiling == chosen else "") + (
+                    "  <- rule, group shared" if tiling == shared else "")
                 rows.append(dict(shape=name, mode=mode.value, tiling=str(tiling), us=us,
-                                 max_error=error, chosen=tiling == chosen))
-                print(f"{name:11s} {mode.value:12s} {us:8.1f} us  err {error:.4f}"
-                      f"{'  <- rule' if tiling == chosen else ''}  {tiling}", flush=True)
+                                 max_error=error, chosen=tiling == chosen,
+                                 chosen_sharing=tiling == shared))
+                print(f"{name:11s} {mode.value:12s} {us:8.1f} us  err {error:.4f}{mark}  "
+                      f"{tiling}", flush=True)
     with open(os.path.join(FLAGS.out, "paged_prefill_tilings.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "rows": rows}, f, indent=1)

@@ -6,9 +6,10 @@ pool ``[pages, page_tokens, Hkv, D]``; request b's are the first ``cached_lens[b
 its pages ``block_table[b, :]``. Key tiles gather their rows' page indices from the table and
 load the pages in place (no contiguous copy of the cached part):
 
-* prefill: one program per (request, ``BLOCK_M`` suffix queries, query head), or, where
-  that still fills the GPU, per (request, ``BLOCK_M`` queries, KV head) with the group's
-  query heads stacked as rows, so a key tile is loaded once for the group. One
+* prefill: one program per (request, ``BLOCK_M`` suffix queries, query head), or (a tiling
+  the launcher can be given, ``PagedPrefillConfig.heads``) per (request, ``BLOCK_M``
+  queries, KV head) with the group's query heads stacked as rows, so a key tile is loaded
+  once for the group. One
   FlashAttention-2 online softmax (``_online_softmax``) over the cached tiles (every cached
   key is visible: whole tiles run without a mask), then over the request's packed suffix
   under the mask rule, derived from positions and segment ids (causal: ``k <= q``;
@@ -344,11 +345,12 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_size: int,
-                   device: torch.device) -> PagedPrefillConfig:
-    """The tiling from shapes alone. 16-bit inputs: a KV head's whole group in one program
-    (128 rows: tokens x the group padded to a power of two) when that still gives every
-    multiprocessor a program, so each key tile is loaded once per group; else one query head
-    a program, 64 x 64 tiles, 32-row ones when 64-row ones would leave multiprocessors idle.
+                   device: torch.device, share_group: bool = False) -> PagedPrefillConfig:
+    """The tiling from shapes alone. 16-bit inputs: one query head a program, 64 x 64 tiles,
+    32-row ones when 64-row ones would leave multiprocessors idle; with ``share_group``, a KV
+    head's whole group in one program (128 rows: tokens x the group padded to a power of
+    two) when that still gives every multiprocessor a program, so each key tile is loaded
+    once per group (opt-in until timed on the GPU: ``experiments/probe_paged_prefill_tilings``).
     float32: 32 x 32 (twice the bytes a tile). The interpreter: 16 x 16 (many tiles on small
     tests)."""
     if c.interpreting():
@@ -357,7 +359,7 @@ def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_
         return PagedPrefillConfig(32, 32, 1, 4, 2)
     sms = c.multiprocessors(device)
     heads = triton.next_power_of_2(group)
-    if group > 1 and heads <= 8:
+    if share_group and group > 1 and heads <= 8:
         tokens = 128 // heads
         if batch * triton.cdiv(max(max_len, 1), tokens) * kv_heads >= sms:
             return PagedPrefillConfig(tokens, 64, heads, 8, 2)
