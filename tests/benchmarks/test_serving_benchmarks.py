@@ -37,7 +37,8 @@ def served_cache(tmp_path_factory):
     the plain/ and cached/ exports)."""
     folder = tmp_path_factory.mktemp("served_cache")
     out = _run("benchmarks.bench_served_cache", *WORLD, "--rates=3", "--rate_seconds=4",
-               "--verify_requests=0", f"--work={folder / 'work'}", f"--out_dir={folder}")
+               "--verify_requests=0", "--parallel_exports", f"--work={folder / 'work'}",
+               f"--out_dir={folder}")
     return out, _result(folder, "served_cache"), folder / "work"
 
 
