@@ -44,28 +44,29 @@ int64_t SuffixWidth(const Signature& sig, const Reservation& r,
 
 }  // namespace
 
-int64_t CacheBudget() {
-  const char* env = std::getenv("XGR_PROMPT_CACHE_BYTES");
+namespace {
+
+// A byte count from the environment variable `name`; `fallback` (said as `otherwise`) when it
+// is unset or not a non-negative integer.
+int64_t BytesFromEnv(const char* name, int64_t fallback, const char* otherwise) {
+  const char* env = std::getenv(name);
   if (env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long long value = std::strtoll(env, &end, 10);
     if (end != nullptr && *end == '\0' && value >= 0) return value;
-    std::fprintf(stderr, "TorchCall: XGR_PROMPT_CACHE_BYTES='%s' is not a byte count; using "
-                 "the default\n", env);
+    std::fprintf(stderr, "TorchCall: %s='%s' is not a byte count; %s\n", name, env, otherwise);
   }
-  return int64_t{256} << 20;
+  return fallback;
+}
+
+}  // namespace
+
+int64_t CacheBudget() {
+  return BytesFromEnv("XGR_PROMPT_CACHE_BYTES", int64_t{256} << 20, "using the default");
 }
 
 int64_t HostCacheBudget() {
-  const char* env = std::getenv("XGR_PROMPT_CACHE_HOST_BYTES");
-  if (env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long long value = std::strtoll(env, &end, 10);
-    if (end != nullptr && *end == '\0' && value >= 0) return value;
-    std::fprintf(stderr, "TorchCall: XGR_PROMPT_CACHE_HOST_BYTES='%s' is not a byte count; "
-                 "keeping no host tier\n", env);
-  }
-  return 0;
+  return BytesFromEnv("XGR_PROMPT_CACHE_HOST_BYTES", 0, "keeping no host tier");
 }
 
 std::string CacheStatsJson(const CacheStats& st) {
