@@ -45,6 +45,7 @@ flags.DEFINE_integer("items", 1_000_000, "catalog size")
 flags.DEFINE_integer("paths", 250_000, "distinct code paths the items share")
 flags.DEFINE_integer("beam", 256, "beam width")
 flags.DEFINE_integer("top_k", 300, "items returned")
+flags.DEFINE_integer("page_tokens", PromptCacheConfig.page_tokens, "tokens a cache page")
 flags.DEFINE_integer("repeats", 20, "timed calls per configuration")
 flags.DEFINE_string("device", "cuda", "torch device (cpu: a smoke run of the script)")
 flags.DEFINE_bool("profile", False, "also profile one uncached call and one hit of engines "
@@ -103,6 +104,15 @@ def random_model(name: str, device: torch.device, dtype: torch.dtype) -> Model:
     return model
 
 
+def cache_for(geometry: KVGeometry, cached: int, device: torch.device) -> PromptCache:
+    """A device pool of twice the case's cached pages and a few spare, ``--page_tokens`` a
+    page."""
+    page = FLAGS.page_tokens
+    pages = 2 * -(-cached // page) + 4
+    return PromptCache(geometry, PromptCacheConfig(device_bytes=pages * geometry.page_bytes(page),
+                                                   page_tokens=page), device)
+
+
 def run_case(spec: str, catalog, device: torch.device) -> dict:
     name, cached, new = spec.split(":")
     cached, new = int(cached), int(new)
@@ -112,9 +122,7 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     model = random_model(name, device, dtype)
     geometry = KVGeometry.of_model(model.config, dtype)
-    pages = 2 * -(-cached // 16) + 4
-    cache = PromptCache(geometry, PromptCacheConfig(device_bytes=pages * geometry.page_bytes(16)),
-                        device)
+    cache = cache_for(geometry, cached, device)
     plain = Engine(model, catalog, EngineConfig())
     engine = Engine(model, catalog, EngineConfig(), prompt_cache=cache, model_version=name)
     tokens, lengths, segments, frozen = prompt(cached, new, device)
@@ -143,7 +151,8 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
     kernels = profile_case(model, catalog, geometry, tokens, lengths, segments, frozen,
                            name) if FLAGS.profile else None
     return {"case": spec, "preset": name, "cached_tokens": cached, "new_tokens": new,
-            "beam_width": width, "top_k": top_k, "batch": 1, "dtype": str(dtype),
+            "beam_width": width, "top_k": top_k, "page_tokens": FLAGS.page_tokens, "batch": 1,
+            "dtype": str(dtype),
             "kv_bytes_per_token": geometry.token_bytes,
             "host_copy_bytes": geometry.token_bytes * cached,
             "medians_ms": medians, "p99_ms": {k: float(np.percentile(v, 99))
@@ -184,9 +193,7 @@ def profile_case(model, catalog, geometry, tokens, lengths, segments, frozen, na
     """One uncached call and one hit of eager engines (graphs off, so each kernel is seen),
     kernel by kernel; prints both tables."""
     eager = EngineConfig(cuda_graphs=False)
-    pages = 2 * -(-int(frozen.max()) // 16) + 4
-    cache = PromptCache(geometry, PromptCacheConfig(device_bytes=pages * geometry.page_bytes(16)),
-                        tokens.device)
+    cache = cache_for(geometry, int(frozen.max()), tokens.device)
     plain = Engine(model, catalog, eager)
     cached = Engine(model, catalog, eager, prompt_cache=cache, model_version=name)
     width, top_k = FLAGS.beam, FLAGS.top_k

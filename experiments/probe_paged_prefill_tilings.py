@@ -1,8 +1,11 @@
 """Probe: which tiling of the paged prefill kernel is fastest at the engine's cache-hit shapes
 (qwen2-0.5b 768 cached + 256 new, qwen3-1.7b 4,000 + 1,000; batch 1, bf16, both mask rules),
-and what the rule in ``paged_attention.prefill_config`` picks. Each tiling is checked against
-the float64 reference before it is timed, and timed as CUDA-graph replays (the engine
-captures its searches; eager launches would time the host).
+for pages of 16 and 64 tokens (a page holding whole key tiles loads each tile with one page
+index, through TMA when the tiling asks), and what the rule in
+``paged_attention.prefill_config`` picks; then the paged decode (beam 256, the rule's split)
+beside the contiguous decode over the same keys. Each launch is checked against the float64
+reference before it is timed, and timed as CUDA-graph replays (the engine captures its
+searches; eager launches would time the host).
 
     python -m experiments.probe_paged_prefill_tilings [--out DIR]
 
@@ -19,6 +22,7 @@ import torch
 import triton.testing
 from absl import app, flags
 
+from torch_engine.kernels import decode_attention as contiguous
 from torch_engine.kernels import paged_attention as kernels
 from torch_engine.reference import paged_attention as reference
 from xgr_common.layout import MaskMode
@@ -26,54 +30,103 @@ from xgr_common.layout import MaskMode
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", ".", "folder for paged_prefill_tilings.json")
 SHAPES = {"qwen2-0.5b": (14, 2, 64, 768, 256), "qwen3-1.7b": (16, 8, 128, 4000, 1000)}
-PAGE = 16
-TILINGS = [kernels.PagedPrefillConfig(*tiling) for tiling in (
-    (64, 64, 1, 4, 2), (32, 64, 1, 4, 2), (64, 64, 2, 8, 2), (32, 64, 2, 4, 2),
-    (64, 64, 2, 8, 3), (16, 64, 8, 8, 2), (8, 64, 8, 4, 2))]
+PAGES = (16, 64)
+WIDTH = 256
+TILINGS = [kernels.PagedPrefillConfig(*tiling[:5], tma=tiling[5]) for tiling in (
+    (64, 64, 1, 4, 2, False), (64, 64, 1, 4, 2, True), (64, 64, 1, 4, 3, True),
+    (32, 64, 1, 4, 2, False), (32, 64, 1, 4, 2, True), (64, 64, 2, 8, 2, True),
+    (32, 64, 2, 4, 2, True), (16, 64, 8, 8, 2, False), (16, 64, 8, 8, 2, True),
+    (8, 64, 8, 4, 2, True))]
 
 
-def world(hq: int, hkv: int, dim: int, cached: int, suffix: int) -> dict:
+def world(hq: int, hkv: int, dim: int, cached: int, suffix: int, page: int) -> dict:
     """One request: its cached tokens on shuffled pages, a packed suffix of 3-token items."""
     gen = torch.Generator(device="cuda").manual_seed(0)
-    pages = -(-cached // PAGE)
+    pages = -(-cached // page)
     rand = lambda *shape: torch.randn(shape, generator=gen, device="cuda").bfloat16()  # noqa
     table = (torch.randperm(pages, generator=gen, device="cuda") + 1).int()[None, :]
     segments = torch.cat([torch.zeros(2), 1 + torch.arange(suffix - 2) // 3]).int().cuda()
     return dict(q=rand(suffix, hq, dim), k=rand(suffix, hkv, dim), v=rand(suffix, hkv, dim),
                 cu_seqlens=torch.tensor([0, suffix], dtype=torch.int32, device="cuda"),
-                segment_ids=segments, pool_k=rand(pages + 1, PAGE, hkv, dim),
-                pool_v=rand(pages + 1, PAGE, hkv, dim), block_table=table,
+                segment_ids=segments, pool_k=rand(pages + 1, page, hkv, dim),
+                pool_v=rand(pages + 1, page, hkv, dim), block_table=table,
                 cached_lens=torch.tensor([cached], dtype=torch.int32, device="cuda"))
+
+
+def timed(run, want) -> tuple[float, float]:
+    """Microseconds a CUDA-graph replay and the largest error against ``want``."""
+    error = float((run().double() - want).abs().max())
+    return triton.testing.do_bench_cudagraph(run, rep=200) * 1000, error
+
+
+def prefill_rows(name: str, shape: tuple, page: int) -> list[dict]:
+    hq, hkv, dim, cached, suffix = shape
+    inputs = world(hq, hkv, dim, cached, suffix, page)
+    device = torch.device("cuda")
+    chosen = kernels.prefill_config(1, suffix, hq // hkv, hkv, 2, device)
+    shared = kernels.prefill_config(1, suffix, hq // hkv, hkv, 2, device, share_group=True)
+    rows = []
+    for mode in (MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL):
+        want = reference.paged_prefill_attention(
+            **{k: v.double() if v.is_floating_point() else v for k, v in inputs.items()},
+            mode=mode)
+        for tiling in TILINGS:
+            if tiling.heads > 1 and tiling.heads < hq // hkv:
+                continue
+            us, error = timed(lambda: kernels.launch_paged_prefill(  # noqa: B023
+                **inputs, mode=mode, max_len=suffix, config=tiling), want)
+            mark = ("  <- rule" if tiling == chosen else "") + (
+                "  <- rule, group shared" if tiling == shared else "")
+            rows.append(dict(kernel="prefill", shape=name, page=page, mode=mode.value,
+                             tiling=str(tiling), us=us, max_error=error,
+                             chosen=tiling == chosen, chosen_sharing=tiling == shared))
+            print(f"prefill {name:11s} page {page:3d} {mode.value:12s} {us:8.1f} us  "
+                  f"err {error:.4f}{mark}  {tiling}", flush=True)
+    return rows
+
+
+def decode_rows(name: str, shape: tuple, page: int) -> list[dict]:
+    """The paged decode at beam WIDTH (two own tokens a beam) beside the contiguous decode
+    over the cached keys and the suffix laid end to end."""
+    hq, hkv, dim, cached, suffix = shape
+    inputs = world(hq, hkv, dim, cached, suffix, page)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    rand = lambda *s: torch.randn(s, generator=gen, device="cuda").bfloat16()  # noqa: E731
+    q, beam_k, beam_v = rand(1, WIDTH, hq, dim), rand(1, WIDTH, 2, hkv, dim), rand(
+        1, WIDTH, 2, hkv, dim)
+    pages = dict(pool_k=inputs["pool_k"], pool_v=inputs["pool_v"],
+                 block_table=inputs["block_table"], cached_lens=inputs["cached_lens"])
+    want = reference.paged_decode_attention(
+        **{k: v.double() if v.is_floating_point() else v for k, v in dict(
+            q=q, shared_k=inputs["k"], shared_v=inputs["v"], cu_seqlens=inputs["cu_seqlens"],
+            beam_k=beam_k, beam_v=beam_v, **pages).items()}, num_own=2)
+    table = inputs["block_table"][0].long()
+    flat = lambda pool: pool[table].flatten(0, 1)[:cached]  # noqa: E731
+    keys = torch.cat([flat(inputs["pool_k"]), inputs["k"]])
+    values = torch.cat([flat(inputs["pool_v"]), inputs["v"]])
+    whole = torch.tensor([0, cached + suffix], dtype=torch.int32, device="cuda")
+    rows = []
+    for kind, run in (
+            ("contiguous", lambda: contiguous.decode_attention(q, keys, values, whole, beam_k,
+                                                               beam_v, 2)),
+            ("paged", lambda: kernels.paged_decode_attention(
+                q, inputs["k"], inputs["v"], inputs["cu_seqlens"], **pages, beam_k=beam_k,
+                beam_v=beam_v, num_own=2))):
+        us, error = timed(run, want)
+        rows.append(dict(kernel=f"decode {kind}", shape=name, page=page, us=us,
+                         max_error=error))
+        print(f"decode  {name:11s} page {page:3d} {kind:12s} {us:8.1f} us  err {error:.4f}",
+              flush=True)
+    return rows
 
 
 def main(argv: list[str]) -> None:
     del argv
     rows = []
-    for name, (hq, hkv, dim, cached, suffix) in SHAPES.items():
-        inputs = world(hq, hkv, dim, cached, suffix)
-        chosen = kernels.prefill_config(1, suffix, hq // hkv, hkv, 2, torch.device("cuda"))
-        shared = kernels.prefill_config(1, suffix, hq // hkv, hkv, 2, torch.device("cuda"),
-                                        share_group=True)
-        for mode in (MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL):
-            want = reference.paged_prefill_attention(
-                **{k: v.double() if v.is_floating_point() else v for k, v in inputs.items()},
-                mode=mode)
-            for tiling in TILINGS:
-                if tiling.heads > 1 and tiling.heads < hq // hkv:
-                    continue
-                run = lambda: kernels.launch_paged_prefill(  # noqa: E731
-                    **inputs, mode=mode, max_len=suffix, config=tiling)
-                error = float((run().double() - want).abs().max())
-                # Replayed from a CUDA graph, as the engine runs it: an eager launch through the
-                # op's dispatch costs more host time than the kernel takes.
-                us = triton.testing.do_bench_cudagraph(run, rep=200) * 1000
-                mark = ("  <- rule" if tiling == chosen else "") + (
-                    "  <- rule, group shared" if tiling == shared else "")
-                rows.append(dict(shape=name, mode=mode.value, tiling=str(tiling), us=us,
-                                 max_error=error, chosen=tiling == chosen,
-                                 chosen_sharing=tiling == shared))
-                print(f"{name:11s} {mode.value:12s} {us:8.1f} us  err {error:.4f}{mark}  "
-                      f"{tiling}", flush=True)
+    for name, shape in SHAPES.items():
+        for page in PAGES:
+            rows += prefill_rows(name, shape, page)
+            rows += decode_rows(name, shape, page)
     with open(os.path.join(FLAGS.out, "paged_prefill_tilings.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "rows": rows}, f, indent=1)

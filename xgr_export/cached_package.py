@@ -30,7 +30,7 @@ from xgr_export.engine_package import (RecommendProgram, check_engine_for_export
                                        example_inputs, require_widths_traced, tables_file,
                                        write_tables)
 
-PAGE_TOKENS = 16
+PAGE_TOKENS = 64
 CACHE_INPUTS = ("cached_lengths", "block_table", "write_slots", "pool")
 # A cached package's buckets: the suffix width takes as many shapes as the prompt's.
 GRAPHS_PER_PROMPT_BUCKET = 4

@@ -19,19 +19,19 @@ MODES = [MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL]
 PAGE = 16
 
 
-def _world(kt, gen, cached, suffix, hq, hkv, dim, dtype, pages=12):
-    """A pool with each request's cached tokens on scattered pages, packed suffixes with item
-    segments (3-token items after a 2-token head) and their offsets."""
+def _world(kt, gen, cached, suffix, hq, hkv, dim, dtype, pages=12, page=PAGE):
+    """A pool with each request's cached tokens on scattered pages of ``page`` tokens, packed
+    suffixes with item segments (3-token items after a 2-token head) and their offsets."""
     batch = len(cached)
     device = gen.device
-    pool_k = kt.randn((pages + 1, PAGE, hkv, dim), dtype, gen)
-    pool_v = kt.randn((pages + 1, PAGE, hkv, dim), dtype, gen)
+    pool_k = kt.randn((pages + 1, page, hkv, dim), dtype, gen)
+    pool_v = kt.randn((pages + 1, page, hkv, dim), dtype, gen)
     order = torch.randperm(pages, generator=gen, device=device) + 1
-    width = max(1, max(-(-c // PAGE) for c in cached))
+    width = max(1, max(-(-c // page) for c in cached))
     table = torch.zeros((batch, width), dtype=torch.int32, device=device)
     used = 0
     for b, c in enumerate(cached):
-        count = -(-c // PAGE)
+        count = -(-c // page)
         table[b, :count] = order[used:used + count]
         used += count
     total = sum(suffix)
@@ -75,6 +75,34 @@ def test_paged_prefill_tilings_match_the_reference(kt, gen, mode, hq, hkv, confi
     want = reference.paged_prefill_attention(**_double(inputs), mode=mode)
     got = kernels.launch_paged_prefill(**inputs, mode=mode, max_len=max(suffix), config=config)
     kt.check(got, want, torch.float16, f"paged prefill {mode.value} {config}")
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.value)
+@pytest.mark.parametrize("page, block_n, tma", [
+    (32, 16, True), (32, 32, False), (32, 32, True), (16, 32, True)],
+    ids=["2-tiles-a-page-tma", "page-tile-pointers", "page-tile-tma", "gathered-rows"])
+def test_cached_tiles_load_by_page_or_by_row(kt, gen, mode, page, block_n, tma):
+    """A page holding whole key tiles loads each tile with one page index (pointers or TMA
+    descriptors over the pool); a tile wider than a page gathers a page index a row. The
+    prefill and the paged decode, caches ending inside a tile and on a page edge."""
+    cached, suffix = [0, 32, 77], [9, 40, 5]
+    inputs = _world(kt, gen, cached, suffix, 4, 2, 32, torch.float16, pages=8, page=page)
+    want = reference.paged_prefill_attention(**_double(inputs), mode=mode)
+    config = kernels.PagedPrefillConfig(16, block_n, tma=tma)
+    got = kernels.launch_paged_prefill(**inputs, mode=mode, max_len=max(suffix), config=config)
+    kt.check(got, want, torch.float16, f"paged prefill page {page} {config}")
+    beam = kt.randn((3, 5, 2, 2, 32), torch.float16, gen)
+    decode = dict(q=kt.randn((3, 5, 4, 32), torch.float16, gen), shared_k=inputs["k"],
+                  shared_v=inputs["v"], cu_seqlens=inputs["cu_seqlens"], beam_k=beam,
+                  beam_v=beam.flip(1))
+    pages = {key: inputs[key] for key in ("pool_k", "pool_v", "block_table", "cached_lens")}
+    want = reference.paged_decode_attention(**_double({**decode, **pages}), num_own=2)
+    for splits in (1, 3):
+        config = DecodeConfig(block_m=16, block_n=block_n, splits=splits, num_stages=1,
+                              fused_merge=True, tma=tma)
+        got = launch_decode(**decode, num_own=2, scale=32 ** -0.5, config=config,
+                            paged=PagedPrefix(**pages))
+        kt.check(got, want, torch.float16, f"paged decode page {page} {config}")
 
 
 def test_a_tiling_too_small_for_the_group_is_refused(kt, gen):
@@ -142,16 +170,18 @@ def test_paged_decode_splits_the_cached_and_new_keys(kt, gen, splits, fused):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("page", [16, 64])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("hq, hkv, dim, cached, suffix", [
     (14, 2, 64, [768], [256]), (16, 8, 128, [4000], [1000]), (14, 2, 64, [0, 500, 1024],
                                                               [300, 1, 77])],
     ids=["qwen2-0.5b", "qwen3-1.7b", "ragged-batch"])
-def test_gpu_serving_shapes_match_the_reference(kt, gen, dtype, hq, hkv, dim, cached, suffix):
+def test_gpu_serving_shapes_match_the_reference(kt, gen, page, dtype, hq, hkv, dim, cached,
+                                                suffix):
     """The engine's shapes on the GPU: the tuned tiles (not the interpreter's), the decode's
-    split rule, beam 256."""
-    pages = sum(-(-c // PAGE) for c in cached) + 2
-    world = _world(kt, gen, cached, suffix, hq, hkv, dim, dtype, pages=pages)
+    split rule, beam 256; pages narrower than a key tile and pages of whole tiles."""
+    pages = sum(-(-c // page) for c in cached) + 2
+    world = _world(kt, gen, cached, suffix, hq, hkv, dim, dtype, pages=pages, page=page)
     for mode in MODES:
         want = reference.paged_prefill_attention(**_double(world), mode=mode)
         got = kernels.paged_prefill_attention(**world, mode=mode, max_len=max(suffix))

@@ -233,3 +233,19 @@ def kv_descriptors(k: torch.Tensor, v: torch.Tensor, block_n: int):
     from triton.tools.tensor_descriptor import TensorDescriptor
     return tuple(TensorDescriptor(t, [t.shape[0], t.shape[1] * t.shape[2]], [t.stride(0), 1],
                                   [block_n, t.shape[2]]) for t in (k, v))
+
+
+def page_descriptors(pool_k: torch.Tensor, pool_v: torch.Tensor, block_n: int, tma: bool):
+    """TMA descriptors over one layer's pool ``[pages, page_tokens, Hkv, D]`` as
+    ``[pages * page_tokens, Hkv * D]`` rows, loading ``[block_n, D]`` blocks, when ``tma``
+    is asked for, a page holds whole key tiles, the pages are laid end to end and
+    ``_common.tma_ready`` allows; otherwise the pools themselves (pointer loads)."""
+    pages, page = pool_k.shape[:2]
+    if not tma or page % block_n or pages * page >= 2 ** 31:
+        return pool_k, pool_v
+    if any(t.stride(0) != page * t.stride(1) for t in (pool_k, pool_v)):
+        return pool_k, pool_v
+    rows_k, rows_v = (t.view(pages * page, *t.shape[2:]) for t in (pool_k, pool_v))
+    if not tma_ready(rows_k, rows_v):
+        return pool_k, pool_v
+    return kv_descriptors(rows_k, rows_v, block_n)

@@ -73,3 +73,55 @@ def load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row, kpo
         k = tl.load(k_rows)
         v = tl.load(v_rows)
     return k, v
+
+
+@triton.jit
+def load_page_tile(pk_head, pv_head, pkd, pvd, s_pkp, s_pkt, s_pvp, s_pvt, table_row, k0, n,
+                   d, col, PAGE: tl.constexpr, TMA: tl.constexpr):
+    """Keys and values ``[N, D]`` of the whole cached tile ``k0 + [0, N)`` when it lies inside
+    one page (N divides PAGE, k0 a multiple of N): one page index for the tile, contiguous
+    rows. With TMA, through the descriptors pkd, pvd over the layer's pool as
+    ``[pages * PAGE, Hkv * D]`` (columns ``col..col+D``: one KV head); otherwise pointer
+    loads (int64 offsets, as ``load_paged_tile``)."""
+    page = tl.load(table_row + k0 // PAGE).to(tl.int64)
+    if TMA:
+        row = (page * PAGE + k0 % PAGE).to(tl.int32)
+        k = pkd.load([row, col])
+        v = pvd.load([row, col])
+    else:
+        slot = (k0 % PAGE + n).to(tl.int64)
+        k = tl.load(pk_head + page * s_pkp + slot[:, None] * s_pkt + d[None, :])
+        v = tl.load(pv_head + page * s_pvp + slot[:, None] * s_pvt + d[None, :])
+    return k, v
+
+
+@triton.jit
+def attend_cached_pages(acc, l_i, m_i, q, pk_head, pv_head, pkd, pvd, s_pkp, s_pkt, s_pvp,
+                        s_pvt, table_row, lo, hi, n, d, col, qk_scale, PAGE: tl.constexpr,
+                        BLOCK_N: tl.constexpr, TMA: tl.constexpr, ACC_IN_DOT: tl.constexpr,
+                        DOT_PRECISION: tl.constexpr):
+    """Fold a request's cached keys ``[lo, hi)`` (lo a multiple of BLOCK_N; every query of
+    the tile sees every one) into the online-softmax state: whole tiles without a mask, one
+    page index a tile when a page holds whole tiles (through TMA when the launcher made
+    descriptors), one a row otherwise; then a masked ragged tail."""
+    whole = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
+    for k0 in range(lo, whole, BLOCK_N):
+        if PAGE % BLOCK_N == 0:
+            k, v = load_page_tile(pk_head, pv_head, pkd, pvd, s_pkp, s_pkt, s_pvp, s_pvt,
+                                  table_row, k0, n, d, col, PAGE, TMA)
+        else:
+            k, v = load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row,
+                                   k0 + n, n, d, PAGE, MASKED=False)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
+                                            DOT_PRECISION)
+    if whole < hi:
+        kpos = whole + n
+        k_ok = kpos < hi
+        k, v = load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row, kpos,
+                               k_ok, d, PAGE)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        s = tl.where(k_ok[None, :], s, float("-inf"))
+        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
+                                            DOT_PRECISION)
+    return acc, l_i, m_i

@@ -30,7 +30,7 @@ from torch.library import triton_op, wrap_triton
 
 from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import (load_paged_tile, online_softmax_step,
+from torch_engine.kernels._online_softmax import (attend_cached_pages, online_softmax_step,
                                                    score_key_tile)
 
 _OP = "decode_attention"
@@ -119,12 +119,13 @@ def _decode_partial_kernel(
         s_qb, s_qw, s_qh, s_skt, s_skh, s_svt, s_svh,
         s_bkb, s_bkw, s_bks, s_bkh, s_bvb, s_bvw, s_bvs, s_bvh,
         s_ob, s_ow, s_oh,
-        cached_ptr, table_ptr, pk_ptr, pv_ptr, s_tb, s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
+        cached_ptr, table_ptr, pk_ptr, pv_ptr, pkd, pvd, s_tb, s_pkp, s_pkt, s_pkh, s_pvp,
+        s_pvt, s_pvh,
         GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
         FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         TMA: tl.constexpr, LENS: tl.constexpr, PAGED: tl.constexpr,
-        PAGE: tl.constexpr):
+        PAGE: tl.constexpr, PAGE_TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     # Row tiles vary fastest: the tiles of one (request, KV head) run side by side and read its
     # prompt KV from L2 once, instead of once per row tile when the KV outgrows L2.
@@ -164,19 +165,13 @@ def _decode_partial_kernel(
         chunk = tl.cdiv(tl.cdiv(n_keys, SPLITS), BLOCK_N) * BLOCK_N
         lo = split * chunk
         hi = tl.minimum(n_keys, lo + chunk)
-        table_row = table_ptr + b * s_tb
         # The split's cached keys [lo, mid) from the pages alone, then its suffix keys
         # [mid, hi) as whole packed-prompt tiles: no tile loads both and selects.
         mid = tl.minimum(hi, tl.maximum(cached, lo))
-        for k0 in range(lo, mid, BLOCK_N):
-            kpos = k0 + tl.arange(0, BLOCK_N)
-            k_ok = kpos < mid
-            pk, pv = load_paged_tile(pk_ptr + h * s_pkh, pv_ptr + h * s_pvh, s_pkp, s_pkt,
-                                     s_pvp, s_pvt, table_row, kpos, k_ok, d, PAGE)
-            s = tl.dot(q, tl.trans(pk), input_precision=DOT_PRECISION)
-            s = tl.where(k_ok[None, :], s, float("-inf"))
-            acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, pv, qk_scale, ACC_IN_DOT,
-                                                DOT_PRECISION)
+        acc, l_i, m_i = attend_cached_pages(
+            acc, l_i, m_i, q, pk_ptr + h * s_pkh, pv_ptr + h * s_pvh, pkd, pvd, s_pkp, s_pkt,
+            s_pvp, s_pvt, table_ptr + b * s_tb, lo, mid, tl.arange(0, BLOCK_N), d,
+            h * HEAD_DIM, qk_scale, PAGE, BLOCK_N, PAGE_TMA, ACC_IN_DOT, DOT_PRECISION)
         row_lo = start + mid - cached
         row_hi = start + hi - cached
         row_full = row_lo + tl.maximum(row_hi - row_lo, 0) // BLOCK_N * BLOCK_N
@@ -458,7 +453,8 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     (caller-owned, like q) receives the result when given; ``counters``: zeroed int32 split
     counters to use (and leave zeroed) instead of a fresh zeroed buffer, see
     ``merge_counters``; ``seq_lens``: see ``decode_attention``; ``paged``: cached tokens
-    read before each request's prompt (pointer loads: no TMA)."""
+    read before each request's prompt (whole tiles through TMA when ``config.tma`` and a
+    page holds whole tiles)."""
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     group = hq // hkv
@@ -483,15 +479,20 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     # Finished-split counters of the fused merge, one per row tile, zero at the start.
     count = (_counters_for(counters, grid[0] * grid[1], q.device) if fused
              else torch.empty(1, device=q.device, dtype=torch.int32))
-    tma = config.tma and paged is None and c.tma_ready(shared_k, shared_v)
+    tma = config.tma and c.tma_ready(shared_k, shared_v)
     kd, vd = (c.kv_descriptors(shared_k, shared_v, config.block_n) if tma
               else (shared_k, shared_v))
+    page_tma = False
     if paged is None:  # the page arguments are never read: inputs stand in for them
-        page_args, page = (cu_seqlens, cu_seqlens, shared_k, shared_v) + (0,) * 7, 16
+        page_args = (cu_seqlens, cu_seqlens, shared_k, shared_v, shared_k, shared_v) + (0,) * 7
+        page = 16
     else:
         pk, pv, table = paged.pool_k, paged.pool_v, paged.block_table
-        page_args = (paged.cached_lens, table, pk, pv, table.stride(0), pk.stride(0),
-                     pk.stride(1), pk.stride(2), pv.stride(0), pv.stride(1), pv.stride(2))
+        pkd, pvd = c.page_descriptors(pk, pv, config.block_n, config.tma)
+        page_tma = pkd is not pk
+        page_args = (paged.cached_lens, table, pk, pv, pkd, pvd, table.stride(0),
+                     pk.stride(0), pk.stride(1), pk.stride(2), pv.stride(0), pv.stride(1),
+                     pv.stride(2))
         page = paged.page_tokens
     wrap_triton(_decode_partial_kernel)[grid](
         q, shared_k, shared_v, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
@@ -506,7 +507,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         SPLITS=config.splits, OWN_BEAMS=own_beams(config.block_m, group), FUSED_MERGE=fused,
         ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma, LENS=seq_lens is not None,
-        PAGED=paged is not None, PAGE=page,
+        PAGED=paged is not None, PAGE=page, PAGE_TMA=page_tma,
         num_warps=config.num_warps, num_stages=config.num_stages,
         **c.register_cap(config.maxnreg, q))
     if config.splits > 1 and not fused:

@@ -35,7 +35,8 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
 from torch_engine.kernels import _common as c
-from torch_engine.kernels._online_softmax import load_paged_tile, online_softmax_step
+from torch_engine.kernels._online_softmax import (attend_cached_pages, online_softmax_step,
+                                                   score_key_tile)
 from torch_engine.kernels.decode_attention import (PagedPrefix, decode_config_for,
                                                    launch_decode)
 from xgr_common.errors import InvalidInputError, require
@@ -48,22 +49,23 @@ MODES = {MaskMode.CAUSAL: 0, MaskMode.ITEM_CAUSAL: 3}
 @triton.jit
 def _paged_prefill_kernel(
         q_ptr, k_ptr, v_ptr, out_ptr, cu_ptr, len_ptr, seg_ptr, cached_ptr, table_ptr,
-        pk_ptr, pv_ptr,
+        pk_ptr, pv_ptr, kd, vd, pkd, pvd,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_tb,
         s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
         m_tiles, group, qk_scale,
         MODE: tl.constexpr, SEQ_LENS: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
-        PAGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr):
+        PAGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+        SUFFIX_TMA: tl.constexpr, PAGE_TMA: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)
     pid = tl.program_id(0)
     b = pid // m_tiles
     q0 = (pid % m_tiles) * BLOCK_M
-    start = tl.load(cu_ptr + b)
+    start = tl.load(cu_ptr + b).to(tl.int32)
     if SEQ_LENS:
-        length = tl.load(len_ptr + b)
+        length = tl.load(len_ptr + b).to(tl.int32)
     else:
-        length = tl.load(cu_ptr + b + 1) - start
+        length = tl.load(cu_ptr + b + 1).to(tl.int32) - start
     if q0 >= length:
         return
     # Rows: BLOCK_M tokens x HEADS query heads, token-major. HEADS == 1: program_id(1) is the
@@ -87,37 +89,20 @@ def _paged_prefill_kernel(
     l_i = tl.zeros([BLOCK_M * HEADS], tl.float32)
     acc = tl.zeros([BLOCK_M * HEADS, HEAD_DIM], tl.float32)
     n = tl.arange(0, BLOCK_N)
-    pk_head = pk_ptr + kvh * s_pkh
-    pv_head = pv_ptr + kvh * s_pvh
     # The cached part: every query sees every cached key, so whole tiles need no mask.
-    cached = tl.load(cached_ptr + b)
-    table_row = table_ptr + b * s_tb
-    whole = (cached // BLOCK_N) * BLOCK_N
-    for k0 in range(0, whole, BLOCK_N):
-        k, v = load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row,
-                               k0 + n, n, d, PAGE, MASKED=False)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
-                                            DOT_PRECISION)
-    if whole < cached:
-        kpos = whole + n
-        k_ok = kpos < cached
-        k, v = load_paged_tile(pk_head, pv_head, s_pkp, s_pkt, s_pvp, s_pvt, table_row, kpos,
-                               k_ok, d, PAGE)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        s = tl.where(k_ok[None, :], s, float("-inf"))
-        acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT,
-                                            DOT_PRECISION)
+    acc, l_i, m_i = attend_cached_pages(
+        acc, l_i, m_i, q, pk_ptr + kvh * s_pkh, pv_ptr + kvh * s_pvh, pkd, pvd, s_pkp, s_pkt,
+        s_pvp, s_pvt, table_ptr + b * s_tb, 0, tl.load(cached_ptr + b), n, d, kvh * HEAD_DIM,
+        qk_scale, PAGE, BLOCK_N, PAGE_TMA, ACC_IN_DOT, DOT_PRECISION)
     # The suffix. Keys before the tile's first query are visible to all its queries under
     # both rules (k <= q), so the tiles wholly before q0 run unmasked.
-    k_rows = k_ptr + kvh * s_kh + d[None, :]
-    v_rows = v_ptr + kvh * s_vh + d[None, :]
+    k_head = k_ptr + kvh * s_kh
+    v_head = v_ptr + kvh * s_vh
     before = (q0 // BLOCK_N) * BLOCK_N
     for n0 in range(0, before, BLOCK_N):
-        n_idx = start + n0 + n
-        keys = tl.load(k_rows + n_idx[:, None] * s_kt)
-        values = tl.load(v_rows + n_idx[:, None] * s_vt)
-        s = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION)
+        s, values = score_key_tile(q, k_head, v_head, kd, vd, start + n0, start + n0 + n,
+                                   kvh * HEAD_DIM, s_kt, s_vt, d, start + length, False,
+                                   SUFFIX_TMA, DOT_PRECISION)
         acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, values, qk_scale, ACC_IN_DOT,
                                             DOT_PRECISION)
     # The rest under the mask rule; a tile past the last query runs only when item-causal
@@ -134,16 +119,14 @@ def _paged_prefill_kernel(
         if (n0 <= q_last) | (seg_first == seg_last):
             n_idx = n0 + n
             n_ok = n_idx < length
-            rows = start + n_idx
-            keys = tl.load(k_rows + rows[:, None] * s_kt, mask=n_ok[:, None], other=0.0)
-            values = tl.load(v_rows + rows[:, None] * s_vt, mask=n_ok[:, None], other=0.0)
+            s, values = score_key_tile(q, k_head, v_head, kd, vd, start + n0, start + n_idx,
+                                       kvh * HEAD_DIM, s_kt, s_vt, d, start + length, True,
+                                       SUFFIX_TMA, DOT_PRECISION)
             allowed = n_idx[None, :] <= tok[:, None]
             if MODE == 3:
                 seg_k = tl.load(seg_ptr + start + n_idx, mask=n_ok, other=-2)
                 allowed = allowed | (seg_k[None, :] == seg_q[:, None])
-            allowed = allowed & n_ok[None, :]
-            s = tl.dot(q, tl.trans(keys), input_precision=DOT_PRECISION)
-            s = tl.where(allowed, s, float("-inf"))
+            s = tl.where(allowed & n_ok[None, :], s, float("-inf"))
             acc, l_i, m_i = online_softmax_step(acc, l_i, m_i, s, values, qk_scale,
                                                 ACC_IN_DOT, DOT_PRECISION)
     out = acc / tl.maximum(l_i, 1.0e-30)[:, None]
@@ -228,13 +211,16 @@ def _check_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, 
 class PagedPrefillConfig:
     """Tiling of one paged prefill launch: ``block_m`` suffix tokens x ``heads`` query heads
     a program (``heads`` > 1: the KV head's whole group, padded to a power of two, shares
-    each key tile), ``block_n`` keys a step."""
+    each key tile), ``block_n`` keys a step, whole key tiles through TMA or pointers."""
 
     block_m: int
     block_n: int
     heads: int = 1
     num_warps: int = 4
     num_stages: int = 2
+    # Whole key tiles (suffix tiles, and cached tiles when a page holds whole tiles) loaded
+    # through tensor-memory-access descriptors (Hopper's TMA) where the layout allows.
+    tma: bool = False
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "heads"):
@@ -267,10 +253,13 @@ def _run_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, bl
             f"paged_prefill_attention: a program holding a group needs heads >= the group "
             f"{hq // hkv}, got {config.heads}")
     m_tiles = (max_len + config.block_m - 1) // config.block_m
+    suffix_tma = config.tma and c.tma_ready(k, v)
+    kd, vd = c.kv_descriptors(k, v, config.block_n) if suffix_tma else (k, v)
+    pkd, pvd = c.page_descriptors(pool_k, pool_v, config.block_n, config.tma)
     with c.on_device(q.device):
         wrap_triton(_paged_prefill_kernel)[(batch * m_tiles, hq if config.heads == 1 else hkv)](
             q, k, v, out, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
-            segment_ids, cached_lens, block_table, pool_k, pool_v,
+            segment_ids, cached_lens, block_table, pool_k, pool_v, kd, vd, pkd, pvd,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), block_table.stride(0),
             pool_k.stride(0), pool_k.stride(1), pool_k.stride(2),
@@ -279,8 +268,10 @@ def _run_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, bl
             MODE=MODES[MaskMode(mode)], SEQ_LENS=seq_lens is not None,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEADS=config.heads, HEAD_DIM=dim,
             PAGE=page, ACC_IN_DOT=True, DOT_PRECISION=c.dot_precision(q.dtype),
+            SUFFIX_TMA=suffix_tma, PAGE_TMA=pkd is not pool_k,
             num_warps=config.num_warps, num_stages=config.num_stages)
     return out
+
 
 
 def launch_paged_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, pool_k, pool_v,
@@ -346,15 +337,16 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_size: int,
                    device: torch.device, share_group: bool = False) -> PagedPrefillConfig:
-    """The tiling from shapes alone. 16-bit inputs: one query head a program, 64 x 64 tiles,
-    32-row ones when 64-row ones would leave multiprocessors idle; with ``share_group``, a KV
-    head's whole group in one program (128 rows: tokens x the group padded to a power of
-    two) when that still gives every multiprocessor a program, so each key tile is loaded
-    once per group (opt-in until timed on the GPU: ``experiments/probe_paged_prefill_tilings``).
-    float32: 32 x 32 (twice the bytes a tile). The interpreter: 16 x 16 (many tiles on small
-    tests)."""
+    """The tiling from shapes alone. 16-bit inputs: one query head a program, 64 x 64 tiles
+    with whole key tiles through TMA, 32-row ones when 64-row ones would leave
+    multiprocessors idle; with ``share_group``, a KV head's whole group in one program (128
+    rows: tokens x the group padded to a power of two) when that still gives every
+    multiprocessor a program, so each key tile is loaded once per group (opt-in until timed on
+    the GPU: ``experiments/probe_paged_prefill_tilings``). float32: 32 x 32 (twice the bytes a
+    tile), pointer loads. The interpreter: 16 x 16 (many tiles on small tests) through TMA, so
+    the CPU tests take the descriptor loads (explicit tilings take pointers)."""
     if c.interpreting():
-        return PagedPrefillConfig(16, 16, 1, 4, 1)
+        return PagedPrefillConfig(16, 16, 1, 4, 1, tma=True)
     if element_size > 2:
         return PagedPrefillConfig(32, 32, 1, 4, 2)
     sms = c.multiprocessors(device)
@@ -362,10 +354,10 @@ def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_
     if share_group and group > 1 and heads <= 8:
         tokens = 128 // heads
         if batch * triton.cdiv(max(max_len, 1), tokens) * kv_heads >= sms:
-            return PagedPrefillConfig(tokens, 64, heads, 8, 2)
+            return PagedPrefillConfig(tokens, 64, heads, 8, 2, tma=True)
     if batch * group * kv_heads * triton.cdiv(max(max_len, 1), 64) < sms:
-        return PagedPrefillConfig(32, 64, 1, 4, 2)
-    return PagedPrefillConfig(64, 64, 1, 4, 2)
+        return PagedPrefillConfig(32, 64, 1, 4, 2, tma=True)
+    return PagedPrefillConfig(64, 64, 1, 4, 2, tma=True)
 
 
 def _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
@@ -416,9 +408,7 @@ def _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, 
     # packed prompt (an upper bound, from shapes alone, so the choice captures).
     keys = c.size_hint(shared_k.shape[0], 1024) + (c.size_hint(batch) *
                                                    c.size_hint(block_table.shape[1]) * page)
-    config = dataclasses.replace(
-        decode_config_for(c.size_hint(batch), width, hq // hkv, hkv, keys, dim, q.device),
-        tma=False)
+    config = decode_config_for(c.size_hint(batch), width, hq // hkv, hkv, keys, dim, q.device)
     with c.on_device(q.device):
         return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own,
                              scale, config, seq_lens=seq_lens,

@@ -25,7 +25,7 @@ class PromptCacheConfig:
 
     device_bytes: int
     host_bytes: int = 0
-    page_tokens: int = 16
+    page_tokens: int = 64
 
     def __post_init__(self) -> None:
         require(_whole(self.device_bytes) and self.device_bytes >= 1, ConfigError,
