@@ -90,7 +90,8 @@ def cache_examples(engine, spec, inputs: tuple, page_tokens: int = PAGE_TOKENS) 
     cached = spec.prompt_v2.split.long_term_items * (spec.layout.levels + 1) + 1 + len(
         spec.prompt_v2.spans.intro)
     cached = max(1, min(cached, width - 2))
-    pages = -(-width // page_tokens)
+    # Two spare pages a row: a table one page wide would make the trace specialise its width.
+    pages = -(-width // page_tokens) + 2
     cached_lengths = torch.full((rows,), cached, dtype=torch.int64)
     block_table = (torch.arange(rows * pages, dtype=torch.int32).reshape(rows, pages) + 1)
     write_slots = torch.zeros((rows, width - cached), dtype=torch.int64)

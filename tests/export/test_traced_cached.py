@@ -22,4 +22,4 @@ def test_the_cached_search_traces_the_paged_kernels():
     traced = json.loads(done.stdout.strip().splitlines()[-1])
     assert {"_paged_prefill_kernel", "_decode_partial_kernel"} <= set(traced["kernels"])
     assert traced["symbolic"] == {"suffix": True, "pages": True, "pool": True}
-    assert traced["cache_line"][0].startswith("cache runtime=5 page_tokens=16")
+    assert traced["cache_line"][0].startswith("cache runtime=5 page_tokens=64")

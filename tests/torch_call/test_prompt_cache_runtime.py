@@ -27,7 +27,7 @@ from torch_engine.model import Model
 from xgr_common.errors import ConfigError
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import tolerance_for
-from xgr_export.cached_package import export_cached_engine
+from xgr_export.cached_package import PAGE_TOKENS, export_cached_engine
 from xgr_export.config import EngineExportConfig
 
 HERE = Path(__file__).resolve().parent
@@ -161,7 +161,7 @@ def test_the_pool_stays_within_its_budget_and_evicts(cached, tmp_path):
     users = [(u, 3, 2) for u in range(24)]
     for user in [u for user in users for u in (user, user)] + users:
         calls.add([user], [f"user{user[0]}"])
-    page = 2 * 2 * 2 * 16 * 16 * 4       # layers x (K, V) x KV heads x dim x tokens x fp32
+    page = 2 * 2 * 2 * 16 * PAGE_TOKENS * 4    # layers x (K, V) x KV heads x dim x tokens x fp32
     result = calls.run(package, tmp_path, 6 * page)
     assert result["outcomes"] == ["ok"] * 72
     final = result["stats"][-1]
@@ -183,8 +183,8 @@ def test_the_host_tier_keeps_what_the_pool_evicts(cached, tmp_path):
     users = [(u, 3, 2) for u in range(12)]
     for user in [u for user in users for u in (user, user)] + users:
         calls.add([user], [f"user{user[0]}"])
-    page = 2 * 2 * 2 * 16 * 16 * 4
-    entry = int(calls.user_rows(users[:1])[3][0]) * page // 16     # one entry's tokens
+    page = 2 * 2 * 2 * 16 * PAGE_TOKENS * 4
+    entry = int(calls.user_rows(users[:1])[3][0]) * page // PAGE_TOKENS     # one entry's tokens
     roomy = calls.run(package, tmp_path, 6 * page, host_budget=6 * entry)
     assert roomy["outcomes"] == ["ok"] * 36
     stats = roomy["stats"]
