@@ -248,14 +248,32 @@ def cached_last_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                    backend)[:, 0]
 
 
+def cached_split_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
+                          total_tokens: int, cached: CachedPrefix, head_dim: int,
+                          device: torch.device, backend: str) -> torch.Tensor | None:
+    """``split_counters`` for ``cached_decode_attention`` over ``cached``'s pages."""
+    if backend != "triton" or torch.compiler.is_compiling():
+        return None
+    count = _paged().merge_counters(batch, width, num_heads, num_kv_heads, total_tokens,
+                                    cached.block_table.shape[1], cached.pool.shape[3],
+                                    head_dim, device)
+    return torch.zeros(count, dtype=torch.int32, device=device) if count else None
+
+
 def cached_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                             prompt: PackedPrompt, cached: CachedPrefix, layer: int,
                             beam_k: torch.Tensor, beam_v: torch.Tensor, num_own: int,
-                            backend: str) -> torch.Tensor:
+                            backend: str, counters: torch.Tensor | None = None
+                            ) -> torch.Tensor:
     """``decode_attention`` whose shared stage covers each request's cached tokens, then its
-    suffix (``shared_k, shared_v``), then each beam's own slots."""
+    suffix (``shared_k, shared_v``), then each beam's own slots; counters: from
+    ``cached_split_counters`` for this shape, or None."""
     keys, values = cached.layer(layer)
     if backend == "triton":
+        if counters is not None and not torch.compiler.is_compiling():
+            return _paged().paged_decode_attention_counted(
+                q, shared_k, shared_v, prompt.cu_seqlens, keys, values, cached.block_table,
+                cached.lengths, beam_k, beam_v, num_own, counters, None, prompt.seq_lens)
         return _paged().paged_decode_attention(
             q, shared_k, shared_v, prompt.cu_seqlens, keys, values, cached.block_table,
             cached.lengths, beam_k, beam_v, num_own, None, prompt.seq_lens)

@@ -220,7 +220,7 @@ class Model(nn.Module):
             else:
                 out = attn.cached_decode_attention(q, shared.keys[index], shared.values[index],
                                                    prompt, cached, index, beam_k, beam_v,
-                                                   slot + 1, backend)
+                                                   slot + 1, backend, counters)
             x = layer.finish(x, out, owned=True)      # x: the embeddings, then its own sums
         return self._final_norm(x)
 

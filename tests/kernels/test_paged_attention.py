@@ -260,3 +260,27 @@ def test_the_launchers_refuse_other_masks_and_bad_num_own(kt, gen):
                                        world["v"], world["cu_seqlens"], world["pool_k"],
                                        world["pool_v"], world["block_table"],
                                        world["cached_lens"], beam, beam, 2)
+
+
+def test_paged_decode_shares_counters_across_launches(kt, gen):
+    """Launches of one shape share one zeroed counter buffer, as a cached search's layers and
+    steps do: each merges its splits right and leaves the counters at zero."""
+    world = _world(kt, gen, [150], [40], 4, 2, 32, torch.float32)
+    pages = {key: world[key] for key in ("pool_k", "pool_v", "block_table", "cached_lens")}
+    shape = (1, 2, 4, 2, world["k"].shape[0], world["block_table"].shape[1], PAGE, 32,
+             world["q"].device)
+    config = kernels.decode_config(1, 2, 2, 2, *shape[4:])
+    count = kernels.merge_counters(*shape)
+    assert config.splits > 1 and config.fused_merge and count == 2     # one row tile x 2 heads
+    counters = torch.zeros(count + 1, dtype=torch.int32, device=world["q"].device)
+    for num_own in (0, 1, 2):
+        decode = dict(q=kt.randn((1, 2, 4, 32), torch.float32, gen), shared_k=world["k"],
+                      shared_v=world["v"], cu_seqlens=world["cu_seqlens"],
+                      beam_k=kt.randn((1, 2, 2, 2, 32), torch.float32, gen),
+                      beam_v=kt.randn((1, 2, 2, 2, 32), torch.float32, gen))
+        want = reference.paged_decode_attention(**_double({**decode, **pages}),
+                                                num_own=num_own)
+        got = kernels.paged_decode_attention_counted(**decode, **pages, num_own=num_own,
+                                                     counters=counters)
+        kt.check(got, want, torch.float32, f"paged decode, shared counters, own {num_own}")
+        assert not bool(counters.any()), counters

@@ -37,8 +37,8 @@ from torch.library import triton_op, wrap_triton
 from torch_engine.kernels import _common as c
 from torch_engine.kernels._online_softmax import (attend_cached_pages, online_softmax_step,
                                                    score_key_tile)
-from torch_engine.kernels.decode_attention import (PagedPrefix, decode_config_for,
-                                                   launch_decode)
+from torch_engine.kernels.decode_attention import (DecodeConfig, PagedPrefix, counters_of,
+                                                   decode_config_for, launch_decode)
 from xgr_common.errors import InvalidInputError, require
 from xgr_common.layout import MaskMode
 
@@ -396,22 +396,43 @@ def _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table
     return page
 
 
+def decode_config(batch: int, width: int, group: int, kv_heads: int, shared_tokens: int,
+                  table_pages: int, page_tokens: int, head_dim: int,
+                  device: torch.device) -> DecodeConfig:
+    """The paged decode's tiling and split from shapes alone: the split rule counts every key
+    a request may read, its pages' whole width and its packed prompt (an upper bound, so the
+    choice captures)."""
+    keys = shared_tokens + batch * table_pages * page_tokens
+    return decode_config_for(batch, width, group, kv_heads, keys, head_dim, device)
+
+
+def merge_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
+                   shared_tokens: int, table_pages: int, page_tokens: int, head_dim: int,
+                   device: torch.device) -> int:
+    """``decode_attention.merge_counters`` for the paged decode: how many split counters a
+    launch of this shape uses (0: not split), to share one zeroed buffer among a search's
+    launches."""
+    group = num_heads // num_kv_heads
+    config = decode_config(batch, width, group, num_kv_heads, shared_tokens, table_pages,
+                           page_tokens, head_dim, device)
+    return counters_of(config, batch, width, group, num_kv_heads)
+
+
 def _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, cached_lens,
-                beam_k, beam_v, num_own, scale, seq_lens) -> torch.Tensor:
+                beam_k, beam_v, num_own, scale, seq_lens,
+                counters: torch.Tensor | None = None) -> torch.Tensor:
     """Checks, the split rule from shapes (example sizes when traced), the launch."""
     page = _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
                          cached_lens, beam_k, beam_v, num_own, seq_lens)
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     scale = c.resolve_scale("paged_decode_attention", scale, dim)
-    # The split rule counts every key a request may read: its pages' whole width and its
-    # packed prompt (an upper bound, from shapes alone, so the choice captures).
-    keys = c.size_hint(shared_k.shape[0], 1024) + (c.size_hint(batch) *
-                                                   c.size_hint(block_table.shape[1]) * page)
-    config = decode_config_for(c.size_hint(batch), width, hq // hkv, hkv, keys, dim, q.device)
+    config = decode_config(c.size_hint(batch), width, hq // hkv, hkv,
+                           c.size_hint(shared_k.shape[0], 1024),
+                           c.size_hint(block_table.shape[1]), page, dim, q.device)
     with c.on_device(q.device):
         return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own,
-                             scale, config, seq_lens=seq_lens,
+                             scale, config, counters=counters, seq_lens=seq_lens,
                              paged=PagedPrefix(pool_k, pool_v, block_table, cached_lens))
 
 
@@ -463,3 +484,18 @@ def paged_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: to
     return torch.ops.xgr.paged_decode_attention(q, shared_k, shared_v, cu_seqlens, pool_k,
                                                 pool_v, block_table, cached_lens, beam_k,
                                                 beam_v, num_own, scale, seq_lens)
+
+
+def paged_decode_attention_counted(q: torch.Tensor, shared_k: torch.Tensor,
+                                   shared_v: torch.Tensor, cu_seqlens: torch.Tensor,
+                                   pool_k: torch.Tensor, pool_v: torch.Tensor,
+                                   block_table: torch.Tensor, cached_lens: torch.Tensor,
+                                   beam_k: torch.Tensor, beam_v: torch.Tensor, num_own: int,
+                                   counters: torch.Tensor, scale: float | None = None,
+                                   seq_lens: torch.Tensor | None = None) -> torch.Tensor:
+    """``paged_decode_attention`` with caller-owned split counters (zeroed int32, at least
+    ``merge_counters`` entries, left zeroed): a plain launch for the engine's eager and
+    captured searches, which saves each launch its counter fill, as
+    ``decode_attention.decode_attention_counted`` does for the contiguous decode."""
+    return _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
+                       cached_lens, beam_k, beam_v, num_own, scale, seq_lens, counters)
