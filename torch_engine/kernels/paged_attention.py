@@ -338,8 +338,9 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_size: int,
                    device: torch.device, share_group: bool = False) -> PagedPrefillConfig:
     """The tiling from shapes alone. 16-bit inputs: one query head a program, 64 x 64 tiles
-    with whole key tiles through TMA, 32-row ones when 64-row ones would leave
-    multiprocessors idle; with ``share_group``, a KV head's whole group in one program (128
+    with whole key tiles through TMA (32-row tiles, which would give more programs to a
+    short suffix, timed slower even where 64-row ones leave multiprocessors idle); with
+    ``share_group``, a KV head's whole group in one program (128
     rows: tokens x the group padded to a power of two) when that still gives every
     multiprocessor a program, so each key tile is loaded once per group (opt-in until timed on
     the GPU: ``experiments/probe_paged_prefill_tilings``). float32: 32 x 32 (twice the bytes a
@@ -355,8 +356,6 @@ def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_
         tokens = 128 // heads
         if batch * triton.cdiv(max(max_len, 1), tokens) * kv_heads >= sms:
             return PagedPrefillConfig(tokens, 64, heads, 8, 2, tma=True)
-    if batch * group * kv_heads * triton.cdiv(max(max_len, 1), 64) < sms:
-        return PagedPrefillConfig(32, 64, 1, 4, 2, tma=True)
     return PagedPrefillConfig(64, 64, 1, 4, 2, tma=True)
 
 
