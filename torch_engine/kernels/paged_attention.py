@@ -356,7 +356,7 @@ def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_
         tokens = 128 // heads
         if batch * triton.cdiv(max(max_len, 1), tokens) * kv_heads >= sms:
             return PagedPrefillConfig(tokens, 64, heads, 8, 2, tma=True)
-    return PagedPrefillConfig(64, 64, 1, 4, 2, tma=True)
+    return PagedPrefillConfig(64, 64, 1, 4, 3, tma=True)
 
 
 def _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
