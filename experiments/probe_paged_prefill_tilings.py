@@ -22,14 +22,17 @@ import torch
 import triton.testing
 from absl import app, flags
 
+import dataclasses
 import importlib
 from torch_engine.kernels import paged_attention as kernels
+from torch_engine.kernels.decode_attention import PagedPrefix
 from torch_engine.reference import paged_attention as reference
 from xgr_common.layout import MaskMode
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", ".", "folder for paged_prefill_tilings.json")
 flags.DEFINE_list("shapes", ["qwen2-0.5b", "qwen3-1.7b"], "which SHAPES to run")
+flags.DEFINE_list("kernels", ["prefill", "decode"], "which kernels to time")
 SHAPES = {"qwen2-0.5b": (14, 2, 64, 768, 256), "qwen3-1.7b": (16, 8, 128, 4000, 1000)}
 PAGES = (16, 64)
 WIDTH = 256
@@ -112,18 +115,24 @@ def decode_rows(name: str, shape: tuple, page: int) -> list[dict]:
     keys = torch.cat([flat(inputs["pool_k"]), inputs["k"]])
     values = torch.cat([flat(inputs["pool_v"]), inputs["v"]])
     whole = torch.tensor([0, cached + suffix], dtype=torch.int32, device="cuda")
+    config = kernels.decode_config(1, WIDTH, hq // hkv, hkv, suffix,
+                                   inputs["block_table"].shape[1], page, dim, q.device)
+    paged = PagedPrefix(**pages)
     rows = []
     for kind, run in (
             ("contiguous", lambda: contiguous().decode_attention(q, keys, values, whole, beam_k,
                                                                beam_v, 2)),
             ("paged", lambda: kernels.paged_decode_attention(
                 q, inputs["k"], inputs["v"], inputs["cu_seqlens"], **pages, beam_k=beam_k,
-                beam_v=beam_v, num_own=2))):
+                beam_v=beam_v, num_own=2)),
+            ("paged, pages by TMA", lambda: contiguous().launch_decode(
+                q, inputs["k"], inputs["v"], inputs["cu_seqlens"], beam_k, beam_v, 2,
+                dim ** -0.5, dataclasses.replace(config, tma=True), paged=paged))):
         us, error = timed(run, want)
         rows.append(dict(kernel=f"decode {kind}", shape=name, page=page, us=us,
                          max_error=error))
-        print(f"decode  {name:11s} page {page:3d} {kind:12s} {us:8.1f} us  err {error:.4f}",
-              flush=True)
+        print(f"decode  {name:11s} page {page:3d} {kind:20s} {us:8.1f} us  err {error:.4f}  "
+              f"{config}", flush=True)
     return rows
 
 
@@ -133,8 +142,10 @@ def main(argv: list[str]) -> None:
     for name in FLAGS.shapes:
         shape = SHAPES[name]
         for page in PAGES:
-            rows += prefill_rows(name, shape, page)
-            rows += decode_rows(name, shape, page)
+            if "prefill" in FLAGS.kernels:
+                rows += prefill_rows(name, shape, page)
+            if "decode" in FLAGS.kernels:
+                rows += decode_rows(name, shape, page)
     with open(os.path.join(FLAGS.out, "paged_prefill_tilings.json"), "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
                    "rows": rows}, f, indent=1)

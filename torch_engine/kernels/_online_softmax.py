@@ -82,16 +82,18 @@ def load_page_tile(pk_head, pv_head, pkd, pvd, s_pkp, s_pkt, s_pvp, s_pvt, table
     one page (N divides PAGE, k0 a multiple of N): one page index for the tile, contiguous
     rows. With TMA, through the descriptors pkd, pvd over the layer's pool as
     ``[pages * PAGE, Hkv * D]`` (columns ``col..col+D``: one KV head); otherwise pointer
-    loads (int64 offsets, as ``load_paged_tile``)."""
+    loads."""
     page = tl.load(table_row + k0 // PAGE).to(tl.int64)
     if TMA:
         row = (page * PAGE + k0 % PAGE).to(tl.int32)
         k = pkd.load([row, col])
         v = pvd.load([row, col])
     else:
-        slot = (k0 % PAGE + n).to(tl.int64)
-        k = tl.load(pk_head + page * s_pkp + slot[:, None] * s_pkt + d[None, :])
-        v = tl.load(pv_head + page * s_pvp + slot[:, None] * s_pvt + d[None, :])
+        # The page's base in one int64 scalar offset; the tile's rows within it in int32
+        # (a page is far below 2**31 elements), so the [N, D] offsets cost no 64-bit math.
+        slot = k0 % PAGE + n
+        k = tl.load((pk_head + page * s_pkp) + (slot[:, None] * s_pkt + d[None, :]))
+        v = tl.load((pv_head + page * s_pvp) + (slot[:, None] * s_pvt + d[None, :]))
     return k, v
 
 
