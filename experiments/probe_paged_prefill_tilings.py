@@ -71,9 +71,7 @@ def timed(run, want) -> tuple[float, float]:
 def prefill_rows(name: str, shape: tuple, page: int) -> list[dict]:
     hq, hkv, dim, cached, suffix = shape
     inputs = world(hq, hkv, dim, cached, suffix, page)
-    device = torch.device("cuda")
-    chosen = kernels.prefill_config(1, suffix, hq // hkv, hkv, 2, device)
-    shared = kernels.prefill_config(1, suffix, hq // hkv, hkv, 2, device, share_group=True)
+    chosen = kernels.prefill_config(2)
     rows = []
     for mode in (MaskMode.CAUSAL, MaskMode.ITEM_CAUSAL):
         want = reference.paged_prefill_attention(
@@ -84,11 +82,10 @@ def prefill_rows(name: str, shape: tuple, page: int) -> list[dict]:
                 continue
             us, error = timed(lambda: kernels.launch_paged_prefill(  # noqa: B023
                 **inputs, mode=mode, max_len=suffix, config=tiling), want)
-            mark = ("  <- rule" if tiling == chosen else "") + (
-                "  <- rule, group shared" if tiling == shared else "")
+            mark = "  <- rule" if tiling == chosen else ""
             rows.append(dict(kernel="prefill", shape=name, page=page, mode=mode.value,
                              tiling=str(tiling), us=us, max_error=error,
-                             chosen=tiling == chosen, chosen_sharing=tiling == shared))
+                             chosen=tiling == chosen))
             print(f"prefill {name:11s} page {page:3d} {mode.value:12s} {us:8.1f} us  "
                   f"err {error:.4f}{mark}  {tiling}", flush=True)
     return rows

@@ -32,6 +32,7 @@ def test_the_hit_latency_benchmark_writes_its_result(tmp_path):
     result = json.loads(path.read_text())
     case = result["cases"][0]
     assert result["commit"] and case["items_equal_to_uncached"] == case["items_compared"]
+    assert case["items_in_both"] == case["items_compared"] and case["page_tokens"] == 64
     assert set(case["medians_ms"]) == {"uncached", "hit (device pool)",
                                        "miss (computed and stored)",
                                        "host-tier copy (added to a hit)"}

@@ -247,8 +247,7 @@ def _run_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, bl
     if isinstance(out.numel(), int) and out.numel() == 0:
         return out
     if config is None:
-        config = prefill_config(c.size_hint(batch), c.size_hint(max_len), hq // hkv, hkv,
-                                q.element_size(), q.device)
+        config = prefill_config(q.element_size())
     require(config.heads == 1 or config.heads >= hq // hkv, InvalidInputError,
             f"paged_prefill_attention: a program holding a group needs heads >= the group "
             f"{hq // hkv}, got {config.heads}")
@@ -335,27 +334,19 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         cached_lens, max_len, scale, seq_lens)
 
 
-def prefill_config(batch: int, max_len: int, group: int, kv_heads: int, element_size: int,
-                   device: torch.device, share_group: bool = False) -> PagedPrefillConfig:
-    """The tiling from shapes alone. 16-bit inputs: one query head a program, 64 x 64 tiles
-    with whole key tiles through TMA (32-row tiles, which would give more programs to a
-    short suffix, timed slower even where 64-row ones leave multiprocessors idle); with
-    ``share_group``, a KV head's whole group in one program (128
-    rows: tokens x the group padded to a power of two) when that still gives every
-    multiprocessor a program, so each key tile is loaded once per group (opt-in until timed on
-    the GPU: ``experiments/probe_paged_prefill_tilings``). float32: 32 x 32 (twice the bytes a
-    tile), pointer loads. The interpreter: 16 x 16 (many tiles on small tests) through TMA, so
-    the CPU tests take the descriptor loads (explicit tilings take pointers)."""
+def prefill_config(element_size: int) -> PagedPrefillConfig:
+    """The tiling for inputs of ``element_size`` bytes, one for every shape so far
+    (``experiments/probe_paged_prefill_tilings`` timed the choices as graph replays at the
+    cache-hit shapes). 16-bit inputs: one query head a program, 64 x 64 tiles, three stages, whole key tiles through TMA, at every suffix length:
+    32-row tiles, which give a short suffix more programs, and a KV head's group stacked in one
+    program (``PagedPrefillConfig.heads``, each key tile loaded once for the group) both ran
+    slower. float32: 32 x 32 (twice the bytes a tile), pointer loads. The interpreter: 16 x 16
+    (many tiles on small tests) through TMA, so the CPU tests take the descriptor loads
+    (explicit tilings take pointers)."""
     if c.interpreting():
         return PagedPrefillConfig(16, 16, 1, 4, 1, tma=True)
     if element_size > 2:
         return PagedPrefillConfig(32, 32, 1, 4, 2)
-    sms = c.multiprocessors(device)
-    heads = triton.next_power_of_2(group)
-    if share_group and group > 1 and heads <= 8:
-        tokens = 128 // heads
-        if batch * triton.cdiv(max(max_len, 1), tokens) * kv_heads >= sms:
-            return PagedPrefillConfig(tokens, 64, heads, 8, 2, tma=True)
     return PagedPrefillConfig(64, 64, 1, 4, 3, tma=True)
 
 
