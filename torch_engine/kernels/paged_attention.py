@@ -3,8 +3,10 @@ the prompt's first tokens come from the prompt cache (``torch_engine.prompt_cach
 
 Same functions as ``torch_engine.reference.paged_attention``. Cached tokens live in a paged
 pool ``[pages, page_tokens, Hkv, D]``; request b's are the first ``cached_lens[b]`` tokens of
-its pages ``block_table[b, :]``. Key tiles gather their rows' page indices from the table and
-load the pages in place (no contiguous copy of the cached part):
+its pages ``block_table[b, :]``. Key tiles load the pages in place (no contiguous copy of the
+cached part): a tile inside one page (the page holds whole tiles) with one page index and,
+when the launcher made descriptors, through TMA; a tile wider than a page with one page index
+a row:
 
 * prefill: one program per (request, ``BLOCK_M`` suffix queries, query head), or (a tiling
   the launcher can be given, ``PagedPrefillConfig.heads``) per (request, ``BLOCK_M``
