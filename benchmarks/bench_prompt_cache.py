@@ -153,6 +153,9 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
     medians = {k: statistics.median(v) for k, v in rows.items()}
     kernels = profile_case(model, catalog, geometry, tokens, lengths, segments, frozen,
                            name) if FLAGS.profile else None
+    host = {"uncached": host_times(uncached), "hit": host_times(through_cache)}
+    if FLAGS.profile:
+        print_host(name, host)
     return {"case": spec, "preset": name, "cached_tokens": cached, "new_tokens": new,
             "beam_width": width, "top_k": top_k, "page_tokens": FLAGS.page_tokens, "batch": 1,
             "dtype": str(dtype),
@@ -164,7 +167,7 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
             "target_hit_ms": TARGETS_MS.get(name),
             "items_equal_to_uncached": same, "items_in_both": shared,
             "items_compared": int(want[0].numel()),
-            "cache_stats": stats.__dict__, "kernels_us": kernels}
+            "cache_stats": stats.__dict__, "kernels_us": kernels, "host_us": host}
 
 
 def kernel_times(call, calls: int = 3) -> dict[str, float]:
@@ -190,6 +193,37 @@ def kernel_times(call, calls: int = 3) -> dict[str, float]:
         if us:
             out[event.key] = out.get(event.key, 0.0) + us / calls
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def host_times(call, calls: int = 5) -> dict[str, float]:
+    """Where a call's host time goes: microseconds per call (inclusive, so nested entries
+    overlap) of this repository's engine functions and of the CUDA runtime's calls, over
+    ``calls`` calls of the timed (captured) engines. Python's tracer adds its own cost to each
+    function, so the figures are upper bounds; ``wall`` is the calls' time under it."""
+    from torch.profiler import ProfilerActivity, profile
+    call()
+    sync()
+    # The CUDA activity adds the runtime's calls (graph launches, copies, synchronisations).
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, with_stack=True) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync()
+        wall = (time.perf_counter() - start) * 1e6 / calls
+    out = {"wall": wall}
+    for event in prof.key_averages():
+        if "torch_engine/" in event.key or event.key.startswith("cuda"):
+            out[event.key] = out.get(event.key, 0.0) + event.cpu_time_total / calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def print_host(name: str, host: dict, top: int = 15) -> None:
+    for what, times in host.items():
+        print(f"\n{name} {what}, captured: host time a call (inclusive, under the tracer)")
+        for key, us in list(times.items())[:top]:
+            print(f"  {us:>9.1f} us  {key[-90:]}")
 
 
 def profile_case(model, catalog, geometry, tokens, lengths, segments, frozen, name,

@@ -38,6 +38,9 @@ def test_the_hit_latency_benchmark_writes_its_result(tmp_path):
                                        "host-tier copy (added to a hit)"}
     assert case["cache_stats"]["device_hits"] > 0
     assert set(case["kernels_us"]) == {"uncached", "hit"}
+    for host in case["host_us"].values():      # where the captured calls' host time goes
+        assert host["wall"] > 0 and any("engine.py" in key for key in host)
+    assert any("prompt_rows" in key for key in case["host_us"]["hit"])
 
 
 def test_the_hit_rate_simulation_plots_hits_against_the_pool(tmp_path):
