@@ -240,8 +240,10 @@ def page_descriptors(pool_k: torch.Tensor, pool_v: torch.Tensor, block_n: int, t
     ``[pages * page_tokens, Hkv * D]`` rows, loading ``[block_n, D]`` blocks, when ``tma``
     is asked for, a page holds whole key tiles, the pages are laid end to end and
     ``_common.tma_ready`` allows; otherwise the pools themselves (pointer loads)."""
+    if not tma or tracing(pool_k, pool_v):   # no guards on a traced pool's symbolic sizes
+        return pool_k, pool_v
     pages, page = pool_k.shape[:2]
-    if not tma or page % block_n or pages * page >= 2 ** 31:
+    if page % block_n or pages * page >= 2 ** 31:
         return pool_k, pool_v
     if any(t.stride(0) != page * t.stride(1) for t in (pool_k, pool_v)):
         return pool_k, pool_v
