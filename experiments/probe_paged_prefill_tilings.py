@@ -3,9 +3,10 @@
 for pages of 16 and 64 tokens (a page holding whole key tiles loads each tile with one page
 index, through TMA when the tiling asks), and what the rule in
 ``paged_attention.prefill_config`` picks; then the paged decode (beam 256, the rule's split)
-beside the contiguous decode over the same keys. Each launch is checked against the float64
-reference (float32 for the decode) before it is timed, and timed as CUDA-graph replays (the engine captures its
-searches; eager launches would time the host).
+beside the contiguous decode over the same keys (and the paged kernel with none of them
+cached). Each launch is checked against the float64 reference (float32 for the decode) before
+it is timed, and timed as CUDA-graph replays (the engine captures its searches; eager
+launches would time the host).
 
     python -m experiments.probe_paged_prefill_tilings [--out DIR]
 
@@ -115,6 +116,9 @@ def decode_rows(name: str, shape: tuple, page: int) -> list[dict]:
     config = kernels.decode_config(1, WIDTH, hq // hkv, hkv, suffix,
                                    inputs["block_table"].shape[1], page, dim, q.device)
     paged = PagedPrefix(**pages)
+    # The paged kernel over the same keys, none of them cached: what its two-part structure
+    # costs apart from reading pages.
+    none_cached = dict(pages, cached_lens=torch.zeros_like(inputs["cached_lens"]))
     rows = []
     for kind, run in (
             ("contiguous", lambda: contiguous().decode_attention(q, keys, values, whole, beam_k,
@@ -122,6 +126,9 @@ def decode_rows(name: str, shape: tuple, page: int) -> list[dict]:
             ("paged", lambda: kernels.paged_decode_attention(
                 q, inputs["k"], inputs["v"], inputs["cu_seqlens"], **pages, beam_k=beam_k,
                 beam_v=beam_v, num_own=2)),
+            ("paged, none cached", lambda: kernels.paged_decode_attention(
+                q, keys, values, whole, **none_cached, beam_k=beam_k, beam_v=beam_v,
+                num_own=2)),
             ("paged, pages by TMA", lambda: contiguous().launch_decode(
                 q, inputs["k"], inputs["v"], inputs["cu_seqlens"], beam_k, beam_v, 2,
                 dim ** -0.5, dataclasses.replace(config, tma=True), paged=paged))):
