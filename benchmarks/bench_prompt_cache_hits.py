@@ -46,7 +46,7 @@ flags.DEFINE_float("block_hours", 1.0, "a block closes every this many hours")
 flags.DEFINE_integer("block_tokens", 100, "tokens a closed block adds")
 flags.DEFINE_list("device_gb", ["5", "10", "20", "40", "80"], "device pool budgets (GB)")
 flags.DEFINE_float("host_gb", 256.0, "host tier beside each device budget (GB; 0: none)")
-flags.DEFINE_integer("page_tokens", 16, "tokens a page")
+flags.DEFINE_integer("page_tokens", PromptCacheConfig.page_tokens, "tokens a page")
 flags.DEFINE_integer("seed", 0, "workload seed")
 
 STAND_IN = KVGeometry(1, 1, 16, torch.float16)
