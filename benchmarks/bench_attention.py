@@ -33,8 +33,8 @@ from tqdm import tqdm
 from benchmarks import results_file as rf
 from torch_engine import reference
 from torch_engine.kernels import decode_attention, prefill_attention
-from torch_engine.kernels.decode_attention import (DecodeConfig, decode_config_for,
-                                                   launch_decode)
+from torch_engine.kernels.decode_attention import launch_decode
+from torch_engine.kernels.decode_tiling import DecodeConfig, decode_config_for
 from torch_engine.kernels.prefill_attention import PrefillConfig, launch_prefill
 from xgr_common.layout import MaskMode
 

@@ -156,7 +156,7 @@ def split_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
     the Triton kernel does not split that shape, for the torch backend, or while tracing."""
     if backend != "triton" or torch.compiler.is_compiling():
         return None
-    module = importlib.import_module("torch_engine.kernels.decode_attention")
+    module = importlib.import_module("torch_engine.kernels.decode_tiling")
     count = module.merge_counters(batch, width, num_heads, num_kv_heads, total_tokens,
                                   head_dim, device)
     return torch.zeros(count, dtype=torch.int32, device=device) if count else None

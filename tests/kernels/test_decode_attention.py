@@ -11,10 +11,10 @@ import torch
 from torch_engine import reference
 from xgr_common.errors import InvalidInputError
 from torch_engine.kernels import decode_attention
-from torch_engine.kernels.decode_attention import (DECODE_TILES, DecodeConfig, _check_inputs,
-                                                   decode_attention_counted,
-                                                   decode_config_for, launch_decode,
-                                                   merge_counters, split_count)
+from torch_engine.kernels.decode_attention import (_check_inputs, decode_attention_counted,
+                                                   launch_decode)
+from torch_engine.kernels.decode_tiling import (DECODE_TILES, DecodeConfig, decode_config_for,
+                                                merge_counters, split_count)
 
 CPU_DTYPES = [torch.float32, torch.float16]
 

@@ -9,7 +9,8 @@ import torch
 
 from torch_engine import attention as attn
 from torch_engine.kernels import paged_attention as kernels
-from torch_engine.kernels.decode_attention import DecodeConfig, PagedPrefix, launch_decode
+from torch_engine.kernels.decode_attention import PagedPrefix, launch_decode
+from torch_engine.kernels.decode_tiling import DecodeConfig
 from torch_engine.kv_cache import CachedPrefix, PackedPrompt
 from torch_engine.reference import paged_attention as reference
 from xgr_common.errors import InvalidInputError

@@ -39,8 +39,8 @@ from torch.library import triton_op, wrap_triton
 from torch_engine.kernels import _common as c
 from torch_engine.kernels._online_softmax import (attend_cached_pages, online_softmax_step,
                                                    score_key_tile)
-from torch_engine.kernels.decode_attention import (DecodeConfig, PagedPrefix, counters_of,
-                                                   decode_config_for, launch_decode)
+from torch_engine.kernels.decode_attention import PagedPrefix, launch_decode
+from torch_engine.kernels.decode_tiling import DecodeConfig, counters_of, decode_config_for
 from xgr_common.errors import InvalidInputError, require
 from xgr_common.layout import MaskMode
 
@@ -401,7 +401,7 @@ def decode_config(batch: int, width: int, group: int, kv_heads: int, shared_toke
 def merge_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
                    shared_tokens: int, table_pages: int, page_tokens: int, head_dim: int,
                    device: torch.device) -> int:
-    """``decode_attention.merge_counters`` for the paged decode: how many split counters a
+    """``decode_tiling.merge_counters`` for the paged decode: how many split counters a
     launch of this shape uses (0: not split), to share one zeroed buffer among a search's
     launches."""
     group = num_heads // num_kv_heads
