@@ -153,8 +153,9 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
     medians = {k: statistics.median(v) for k, v in rows.items()}
     kernels = profile_case(model, catalog, geometry, tokens, lengths, segments, frozen,
                            name) if FLAGS.profile else None
-    host = {"uncached": host_times(uncached), "hit": host_times(through_cache)}
+    host = None
     if FLAGS.profile:
+        host = {"uncached": host_times(uncached), "hit": host_times(through_cache)}
         print_host(name, host)
     return {"case": spec, "preset": name, "cached_tokens": cached, "new_tokens": new,
             "beam_width": width, "top_k": top_k, "page_tokens": FLAGS.page_tokens, "batch": 1,
@@ -170,18 +171,29 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
             "cache_stats": stats.__dict__, "kernels_us": kernels, "host_us": host}
 
 
-def kernel_times(call, calls: int = 3) -> dict[str, float]:
-    """Microseconds per call of each kernel over ``calls`` profiled calls: device time of the
-    GPU's kernels, or on the CPU the operators' own time."""
+def profiled(call, calls: int, with_stack: bool = False):
+    """The profiler's record of ``calls`` calls after one warm-up (CPU activities, and the
+    GPU's when there is one; ``with_stack``: Python's tracer too) and their wall
+    microseconds a call."""
     from torch.profiler import ProfilerActivity, profile
-    cuda = torch.cuda.is_available()
     call()
     sync()
-    with profile(activities=[ProfilerActivity.CPU]
-                 + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, with_stack=with_stack) as prof:
+        start = time.perf_counter()
         for _ in range(calls):
             call()
         sync()
+        wall = (time.perf_counter() - start) * 1e6 / calls
+    return prof, wall
+
+
+def kernel_times(call, calls: int = 3) -> dict[str, float]:
+    """Microseconds per call of each kernel over ``calls`` profiled calls: device time of the
+    GPU's kernels, or on the CPU the operators' own time."""
+    cuda = torch.cuda.is_available()
+    prof, _ = profiled(call, calls)
     out = {}
     for event in prof.key_averages():
         if cuda:
@@ -197,21 +209,11 @@ def kernel_times(call, calls: int = 3) -> dict[str, float]:
 
 def host_times(call, calls: int = 5) -> dict[str, float]:
     """Where a call's host time goes: microseconds per call (inclusive, so nested entries
-    overlap) of this repository's engine functions and of the CUDA runtime's calls, over
-    ``calls`` calls of the timed (captured) engines. Python's tracer adds its own cost to each
-    function, so the figures are upper bounds; ``wall`` is the calls' time under it."""
-    from torch.profiler import ProfilerActivity, profile
-    call()
-    sync()
-    # The CUDA activity adds the runtime's calls (graph launches, copies, synchronisations).
-    activities = [ProfilerActivity.CPU] + (
-        [ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities, with_stack=True) as prof:
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        sync()
-        wall = (time.perf_counter() - start) * 1e6 / calls
+    overlap) of this repository's engine functions and of the CUDA runtime's calls (graph
+    launches, copies, synchronisations), over ``calls`` calls of the timed (captured)
+    engines. Python's tracer adds its own cost to each function, so the figures are upper
+    bounds; ``wall`` is the calls' time under it."""
+    prof, wall = profiled(call, calls, with_stack=True)
     out = {"wall": wall}
     for event in prof.key_averages():
         if "torch_engine/" in event.key or event.key.startswith("cuda"):

@@ -27,6 +27,7 @@ import dataclasses
 import importlib
 from torch_engine.kernels import paged_attention as kernels
 from torch_engine.kernels.decode_attention import PagedPrefix
+from torch_engine.kernels.decode_tiling import decode_config_for
 from torch_engine.reference import paged_attention as reference
 from xgr_common.layout import MaskMode
 
@@ -113,8 +114,8 @@ def decode_rows(name: str, shape: tuple, page: int) -> list[dict]:
     keys = torch.cat([flat(inputs["pool_k"]), inputs["k"]])
     values = torch.cat([flat(inputs["pool_v"]), inputs["v"]])
     whole = torch.tensor([0, cached + suffix], dtype=torch.int32, device="cuda")
-    config = kernels.decode_config(1, WIDTH, hq // hkv, hkv, suffix,
-                                   inputs["block_table"].shape[1], page, dim, q.device)
+    config = decode_config_for(1, WIDTH, hq // hkv, hkv, kernels.decode_keys(
+        suffix, 1, inputs["block_table"].shape[1], page), dim, q.device)
     paged = PagedPrefix(**pages)
     # The paged kernel over the same keys, none of them cached: what its two-part structure
     # costs apart from reading pages.

@@ -149,13 +149,17 @@ def last_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
 
 def split_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
-                   total_tokens: int, head_dim: int, device: torch.device, backend: str
-                   ) -> torch.Tensor | None:
-    """Zeroed split counters that every ``decode_attention`` call of one shape can share (each
-    call leaves them at zero): one fill a search instead of one per layer and step. None when
+                   total_tokens: int, head_dim: int, device: torch.device, backend: str,
+                   cached: CachedPrefix | None = None) -> torch.Tensor | None:
+    """Zeroed split counters that every ``decode_attention`` call of one shape (with
+    ``cached``: every ``cached_decode_attention`` call over its pages) can share, each call
+    leaving them at zero: one fill a search instead of one per layer and step. None when
     the Triton kernel does not split that shape, for the torch backend, or while tracing."""
     if backend != "triton" or torch.compiler.is_compiling():
         return None
+    if cached is not None:   # the paged decode's split rule also counts the pages
+        total_tokens = _paged().decode_keys(total_tokens, batch, cached.block_table.shape[1],
+                                            cached.pool.shape[3])
     module = importlib.import_module("torch_engine.kernels.decode_tiling")
     count = module.merge_counters(batch, width, num_heads, num_kv_heads, total_tokens,
                                   head_dim, device)
@@ -248,18 +252,6 @@ def cached_last_token_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
                                    backend)[:, 0]
 
 
-def cached_split_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
-                          total_tokens: int, cached: CachedPrefix, head_dim: int,
-                          device: torch.device, backend: str) -> torch.Tensor | None:
-    """``split_counters`` for ``cached_decode_attention`` over ``cached``'s pages."""
-    if backend != "triton" or torch.compiler.is_compiling():
-        return None
-    count = _paged().merge_counters(batch, width, num_heads, num_kv_heads, total_tokens,
-                                    cached.block_table.shape[1], cached.pool.shape[3],
-                                    head_dim, device)
-    return torch.zeros(count, dtype=torch.int32, device=device) if count else None
-
-
 def cached_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: torch.Tensor,
                             prompt: PackedPrompt, cached: CachedPrefix, layer: int,
                             beam_k: torch.Tensor, beam_v: torch.Tensor, num_own: int,
@@ -267,7 +259,7 @@ def cached_decode_attention(q: torch.Tensor, shared_k: torch.Tensor, shared_v: t
                             ) -> torch.Tensor:
     """``decode_attention`` whose shared stage covers each request's cached tokens, then its
     suffix (``shared_k, shared_v``), then each beam's own slots; counters: from
-    ``cached_split_counters`` for this shape, or None."""
+    ``split_counters`` with ``cached`` for this shape, or None."""
     keys, values = cached.layer(layer)
     if backend == "triton":
         if counters is not None and not torch.compiler.is_compiling():

@@ -197,14 +197,9 @@ def decode(model: Model, catalog: Catalog, state: PrefillState, beam_width: int,
     tokens = prefixes
     fused = options.fused
     # Every decode step has one shape: its attention launches share one counter fill.
-    shared_tokens = state.shared.keys[0].shape[0]
-    if state.cached is None:
-        counters = attn.split_counters(rows, beam_width, cfg.num_heads, cfg.num_kv_heads,
-                                       shared_tokens, cfg.head_dim, device, options.attention)
-    else:
-        counters = attn.cached_split_counters(rows, beam_width, cfg.num_heads,
-                                              cfg.num_kv_heads, shared_tokens, state.cached,
-                                              cfg.head_dim, device, options.attention)
+    counters = attn.split_counters(rows, beam_width, cfg.num_heads, cfg.num_kv_heads,
+                                   state.shared.keys[0].shape[0], cfg.head_dim, device,
+                                   options.attention, state.cached)
     blocked = (bs.blocked_prefixes(state.excluded, catalog, exclusions) if fused
                else (None,) * levels)
     for level in range(levels):

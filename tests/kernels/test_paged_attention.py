@@ -10,7 +10,7 @@ import torch
 from torch_engine import attention as attn
 from torch_engine.kernels import paged_attention as kernels
 from torch_engine.kernels.decode_attention import PagedPrefix, launch_decode
-from torch_engine.kernels.decode_tiling import DecodeConfig
+from torch_engine.kernels.decode_tiling import DecodeConfig, decode_config_for, merge_counters
 from torch_engine.kv_cache import CachedPrefix, PackedPrompt
 from torch_engine.reference import paged_attention as reference
 from xgr_common.errors import InvalidInputError
@@ -268,10 +268,9 @@ def test_paged_decode_shares_counters_across_launches(kt, gen):
     steps do: each merges its splits right and leaves the counters at zero."""
     world = _world(kt, gen, [150], [40], 4, 2, 32, torch.float32)
     pages = {key: world[key] for key in ("pool_k", "pool_v", "block_table", "cached_lens")}
-    shape = (1, 2, 4, 2, world["k"].shape[0], world["block_table"].shape[1], PAGE, 32,
-             world["q"].device)
-    config = kernels.decode_config(1, 2, 2, 2, *shape[4:])
-    count = kernels.merge_counters(*shape)
+    keys = kernels.decode_keys(world["k"].shape[0], 1, world["block_table"].shape[1], PAGE)
+    config = decode_config_for(1, 2, 2, 2, keys, 32, world["q"].device)
+    count = merge_counters(1, 2, 4, 2, keys, 32, world["q"].device)
     assert config.splits > 1 and config.fused_merge and count == 2     # one row tile x 2 heads
     counters = torch.zeros(count + 1, dtype=torch.int32, device=world["q"].device)
     for num_own in (0, 1, 2):

@@ -332,9 +332,9 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
     """Runs the kernels with an explicit ``config`` (inputs already checked); ``out``
     (caller-owned, like q) receives the result when given; ``counters``: zeroed int32 split
     counters to use (and leave zeroed) instead of a fresh zeroed buffer, see
-    ``decode_tiling.merge_counters``; ``seq_lens``: see ``decode_attention``; ``paged``: cached tokens
-    read before each request's prompt (whole tiles through TMA when ``config.tma`` and a
-    page holds whole tiles)."""
+    ``decode_tiling.merge_counters``; ``seq_lens``: see ``decode_attention``; ``paged``:
+    cached tokens read before each request's prompt (whole tiles through TMA when
+    ``config.tma`` and a page holds whole tiles)."""
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     group = hq // hkv
@@ -471,8 +471,8 @@ def decode_attention_counted(q: torch.Tensor, shared_k: torch.Tensor, shared_v: 
                              scale: float | None = None,
                              seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     """``decode_attention`` with caller-owned split counters: ``counters`` int32, zeroed, at
-    least ``decode_tiling.merge_counters`` entries, left zeroed. A plain launch, not the custom op: for the
-    engine's eager and captured searches, where it saves each launch its counter fill (one
-    graph node); traced programs hold the op, which fills its own."""
+    least ``decode_tiling.merge_counters`` entries, left zeroed. A plain launch, not the
+    custom op: for the engine's eager and captured searches, where it saves each launch its
+    counter fill (one graph node); traced programs hold the op, which fills its own."""
     return _run(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own, scale, counters,
                 seq_lens)

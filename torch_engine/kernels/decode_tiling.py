@@ -130,13 +130,6 @@ def merge_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
     search instead of one per launch."""
     group = num_heads // num_kv_heads
     config = decode_config_for(batch, width, group, num_kv_heads, total_tokens, head_dim, device)
-    return counters_of(config, batch, width, group, num_kv_heads)
-
-
-def counters_of(config: DecodeConfig, batch: int, width: int, group: int,
-                num_kv_heads: int) -> int:
-    """The split counters a launch with ``config`` uses: one per row tile when it merges in
-    its last split, else none."""
     if not (config.fused_merge and config.splits > 1):
         return 0
     return triton.cdiv(width * group, config.block_m) * batch * num_kv_heads

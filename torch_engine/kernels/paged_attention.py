@@ -40,7 +40,7 @@ from torch_engine.kernels import _common as c
 from torch_engine.kernels._online_softmax import (attend_cached_pages, online_softmax_step,
                                                    score_key_tile)
 from torch_engine.kernels.decode_attention import PagedPrefix, launch_decode
-from torch_engine.kernels.decode_tiling import DecodeConfig, counters_of, decode_config_for
+from torch_engine.kernels.decode_tiling import decode_config_for
 from xgr_common.errors import InvalidInputError, require
 from xgr_common.layout import MaskMode
 
@@ -274,7 +274,6 @@ def _run_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, bl
     return out
 
 
-
 def launch_paged_prefill(q, k, v, cu_seqlens, segment_ids, mode: MaskMode, pool_k, pool_v,
                          block_table, cached_lens, max_len: int,
                          config: PagedPrefillConfig, scale: float | None = None,
@@ -339,12 +338,13 @@ def paged_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 def prefill_config(element_size: int) -> PagedPrefillConfig:
     """The tiling for inputs of ``element_size`` bytes, one for every shape so far
     (``experiments/probe_paged_prefill_tilings`` timed the choices as graph replays at the
-    cache-hit shapes). 16-bit inputs: one query head a program, 64 x 64 tiles, three stages, whole key tiles through TMA, at every suffix length:
-    32-row tiles, which give a short suffix more programs, and a KV head's group stacked in one
-    program (``PagedPrefillConfig.heads``, each key tile loaded once for the group) both ran
-    slower. float32: 32 x 32 (twice the bytes a tile), pointer loads. The interpreter: 16 x 16
-    (many tiles on small tests) through TMA, so the CPU tests take the descriptor loads
-    (explicit tilings take pointers)."""
+    cache-hit shapes). 16-bit inputs: one query head a program, 64 x 64 tiles, three stages,
+    whole key tiles through TMA, at every suffix length: 32-row tiles, which give a short
+    suffix more programs, and a KV head's group stacked in one program
+    (``PagedPrefillConfig.heads``, each key tile loaded once for the group) both ran slower.
+    float32: 32 x 32 (twice the bytes a tile), pointer loads. The interpreter: 16 x 16 (many
+    tiles on small tests) through TMA, so the CPU tests take the descriptor loads (explicit
+    tilings take pointers)."""
     if c.interpreting():
         return PagedPrefillConfig(16, 16, 1, 4, 1, tma=True)
     if element_size > 2:
@@ -388,26 +388,11 @@ def _check_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table
     return page
 
 
-def decode_config(batch: int, width: int, group: int, kv_heads: int, shared_tokens: int,
-                  table_pages: int, page_tokens: int, head_dim: int,
-                  device: torch.device) -> DecodeConfig:
-    """The paged decode's tiling and split from shapes alone: the split rule counts every key
-    a request may read, its pages' whole width and its packed prompt (an upper bound, so the
-    choice captures)."""
-    keys = shared_tokens + batch * table_pages * page_tokens
-    return decode_config_for(batch, width, group, kv_heads, keys, head_dim, device)
-
-
-def merge_counters(batch: int, width: int, num_heads: int, num_kv_heads: int,
-                   shared_tokens: int, table_pages: int, page_tokens: int, head_dim: int,
-                   device: torch.device) -> int:
-    """``decode_tiling.merge_counters`` for the paged decode: how many split counters a
-    launch of this shape uses (0: not split), to share one zeroed buffer among a search's
-    launches."""
-    group = num_heads // num_kv_heads
-    config = decode_config(batch, width, group, num_kv_heads, shared_tokens, table_pages,
-                           page_tokens, head_dim, device)
-    return counters_of(config, batch, width, group, num_kv_heads)
+def decode_keys(shared_tokens: int, batch: int, table_pages: int, page_tokens: int) -> int:
+    """The keys the paged decode's split rule counts (``decode_tiling``'s ``total_tokens``):
+    every key a request may read, its pages' whole width and its packed prompt (an upper
+    bound from shapes alone, so the choice captures)."""
+    return shared_tokens + batch * table_pages * page_tokens
 
 
 def _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, cached_lens,
@@ -419,9 +404,9 @@ def _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, 
     batch, width, hq, dim = q.shape
     hkv = shared_k.shape[1]
     scale = c.resolve_scale("paged_decode_attention", scale, dim)
-    config = decode_config(c.size_hint(batch), width, hq // hkv, hkv,
-                           c.size_hint(shared_k.shape[0], 1024),
-                           c.size_hint(block_table.shape[1]), page, dim, q.device)
+    keys = decode_keys(c.size_hint(shared_k.shape[0], 1024), c.size_hint(batch),
+                       c.size_hint(block_table.shape[1]), page)
+    config = decode_config_for(c.size_hint(batch), width, hq // hkv, hkv, keys, dim, q.device)
     with c.on_device(q.device):
         return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own,
                              scale, config, counters=counters, seq_lens=seq_lens,
@@ -486,8 +471,8 @@ def paged_decode_attention_counted(q: torch.Tensor, shared_k: torch.Tensor,
                                    counters: torch.Tensor, scale: float | None = None,
                                    seq_lens: torch.Tensor | None = None) -> torch.Tensor:
     """``paged_decode_attention`` with caller-owned split counters (zeroed int32, at least
-    ``merge_counters`` entries, left zeroed): a plain launch for the engine's eager and
-    captured searches, which saves each launch its counter fill, as
-    ``decode_attention.decode_attention_counted`` does for the contiguous decode."""
+    ``decode_tiling.merge_counters`` entries for ``decode_keys``, left zeroed): a plain
+    launch for the engine's eager and captured searches, which saves each launch its counter
+    fill, as ``decode_attention.decode_attention_counted`` does for the contiguous decode."""
     return _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table,
                        cached_lens, beam_k, beam_v, num_own, scale, seq_lens, counters)
