@@ -35,14 +35,21 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out", ".", "folder for paged_prefill_tilings.json")
 flags.DEFINE_list("shapes", ["qwen2-0.5b", "qwen3-1.7b"], "which SHAPES to run")
 flags.DEFINE_list("kernels", ["prefill", "decode"], "which kernels to time")
-SHAPES = {"qwen2-0.5b": (14, 2, 64, 768, 256), "qwen3-1.7b": (16, 8, 128, 4000, 1000)}
 PAGES = (16, 64)
+SHAPES = {"qwen2-0.5b": (14, 2, 64, 768, 256), "qwen3-1.7b": (16, 8, 128, 4000, 1000)}
 WIDTH = 256
-TILINGS = [kernels.PagedPrefillConfig(*tiling[:5], tma=tiling[5]) for tiling in (
-    (64, 64, 1, 4, 2, False), (64, 64, 1, 4, 2, True), (64, 64, 1, 4, 3, True),
-    (32, 64, 1, 4, 2, False), (32, 64, 1, 4, 2, True), (64, 64, 2, 8, 2, True),
-    (32, 64, 2, 4, 2, True), (16, 64, 8, 8, 2, False), (16, 64, 8, 8, 2, True),
-    (8, 64, 8, 4, 2, True))]
+flags.DEFINE_list("pages", [str(p) for p in PAGES], "page sizes (tokens) to run")
+flags.DEFINE_bool("all_tilings", False, "also the tilings the rule no longer picks")
+# (block_m, block_n, heads, warps, stages, TMA, cached-page loop depth; None: the rule's).
+# A depth equal to the kernel's stages is the compiler's split of it between the page index
+# and the tile (the tile fetched one step ahead): the rule before page_stages.
+TILINGS = [kernels.PagedPrefillConfig(*tiling[:5], tma=tiling[5], page_stages=tiling[6])
+           for tiling in ((64, 64, 1, 4, 3, True, None), (64, 64, 1, 4, 3, True, 3),
+                          (64, 64, 1, 4, 3, False, None), (64, 64, 1, 4, 2, True, None))]
+EARLIER_TILINGS = [kernels.PagedPrefillConfig(*tiling[:5], tma=tiling[5]) for tiling in (
+    (64, 64, 1, 4, 2, False), (32, 64, 1, 4, 2, False), (32, 64, 1, 4, 2, True),
+    (64, 64, 2, 8, 2, True), (32, 64, 2, 4, 2, True), (16, 64, 8, 8, 2, False),
+    (16, 64, 8, 8, 2, True), (8, 64, 8, 4, 2, True))]
 
 
 def contiguous():
@@ -79,7 +86,7 @@ def prefill_rows(name: str, shape: tuple, page: int) -> list[dict]:
         want = reference.paged_prefill_attention(
             **{k: v.double() if v.is_floating_point() else v for k, v in inputs.items()},
             mode=mode)
-        for tiling in TILINGS:
+        for tiling in TILINGS + (EARLIER_TILINGS if FLAGS.all_tilings else []):
             if tiling.heads > 1 and tiling.heads < hq // hkv:
                 continue
             us, error = timed(lambda: kernels.launch_paged_prefill(  # noqa: B023
@@ -132,7 +139,12 @@ def decode_rows(name: str, shape: tuple, page: int) -> list[dict]:
                 num_own=2)),
             ("paged, pages by TMA", lambda: contiguous().launch_decode(
                 q, inputs["k"], inputs["v"], inputs["cu_seqlens"], beam_k, beam_v, 2,
-                dim ** -0.5, dataclasses.replace(config, tma=True), paged=paged))):
+                dim ** -0.5, dataclasses.replace(config, tma=True), paged=paged)),
+            # The page loop at the kernel's own depth: the tile fetched one step ahead.
+            ("paged, page loop depth 3", lambda: contiguous().launch_decode(
+                q, inputs["k"], inputs["v"], inputs["cu_seqlens"], beam_k, beam_v, 2,
+                dim ** -0.5, dataclasses.replace(config, page_stages=config.num_stages),
+                paged=paged))):
         us, error = timed(run, want)
         rows.append(dict(kernel=f"decode {kind}", shape=name, page=page, us=us,
                          max_error=error))
@@ -146,7 +158,7 @@ def main(argv: list[str]) -> None:
     rows = []
     for name in FLAGS.shapes:
         shape = SHAPES[name]
-        for page in PAGES:
+        for page in [int(p) for p in FLAGS.pages]:
             if "prefill" in FLAGS.kernels:
                 rows += prefill_rows(name, shape, page)
             if "decode" in FLAGS.kernels:

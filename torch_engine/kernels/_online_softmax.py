@@ -11,6 +11,15 @@ import triton
 import triton.language as tl
 
 
+def page_stages(num_stages: int, override: int | None = None) -> int:
+    """The pipeline depth of ``attend_cached_pages``'s whole-tile loop in a kernel compiled
+    with ``num_stages``: the pipeliner gives the page-index load and the tile's load a share
+    each, so twice the kernel's depth less one keeps the tiles ``num_stages - 1`` steps
+    ahead, as the kernel's unpaged loops are. ``override``: an explicit depth (tiling
+    sweeps)."""
+    return override if override is not None else max(1, 2 * num_stages - 1)
+
+
 @triton.jit
 def online_softmax_step(acc, l_i, m_i, s, v, qk_scale, ACC_IN_DOT: tl.constexpr,
                         DOT_PRECISION: tl.constexpr):
@@ -101,13 +110,17 @@ def load_page_tile(pk_head, pv_head, pkd, pvd, s_pkp, s_pkt, s_pvp, s_pvt, table
 def attend_cached_pages(acc, l_i, m_i, q, pk_head, pv_head, pkd, pvd, s_pkp, s_pkt, s_pvp,
                         s_pvt, table_row, lo, hi, n, d, col, qk_scale, PAGE: tl.constexpr,
                         BLOCK_N: tl.constexpr, TMA: tl.constexpr, ACC_IN_DOT: tl.constexpr,
-                        DOT_PRECISION: tl.constexpr):
+                        DOT_PRECISION: tl.constexpr, STAGES: tl.constexpr):
     """Fold a request's cached keys ``[lo, hi)`` (lo a multiple of BLOCK_N; every query of
     the tile sees every one) into the online-softmax state: whole tiles without a mask, one
     page index a tile when a page holds whole tiles (through TMA when the launcher made
-    descriptors), one a row otherwise; then a masked ragged tail."""
+    descriptors), one a row otherwise; then a masked ragged tail.
+
+    STAGES: the whole-tile loop's pipeline depth (``page_stages``). The page index is a load
+    that the tile's load waits on, so Triton's pipeliner splits the depth between the two:
+    the kernel's own depth would leave the tile's keys fetched only one step ahead."""
     whole = lo + tl.maximum(hi - lo, 0) // BLOCK_N * BLOCK_N
-    for k0 in range(lo, whole, BLOCK_N):
+    for k0 in tl.range(lo, whole, BLOCK_N, num_stages=STAGES):
         if PAGE % BLOCK_N == 0:
             k, v = load_page_tile(pk_head, pv_head, pkd, pvd, s_pkp, s_pkt, s_pvp, s_pvt,
                                   table_row, k0, n, d, col, PAGE, TMA)

@@ -32,7 +32,7 @@ from xgr_common.errors import InvalidInputError, require
 from torch_engine.kernels import _common as c
 from torch_engine.kernels.decode_tiling import DecodeConfig, decode_config_for, own_beams
 from torch_engine.kernels._online_softmax import (attend_cached_pages, online_softmax_step,
-                                                   score_key_tile)
+                                                   page_stages, score_key_tile)
 
 _OP = "decode_attention"
 _LOG2E = 1.4426950408889634
@@ -106,7 +106,7 @@ def _decode_partial_kernel(
         BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, OWN_BEAMS: tl.constexpr,
         FUSED_MERGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         TMA: tl.constexpr, LENS: tl.constexpr, PAGED: tl.constexpr,
-        PAGE: tl.constexpr, PAGE_TMA: tl.constexpr):
+        PAGE: tl.constexpr, PAGE_TMA: tl.constexpr, PAGE_STAGES: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)  # a float64 scalar when Inductor launches it
     # Row tiles vary fastest: the tiles of one (request, KV head) run side by side and read its
     # prompt KV from L2 once, instead of once per row tile when the KV outgrows L2.
@@ -152,7 +152,8 @@ def _decode_partial_kernel(
         acc, l_i, m_i = attend_cached_pages(
             acc, l_i, m_i, q, pk_ptr + h * s_pkh, pv_ptr + h * s_pvh, pkd, pvd, s_pkp, s_pkt,
             s_pvp, s_pvt, table_ptr + b * s_tb, lo, mid, tl.arange(0, BLOCK_N), d,
-            h * HEAD_DIM, qk_scale, PAGE, BLOCK_N, PAGE_TMA, ACC_IN_DOT, DOT_PRECISION)
+            h * HEAD_DIM, qk_scale, PAGE, BLOCK_N, PAGE_TMA, ACC_IN_DOT, DOT_PRECISION,
+            PAGE_STAGES)
         row_lo = start + mid - cached
         row_hi = start + hi - cached
         row_full = row_lo + tl.maximum(row_hi - row_lo, 0) // BLOCK_N * BLOCK_N
@@ -388,6 +389,7 @@ def launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own: in
         ACC_IN_DOT=config.acc_in_dot,
         DOT_PRECISION=c.dot_precision(q.dtype), TMA=tma, LENS=seq_lens is not None,
         PAGED=paged is not None, PAGE=page, PAGE_TMA=page_tma,
+        PAGE_STAGES=page_stages(config.num_stages, config.page_stages),
         num_warps=config.num_warps, num_stages=config.num_stages,
         **c.register_cap(config.maxnreg, q))
     if config.splits > 1 and not fused:

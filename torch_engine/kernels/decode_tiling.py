@@ -32,6 +32,9 @@ class DecodeConfig:
     tma: bool = False
     # Registers per thread at most (``_common.register_cap``); None: the compiler's choice.
     maxnreg: int | None = None
+    # Pipeline depth of the cached-page loop (paged launches); None:
+    # ``_online_softmax.page_stages``' rule.
+    page_stages: int | None = None
 
 
 @dataclass(frozen=True)

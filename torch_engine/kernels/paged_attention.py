@@ -38,7 +38,7 @@ from torch.library import triton_op, wrap_triton
 
 from torch_engine.kernels import _common as c
 from torch_engine.kernels._online_softmax import (attend_cached_pages, online_softmax_step,
-                                                   score_key_tile)
+                                                   page_stages, score_key_tile)
 from torch_engine.kernels.decode_attention import PagedPrefix, launch_decode
 from torch_engine.kernels.decode_tiling import decode_config_for
 from xgr_common.errors import InvalidInputError, require
@@ -58,7 +58,7 @@ def _paged_prefill_kernel(
         MODE: tl.constexpr, SEQ_LENS: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
         PAGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-        SUFFIX_TMA: tl.constexpr, PAGE_TMA: tl.constexpr):
+        SUFFIX_TMA: tl.constexpr, PAGE_TMA: tl.constexpr, PAGE_STAGES: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)
     pid = tl.program_id(0)
     b = pid // m_tiles
@@ -95,7 +95,7 @@ def _paged_prefill_kernel(
     acc, l_i, m_i = attend_cached_pages(
         acc, l_i, m_i, q, pk_ptr + kvh * s_pkh, pv_ptr + kvh * s_pvh, pkd, pvd, s_pkp, s_pkt,
         s_pvp, s_pvt, table_ptr + b * s_tb, 0, tl.load(cached_ptr + b), n, d, kvh * HEAD_DIM,
-        qk_scale, PAGE, BLOCK_N, PAGE_TMA, ACC_IN_DOT, DOT_PRECISION)
+        qk_scale, PAGE, BLOCK_N, PAGE_TMA, ACC_IN_DOT, DOT_PRECISION, PAGE_STAGES)
     # The suffix. Keys before the tile's first query are visible to all its queries under
     # both rules (k <= q), so the tiles wholly before q0 run unmasked.
     k_head = k_ptr + kvh * s_kh
@@ -223,6 +223,8 @@ class PagedPrefillConfig:
     # Whole key tiles (suffix tiles, and cached tiles when a page holds whole tiles) loaded
     # through tensor-memory-access descriptors (Hopper's TMA) where the layout allows.
     tma: bool = False
+    # Pipeline depth of the cached-page loop; None: ``_online_softmax.page_stages``' rule.
+    page_stages: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("block_m", "block_n", "heads"):
@@ -270,6 +272,7 @@ def _run_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, bl
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEADS=config.heads, HEAD_DIM=dim,
             PAGE=page, ACC_IN_DOT=True, DOT_PRECISION=c.dot_precision(q.dtype),
             SUFFIX_TMA=suffix_tma, PAGE_TMA=pkd is not pool_k,
+            PAGE_STAGES=page_stages(config.num_stages, config.page_stages),
             num_warps=config.num_warps, num_stages=config.num_stages)
     return out
 
