@@ -151,6 +151,10 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
         lambda: target.copy_(host, non_blocking=True), FLAGS.repeats)
     stats = cache.stats()
     medians = {k: statistics.median(v) for k, v in rows.items()}
+    through_cache()
+    parts = {"uncached": replay_parts(plain.runner.last_graph(), medians["uncached"]),
+             "hit": replay_parts(engine.cached_runner.last_graph(),
+                                 medians["hit (device pool)"])}
     kernels = profile_case(model, catalog, geometry, tokens, lengths, segments, frozen,
                            name) if FLAGS.profile else None
     host = None
@@ -168,7 +172,27 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
             "target_hit_ms": TARGETS_MS.get(name),
             "items_equal_to_uncached": same, "items_in_both": shared,
             "items_compared": int(want[0].numel()),
-            "cache_stats": stats.__dict__, "kernels_us": kernels, "host_us": host}
+            "replay_ms": parts, "cache_stats": stats.__dict__, "kernels_us": kernels,
+            "host_us": host}
+
+
+def replay_parts(graph, call_ms: float) -> dict | None:
+    """A call's time taken apart (None without a captured graph): the graph's replay alone
+    (its inputs as the last call left them), wall and GPU (CUDA events around it), and the
+    rest of the call (the host work before the launch, the copies out)."""
+    if graph is None:
+        return None
+    wall = statistics.median(timed(graph.replay, FLAGS.repeats))
+    gpu = []
+    for _ in range(FLAGS.repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        gpu.append(start.elapsed_time(end))
+    return {"replay_wall": wall, "replay_gpu": statistics.median(gpu),
+            "rest_of_call": call_ms - wall}
 
 
 def profiled(call, calls: int, with_stack: bool = False):
@@ -265,6 +289,12 @@ def main(argv: list[str]) -> None:
               f"{m['miss (computed and stored)']:>10.2f}"
               f"{m['host-tier copy (added to a hit)']:>11.2f}{r['hit_over_uncached']:>10.2f}"
               f"{r['target_hit_ms'] or float('nan'):>8.1f}")
+    print(f"\n{'case':<24}{'replay wall / GPU / rest of the call (ms)':>42}")
+    for r in results:
+        for what, part in (r["replay_ms"] or {}).items():
+            if part:
+                print(f"{r['case'] + ' ' + what:<32}{part['replay_wall']:>10.2f}"
+                      f"{part['replay_gpu']:>10.2f}{part['rest_of_call']:>10.2f}")
     path = rf.write_result(FLAGS.out, "prompt_cache", {
         "date": rf.utc_now(), "device": str(device), "items": FLAGS.items,
         "paths": FLAGS.paths, "repeats": FLAGS.repeats, "cases": results}, FLAGS.tag)

@@ -27,7 +27,7 @@ import dataclasses
 import importlib
 from torch_engine.kernels import paged_attention as kernels
 from torch_engine.kernels.decode_attention import PagedPrefix
-from torch_engine.kernels.decode_tiling import decode_config_for
+from torch_engine.kernels.decode_tiling import paged_config_for
 from torch_engine.reference import paged_attention as reference
 from xgr_common.layout import MaskMode
 
@@ -121,7 +121,7 @@ def decode_rows(name: str, shape: tuple, page: int) -> list[dict]:
     keys = torch.cat([flat(inputs["pool_k"]), inputs["k"]])
     values = torch.cat([flat(inputs["pool_v"]), inputs["v"]])
     whole = torch.tensor([0, cached + suffix], dtype=torch.int32, device="cuda")
-    config = decode_config_for(1, WIDTH, hq // hkv, hkv, kernels.decode_keys(
+    config = paged_config_for(1, WIDTH, hq // hkv, hkv, kernels.decode_keys(
         suffix, 1, inputs["block_table"].shape[1], page), dim, q.device)
     paged = PagedPrefix(**pages)
     # The paged kernel over the same keys, none of them cached: what its two-part structure
@@ -137,7 +137,10 @@ def decode_rows(name: str, shape: tuple, page: int) -> list[dict]:
             ("paged, none cached", lambda: kernels.paged_decode_attention(
                 q, keys, values, whole, **none_cached, beam_k=beam_k, beam_v=beam_v,
                 num_own=2)),
-            ("paged, pages by TMA", lambda: contiguous().launch_decode(
+            ("paged, pointer loads", lambda: contiguous().launch_decode(
+                q, inputs["k"], inputs["v"], inputs["cu_seqlens"], beam_k, beam_v, 2,
+                dim ** -0.5, dataclasses.replace(config, tma=False), paged=paged)),
+            ("paged, TMA loads", lambda: contiguous().launch_decode(
                 q, inputs["k"], inputs["v"], inputs["cu_seqlens"], beam_k, beam_v, 2,
                 dim ** -0.5, dataclasses.replace(config, tma=True), paged=paged)),
             # The page loop at the kernel's own depth: the tile fetched one step ahead.

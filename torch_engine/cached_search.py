@@ -179,6 +179,10 @@ class CachedRunner:
     def __len__(self) -> int:
         return len(self._graphs)
 
+    def last_graph(self) -> torch.cuda.CUDAGraph | None:
+        """The graph replayed last, as ``Runner.last_graph``."""
+        return next(reversed(self._graphs.values())).graph if self._graphs else None
+
     def holds(self, shape: CachedShape, beam_width: int, top_k: int) -> bool:
         """Whether the search of ``shape`` is captured (its memory is held already)."""
         return (shape, beam_width, top_k) in self._graphs

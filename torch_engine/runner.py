@@ -163,6 +163,11 @@ class Runner:
         """Number of captured shapes held."""
         return len(self._graphs)
 
+    def last_graph(self) -> torch.cuda.CUDAGraph | None:
+        """The graph replayed last (None when none is held): benchmarks time a replay alone,
+        apart from the host work of a call."""
+        return next(reversed(self._graphs.values())).graph if self._graphs else None
+
     def shape(self, args: Arguments) -> Bucket:
         """The shape ``args`` run in: their bucket when searches are captured, else their own
         shape (one exclusion column at least)."""

@@ -4,6 +4,8 @@ refusals."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -284,3 +286,58 @@ def test_paged_decode_shares_counters_across_launches(kt, gen):
                                                      counters=counters)
         kt.check(got, want, torch.float32, f"paged decode, shared counters, own {num_own}")
         assert not bool(counters.any()), counters
+
+
+def test_paged_decode_tiling_takes_tma_at_head_dim_128(monkeypatch):
+    """The paged decode's tile is the contiguous decode's rule, its key tiles through TMA at
+    the head dims of ``PAGED_TMA_HEAD_DIMS`` only (compiled kernels: the interpreter has no
+    TMA)."""
+    from torch_engine.kernels import decode_tiling
+    monkeypatch.setattr(decode_tiling.c, "interpreting", lambda: False)
+    monkeypatch.setattr(decode_tiling.c, "multiprocessors", lambda device: 132)
+    cpu = torch.device("cpu")
+    for dim in (64, 128):
+        plain = decode_tiling.decode_config_for(1, 256, 2, 8, 5000, dim, cpu)
+        paged = decode_tiling.paged_config_for(1, 256, 2, 8, 5000, dim, cpu)
+        assert paged.tma == (dim in decode_tiling.PAGED_TMA_HEAD_DIMS)
+        assert dataclasses.replace(paged, tma=plain.tma) == plain
+    assert decode_tiling.PAGED_TMA_HEAD_DIMS == {128}
+
+
+# The paged prefill compiled for sm_90 as a bf16 launch at head dim 128 (the 1.7b shapes)
+# would be: 16-byte aligned pointers and strides (what the launcher's specialisation gives),
+# whole tiles through TMA. Prints the depth of every [stages, 64, 128] tile buffer.
+_PIPELINE = """
+import re
+from torch_engine.kernels._online_softmax import page_stages
+from torch_engine.kernels.paged_attention import _paged_prefill_kernel as kernel
+names = kernel.arg_names
+signature = {n: "i32" for n in names}
+signature.update({n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "out_ptr", "pk_ptr", "pv_ptr")})
+signature.update({n: "*i64" for n in ("cu_ptr", "len_ptr", "seg_ptr", "cached_ptr")})
+signature.update(table_ptr="*i32", qk_scale="fp32")
+signature.update({n: "tensordesc<bf16[64, 128]>" for n in ("kd", "vd", "pkd", "pvd")})
+constexprs = dict(MODE=3, SEQ_LENS=False, BLOCK_M=64, BLOCK_N=64, HEADS=1, HEAD_DIM=128,
+                  PAGE=64, ACC_IN_DOT=True, DOT_PRECISION="tf32", SUFFIX_TMA=True,
+                  PAGE_TMA=True, PAGE_STAGES=page_stages(3))
+signature.update({n: "constexpr" for n in constexprs})
+aligned = [i for i, n in enumerate(names) if n.endswith("_ptr") or n.startswith("s_")]
+compiled = triton.compile(
+    ASTSource(fn=kernel, signature=signature, constexprs=constexprs,
+              attrs={(i,): [["tt.divisibility", 16]] for i in aligned}),
+    target=TARGET, options=dict(num_warps=4, num_stages=3))
+depths = re.findall(r"local_alloc : \\(\\) -> !ttg.memdesc<(\\d+)x64x128xbf16", compiled.asm["ttgir"])
+print("COMPILED", " ".join(depths), usage(compiled))
+"""
+
+
+@pytest.mark.heavy
+def test_cached_page_loop_keeps_tiles_two_steps_ahead():
+    """Compiled for sm_90, the cached-page loop buffers three key and three value tiles, as
+    the suffix loop does: the page-index load must not take a stage from the tile loads (two
+    buffers: the next tile fetched only after the current one's scores)."""
+    from tests.sm90_compile import assert_no_spills, compiled_lines
+    line, = compiled_lines(_PIPELINE, 1)
+    depths = line.split("REG:")[0].split()[1:]
+    assert len(depths) >= 4 and set(depths) == {"3"}, line
+    assert_no_spills([line])

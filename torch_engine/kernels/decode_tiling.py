@@ -6,7 +6,7 @@ multiprocessors idle; plus how many merge counters a split launch uses. The laun
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -115,6 +115,25 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
     return DecodeConfig(block_m=tile.block_m, block_n=tile.block_n, splits=splits,
                         num_warps=tile.num_warps, num_stages=tile.num_stages,
                         fused_merge=splits > 1, acc_in_dot=tile.acc_in_dot, tma=tile.tma)
+
+
+# Head dims whose paged decode loads its whole key tiles (cached pages and suffix) through
+# TMA: with the page loop pipelined two tiles ahead, TMA brought the d128 paged decode to the
+# contiguous decode's speed where pointer loads stayed 6% behind; at d64 the two tied
+# (``experiments/probe_paged_prefill_tilings``).
+PAGED_TMA_HEAD_DIMS = frozenset({128})
+
+
+def paged_config_for(batch: int, width: int, group: int, num_kv_heads: int,
+                     total_tokens: int, head_dim: int, device: torch.device) -> DecodeConfig:
+    """``decode_config_for`` for the paged decode (``total_tokens``: the keys a request may
+    read, ``paged_attention.decode_keys``), its key tiles through TMA at the head dims of
+    ``PAGED_TMA_HEAD_DIMS``."""
+    config = decode_config_for(batch, width, group, num_kv_heads, total_tokens, head_dim,
+                               device)
+    if head_dim in PAGED_TMA_HEAD_DIMS and not c.interpreting():
+        config = replace(config, tma=True)
+    return config
 
 
 def own_beams(block_m: int, group: int) -> int:

@@ -40,7 +40,7 @@ from torch_engine.kernels import _common as c
 from torch_engine.kernels._online_softmax import (attend_cached_pages, online_softmax_step,
                                                    page_stages, score_key_tile)
 from torch_engine.kernels.decode_attention import PagedPrefix, launch_decode
-from torch_engine.kernels.decode_tiling import decode_config_for
+from torch_engine.kernels.decode_tiling import paged_config_for
 from xgr_common.errors import InvalidInputError, require
 from xgr_common.layout import MaskMode
 
@@ -409,7 +409,7 @@ def _run_decode(q, shared_k, shared_v, cu_seqlens, pool_k, pool_v, block_table, 
     scale = c.resolve_scale("paged_decode_attention", scale, dim)
     keys = decode_keys(c.size_hint(shared_k.shape[0], 1024), c.size_hint(batch),
                        c.size_hint(block_table.shape[1]), page)
-    config = decode_config_for(c.size_hint(batch), width, hq // hkv, hkv, keys, dim, q.device)
+    config = paged_config_for(c.size_hint(batch), width, hq // hkv, hkv, keys, dim, q.device)
     with c.on_device(q.device):
         return launch_decode(q, shared_k, shared_v, cu_seqlens, beam_k, beam_v, num_own,
                              scale, config, counters=counters, seq_lens=seq_lens,
