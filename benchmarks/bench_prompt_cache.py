@@ -161,6 +161,13 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
     if FLAGS.profile:
         host = {"uncached": host_times(uncached), "hit": host_times(through_cache)}
         print_host(name, host)
+    if FLAGS.profile and device.type == "cuda":
+        host["timeline"] = {"uncached": timeline(uncached), "hit": timeline(through_cache)}
+        for what, line in host["timeline"].items():
+            print(f"\n{name} {what}, captured, on the GPU's clock (us): " + ", ".join(
+                f"{k} {v:.0f}" for k, v in line.items() if k != "first"))
+            for event, at, took in line.get("first", []):
+                print(f"    at {at:8.1f} for {took:8.1f}  {event}")
     return {"case": spec, "preset": name, "cached_tokens": cached, "new_tokens": new,
             "beam_width": width, "top_k": top_k, "page_tokens": FLAGS.page_tokens, "batch": 1,
             "dtype": str(dtype),
@@ -243,6 +250,49 @@ def host_times(call, calls: int = 5) -> dict[str, float]:
         if "torch_engine/" in event.key or event.key.startswith("cuda"):
             out[event.key] = out.get(event.key, 0.0) + event.cpu_time_total / calls
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+def timeline(call, calls: int = 5) -> dict[str, float]:
+    """One call's wall time on the GPU's clock (the profiler's, medians of ``calls``
+    synchronised calls, microseconds): ``lead`` from the call's start to its first GPU
+    activity (the host work before any copy or launch reaches the GPU), ``gpu_span`` from
+    the first GPU activity to the last, ``gpu_idle`` the gaps inside that span, ``tail``
+    from the last GPU activity to the call's return; ``first``: the call's first GPU
+    activities (name, start from the call's start, duration)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+    call()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for index in range(calls):
+            with record_function(f"timed call {index}"):
+                call()
+                sync()
+    events = prof.events()
+    spans = [e for e in events if e.name.startswith("timed call ")]
+    gpu = sorted((e for e in events if e.device_type == DeviceType.CUDA),
+                 key=lambda e: e.time_range.start)
+    parts = {"lead": [], "gpu_span": [], "gpu_idle": [], "tail": []}
+    first = []
+    for span in spans:
+        start, end = span.time_range.start, span.time_range.end
+        inside = [e for e in gpu if start <= e.time_range.start and e.time_range.end <= end]
+        if not inside:
+            continue
+        busy, reach = 0.0, inside[0].time_range.start
+        for e in inside:    # the union of the activities' intervals
+            busy += max(0.0, e.time_range.end - max(reach, e.time_range.start))
+            reach = max(reach, e.time_range.end)
+        last = max(e.time_range.end for e in inside)
+        parts["lead"].append(inside[0].time_range.start - start)
+        parts["gpu_span"].append(last - inside[0].time_range.start)
+        parts["gpu_idle"].append(last - inside[0].time_range.start - busy)
+        parts["tail"].append(end - last)
+        first = [(e.name[:60], e.time_range.start - start, e.time_range.end - e.time_range.start)
+                 for e in inside[:6]]
+    out = {k: statistics.median(v) for k, v in parts.items() if v}
+    out["first"] = first
+    return out
 
 
 def print_host(name: str, host: dict, top: int = 15) -> None:
