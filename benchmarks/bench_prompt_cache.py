@@ -168,6 +168,8 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
                 f"{k} {v:.0f}" for k, v in line.items() if k != "first"))
             for event, at, took in line.get("first", []):
                 print(f"    at {at:8.1f} for {took:8.1f}  {event}")
+            for function, us in line.get("host", []):
+                print(f"    {us:9.1f} us  {function[-100:]}")
     return {"case": spec, "preset": name, "cached_tokens": cached, "new_tokens": new,
             "beam_width": width, "top_k": top_k, "page_tokens": FLAGS.page_tokens, "batch": 1,
             "dtype": str(dtype),
@@ -252,26 +254,30 @@ def host_times(call, calls: int = 5) -> dict[str, float]:
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def timeline(call, calls: int = 5) -> dict[str, float]:
+def timeline(call, calls: int = 5, listed: int = 10) -> dict:
     """One call's wall time on the GPU's clock (the profiler's, medians of ``calls``
     synchronised calls, microseconds): ``lead`` from the call's start to its first GPU
     activity (the host work before any copy or launch reaches the GPU), ``gpu_span`` from
     the first GPU activity to the last, ``gpu_idle`` the gaps inside that span, ``tail``
-    from the last GPU activity to the call's return; ``first``: the call's first GPU
-    activities (name, start from the call's start, duration)."""
+    from the last GPU activity to the call's return; ``first``: the last call's first
+    ``listed`` GPU activities (name, start from the call's start, duration), ``host``: its
+    slowest engine functions (cumulative microseconds, Python's profiler)."""
+    import cProfile
+    import pstats
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
     call()
     sync()
+    marker = "timed call "
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for index in range(calls):
-            with record_function(f"timed call {index}"):
+            with record_function(f"{marker}{index}"):
                 call()
                 sync()
     events = prof.events()
-    spans = [e for e in events if e.name.startswith("timed call ")]
-    gpu = sorted((e for e in events if e.device_type == DeviceType.CUDA),
-                 key=lambda e: e.time_range.start)
+    spans = [e for e in events if e.name.startswith(marker) and e.device_type == DeviceType.CPU]
+    gpu = sorted((e for e in events if e.device_type == DeviceType.CUDA
+                  and not e.name.startswith(marker)), key=lambda e: e.time_range.start)
     parts = {"lead": [], "gpu_span": [], "gpu_idle": [], "tail": []}
     first = []
     for span in spans:
@@ -289,9 +295,19 @@ def timeline(call, calls: int = 5) -> dict[str, float]:
         parts["gpu_idle"].append(last - inside[0].time_range.start - busy)
         parts["tail"].append(end - last)
         first = [(e.name[:60], e.time_range.start - start, e.time_range.end - e.time_range.start)
-                 for e in inside[:6]]
+                 for e in inside[:listed]]
     out = {k: statistics.median(v) for k, v in parts.items() if v}
     out["first"] = first
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        call()
+        sync()
+    profiler.disable()
+    stats = pstats.Stats(profiler).stats
+    rows = [(f"{func[0].split('/work/')[-1].split('site-packages/')[-1]}:{func[1]} {func[2]}",
+             cumulative * 1e6 / calls) for func, (_, _, _, cumulative, _) in stats.items()]
+    out["host"] = sorted(rows, key=lambda row: -row[1])[:25]
     return out
 
 
