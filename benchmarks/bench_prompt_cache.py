@@ -48,6 +48,8 @@ flags.DEFINE_integer("top_k", 300, "items returned")
 flags.DEFINE_integer("page_tokens", PromptCacheConfig.page_tokens, "tokens a cache page")
 flags.DEFINE_integer("repeats", 20, "timed calls per configuration")
 flags.DEFINE_string("device", "cuda", "torch device (cpu: a smoke run of the script)")
+flags.DEFINE_bool("timeline", False, "also take one uncached call and one hit apart on the "
+                  "GPU's clock (``timeline``); on with --profile")
 flags.DEFINE_bool("profile", False, "also profile one uncached call and one hit of engines "
                   "with the graphs off and print their kernels side by side (where a hit's "
                   "time goes)")
@@ -161,11 +163,12 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
     if FLAGS.profile:
         host = {"uncached": host_times(uncached), "hit": host_times(through_cache)}
         print_host(name, host)
-    if FLAGS.profile and device.type == "cuda":
+    if (FLAGS.profile or FLAGS.timeline) and device.type == "cuda":
+        host = host or {}
         host["timeline"] = {"uncached": timeline(uncached), "hit": timeline(through_cache)}
         for what, line in host["timeline"].items():
             print(f"\n{name} {what}, captured, on the GPU's clock (us): " + ", ".join(
-                f"{k} {v:.0f}" for k, v in line.items() if k != "first"))
+                f"{k} {v:.0f}" for k, v in line.items() if k not in ("first", "host")))
             for event, at, took in line.get("first", []):
                 print(f"    at {at:8.1f} for {took:8.1f}  {event}")
             for function, us in line.get("host", []):
