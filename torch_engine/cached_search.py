@@ -8,7 +8,8 @@ the cached tokens (``suffix_batch``), the suffixes are prefilled against the cac
 expansion as in ``search``. The reservation is kept only when the batch's verdict passes,
 so an invalid or failed batch leaves no entry behind. ``CachedRunner`` runs that search
 eagerly, or on CUDA as one captured graph per shape, like ``runner.Runner``: the host work
-a hit adds is the digests, the plan and three small table copies.
+a hit adds is the digests, the plan and one small copy of its tables (pinned, not waited
+for).
 
 The frozen part (``xgr_common.prompt_v2``) must end where every later token may see it and
 must not depend on the request's soft vectors: ``prompt_rows`` refuses a ``frozen_lengths``
@@ -48,10 +49,10 @@ def prompt_rows(args: Arguments, frozen_lengths, soft_marker: int | None,
             "frozen_lengths needs soft vectors at the prompt's SOFT markers (prompt version "
             "2) or none: version-1 soft vectors come first, so no prompt part before them "
             "could be cached")
-    tokens = args.token_ids.cpu().numpy()
-    lengths = args.lengths.cpu().numpy()
-    segments = (np.cumsum(tokens == item_start_id, axis=1) if args.causal
-                else args.segment_ids.cpu().numpy())
+    tokens, lengths, segments = _on_host(
+        args.token_ids, args.lengths, None if args.causal else args.segment_ids)
+    if args.causal:
+        segments = np.cumsum(tokens == item_start_id, axis=1)
     out = []
     for row in range(rows):
         n, length = int(frozen[row]), int(lengths[row])
@@ -127,31 +128,47 @@ class CachedShape:
 @dataclass(frozen=True)
 class CachedInputs:
     """The fixed buffers of one captured cached search: the runner's ``StaticInputs`` and
-    the cache's per-row tables (``cached_lengths [R]`` int64, ``block_table [R, P]`` int32,
-    ``write_slots [R, Ws]`` int64); rows past a batch read as uncached and write the sink."""
+    the cache's per-row tables, views of one int64 buffer ``tables`` so that a call loads
+    them with one copy from its host twin ``staging`` (pinned on CUDA):
+    ``cached_lengths [R]``, ``write_slots [R, Ws]`` and ``block_table [R, P]`` (int64 here;
+    the search reads it as int32). Rows past a batch read as uncached and write the sink."""
 
     base: StaticInputs
+    tables: torch.Tensor
+    staging: torch.Tensor
     cached_lengths: torch.Tensor
-    block_table: torch.Tensor
     write_slots: torch.Tensor
+    block_table: torch.Tensor
+    copied: torch.cuda.Event | None = None      # recorded after each copy (CUDA)
 
     @classmethod
     def allocate(cls, shape: CachedShape, hidden: int, dtype: torch.dtype,
                  device: torch.device) -> "CachedInputs":
-        rows = shape.bucket.rows
-        return cls(StaticInputs.allocate(shape.bucket, hidden, dtype, device),
-                   torch.zeros((rows,), dtype=torch.int64, device=device),
-                   torch.zeros((rows, shape.pages), dtype=torch.int32, device=device),
-                   torch.zeros((rows, shape.suffix), dtype=torch.int64, device=device))
+        rows, device = shape.bucket.rows, torch.device(device)
+        slots, pages = rows * shape.suffix, rows * shape.pages
+        tables = torch.zeros((rows + slots + pages,), dtype=torch.int64, device=device)
+        staging = torch.zeros(tables.shape, dtype=torch.int64,
+                              pin_memory=device.type == "cuda")
+        return cls(StaticInputs.allocate(shape.bucket, hidden, dtype, device), tables, staging,
+                   tables[:rows], tables[rows:rows + slots].view(rows, shape.suffix),
+                   tables[rows + slots:].view(rows, shape.pages),
+                   torch.cuda.Event() if device.type == "cuda" else None)
 
     def load(self, args: Arguments, reservation: Reservation) -> None:
-        """Copy the arguments and the reservation's tables in (whole buffers for the
-        tables, so rows past the batch's are reset)."""
+        """Copy the arguments and the reservation's tables in (whole tables, so rows past
+        the batch's are reset): the tables in one copy, not waited for."""
         self.base.load(args)
         rows, pages = self.block_table.shape
-        self.cached_lengths.copy_(reservation.cached_lengths(rows))
-        self.block_table.copy_(reservation.block_table(rows, pages))
-        self.write_slots.copy_(reservation.write_slots(self.write_slots.shape[1], rows))
+        width = self.write_slots.shape[1]
+        if self.copied is not None:
+            self.copied.synchronize()    # the last copy out of the staging buffer is done
+        host = self.staging.numpy()
+        host[:rows] = reservation.cached_lengths(rows).numpy()
+        host[rows:rows + rows * width] = reservation.write_slots(width, rows).numpy().ravel()
+        host[rows + rows * width:] = reservation.block_table(rows, pages).numpy().ravel()
+        self.tables.copy_(self.staging, non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
 
 
 @dataclass
@@ -246,7 +263,8 @@ class CachedRunner:
             base.token_ids, base.lengths, base.segment_ids, base.prefix_embeds,
             base.exclude_items, runner.model.config.vocab_size, rules_for(runner.device),
             base.extent, soft_marker=runner.soft_marker)
-        cached = CachedPrefix(pool=self.cache.pool.data, block_table=inputs.block_table,
+        cached = CachedPrefix(pool=self.cache.pool.data,
+                              block_table=inputs.block_table.to(torch.int32),
                               lengths=inputs.cached_lengths,
                               longest=shape.pages * self.cache.page_tokens,
                               write_slots=inputs.write_slots)
@@ -272,6 +290,23 @@ class CachedRunner:
             items, scores, flags = self.search_buffers(buffers, shape, beam_width, top_k)
         weights = [layer.fused for layer in runner.model.model.layers]
         return _Captured(graph, buffers, items, scores, flags, weights)
+
+
+def _on_host(*tensors: torch.Tensor | None) -> list[np.ndarray | None]:
+    """Host arrays of ``tensors`` (None stays None): device tensors copied into pinned memory
+    without blocking, then one wait for all of them instead of one a tensor."""
+    out, streams = [], set()
+    for tensor in tensors:
+        if tensor is None or tensor.device.type != "cuda":
+            out.append(None if tensor is None else tensor.cpu())
+            continue
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        host.copy_(tensor, non_blocking=True)
+        streams.add(torch.cuda.current_stream(tensor.device))
+        out.append(host)
+    for stream in streams:
+        stream.synchronize()
+    return [None if t is None else t.numpy() for t in out]
 
 
 def _host_ints(name: str, value) -> np.ndarray:

@@ -396,3 +396,21 @@ def test_the_captured_formulation_on_padded_buffers_equals_the_full_recompute(mo
         _assert_same((items[:3], scores[:3]), want, call)
     stats = engine.prompt_cache.stats()
     assert (stats.misses, stats.device_hits) == (3, 3)
+
+
+def test_digests_never_fold_out_of_range_ids_onto_valid_ones():
+    """Records are int32 pairs for valid prompts; an id past int32 makes int64 records whose
+    digests differ (the record size is hashed), so a hostile id cannot alias a valid one."""
+    import numpy as np
+    from torch_engine.prompt_cache import keys
+    scope = keys.CacheScope("model", "layout", MaskMode.ITEM_CAUSAL)
+    segments = np.array([7, 7, 8])
+    valid = keys.token_records(np.array([1, 2, 3]), segments)
+    wide = keys.token_records(np.array([1, 2, 3 + 2 ** 32]), segments)
+    assert (valid[1], wide[1]) == (8, 16)
+    assert keys.prefix_digest(scope, valid, 3) != keys.prefix_digest(scope, wide, 3)
+    assert keys.prefix_digests(scope, valid, [2, 3]) == [
+        keys.prefix_digest(scope, valid, n) for n in (2, 3)]
+    # Segment ids count from the part's first: equal layouts at other offsets hash alike.
+    shifted = keys.token_records(np.array([1, 2, 3]), segments + 100)
+    assert keys.prefix_digest(scope, shifted, 3) == keys.prefix_digest(scope, valid, 3)

@@ -79,35 +79,46 @@ def safe_boundaries(segments: np.ndarray, frozen: int) -> list[int]:
     return (np.nonzero(seg[1:] != seg[:-1])[0] + 1).tolist() + [frozen]
 
 
-def token_records(tokens: np.ndarray, segments: np.ndarray) -> memoryview:
-    """The bytes a frozen part is hashed as: one 16-byte record per token (its id, and its
-    segment id relative to the part's first, so equal layouts hash alike). A prefix of n
-    tokens is the first ``16 n`` bytes, so one running hash serves every prefix."""
+_INT32_MIN, _INT32_MAX = -2 ** 31, 2 ** 31 - 1
+
+
+def token_records(tokens: np.ndarray, segments: np.ndarray) -> tuple[memoryview, int]:
+    """The bytes a frozen part is hashed as, and the bytes of one token's record: per token
+    its id and its segment id relative to the part's first (so equal layouts hash alike).
+    A prefix of n tokens is the first ``n`` records, so one running hash serves every
+    prefix. Records are two int32 when every value fits (any valid prompt: ids below the
+    vocabulary size), else two int64; the digests cover the record size, so no
+    out-of-range prompt hashes like an in-range one (such a prompt fails the value rules
+    anyway, and a failed batch keeps nothing)."""
     tokens = np.asarray(tokens, dtype=np.int64)
     seg = np.asarray(segments, dtype=np.int64)
     if seg.size:
         seg = seg - seg[0]
-    return memoryview(np.ascontiguousarray(np.stack([tokens, seg], axis=1))).cast("B")
+    pairs = np.stack([tokens, seg], axis=1)
+    if not pairs.size or (pairs.min() >= _INT32_MIN and pairs.max() <= _INT32_MAX):
+        return memoryview(np.ascontiguousarray(pairs, dtype=np.int32)).cast("B"), 8
+    return memoryview(np.ascontiguousarray(pairs)).cast("B"), 16
 
 
-RECORD_BYTES = 16
-
-
-def prefix_digest(scope: CacheScope, records: memoryview, length: int) -> bytes:
+def prefix_digest(scope: CacheScope, records: tuple[memoryview, int], length: int) -> bytes:
     """The digest of the prefix of ``length`` tokens (``token_records``)."""
+    data, size = records
     h = scope.root()
-    h.update(records[:length * RECORD_BYTES])
+    h.update(bytes([size]))          # the record format: the two never hash alike
+    h.update(data[:length * size])
     return h.digest()
 
 
-def prefix_digests(scope: CacheScope, records: memoryview, boundaries: list[int]
+def prefix_digests(scope: CacheScope, records: tuple[memoryview, int], boundaries: list[int]
                    ) -> list[bytes]:
     """``prefix_digest`` at each of ``boundaries`` (ascending): one running hash, copied at
     each boundary."""
+    data, size = records
     h = scope.root()
+    h.update(bytes([size]))
     digests, start = [], 0
     for end in boundaries:
-        h.update(records[start * RECORD_BYTES:end * RECORD_BYTES])
+        h.update(data[start * size:end * size])
         digests.append(h.copy().digest())
         start = end
     return digests
