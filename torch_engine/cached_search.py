@@ -118,11 +118,14 @@ def search_features_cached(model, catalog, token_ids: torch.Tensor, lengths: tor
 class CachedShape:
     """The buffers a cached search runs in: the runner's ``bucket``, ``suffix`` token slots
     per row (the longest suffix, rounded up to the length bucket when captured) and
-    ``pages`` columns of the block table (enough for the bucket's whole width)."""
+    ``pages`` columns of the block table (enough for the bucket's whole width); ``writes``:
+    whether any row writes KV into the pool (a batch of hits alone does not, and its graph
+    then has no store: every layer's suffix KV copied to the sink is work for nothing)."""
 
     bucket: Bucket
     suffix: int
     pages: int
+    writes: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,9 +215,9 @@ class CachedRunner:
         policy = self.runner.policy
         if policy is None:
             return CachedShape(bucket, longest, max(len(p.pages) for p in reservation.plans)
-                               or 1)
+                               or 1, reservation.writes)
         suffix = min(round_up(longest, policy.length_multiple), bucket.width)
-        return CachedShape(bucket, suffix, max(-(-bucket.width // pt), 1))
+        return CachedShape(bucket, suffix, max(-(-bucket.width // pt), 1), reservation.writes)
 
     def run(self, args: Arguments, rows: list[PromptRow], reservation: Reservation,
             beam_width: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor, Verdict]:
@@ -267,7 +270,7 @@ class CachedRunner:
                               block_table=inputs.block_table.to(torch.int32),
                               lengths=inputs.cached_lengths,
                               longest=shape.pages * self.cache.page_tokens,
-                              write_slots=inputs.write_slots)
+                              write_slots=inputs.write_slots if shape.writes else None)
         items, scores = self._search(batch, cached, shape, beam_width, top_k)
         return items, scores, flags
 

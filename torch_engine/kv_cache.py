@@ -121,10 +121,14 @@ class PackedPrompt:
 
 @dataclass
 class SharedKV:
-    """Per-layer packed prompt keys and values ``[T, Hkv, D]``; written once by prefill."""
+    """Per-layer packed prompt keys and values ``[T, Hkv, D]``; written once by prefill.
+    ``packed``: when set, ``[layers, 2, T, Hkv, D]`` whose ``[i, 0]`` and ``[i, 1]`` are
+    layer i's keys and values (``CachedPrefix.store`` then copies it whole, no concatenation
+    first)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
+    packed: torch.Tensor | None = None
 
 
 class BeamKV:
@@ -213,8 +217,11 @@ class CachedPrefix:
         compiled as a copy of the whole pool)."""
         layers, _, pages, page_tokens = self.pool.shape[:4]
         stride = pages * page_tokens                      # flat slots of one layer's keys
-        rows = [t for pair in zip(shared.keys, shared.values) for t in pair]
-        kv = torch.cat(rows).to(self.pool.dtype)          # [layers * 2 * T, Hkv, D]
+        if shared.packed is not None and len(shared.keys) == layers:
+            kv = shared.packed.flatten(0, 2)              # [layers * 2 * T, Hkv, D]
+        else:
+            kv = torch.cat([t for pair in zip(shared.keys, shared.values) for t in pair])
+        kv = kv.to(self.pool.dtype)
         base = torch.arange(layers * 2, device=slots.device, dtype=slots.dtype) * stride
         flat = (base[:, None] + slots[None, :]).reshape(-1)
         self.pool.view(-1, *self.pool.shape[4:]).index_copy_(0, flat, kv)

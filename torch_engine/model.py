@@ -163,7 +163,14 @@ class Model(nn.Module):
         suffixes (their positions start after the cached tokens) and attends them too.
         """
         cos, sin = self._rotary(prompt.positions, embeds.dtype)
-        shared = SharedKV([], [])
+        cfg = self.config
+        # With a prompt cache the suffix KV may be stored into pages: one buffer for every
+        # layer lets the store copy it without concatenating the layers first (inference
+        # only: autograd cannot record writes into views of one buffer).
+        packed = cached is not None and not torch.is_grad_enabled()
+        shared = SharedKV([], [], embeds.new_empty(
+            (len(self.model.layers), 2, embeds.shape[0], cfg.num_kv_heads, cfg.head_dim))
+            if packed else None)
         x = embeds
         *early, final = self.model.layers
         for index, layer in enumerate(early):
@@ -189,8 +196,12 @@ class Model(nn.Module):
         keys and values (``[T, Hkv, D]``) are appended to ``shared``."""
         cfg = self.config
         # Own buffers: views of the fused projection would keep all its heads alive.
-        k = x.new_empty((x.shape[0], cfg.num_kv_heads, cfg.head_dim))
-        v = torch.empty_like(k)
+        if shared.packed is not None:
+            index = len(shared.keys)
+            k, v = shared.packed[index, 0], shared.packed[index, 1]
+        else:
+            k = x.new_empty((x.shape[0], cfg.num_kv_heads, cfg.head_dim))
+            v = torch.empty_like(k)
         q = layer.project_qkv_into(x, cos, sin, k, v)
         shared.keys.append(k)
         shared.values.append(v)

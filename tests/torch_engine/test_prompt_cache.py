@@ -367,7 +367,8 @@ def test_the_captured_formulation_on_padded_buffers_equals_the_full_recompute(mo
                                                                               plain, mask):
     """What a CUDA graph of a cached search runs, here eagerly on the CPU: request-major
     packing, a bucket of 4 rows for a batch of 3, the prompt width and the suffix rounded up,
-    the block table as wide as the bucket. A miss writes the pages, then a hit reads them."""
+    the block table as wide as the bucket. A miss writes the pages, then a hit reads them
+    and writes nothing."""
     engine = Engine(model, catalog, EngineConfig(soft_marker=LAYOUT.soft_id,
                                                  static_shapes=True),
                     prompt_cache=_cached_engine(model, catalog).prompt_cache,
@@ -387,10 +388,15 @@ def test_the_captured_formulation_on_padded_buffers_equals_the_full_recompute(mo
         bucket = bucket_of(3, args.token_ids.shape[1], args.soft, 0, segments is None, policy)
         longest = max(r.length - p.cached for r, p in zip(rows, reservation.plans))
         shape = cached_search.CachedShape(bucket, -(-longest // 16) * 16,
-                                          -(-bucket.width // 16))
+                                          -(-bucket.width // 16), reservation.writes)
+        assert shape.writes == (call == "miss")
         inputs = cached_search.CachedInputs.allocate(shape, 64, torch.float32, "cpu")
         inputs.load(args, reservation)
-        items, scores, flags = cached.search_buffers(inputs, shape, 24, 30)
+        pool = engine.prompt_cache.pool.data.clone()
+        with torch.no_grad():                    # as the engine runs it
+            items, scores, flags = cached.search_buffers(inputs, shape, 24, 30)
+        # A batch of hits writes nothing, not even the sink page.
+        assert torch.equal(engine.prompt_cache.pool.data, pool) == (call == "hit")
         runner.verdict_of(args, flags).raise_if_invalid()
         engine.prompt_cache.finish(reservation, keep=True)
         _assert_same((items[:3], scores[:3]), want, call)
