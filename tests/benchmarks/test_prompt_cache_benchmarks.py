@@ -41,6 +41,26 @@ def test_the_hit_latency_benchmark_writes_its_result(tmp_path):
     for host in case["host_us"].values():      # where the captured calls' host time goes
         assert host["wall"] > 0 and any("engine.py" in key for key in host)
     assert any("prompt_rows" in key for key in case["host_us"]["hit"])
+    assert case["replay_ms"] == {"uncached": None, "hit": None}   # no captured graphs here
+
+
+def test_the_timeline_lists_a_calls_host_functions():
+    """``timeline`` (``--timeline`` on CUDA) on the CPU: no GPU activity to place, but the
+    call's slowest functions from Python's profiler, slowest first."""
+    import torch
+
+    from benchmarks.bench_prompt_cache import replay_parts, timeline
+
+    def call():
+        return torch.ones(256).cumsum(0)
+
+    line = timeline(call, calls=3)
+    assert line["first"] == [] and "lead" not in line
+    names = [name for name, _ in line["host"]]
+    assert any("call" in name for name in names), names
+    times = [us for _, us in line["host"]]
+    assert times == sorted(times, reverse=True) and times[0] > 0
+    assert replay_parts(None, 1.0) is None
 
 
 def test_the_hit_rate_simulation_plots_hits_against_the_pool(tmp_path):
