@@ -11,7 +11,7 @@ a row:
 * prefill: one program per (request, ``BLOCK_M`` suffix queries, query head), or (a tiling
   the launcher can be given, ``PagedPrefillConfig.heads``) per (request, ``BLOCK_M``
   queries, KV head) with the group's query heads stacked as rows, so a key tile is loaded
-  once for the group. One
+  once for the group; the last row tiles (the most keys) launch first. One
   FlashAttention-2 online softmax (``_online_softmax``) over the cached tiles (every cached
   key is visible: whole tiles run without a mask), then over the request's packed suffix
   under the mask rule, derived from positions and segment ids (causal: ``k <= q``;
@@ -54,15 +54,19 @@ def _paged_prefill_kernel(
         pk_ptr, pv_ptr, kd, vd, pkd, pvd,
         s_qt, s_qh, s_kt, s_kh, s_vt, s_vh, s_ot, s_oh, s_tb,
         s_pkp, s_pkt, s_pkh, s_pvp, s_pvt, s_pvh,
-        m_tiles, group, qk_scale,
+        m_tiles, batch, lanes, group, qk_scale,
         MODE: tl.constexpr, SEQ_LENS: tl.constexpr, BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr, HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
         PAGE: tl.constexpr, ACC_IN_DOT: tl.constexpr, DOT_PRECISION: tl.constexpr,
         SUFFIX_TMA: tl.constexpr, PAGE_TMA: tl.constexpr, PAGE_STAGES: tl.constexpr):
     qk_scale = tl.cast(qk_scale, tl.float32)
+    # One program per (row tile, request, head lane), the row tiles last first: under the
+    # mask rules a later tile walks more keys, so the longest programs start first and the
+    # short ones fill the tail (a long suffix otherwise ends on its last tiles alone).
     pid = tl.program_id(0)
-    b = pid // m_tiles
-    q0 = (pid % m_tiles) * BLOCK_M
+    lane = pid % lanes
+    b = (pid // lanes) % batch
+    q0 = (m_tiles - 1 - pid // (lanes * batch)) * BLOCK_M
     start = tl.load(cu_ptr + b).to(tl.int32)
     if SEQ_LENS:
         length = tl.load(len_ptr + b).to(tl.int32)
@@ -70,17 +74,17 @@ def _paged_prefill_kernel(
         length = tl.load(cu_ptr + b + 1).to(tl.int32) - start
     if q0 >= length:
         return
-    # Rows: BLOCK_M tokens x HEADS query heads, token-major. HEADS == 1: program_id(1) is the
-    # query head. HEADS > 1: program_id(1) is the KV head and the rows hold its whole group
+    # Rows: BLOCK_M tokens x HEADS query heads, token-major. HEADS == 1: the lane is the
+    # query head. HEADS > 1: the lane is the KV head and the rows hold its whole group
     # (padded to HEADS), so each key tile is loaded once for the group, not once per head.
     r = tl.arange(0, BLOCK_M * HEADS)
     tok = q0 + r // HEADS
     if HEADS == 1:
-        head = tl.program_id(1) + 0 * r
-        kvh = tl.program_id(1) // group
+        head = lane + 0 * r
+        kvh = lane // group
         row_ok = tok < length
     else:
-        kvh = tl.program_id(1)
+        kvh = lane
         head = kvh * group + r % HEADS
         row_ok = (tok < length) & (r % HEADS < group)
     d = tl.arange(0, HEAD_DIM)
@@ -260,14 +264,15 @@ def _run_prefill(q, k, v, cu_seqlens, segment_ids, mode: str, pool_k, pool_v, bl
     kd, vd = c.kv_descriptors(k, v, config.block_n) if suffix_tma else (k, v)
     pkd, pvd = c.page_descriptors(pool_k, pool_v, config.block_n, config.tma)
     with c.on_device(q.device):
-        wrap_triton(_paged_prefill_kernel)[(batch * m_tiles, hq if config.heads == 1 else hkv)](
+        lanes = hq if config.heads == 1 else hkv
+        wrap_triton(_paged_prefill_kernel)[(m_tiles * batch * lanes,)](
             q, k, v, out, cu_seqlens, cu_seqlens if seq_lens is None else seq_lens,
             segment_ids, cached_lens, block_table, pool_k, pool_v, kd, vd, pkd, pvd,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
             out.stride(0), out.stride(1), block_table.stride(0),
             pool_k.stride(0), pool_k.stride(1), pool_k.stride(2),
             pool_v.stride(0), pool_v.stride(1), pool_v.stride(2),
-            m_tiles, hq // hkv, qk_scale,
+            m_tiles, batch, lanes, hq // hkv, qk_scale,
             MODE=MODES[MaskMode(mode)], SEQ_LENS=seq_lens is not None,
             BLOCK_M=config.block_m, BLOCK_N=config.block_n, HEADS=config.heads, HEAD_DIM=dim,
             PAGE=page, ACC_IN_DOT=True, DOT_PRECISION=c.dot_precision(q.dtype),
