@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,clocks.sm --format=csv | te
 python3 -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
 start=$(date +%s)
 # TEST_K (optional): a pytest -k expression selecting a subset of the GPU tests.
-timeout "$TEST_LIMIT" python3 -m pytest -m gpu -q --timeout=120 -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} \
+timeout "$TEST_LIMIT" python3 -m pytest -m gpu --timeout=120 -p no:cacheprovider ${TEST_K:+-k "$TEST_K"} \
   tests/torch_engine tests/kernels/test_constrained_topk.py 2>&1 | tee "$OUT/tests.log" | tail -30
 echo "tests: rc=${PIPESTATUS[0]} $(( $(date +%s) - start )) s"
 start=$(date +%s)

@@ -29,7 +29,7 @@ run() {
   note() { echo "$(date +%T) $*" | tee -a "$log"; }
   note "start: phases${PHASES}on $label"
   if [[ "$PHASES" == *" catalog "* ]]; then
-    "$PY" -m pytest -q -m gpu tests/catalog_build > "$RUN_OUT/catalog_tests.log" 2>&1
+    "$PY" -m pytest -m gpu tests/catalog_build > "$RUN_OUT/catalog_tests.log" 2>&1
     note "catalog gpu tests rc=$? ($(tail -1 "$RUN_OUT/catalog_tests.log"))"
     timeout "${CATALOG_LIMIT:-1200}" "$PY" -m benchmarks.bench_catalog_build \
         --items="${ITEMS:-10000000}" --dim="${DIM:-256}" --device=cuda --nofaiss \
