@@ -245,11 +245,13 @@ def test_one_users_concurrent_requests(model, catalog, plain):
     assert stats.device_bytes == 2 * engine.prompt_cache.geometry.page_bytes(16)
 
 
-def test_an_invalid_request_leaves_nothing_behind(model, catalog, plain):
+@pytest.mark.parametrize("bad_id", [lambda vocab: vocab + 5, lambda vocab: 2 ** 40],
+                         ids=["past-vocab", "past-int32"])
+def test_an_invalid_request_leaves_nothing_behind(model, catalog, plain, bad_id):
     engine = _cached_engine(model, catalog)
     prompt, soft = _batch(USERS)
-    tokens = prompt.token_ids.clone()
-    tokens[1, int(prompt.frozen_lengths[1]) - 2] = model.config.vocab_size + 5
+    tokens = prompt.token_ids.clone().long()         # int64: room for an id past int32
+    tokens[1, int(prompt.frozen_lengths[1]) - 2] = bad_id(model.config.vocab_size)
     with pytest.raises(InvalidInputError, match="token"):
         engine.recommend(tokens, prompt.lengths, prompt.segment_ids, beam_width=8, top_k=10,
                          prefix_embeds=soft, frozen_lengths=prompt.frozen_lengths)
