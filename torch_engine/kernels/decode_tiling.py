@@ -119,7 +119,7 @@ def decode_config_for(batch: int, width: int, group: int, num_kv_heads: int, tot
 
 # Head dims whose paged decode loads its whole key tiles (cached pages and suffix) through
 # TMA: with the page loop pipelined two tiles ahead, TMA brought the d128 paged decode to the
-# contiguous decode's speed where pointer loads stayed 6% behind; at d64 the two tied
+# contiguous decode's speed where pointer loads stayed behind; at d64 the two tied
 # (``experiments/probe_paged_prefill_tilings``).
 PAGED_TMA_HEAD_DIMS = frozenset({128})
 
