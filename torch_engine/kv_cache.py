@@ -217,7 +217,7 @@ class CachedPrefix:
         compiled as a copy of the whole pool)."""
         layers, _, pages, page_tokens = self.pool.shape[:4]
         stride = pages * page_tokens                      # flat slots of one layer's keys
-        if shared.packed is not None and len(shared.keys) == layers:
+        if shared.packed is not None:
             kv = shared.packed.flatten(0, 2)              # [layers * 2 * T, Hkv, D]
         else:
             kv = torch.cat([t for pair in zip(shared.keys, shared.values) for t in pair])

@@ -102,11 +102,7 @@ def token_records(tokens: np.ndarray, segments: np.ndarray) -> tuple[memoryview,
 
 def prefix_digest(scope: CacheScope, records: tuple[memoryview, int], length: int) -> bytes:
     """The digest of the prefix of ``length`` tokens (``token_records``)."""
-    data, size = records
-    h = scope.root()
-    h.update(bytes([size]))          # the record format: the two never hash alike
-    h.update(data[:length * size])
-    return h.digest()
+    return prefix_digests(scope, records, [length])[0]
 
 
 def prefix_digests(scope: CacheScope, records: tuple[memoryview, int], boundaries: list[int]
@@ -115,7 +111,7 @@ def prefix_digests(scope: CacheScope, records: tuple[memoryview, int], boundarie
     each boundary."""
     data, size = records
     h = scope.root()
-    h.update(bytes([size]))
+    h.update(bytes([size]))          # the record format: the two never hash alike
     digests, start = [], 0
     for end in boundaries:
         h.update(data[start * size:end * size])
