@@ -268,19 +268,19 @@ def timeline(call, calls: int = 5, listed: int = 10) -> dict:
     import cProfile
     import pstats
     from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, record_function
-    call()
-    sync()
-    marker = "timed call "
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for index in range(calls):
-            with record_function(f"{marker}{index}"):
-                call()
-                sync()
+    from torch.profiler import record_function
+    marker = "timed call"
+
+    def marked():
+        with record_function(marker):
+            call()
+            sync()
+
+    prof, _ = profiled(marked, calls)
     events = prof.events()
-    spans = [e for e in events if e.name.startswith(marker) and e.device_type == DeviceType.CPU]
-    gpu = sorted((e for e in events if e.device_type == DeviceType.CUDA
-                  and not e.name.startswith(marker)), key=lambda e: e.time_range.start)
+    spans = [e for e in events if e.name == marker and e.device_type == DeviceType.CPU]
+    gpu = sorted((e for e in events if e.device_type == DeviceType.CUDA and e.name != marker),
+                 key=lambda e: e.time_range.start)
     parts = {"lead": [], "gpu_span": [], "gpu_idle": [], "tail": []}
     first = []
     for span in spans:
