@@ -153,10 +153,17 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
         lambda: target.copy_(host, non_blocking=True), FLAGS.repeats)
     stats = cache.stats()
     medians = {k: statistics.median(v) for k, v in rows.items()}
+    def miss():
+        cache.clear()
+        return through_cache()
+
+    miss()
+    parts = {"miss": replay_parts(engine.cached_runner.last_graph(),
+                                  medians["miss (computed and stored)"])}
     through_cache()
-    parts = {"uncached": replay_parts(plain.runner.last_graph(), medians["uncached"]),
-             "hit": replay_parts(engine.cached_runner.last_graph(),
-                                 medians["hit (device pool)"])}
+    parts.update({"uncached": replay_parts(plain.runner.last_graph(), medians["uncached"]),
+                  "hit": replay_parts(engine.cached_runner.last_graph(),
+                                      medians["hit (device pool)"])})
     kernels = profile_case(model, catalog, geometry, tokens, lengths, segments, frozen,
                            name) if FLAGS.profile else None
     host = None
@@ -165,7 +172,8 @@ def run_case(spec: str, catalog, device: torch.device) -> dict:
         print_host(name, host)
     if (FLAGS.profile or FLAGS.timeline) and device.type == "cuda":
         host = host or {}
-        host["timeline"] = {"uncached": timeline(uncached), "hit": timeline(through_cache)}
+        host["timeline"] = {"uncached": timeline(uncached), "hit": timeline(through_cache),
+                            "miss": timeline(miss)}
         for what, line in host["timeline"].items():
             print(f"\n{name} {what}, captured, on the GPU's clock (us): " + ", ".join(
                 f"{k} {v:.0f}" for k, v in line.items() if k not in ("first", "host")))

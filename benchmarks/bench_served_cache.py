@@ -24,11 +24,13 @@ P99 bound with and without the cache, in one run.
 
 Reported: the highest rate whose P99 (and every lower rate's) stays within
 ``--p99_target_ms`` for each server, and their ratio (the target at qwen3-1.7b context 5000:
-at least 1.8). Writes ``results/served_cache_<date>_<label>.json``.
+at least 1.8). The rates run in ascending order, and a server's sweep ends at its first rate
+past the bound (no higher rate could count). Writes ``results/served_cache_<date>_<label>.json``.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import tempfile
@@ -43,7 +45,7 @@ from benchmarks.serve_process import ROOT
 from benchmarks import session_load
 from benchmarks.session_load import (LoadSettings, Server, best_rate, cache_counters,
                                      define_load_flags, define_world_flags, export,
-                                     export_settings_from_flags, open_loop, return_intervals,
+                                     export_settings_from_flags, open_loop, return_intervals, sweep,
                                      world_from_flags)
 from benchmarks.team_files import write_team_files
 
@@ -61,6 +63,32 @@ flags.DEFINE_bool("parallel_exports", False, "Run the two exports side by side (
 flags.DEFINE_string("work", None, "Working folder (default: a temporary one, removed).")
 flags.DEFINE_string("label", "cpu", "Device label of the result file.")
 flags.DEFINE_string("out_dir", os.path.join(ROOT, "benchmarks", "results"), "Result folder.")
+
+def rate_row(server: Server, name: str, keyed: bool, requests, arrivals: dict, load,
+             reference: dict, dtype: str, rate: float) -> dict:
+    """One rate's open-loop run against ``server`` (printed): the plain server's answers
+    become ``reference``; the cached server's are checked against it and its cache counters
+    read before and after."""
+    before = cache_counters(server.rest_port) if keyed else None
+    row = open_loop(server.grpc_port, keyed, requests, arrivals[rate], rate, load,
+                    reference if keyed else None, dtype)
+    answers = row.pop("answers")
+    if keyed:
+        after = cache_counters(server.rest_port)
+        delta = {k: after[k] - before[k] for k in after}
+        row["hit_rate"] = delta["hits"] / max(delta["lookups"], 1)
+        row["host_hit_rate"] = delta["host_hits"] / max(delta["lookups"], 1)
+        row["cache"] = delta
+    else:
+        for user, items in answers.items():
+            reference.setdefault(user, items)
+    print(f"{name:>6} rate {rate:6.1f}: {row['throughput']:6.1f} req/s, P50 "
+          f"{row['p50_ms'] or float('nan'):.1f} ms, P99 "
+          f"{row['p99_ms'] or float('nan'):.1f} ms, failed {row['failed']}"
+          + (f", hit rate {row['hit_rate']:.2f} (host tier "
+             f"{row['host_hit_rate']:.2f})" if keyed else ""), flush=True)
+    return row
+
 
 def main(argv: list[str]) -> None:
     del argv
@@ -96,35 +124,19 @@ def main(argv: list[str]) -> None:
                         if keyed else ())
         rows = []
         try:
-            for rate in rates:
-                before = cache_counters(server.rest_port) if keyed else None
-                row = open_loop(server.grpc_port, keyed, requests, arrivals[rate], rate, load,
-                                reference if keyed else None, dtype)
-                answers = row.pop("answers")
-                if not keyed:
-                    for user, items in answers.items():
-                        reference.setdefault(user, items)
-                if keyed:
-                    after = cache_counters(server.rest_port)
-                    delta = {k: after[k] - before[k] for k in after}
-                    row["hit_rate"] = delta["hits"] / max(delta["lookups"], 1)
-                    row["host_hit_rate"] = delta["host_hits"] / max(delta["lookups"], 1)
-                    row["cache"] = delta
-                rows.append(row)
-                print(f"{name:>6} rate {rate:6.1f}: {row['throughput']:6.1f} req/s, P50 "
-                      f"{row['p50_ms'] or float('nan'):.1f} ms, P99 "
-                      f"{row['p99_ms'] or float('nan'):.1f} ms, failed {row['failed']}"
-                      + (f", hit rate {row['hit_rate']:.2f} (host tier "
-                         f"{row['host_hit_rate']:.2f})" if keyed else ""), flush=True)
+            rows = sweep(rates, functools.partial(rate_row, server, name, keyed, requests,
+                                                  arrivals, load, reference, dtype),
+                         FLAGS.p99_target_ms)
         finally:
             exits[name] = server.stop()
         results[name] = rows
     plain_best = best_rate(results["plain"], FLAGS.p99_target_ms)
     cached_best = best_rate(results["cached"], FLAGS.p99_target_ms)
-    intervals = return_intervals(np.concatenate([arrivals[r] for r in rates]),
+    ran = [row["rate"] for row in results["cached"]] or rates    # what the cache saw
+    intervals = return_intervals(np.concatenate([arrivals[r] for r in ran]),
                                  np.cumsum(np.concatenate([
                                      np.random.default_rng(int(r * 1000)).exponential(
-                                         1.0 / r, len(arrivals[r])) for r in rates])))
+                                         1.0 / r, len(arrivals[r])) for r in ran])))
     ratio = (cached_best / plain_best) if plain_best and cached_best else None
     print(f"\nat P99 <= {FLAGS.p99_target_ms:g} ms: plain "
           f"{plain_best or float('nan'):.1f} req/s, cached {cached_best or float('nan'):.1f} "

@@ -23,6 +23,7 @@
 # PHASES (default "exports served load"; "served_cache" adds `bench_served_cache` at qwen3-1.7b,
 # context 5000, last: the prompt-KV cache through `xgr serve`, plain and cached SavedModels of
 # its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms;
+# "prompt_cache" adds `gpu_prompt_cache.sh --timeline` after it, on the quiet card;
 # "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
 # 1M items, beam 256, beside the exports when both are named) and CASES (default all) pick parts.
 set +e
@@ -66,9 +67,9 @@ served_cache_phase() {
   # host tier beside it.
   local sizes=(--preset=qwen3-1.7b --device=cuda:0 --dtype=bfloat16 --items=1000000
                --paths=250000 --long_items=1000 --recent_items=245 --beam_width=256 --top_k=300
-               --max_batch=4 --max_batch_size=4 --p99_target_ms=200 --rates=10,15,20,25,30,40
+               --max_batch=4 --max_batch_size=4 --p99_target_ms=200 --rates=10,15,20,25,30,35,40,50,60
                --rate_seconds=20 --population=300 --prompt_cache_gb=40
-               --prompt_cache_host_gb=48 --client_processes=2 --label="$(gpu_label)_q3_ctx5000")
+               --prompt_cache_host_gb=48 --client_processes=2 --parallel_exports --label="$(gpu_label)_q3_ctx5000")
   [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu)
   timeout "${SERVED_CACHE_LIMIT:-2400}" "${PY:-python3}" -m benchmarks.bench_served_cache \
       "${sizes[@]}" --work="$BASE/served_cache" --out_dir="$RUN_OUT" \
@@ -151,6 +152,14 @@ run() {
     ls custom_ops/*.so >/dev/null 2>&1 \
         || "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
     served_cache_phase
+  fi
+  if [[ "$PHASES" == *" prompt_cache "* ]]; then
+    # Last, on a quiet card: the engine's cache alone (no TensorFlow), tests then timings.
+    OUT="$RUN_OUT/prompt_cache" bash benchmarks/gpu_prompt_cache.sh \
+        "${PROMPT_CACHE_TEST_LIMIT:-240}" "${PROMPT_CACHE_LIMIT:-400}" --timeline \
+        > "$RUN_OUT/prompt_cache.log" 2>&1
+    note "prompt cache rc=$?"
+    tail -30 "$RUN_OUT/prompt_cache.log" >> "$log"
   fi
   if [[ "$PHASES" == *" catalog "* ]] && [ -z "$catalog_pid" ]; then
     catalog_phase

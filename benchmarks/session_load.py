@@ -423,12 +423,29 @@ def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarr
             "answers": {user: items for user, _, _, items in ok}}
 
 
+def within_target(row: dict, p99_target_ms: float) -> bool:
+    """Whether one rate's run kept its P99 within the target with no failed request."""
+    return row["p99_ms"] is not None and row["p99_ms"] <= p99_target_ms and not row["failed"]
+
+
+def sweep(rates, run_rate, p99_target_ms: float) -> list[dict]:
+    """``run_rate(rate)`` for each rate in ascending order, ending after the first rate past
+    the target: no higher rate could count (``best_rate``), and an overloaded server only
+    spends the machine's time."""
+    rows = []
+    for rate in sorted(rates):
+        rows.append(run_rate(rate))
+        if not within_target(rows[-1], p99_target_ms):
+            break
+    return rows
+
+
 def best_rate(rows: list[dict], p99_target_ms: float) -> float | None:
     """The throughput of the highest rate whose P99, and every lower rate's, is within the
     target with no failed request."""
     best = None
     for row in sorted(rows, key=lambda r: r["rate"]):
-        if row["p99_ms"] is None or row["p99_ms"] > p99_target_ms or row["failed"]:
+        if not within_target(row, p99_target_ms):
             break
         best = row["throughput"]
     return best

@@ -1,0 +1,32 @@
+"""The rate sweep of the session-load benchmarks: which rates run, and which one counts."""
+
+from benchmarks.session_load import best_rate, sweep
+
+
+def _row(rate, p99, failed=0):
+    return {"rate": rate, "p99_ms": p99, "failed": failed, "throughput": rate * 0.9}
+
+
+def test_the_sweep_runs_rates_upwards_and_ends_at_the_first_past_the_bound():
+    p99 = {10.0: 50.0, 20.0: 90.0, 30.0: 250.0, 40.0: 60.0}
+    ran = []
+
+    def run(rate):
+        ran.append(rate)
+        return _row(rate, p99[rate])
+
+    rows = sweep([30.0, 10.0, 40.0, 20.0], run, 200.0)
+    assert ran == [10.0, 20.0, 30.0]       # 40 is never run: it could not count
+    assert best_rate(rows, 200.0) == 18.0
+
+
+def test_a_failed_request_or_no_answer_ends_the_sweep_too():
+    assert [r["rate"] for r in sweep([1, 2, 3], lambda r: _row(r, 10.0, failed=r == 2),
+                                     100.0)] == [1, 2]
+    assert [r["rate"] for r in sweep([1, 2], lambda r: _row(r, None), 100.0)] == [1]
+    assert best_rate(sweep([1, 2], lambda r: _row(r, None), 100.0), 100.0) is None
+
+
+def test_every_rate_runs_while_the_server_keeps_up():
+    rows = sweep([5, 15, 10], lambda r: _row(r, 20.0), 100.0)
+    assert [r["rate"] for r in rows] == [5, 10, 15] and best_rate(rows, 100.0) == 13.5
