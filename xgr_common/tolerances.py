@@ -10,7 +10,10 @@ for small outputs where a norm hides a single wrong element.
 Ranked lists (the engine's items and scores) of a 16-bit search follow ``RANKED_LIST_RULE``:
 16-bit rounding can reorder items whose scores are within the dtype's tolerance of each other,
 and such a tie at the cut-off can swap which of them is returned, so items are compared
-exactly everywhere except inside such ties. ``scores_tied`` is the one test of a tie.
+exactly everywhere except inside such ties. A tie between two beams' partial scores at an
+earlier code can also keep a prefix the reference's beam dropped, so an item the reference
+never scored may be returned; a search with a wider beam, which keeps both prefixes, then
+shows the item and its score are real. ``scores_tied`` is the one test of a tie.
 """
 
 from __future__ import annotations
@@ -69,7 +72,9 @@ RANKED_LIST_RULE = (
     "scores agree position by position within the dtype's atol + rtol x |reference|; where "
     "the item ids differ, the item returned must sit in the reference list at a score tied "
     "with the reference score of that position, or (a tie cut by top_k) that score must be "
-    "tied with the reference list's last score; -1 padding must match exactly")
+    "tied with the reference list's last score, or (a tie cut by the beam at an earlier "
+    "code) a reference search with a wider beam must return the item at a score tied with "
+    "the score returned; -1 padding must match exactly")
 
 
 def scores_tied(a: float, b: float, dtype: object) -> bool:

@@ -17,12 +17,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bridge.pipeline import RecommendPipeline
-from tf_frontend.pipeline_spec import USER_KEY, PipelineConfig
+from tf_frontend.pipeline_spec import USER_KEY, WIDTH_CONTROL, PipelineConfig
 from xgr_common.layout import MaskMode
 from xgr_export.verify import VerifyReport, verify_saved_model
 
 REFERENCE_REPEATS = 3   # timed in-process calls after the first
 SAVED_REPEATS = 10      # timed fresh-process calls after the first
+# The wider reference of a 16-bit check keeps this many times the beams (at most the engine's
+# largest width), so that the prefixes a near tie cut from the reference's beam survive.
+WIDER_BEAM_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class PipelineCheck:
         report = self.report
         verdict = "equal" if report.ok else "DIFFERENT"
         ties = (f", {report.rows_within_ties} differing only inside score ties"
-                if report.rows_within_ties else "")
+                + (f" (a {report.wider_beam}-beam reference consulted)"
+                   if report.wider_beam else "") if report.rows_within_ties else "")
         lines = [
             f"verify: {report.requests} requests (prompts {self.prompt_tokens_min}-"
             f"{self.prompt_tokens_max} tokens): fresh-process SavedModel vs {self.reference} "
@@ -81,6 +85,21 @@ def _timed(call) -> tuple[object, float]:
     return value, time.perf_counter() - started
 
 
+def _wider_reference(graph, engine, config: PipelineConfig, features: dict, beam_width: int,
+                     top_k: int, prefill_mask: MaskMode):
+    """(width, the in-process pipeline at ``WIDER_BEAM_FACTOR`` x ``beam_width`` beams on
+    ``features``), the evidence ``RANKED_LIST_RULE`` takes for an item the reference's beam
+    dropped; None where no wider beam exists (the engine's largest width, or requests that
+    name their own width)."""
+    wide = min(WIDER_BEAM_FACTOR * beam_width, engine.config.max_beam_width)
+    if wide <= beam_width or WIDTH_CONTROL in features:
+        return None
+    pipeline = RecommendPipeline.for_engine(graph, engine, wide, top_k,
+                                            replace(config, prompt_cache=False),
+                                            prefill_mask=prefill_mask)
+    return wide, lambda: pipeline(features)
+
+
 def check_against_python(saved_model, graph, engine, config: PipelineConfig, features: dict,
                          beam_width: int, top_k: int,
                          prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> PipelineCheck:
@@ -101,7 +120,9 @@ def check_against_python(saved_model, graph, engine, config: PipelineConfig, fea
         saved_features = {**features, USER_KEY: np.array(
             [f"verify-{row}".encode() for row in range(rows)], dtype=object)}
     report = verify_saved_model(saved_model, saved_features, want, repeats=SAVED_REPEATS,
-                                dtype=dtype)
+                                dtype=dtype, wider=_wider_reference(
+                                    graph, engine, config, features, beam_width, top_k,
+                                    prefill_mask))
     prompt = want["prompt_lengths"].numpy()
     return PipelineCheck(report=report, device=str(engine.device),
                          reference=f"the Python pipeline (Engine.recommend in {dtype})",

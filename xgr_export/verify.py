@@ -17,10 +17,11 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
-from xgr_common.errors import ExportError, require
+from xgr_common.errors import CapacityError, ExportError, require
 from xgr_common.tolerances import RANKED_LIST_RULE, TIE_DTYPES, dtype_name, scores_tied, \
     tolerance_for
 
@@ -51,6 +52,7 @@ class VerifyReport:
     dtype: str = "float32"
     rule: str = "items and counts exact; scores within the float32 tolerance"
     rows_within_ties: int = 0   # 16-bit: rows that differ only inside score ties
+    wider_beam: int = 0         # 16-bit: the wider reference's beam, 0 if not consulted
 
     @property
     def ok(self) -> bool:
@@ -96,8 +98,10 @@ def run_fresh(saved_model: str | os.PathLike, features: dict, repeats: int = 0,
 
 
 def first_break(got_ids: np.ndarray, got_scores: np.ndarray, want_ids: np.ndarray,
-                want_scores: np.ndarray, dtype: str) -> int | None:
-    """The first position of one ranked row breaking ``RANKED_LIST_RULE``, None if none."""
+                want_scores: np.ndarray, dtype: str,
+                wider: dict[int, float] | None = None) -> int | None:
+    """The first position of one ranked row breaking ``RANKED_LIST_RULE``, None if none;
+    ``wider``: the row's items and scores from a reference search with a wider beam."""
     listed = {int(item): k for k, item in enumerate(want_ids) if item >= 0}
     kept = want_scores[want_ids >= 0]
     last = float(kept[-1]) if len(kept) else float("-inf")
@@ -114,20 +118,40 @@ def first_break(got_ids: np.ndarray, got_scores: np.ndarray, want_ids: np.ndarra
         if item == want:
             continue
         j = listed.get(item)
-        tied = (scores_tied(float(want_scores[j]), score, dtype) if j is not None
-                else scores_tied(score, last, dtype))
+        if j is not None:
+            tied = scores_tied(float(want_scores[j]), score, dtype)
+        else:   # cut from the reference by top_k, or by its beam at an earlier code
+            tied = scores_tied(score, last, dtype) or (
+                wider is not None and item in wider
+                and scores_tied(wider[item], float(got_scores[k]), dtype))
         if not tied:
             return k
     return None
 
 
+def _ranked(outputs: dict) -> dict[str, np.ndarray]:
+    return {name: np.asarray(v.numpy() if hasattr(v, "numpy") else v)
+            for name, v in outputs.items() if name in ("item_ids", "scores", "num_items")}
+
+
+def _row_lists(outputs: dict | None) -> list[dict[int, float]] | None:
+    """Each row's items and scores of a pipeline's ``outputs`` (None stays None)."""
+    if outputs is None:
+        return None
+    ranked = _ranked(outputs)
+    return [{int(i): float(s) for i, s in zip(ids, scores) if i >= 0}
+            for ids, scores in zip(ranked["item_ids"], ranked["scores"])]
+
+
 def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
-            seconds=(np.nan, np.nan, np.nan), dtype: object = "float32") -> VerifyReport:
+            seconds=(np.nan, np.nan, np.nan), dtype: object = "float32",
+            wider: dict | None = None, wider_beam: int = 0) -> VerifyReport:
     """``got`` (fresh-process outputs) against ``reference`` (the in-process pipeline's, its
-    engine in ``dtype``)."""
+    engine in ``dtype``); ``wider``: the same pipeline's outputs at ``wider_beam`` beams,
+    evidence for 16-bit items the reference's beam dropped (``RANKED_LIST_RULE``)."""
     dtype = dtype_name(dtype)
-    want = {name: np.asarray(v.numpy() if hasattr(v, "numpy") else v)
-            for name, v in reference.items() if name in ("item_ids", "scores", "num_items")}
+    want = _ranked(reference)
+    wide_rows = _row_lists(wider)
     require(got["item_ids"].shape == want["item_ids"].shape, ExportError,
             f"item_ids shapes differ: SavedModel {got['item_ids'].shape}, reference "
             f"{want['item_ids'].shape}")
@@ -136,7 +160,8 @@ def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
         differs = not np.array_equal(a, b)
         differing += differs
         if dtype in TIE_DTYPES:
-            pos = first_break(a, got["scores"][row], b, want["scores"][row], dtype)
+            pos = first_break(a, got["scores"][row], b, want["scores"][row], dtype,
+                              wide_rows[row] if wide_rows is not None else None)
         else:
             pos = int(np.flatnonzero(a != b)[0]) if differs else None
         if pos is not None:
@@ -159,24 +184,38 @@ def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
         load_seconds=float(seconds[0]), first_call_seconds=float(seconds[1]),
         call_seconds=float(seconds[2]), dtype=dtype,
         rule=RANKED_LIST_RULE if tied else VerifyReport.rule,
-        rows_within_ties=differing - len(mismatched) if tied else 0)
+        rows_within_ties=differing - len(mismatched) if tied else 0,
+        wider_beam=wider_beam if tied and wider is not None else 0)
 
 
 def verify_saved_model(saved_model: str | os.PathLike, features: dict, reference: dict,
                        repeats: int = 0, timeout: float = 900.0,
-                       dtype: object = "float32") -> VerifyReport:
+                       dtype: object = "float32",
+                       wider: tuple[int, Callable[[], dict]] | None = None) -> VerifyReport:
     """Runs ``saved_model`` in a fresh process on ``features`` and compares with ``reference``
     (the in-process pipeline with its engine in ``dtype``); with ``repeats``, the last repeated
     call too (a prompt cache answers it from its entries), its differing rows reported with
-    ``"call": "repeat"``."""
+    ``"call": "repeat"``. ``wider``: (beam width, the in-process pipeline at that width on
+    the same features), called only when a 16-bit comparison breaks the rule without it."""
     got = run_fresh(saved_model, features, repeats, timeout)
     modules, seconds = got.pop("modules").tolist(), got.pop("seconds")
     repeat = {name.removeprefix("repeat_"): got.pop(name) for name in list(got)
               if name.startswith("repeat_")}
-    report = compare(got, reference, modules, seconds, dtype)
+    calls = [got] + ([repeat] if repeat else [])
+    reports = [compare(c, reference, modules, seconds, dtype) for c in calls]
+    if wider is not None and any(r.mismatched_rows for r in reports):
+        beam, run = wider
+        try:
+            outputs = run()
+        except CapacityError:   # no memory for the wider beam: the rule without its evidence
+            outputs = None
+        if outputs is not None:
+            reports = [compare(c, reference, modules, seconds, dtype, outputs, beam)
+                       for c in calls]
+    report = reports[0]
     if not repeat:
         return report
-    again = compare(repeat, reference, modules, seconds, dtype)
+    again = reports[1]
     return replace(
         report, rows_exact=min(report.rows_exact, again.rows_exact),
         num_items_exact=report.num_items_exact and again.num_items_exact,

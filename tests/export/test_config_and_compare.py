@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from xgr_common.errors import ConfigError
+from xgr_common.errors import CapacityError, ConfigError
 from xgr_export.config import EngineExportConfig, ExportConfig
+from xgr_export import verify
 from xgr_export.verify import compare
 from xgr_world.synthetic import WorldConfig
 
@@ -82,3 +83,76 @@ def test_torch_or_engine_code_in_the_child_fails():
     assert not report.ok
     assert report.forbidden_modules == ("bridge.dlpack", "tf_frontend", "torch._C",
                                         "torch_engine.model")
+
+
+# A bf16 row whose item 9, never scored by the reference, took position 1 at a score tied with
+# the reference's there: a prefix the reference's beam dropped at a near tie.
+BF16_WANT = _outputs([[5, 7, 8, 2]], [[-1.0, -2.0, -2.5, -4.0]], [4])
+BF16_GOT = _outputs([[5, 9, 8, 2]], [[-1.0, -2.01, -2.5, -4.0]], [4])
+
+
+def test_a_bf16_item_the_reference_never_scored_breaks_the_rule_without_evidence():
+    report = compare(BF16_GOT, BF16_WANT, dtype="bfloat16")
+    assert not report.ok and report.mismatched_rows[0]["position"] == 1
+    assert report.wider_beam == 0
+
+
+@pytest.mark.parametrize("wide_items, wide_scores, ok", [
+    ([5, 9, 7, 8], [-1.0, -2.005, -2.0, -2.5], True),    # the wider beam scores item 9 alike
+    ([5, 9, 7, 8], [-1.0, -2.6, -2.0, -2.5], False),     # ... at another score
+    ([5, 7, 8, 2], [-1.0, -2.0, -2.5, -4.0], False),     # ... or never returns it
+])
+def test_a_wider_beams_reference_is_the_evidence_for_an_item_the_reference_dropped(
+        wide_items, wide_scores, ok):
+    wider = _outputs([wide_items], [wide_scores], [4])
+    report = compare(BF16_GOT, BF16_WANT, dtype="bfloat16", wider=wider, wider_beam=64)
+    assert report.ok == ok and report.wider_beam == 64
+    assert report.rows_within_ties == (1 if ok else 0)
+
+
+def test_a_wider_beam_excuses_no_float32_difference():
+    wider = _outputs([[5, 9, 7, 8]], [[-1.0, -2.01, -2.0, -2.5]], [4])
+    report = compare(BF16_GOT, BF16_WANT, dtype="float32", wider=wider, wider_beam=64)
+    assert not report.ok and report.wider_beam == 0
+
+
+def _fresh(monkeypatch, got: dict):
+    def run_fresh(saved_model, features, repeats, timeout):
+        return {**got, "modules": np.array(["tensorflow"]), "seconds": np.zeros(3)}
+    monkeypatch.setattr(verify, "run_fresh", run_fresh)
+
+
+def test_verify_runs_the_wider_reference_only_when_the_rule_breaks(monkeypatch):
+    calls = []
+
+    def wider():
+        calls.append(1)
+        return _outputs([[5, 9, 7, 8]], [[-1.0, -2.005, -2.0, -2.5]], [4])
+
+    _fresh(monkeypatch, BF16_WANT)
+    assert verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16",
+                                     wider=(64, wider)).ok and calls == []
+    _fresh(monkeypatch, BF16_GOT)
+    report = verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16", wider=(64, wider))
+    assert report.ok and report.wider_beam == 64 and calls == [1]
+
+
+def test_a_wider_reference_without_memory_leaves_the_break_reported(monkeypatch):
+    def wider():
+        raise CapacityError("no memory for 1024 beams")
+
+    _fresh(monkeypatch, BF16_GOT)
+    report = verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16", wider=(64, wider))
+    assert not report.ok and report.mismatched_rows[0]["got"] == 9
+
+
+def test_no_wider_reference_past_the_engines_widest_beam_or_for_requests_naming_widths():
+    from types import SimpleNamespace
+
+    from tf_frontend.pipeline_spec import WIDTH_CONTROL, PipelineConfig
+    from xgr_export.check import _wider_reference
+    engine = SimpleNamespace(config=SimpleNamespace(max_beam_width=256))
+    assert _wider_reference(None, engine, PipelineConfig(), {}, 256, 12, None) is None
+    engine = SimpleNamespace(config=SimpleNamespace(max_beam_width=1024))
+    assert _wider_reference(None, engine, PipelineConfig(), {WIDTH_CONTROL: [16]}, 16, 12,
+                            None) is None
