@@ -67,9 +67,10 @@ served_cache_phase() {
   # host tier beside it.
   local sizes=(--preset=qwen3-1.7b --device=cuda:0 --dtype=bfloat16 --items=1000000
                --paths=250000 --long_items=1000 --recent_items=245 --beam_width=256 --top_k=300
-               --max_batch=4 --max_batch_size=4 --p99_target_ms=200 --rates=10,15,20,25,30,35,40,50,60
-               --rate_seconds=20 --population=300 --prompt_cache_gb=40
-               --prompt_cache_host_gb=48 --client_processes=2 --parallel_exports --label="$(gpu_label)_q3_ctx5000")
+               --max_batch=4 --max_batch_size=4 --p99_target_ms=200
+               --rates=12,18,24,30,36,44,52,60 --rate_seconds=15 --population=300
+               --prompt_cache_gb=40 --prompt_cache_host_gb=48 --client_processes=2
+               --parallel_exports --label="$(gpu_label)_q3_ctx5000")
   [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu)
   timeout "${SERVED_CACHE_LIMIT:-2400}" "${PY:-python3}" -m benchmarks.bench_served_cache \
       "${sizes[@]}" --work="$BASE/served_cache" --out_dir="$RUN_OUT" \
