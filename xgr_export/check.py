@@ -90,13 +90,16 @@ def _wider_reference(graph, engine, config: PipelineConfig, features: dict, beam
     """(width, the in-process pipeline at ``WIDER_BEAM_FACTOR`` x ``beam_width`` beams on
     ``features``), the evidence ``RANKED_LIST_RULE`` takes for an item the reference's beam
     dropped; None where no wider beam exists (the engine's largest width, or requests that
-    name their own width)."""
+    name their own width). Its lists are as many times longer: the wider search finds items
+    the narrow one missed above the dropped item, which would push it off a list of
+    ``top_k``."""
     wide = min(WIDER_BEAM_FACTOR * beam_width, engine.config.max_beam_width)
     if wide <= beam_width or WIDTH_CONTROL in features:
         return None
-    pipeline = RecommendPipeline.for_engine(graph, engine, wide, top_k,
-                                            replace(config, prompt_cache=False),
-                                            prefill_mask=prefill_mask)
+    longer = min(top_k * wide // beam_width, engine.catalog.reachable_items(wide))
+    pipeline = RecommendPipeline.for_engine(
+        graph, engine, wide, longer, replace(config, prompt_cache=False, top_n=longer),
+        prefill_mask=prefill_mask)
     return wide, lambda: pipeline(features)
 
 

@@ -166,3 +166,25 @@ def test_bad_rules_and_masks_are_config_errors(pipeline):
                      prefill_mask=MaskMode.SEGMENT_BIDIRECTIONAL)
     with pytest.raises(ConfigError, match="PipelineConfig"):
         RecommendPipeline(pipeline.feature_graph, pipeline.recommend, config={"top_n": 3})
+
+
+def test_the_export_checks_wider_reference_searches_wider_and_lists_longer(
+        pipeline, quick_model, users):
+    """The evidence the 16-bit export check consults for an item its reference's beam
+    dropped: the same pipeline at four times the beam, its lists four times longer, and its
+    best items those of the narrow search at least."""
+    from xgr_export.check import WIDER_BEAM_FACTOR, _wider_reference
+    search = pipeline.recommend
+    features = features_from_world(quick_model.world, users)
+    narrow = pipeline(features)
+    wide, run = _wider_reference(pipeline.feature_graph, search.engine, pipeline.config,
+                                 features, search.beam_width, search.top_k,
+                                 search.prefill_mask)
+    assert wide == WIDER_BEAM_FACTOR * search.beam_width
+    out = run()
+    ids, scores = out["item_ids"].numpy(), out["scores"].numpy()
+    assert ids.shape == (len(users), WIDER_BEAM_FACTOR * search.top_k)
+    kept = scores[ids >= 0]
+    assert np.all(np.diff(scores, axis=1)[(ids[:, 1:] >= 0)] <= 0) and kept.size
+    # The wider search finds the narrow one's best item here, or a better one.
+    assert np.all(scores[:, 0] >= narrow["scores"].numpy()[:, 0] - 1e-5)
