@@ -168,7 +168,9 @@ class ExportSettings:
 
 
 def export(files: dict, out: Path, settings: ExportSettings, *extra: str) -> dict:
-    """``xgr export`` of the team files in a child process; its report."""
+    """``xgr export`` of the team files in a child process; its report. An export whose
+    check found different items (exit 1 after saving and reporting) is served all the same:
+    the benchmark measures it, records the check (``report["verify"]``) and prints it."""
     report = out.parent / f"{out.name}.report.json"
     done = subprocess.run(
         [sys.executable, "-m", "xgr_cli.main", "export", f"--model={files['model']}",
@@ -179,8 +181,12 @@ def export(files: dict, out: Path, settings: ExportSettings, *extra: str) -> dic
          f"--verify_requests={settings.verify_requests}", f"--report_json={report}",
          *([f"--dtype={settings.dtype}"] if settings.dtype else []), *extra],
         cwd=ROOT, env=child_env(TF_CPP_MIN_LOG_LEVEL="2"), capture_output=True, text=True)
-    if done.returncode != 0:
+    checked = done.returncode == 1 and report.exists() and (out / "saved_model.pb").exists()
+    if done.returncode != 0 and not checked:
         raise RuntimeError(f"xgr export failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    if checked:
+        print(f"{out.name}: saved, but its check found different items (served and recorded "
+              f"all the same):\n{done.stdout[-1500:]}", flush=True)
     return json.loads(report.read_text())
 
 

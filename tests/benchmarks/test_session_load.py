@@ -1,5 +1,7 @@
 """The rate sweep of the session-load benchmarks: which rates run, and which one counts."""
 
+import pytest
+
 from benchmarks.session_load import best_rate, sweep
 
 
@@ -30,3 +32,38 @@ def test_a_failed_request_or_no_answer_ends_the_sweep_too():
 def test_every_rate_runs_while_the_server_keeps_up():
     rows = sweep([5, 15, 10], lambda r: _row(r, 20.0), 100.0)
     assert [r["rate"] for r in rows] == [5, 10, 15] and best_rate(rows, 100.0) == 13.5
+
+
+def _exported(monkeypatch, tmp_path, code: int, saved: bool, report: bool):
+    import json
+    import subprocess
+    from types import SimpleNamespace
+
+    from benchmarks import session_load
+    out = tmp_path / "cached"
+
+    def run(argv, **kwargs):
+        out.mkdir()
+        if saved:
+            (out / "saved_model.pb").write_bytes(b"")
+        if report:
+            (tmp_path / "cached.report.json").write_text(json.dumps({"verify": {"ok": False}}))
+        return SimpleNamespace(returncode=code, stdout="verify: items DIFFERENT", stderr="boom")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    files = {"model": "m", "catalog": "c", "feature_graph": "g"}
+    return session_load.export(files, out, session_load.ExportSettings("cpu", 16, 12, 4, 0))
+
+
+def test_an_export_whose_check_differs_is_served_and_its_check_recorded(
+        monkeypatch, tmp_path, capsys):
+    assert _exported(monkeypatch, tmp_path, 1, True, True) == {"verify": {"ok": False}}
+    assert "found different items" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("code, saved, report", [(1, False, True), (1, True, False),
+                                                 (2, True, True)])
+def test_an_export_that_did_not_save_and_report_fails_the_benchmark(
+        monkeypatch, tmp_path, code, saved, report):
+    with pytest.raises(RuntimeError, match="xgr export failed"):
+        _exported(monkeypatch, tmp_path, code, saved, report)

@@ -108,8 +108,10 @@ class Reservation:
         rows = len(self.plans) if rows is None else rows
         slots = np.full((rows, width), SINK * pt, dtype=np.int64)
         for row, plan in enumerate(self.plans):
-            for pos in range(plan.cached, plan.written):
-                slots[row, pos - plan.cached] = plan.pages[pos // pt] * pt + pos % pt
+            if plan.written > plan.cached:    # a miss writes thousands: no loop per token
+                pos = np.arange(plan.cached, plan.written)
+                pages = np.asarray(plan.pages, dtype=np.int64)
+                slots[row, :pos.size] = pages[pos // pt] * pt + pos % pt
         return torch.from_numpy(slots)
 
     @property
