@@ -12,7 +12,8 @@ STATS = {"lookups": 40, "hits": 25, "host_hits": 7, "partial_hits": 3, "misses":
          "uncached": 3, "evictions": 9, "host_evictions": 2, "tokens_reused": 900,
          "tokens_written": 400, "entries": 5, "bytes": 1 << 20, "capacity_bytes": 4 << 20,
          "host_entries": 4, "host_bytes": 3 << 20, "host_capacity_bytes": 8 << 20,
-         "hit_calls": 20, "hit_seconds": 0.25, "hit_buckets": [[0.01, 15], [0.1, 20]]}
+         "hit_calls": 20, "hit_seconds": 0.25, "hit_buckets": [[0.01, 15], [0.1, 20]],
+         "split_batches": 2}
 
 
 def _registry(packages: dict) -> prom.CollectorRegistry:
@@ -28,6 +29,7 @@ def test_hits_are_split_by_tier_and_each_tier_has_its_size():
     assert value("xgr_prompt_cache_hits_total", {**labels, "tier": "device"}) == 18
     assert value("xgr_prompt_cache_hits_total", {**labels, "tier": "host"}) == 7
     assert value("xgr_prompt_cache_host_evictions_total", labels) == 2
+    assert value("xgr_prompt_cache_split_batches_total", labels) == 2
     assert value("xgr_prompt_cache_host_bytes", labels) == 3 << 20
     assert value("xgr_prompt_cache_host_capacity_bytes", labels) == 8 << 20
     assert value("xgr_prompt_cache_capacity_bytes", labels) == 4 << 20

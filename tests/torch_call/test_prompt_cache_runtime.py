@@ -102,14 +102,17 @@ class Calls:
         self.count += 1
         return i
 
-    def run(self, package: Path, folder: Path, budget: int, host_budget: int = 0) -> dict:
+    def run(self, package: Path, folder: Path, budget: int, host_budget: int = 0,
+            split_tokens: int | None = None) -> dict:
         self.arrays["calls"] = np.int64(self.count)
         requests = folder / f"requests_{budget}_{host_budget}.npz"
         np.savez(requests, **self.arrays)
+        split = {} if split_tokens is None else {
+            "XGR_PROMPT_CACHE_SPLIT_TOKENS": str(split_tokens)}
         done = subprocess.run(
             [sys.executable, str(HERE / "prompt_cache_child.py"), str(package), str(requests)],
             env=child_env(TF_CPP_MIN_LOG_LEVEL="3", XGR_PROMPT_CACHE_BYTES=str(budget),
-                          XGR_PROMPT_CACHE_HOST_BYTES=str(host_budget)),
+                          XGR_PROMPT_CACHE_HOST_BYTES=str(host_budget), **split),
             capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-3000:]
         return json.loads(done.stdout.strip().splitlines()[-1])
@@ -150,6 +153,27 @@ def test_hits_appends_keys_and_hostile_frozen_lengths(cached, tmp_path):
     assert stats[grown]["partial_hits"] == 1 and stats[grown]["entries"] == stats[after]["entries"]
     assert stats[whole]["hits"] == stats[grown]["hits"] + 1
     assert stats[whole]["partial_hits"] == 1
+
+
+def test_a_batch_of_hits_and_misses_runs_the_hits_apart(cached, tmp_path):
+    """A run pads every row to its longest suffix. With a second run priced at nothing
+    (``XGR_PROMPT_CACHE_SPLIT_TOKENS=0``), a batch of a returning user between two new ones
+    runs as two sub-batches, the hit apart, and every row gets its own answer back in its
+    place; a batch of new users alone (equal suffixes) is one run. At the default price these
+    short prompts never split."""
+    package = cached[0]
+    calls = Calls(cached)
+    first = calls.add([(0, 4, 1)], ["alice"])
+    mixed = calls.add([(3, 4, 2), (0, 4, 1), (5, 4, 1)], ["dave", "alice", "erin"])
+    fresh = calls.add([(7, 4, 2), (9, 4, 2)], ["frank", "grace"])
+    split = calls.run(package, tmp_path, 64 << 20, split_tokens=0)
+    assert split["outcomes"] == ["ok"] * 3
+    stats = split["stats"]
+    assert stats[first]["split_batches"] == 0
+    assert stats[mixed]["split_batches"] == 1 and stats[mixed]["hits"] == 1
+    assert stats[fresh]["split_batches"] == 1 and stats[fresh]["misses"] == 5
+    default = calls.run(package, tmp_path, 64 << 20)
+    assert default["outcomes"] == ["ok"] * 3 and default["stats"][-1]["split_batches"] == 0
 
 
 def test_the_pool_stays_within_its_budget_and_evicts(cached, tmp_path):

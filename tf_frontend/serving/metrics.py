@@ -84,7 +84,9 @@ class PromptCacheCollector:
                         ("evictions", "Entries evicted from the pool, least recently used "
                                       "first (to the host tier when it keeps one)."),
                         ("host_evictions", "Entries the host tier dropped for room."),
-                        ("tokens_reused", "Prompt tokens read from the cache, not prefilled."))}
+                        ("tokens_reused", "Prompt tokens read from the cache, not prefilled."),
+                        ("split_batches", "Batches run as two sub-batches, the rows with "
+                                          "short suffixes (hits) apart from the long."))}
         hits = CounterMetricFamily("xgr_prompt_cache_hits", "Rows whose frozen part (or part "
                                    "of it) was read from the cache, by tier.",
                                    labels=labels + ["tier"])

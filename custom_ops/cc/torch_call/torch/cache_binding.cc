@@ -1,9 +1,13 @@
 // The prompt cache's side of a package run (see cache_binding.h).
 #include "custom_ops/cc/torch_call/torch/cache_binding.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+
+#include "custom_ops/cc/torch_call/torch/scalar_types.h"
 
 namespace xgr {
 namespace torch_call {
@@ -19,6 +23,22 @@ int64_t WithinRange(const Signature& sig, const std::string& symbol, int64_t siz
   return std::min(std::max(size, range->second.first), range->second.second);
 }
 
+// `size` of the prompts' dimension `dim` rounded as the contract buckets it.
+int64_t Bucketed(const Signature& sig, size_t dim, int64_t size) {
+  int64_t out = size;
+  for (const BucketRule& rule : sig.buckets) {
+    if (rule.input != sig.cache.tokens || rule.dim != dim) continue;
+    if (rule.multiple == 0) {
+      out = 1;
+      while (out < size) out *= 2;
+    } else {
+      out = (size + rule.offset + rule.multiple - 1) / rule.multiple * rule.multiple -
+            rule.offset;
+    }
+  }
+  return out;
+}
+
 // The suffix width of a cached run: the longest suffix, rounded as the prompt's length is
 // bucketed (so a bucket's runs share few shapes), within the padded prompt.
 int64_t SuffixWidth(const Signature& sig, const Reservation& r,
@@ -27,34 +47,114 @@ int64_t SuffixWidth(const Signature& sig, const Reservation& r,
   for (size_t b = 0; b < rows.size(); ++b) {
     longest = std::max(longest, rows[b].length - r.plans[b].cached);
   }
-  int64_t width = longest;
-  for (const BucketRule& rule : sig.buckets) {
-    if (rule.input != sig.cache.tokens || rule.dim != 1) continue;
-    if (rule.multiple == 0) {
-      width = 1;
-      while (width < longest) width *= 2;
-    } else {
-      width = (longest + rule.offset + rule.multiple - 1) / rule.multiple * rule.multiple -
-              rule.offset;
-    }
-  }
+  int64_t width = Bucketed(sig, 1, longest);
   width = std::max(longest, std::min(width, padded_length));
   return WithinRange(sig, sig.cache_inputs[2].dims[1], width);
 }
 
+// The rows `index` (int64, on the host) of a call's batch-major inputs, the other inputs as
+// they are: views of the copies `owned` keeps.
+std::vector<InputView> InputRows(const Signature& sig, const std::vector<InputView>& inputs,
+                                 const at::Tensor& index, std::vector<at::Tensor>* owned) {
+  const std::string& batch = sig.inputs[sig.cache.tokens].dims[0];
+  std::vector<InputView> part(inputs);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (sig.inputs[i].dims.empty() || sig.inputs[i].dims[0] != batch) continue;
+    const auto options = at::TensorOptions().dtype(ToScalarType(inputs[i].dtype));
+    owned->push_back(at::from_blob(const_cast<void*>(inputs[i].data), inputs[i].shape, options)
+                         .index_select(0, index)
+                         .contiguous());
+    part[i].data = owned->back().data_ptr();
+    part[i].shape = owned->back().sizes().vec();
+  }
+  return part;
+}
+
 }  // namespace
+
+std::vector<std::vector<int64_t>> SuffixGroups(const Signature& sig, const Reservation& r,
+                                               const std::vector<CacheRow>& rows,
+                                               int64_t split_tokens) {
+  const int64_t batch = static_cast<int64_t>(rows.size());
+  std::vector<int64_t> order(batch);
+  std::vector<int64_t> suffix(batch);
+  for (int64_t b = 0; b < batch; ++b) {
+    order[b] = b;
+    suffix[b] = std::max<int64_t>(rows[b].length - r.plans[b].cached, 1);
+  }
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return suffix[a] < suffix[b]; });
+  // The prefill's work of a run: its padded rows times its suffix width, in tokens.
+  auto work = [&](int64_t from, int64_t to) {
+    return Bucketed(sig, 0, to - from) * Bucketed(sig, 1, suffix[order[to - 1]]);
+  };
+  int64_t best = work(0, batch), cut = 0;
+  for (int64_t k = 1; k < batch; ++k) {
+    const int64_t split = work(0, k) + work(k, batch) + split_tokens;
+    if (split < best) best = split, cut = k;
+  }
+  std::vector<std::vector<int64_t>> groups;
+  if (cut == 0) {
+    groups.push_back(std::vector<int64_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) groups[0][b] = b;
+    return groups;
+  }
+  groups.emplace_back(order.begin(), order.begin() + cut);
+  groups.emplace_back(order.begin() + cut, order.end());
+  for (auto& group : groups) std::sort(group.begin(), group.end());
+  return groups;
+}
+
+bool BatchMajorOutputs(const Signature& sig) {
+  const std::string& batch = sig.inputs[sig.cache.tokens].dims[0];
+  return std::all_of(sig.outputs.begin(), sig.outputs.end(), [&](const TensorSpec& spec) {
+    return !spec.dims.empty() && spec.dims[0] == batch;
+  });
+}
+
+std::vector<at::Tensor> RunInGroups(const Signature& sig, const std::vector<InputView>& inputs,
+                                    const std::vector<CacheRow>& rows, const Reservation& r,
+                                    const std::vector<std::vector<int64_t>>& groups,
+                                    const GroupRunner& run) {
+  const int64_t total = static_cast<int64_t>(rows.size());
+  std::vector<at::Tensor> merged;
+  for (const std::vector<int64_t>& group : groups) {
+    const at::Tensor index = at::tensor(group, at::kLong);
+    std::vector<at::Tensor> owned;
+    const std::vector<InputView> part = InputRows(sig, inputs, index, &owned);
+    std::vector<CacheRow> part_rows;
+    Reservation plans;
+    for (int64_t b : group) {
+      part_rows.push_back(rows[b]);
+      plans.plans.push_back(r.plans[b]);
+    }
+    std::vector<at::Tensor> results = run(part, part_rows, plans);
+    if (merged.empty()) {
+      for (const at::Tensor& t : results) {
+        std::vector<int64_t> shape = t.sizes().vec();
+        shape[0] = total;
+        merged.push_back(at::empty(shape, t.options()));
+      }
+    }
+    for (size_t i = 0; i < results.size(); ++i) {
+      merged[i].index_copy_(0, index.to(results[i].device()), results[i]);
+    }
+  }
+  return merged;
+}
 
 namespace {
 
-// A byte count from the environment variable `name`; `fallback` (said as `otherwise`) when it
-// is unset or not a non-negative integer.
-int64_t BytesFromEnv(const char* name, int64_t fallback, const char* otherwise) {
+// A count (bytes, tokens) from the environment variable `name`; `fallback` (said as
+// `otherwise`) when it is unset or not a non-negative integer.
+int64_t CountFromEnv(const char* name, int64_t fallback, const char* otherwise) {
   const char* env = std::getenv(name);
   if (env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long long value = std::strtoll(env, &end, 10);
     if (end != nullptr && *end == '\0' && value >= 0) return value;
-    std::fprintf(stderr, "TorchCall: %s='%s' is not a byte count; %s\n", name, env, otherwise);
+    std::fprintf(stderr, "TorchCall: %s='%s' is not a non-negative integer; %s\n", name, env,
+                 otherwise);
   }
   return fallback;
 }
@@ -62,11 +162,15 @@ int64_t BytesFromEnv(const char* name, int64_t fallback, const char* otherwise) 
 }  // namespace
 
 int64_t CacheBudget() {
-  return BytesFromEnv("XGR_PROMPT_CACHE_BYTES", int64_t{256} << 20, "using the default");
+  return CountFromEnv("XGR_PROMPT_CACHE_BYTES", int64_t{256} << 20, "using the default");
 }
 
 int64_t HostCacheBudget() {
-  return BytesFromEnv("XGR_PROMPT_CACHE_HOST_BYTES", 0, "keeping no host tier");
+  return CountFromEnv("XGR_PROMPT_CACHE_HOST_BYTES", 0, "keeping no host tier");
+}
+
+int64_t SplitRunTokens() {
+  return CountFromEnv("XGR_PROMPT_CACHE_SPLIT_TOKENS", kSplitRunTokens, "using the default");
 }
 
 std::string CacheStatsJson(const CacheStats& st) {
@@ -92,6 +196,7 @@ std::string CacheStatsJson(const CacheStats& st) {
          ", \"host_bytes\": " + std::to_string(st.host_bytes) +
          ", \"host_capacity_bytes\": " + std::to_string(st.host_capacity_bytes) +
          ", \"hit_calls\": " + std::to_string(st.hit_calls) +
+         ", \"split_batches\": " + std::to_string(st.split_batches) +
          ", \"hit_seconds\": " + std::to_string(st.hit_seconds) +
          ", \"hit_buckets\": [" + buckets + "]}";
 }

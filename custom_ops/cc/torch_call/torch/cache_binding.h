@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -43,6 +44,37 @@ void AddCacheInputs(const Signature& sig, const PromptCache& cache, const Reserv
                     const std::vector<CacheRow>& rows, const BucketedShapes& shapes,
                     std::vector<at::Tensor>* host);
 
+// What a second run of a batch costs beyond its prefill, in prompt tokens of prefill work
+// (its launches and its decoding's fixed part): a split must save more than this.
+constexpr int64_t kSplitRunTokens = 512;
+
+// That cost in this process: XGR_PROMPT_CACHE_SPLIT_TOKENS, else kSplitRunTokens.
+int64_t SplitRunTokens();
+
+// The batch's rows as the runs that serve them best: one group (every row, in order) or two,
+// the rows with the shorter suffixes (prompt length less the cached part) in the first. A
+// run pads every row to its longest suffix, so a batch of cache hits and misses runs the
+// hits apart when the prefill work that saves exceeds `split_tokens`.
+std::vector<std::vector<int64_t>> SuffixGroups(const Signature& sig, const Reservation& r,
+                                               const std::vector<CacheRow>& rows,
+                                               int64_t split_tokens);
+
+// Whether every output of `sig` has the batch as its first dimension (a batch can then run
+// as sub-batches and be put back together).
+bool BatchMajorOutputs(const Signature& sig);
+
+// Runs a batch as the sub-batches `groups` (SuffixGroups): `run` gets each group's rows of
+// the batch-major inputs (the others as they are), its cache rows and a reservation of its
+// plans alone (for the run's tables; the batch's reservation keeps the rest). Every result
+// row lands back at its row of the batch; each group's results are copied out before the
+// next group runs (a replayed graph's outputs are its own buffers).
+using GroupRunner = std::function<std::vector<at::Tensor>(
+    const std::vector<InputView>&, const std::vector<CacheRow>&, const Reservation&)>;
+std::vector<at::Tensor> RunInGroups(const Signature& sig, const std::vector<InputView>& inputs,
+                                    const std::vector<CacheRow>& rows, const Reservation& r,
+                                    const std::vector<std::vector<int64_t>>& groups,
+                                    const GroupRunner& run);
+
 // Finishes a reservation however the run ends: kept only when it succeeded.
 class ReservationGuard {
  public:
@@ -50,6 +82,7 @@ class ReservationGuard {
   ~ReservationGuard();
   const Reservation& get() const { return *r_; }
   void Keep() { kept_ = true; }
+  void RanAs(int runs) { r_->runs = runs; }
 
  private:
   double Seconds() const;

@@ -76,6 +76,7 @@ class PackageBase : public Package {
     if (signature_.cache.enabled) {
       cache_ = std::make_unique<PromptCache>(signature_.cache, CacheBudget(), device_,
                                              HostCacheBudget());
+      split_tokens_ = SplitRunTokens();
     }
   }
 
@@ -100,14 +101,11 @@ class PackageBase : public Package {
       // Kernels launch on the package's GPU whatever device the calling thread had current.
       std::optional<c10::DeviceGuard> on_device;
       if (!device_.is_cpu() && device_.has_index()) on_device.emplace(device_);
-      const BucketedShapes shapes = signature_.Bucket(inputs);
-      std::vector<at::Tensor> host = HostInputs(inputs, shapes);
       std::vector<at::Tensor> resident;
       std::string resident_key;
       std::optional<ReservationGuard> reservation;
       if (cache_) {
         reservation.emplace(cache_.get(), cache_->Reserve(rows));
-        AddCacheInputs(signature_, *cache_, reservation->get(), rows, shapes, &host);
         resident.push_back(cache_->pool());
         resident_key = "pool;";
       }
@@ -115,9 +113,22 @@ class PackageBase : public Package {
         resident.insert(resident.end(), tables->tensors.begin(), tables->tensors.end());
         resident_key += "tables " + std::to_string(tables->id) + ";";
       }
-      std::vector<at::Tensor> results = Execute(host, shapes, resident, resident_key);
-      for (size_t i = 0; i < results.size() && i < signature_.outputs.size(); ++i) {
-        results[i] = CutBack(results[i], i, shapes);
+      std::vector<std::vector<int64_t>> groups;
+      if (reservation && BatchMajorOutputs(signature_)) {
+        groups = SuffixGroups(signature_, reservation->get(), rows, split_tokens_);
+      }
+      std::vector<at::Tensor> results;
+      if (groups.size() <= 1) {
+        results = RunRows(inputs, rows, reservation ? &reservation->get() : nullptr, resident,
+                          resident_key);
+      } else {
+        results = RunInGroups(signature_, inputs, rows, reservation->get(), groups,
+                              [&](const std::vector<InputView>& part,
+                                  const std::vector<CacheRow>& part_rows,
+                                  const Reservation& plans) {
+                                return RunRows(part, part_rows, &plans, resident, resident_key);
+                              });
+        reservation->RanAs(static_cast<int>(groups.size()));
       }
       Status handed = HandBack(results, outputs);
       if (handed.ok() && reservation) reservation->Keep();
@@ -159,6 +170,22 @@ class PackageBase : public Package {
     for (const auto& t : host) tensors.push_back(device_.is_cpu() ? t : t.to(device_));
     tensors.insert(tensors.end(), resident.begin(), resident.end());
     return Forward(std::move(tensors));
+  }
+
+  // One run of `inputs` (with the cache: `rows` and their plans in `r`), results cut back to
+  // the real shapes.
+  std::vector<at::Tensor> RunRows(const std::vector<InputView>& inputs,
+                                  const std::vector<CacheRow>& rows, const Reservation* r,
+                                  const std::vector<at::Tensor>& resident,
+                                  const std::string& resident_key) {
+    const BucketedShapes shapes = signature_.Bucket(inputs);
+    std::vector<at::Tensor> host = HostInputs(inputs, shapes);
+    if (r != nullptr) AddCacheInputs(signature_, *cache_, *r, rows, shapes, &host);
+    std::vector<at::Tensor> results = Execute(host, shapes, resident, resident_key);
+    for (size_t i = 0; i < results.size() && i < signature_.outputs.size(); ++i) {
+      results[i] = CutBack(results[i], i, shapes);
+    }
+    return results;
   }
 
   // `"prompt_cache": {...}, ` for a package that keeps a cache, else empty.
@@ -237,6 +264,7 @@ class PackageBase : public Package {
   c10::Device device_;
   std::vector<ElementType> output_dtypes_;
   std::unique_ptr<PromptCache> cache_;  // with a `cache` contract line
+  int64_t split_tokens_ = kSplitRunTokens;  // SuffixGroups' cost of a second run
 };
 
 class AotiPackage : public PackageBase {

@@ -111,6 +111,7 @@ void PromptCache::Finish(Reservation* res, bool keep, double seconds) {
   for (auto& action : keep ? res->commits : res->rollbacks) action();
   for (auto& entry : res->readers) entry->readers -= 1;
   res->readers.clear();
+  if (keep && res->runs > 1) counts_.split_batches += 1;
   if (keep && res->hit) {
     counts_.hit_calls += 1;
     counts_.hit_seconds += seconds;

@@ -74,6 +74,7 @@ struct Reservation {
   std::vector<std::shared_ptr<CacheEntry>> readers;
   bool finished = false;
   bool hit = false;  // some row read cached tokens
+  int runs = 1;      // sub-batches the package ran the rows as
 };
 
 // Counters since the cache was made, and what it holds now.
@@ -90,6 +91,8 @@ struct CacheStats {
   std::vector<int64_t> hit_buckets;
   int64_t hit_calls = 0;
   double hit_seconds = 0;
+  // Batches run as two sub-batches (SuffixGroups in cache_binding.h).
+  int64_t split_batches = 0;
 };
 
 class PromptCache {
