@@ -64,6 +64,7 @@ flags.DEFINE_string("work", None, "Working folder (default: a temporary one, rem
 flags.DEFINE_string("label", "cpu", "Device label of the result file.")
 flags.DEFINE_string("out_dir", os.path.join(ROOT, "benchmarks", "results"), "Result folder.")
 
+
 def rate_row(server: Server, name: str, keyed: bool, requests, arrivals: dict, load,
              reference: dict, dtype: str, rate: float) -> dict:
     """One rate's open-loop run against ``server`` (printed): the plain server's answers

@@ -59,8 +59,8 @@ class PipelineCheck:
         report = self.report
         verdict = "equal" if report.ok else "DIFFERENT"
         ties = (f", {report.rows_within_ties} differing only inside score ties"
-                + (f" (a {report.wider_beam}-beam reference consulted)"
-                   if report.wider_beam else "") if report.rows_within_ties else "")
+                if report.rows_within_ties else "")
+        ties += f", a {report.wider_beam}-beam reference consulted" if report.wider_beam else ""
         lines = [
             f"verify: {report.requests} requests (prompts {self.prompt_tokens_min}-"
             f"{self.prompt_tokens_max} tokens): fresh-process SavedModel vs {self.reference} "

@@ -156,3 +156,15 @@ def test_no_wider_reference_past_the_engines_widest_beam_or_for_requests_naming_
     engine = SimpleNamespace(config=SimpleNamespace(max_beam_width=1024))
     assert _wider_reference(None, engine, PipelineConfig(), {WIDTH_CONTROL: [16]}, 16, 12,
                             None) is None
+
+
+def test_the_check_summary_names_the_wider_reference_it_consulted():
+    from xgr_export.check import PipelineCheck
+    wider = _outputs([[5, 9, 7, 8]], [[-1.0, -2.005, -2.0, -2.5]], [4])
+    report = compare(BF16_GOT, BF16_WANT, dtype="bfloat16", wider=wider, wider_beam=64)
+    check = PipelineCheck(report=report, device="cpu", reference="the Python pipeline",
+                          prompt_tokens_min=6, prompt_tokens_max=9,
+                          python_first_call_seconds=1.0, python_call_seconds=0.1,
+                          items_per_request=(4,))
+    assert "items equal" in check.summary()
+    assert "1 differing only inside score ties, a 64-beam reference consulted" in check.summary()
