@@ -241,13 +241,15 @@ def metric_sums(rest_port: int, prefix: str) -> dict[str, float]:
 
 def cache_counters(rest_port: int) -> dict[str, float]:
     """A server's prompt-cache counters: lookups, hits (both tiers), misses, uncached,
-    evictions, and the hits copied back from the host tier (``host_hits``)."""
+    evictions, batches run as two sub-batches (``split_batches``), and the hits copied back
+    from the host tier (``host_hits``)."""
     samples = metric_samples(rest_port, "xgr_prompt_cache_")
     sums: dict[str, float] = {}
     for name, labels, value in samples:
         sums[name] = sums.get(name, 0.0) + value
     out = {name: sums.get(f"xgr_prompt_cache_{name}_total", 0.0)
-           for name in ("lookups", "hits", "misses", "uncached", "evictions")}
+           for name in ("lookups", "hits", "misses", "uncached", "evictions",
+                        "split_batches")}
     out["host_hits"] = sum(value for name, labels, value in samples
                            if name == "xgr_prompt_cache_hits_total"
                            and labels.get("tier") == "host")
