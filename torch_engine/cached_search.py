@@ -31,7 +31,7 @@ from torch_engine.prompt_cache import PromptCache, Reservation
 from torch_engine.prompt_cache.cache import PromptRow
 from torch_engine.runner import Runner, StaticInputs, collector_paused, rules_for
 from torch_engine.search import RequestBatch
-from xgr_common.buckets import Bucket, round_up
+from xgr_common.buckets import Bucket, BucketPolicy, next_power_of_two, round_up
 from xgr_common.errors import InvalidInputError, require
 
 
@@ -72,6 +72,40 @@ def prompt_rows(args: Arguments, frozen_lengths, soft_marker: int | None,
                     f"part must end at a segment's end")
         out.append(PromptRow(tokens[row], segments[row], n, length))
     return out
+
+
+def suffix_groups(suffixes: list[int], policy: BucketPolicy | None,
+                  split_tokens: int) -> list[list[int]]:
+    """A batch's rows as the runs that serve them best, as the TorchCall runtime splits them
+    (``SuffixGroups``): one group (every row, in order) or two, the rows with the shorter
+    ``suffixes`` (prompt length less the cached part) first. A run pads every row to its
+    longest suffix (and its rows and width to ``policy``'s buckets), so the hits of a batch
+    of hits and misses run apart when the prefill work saved exceeds ``split_tokens``."""
+    order = sorted(range(len(suffixes)), key=lambda b: suffixes[b])
+
+    def work(lo: int, hi: int) -> int:
+        rows, width = hi - lo, max(suffixes[order[hi - 1]], 1)
+        if policy is not None:
+            rows = next_power_of_two(rows) if policy.pow2_batch else rows
+            width = round_up(width, policy.length_multiple)
+        return rows * width
+
+    best, cut = work(0, len(order)), 0
+    for k in range(1, len(order)):
+        split = work(0, k) + work(k, len(order)) + split_tokens
+        if split < best:
+            best, cut = split, k
+    if cut == 0:
+        return [list(range(len(suffixes)))]
+    return [sorted(order[:cut]), sorted(order[cut:])]
+
+
+def rows_of(args: Arguments, rows: list[int]) -> Arguments:
+    """``args`` restricted to ``rows`` (in that order)."""
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t.index_select(0, torch.tensor(rows, device=t.device))
+    return Arguments(pick(args.token_ids), pick(args.lengths), pick(args.segment_ids),
+                     pick(args.prefix_embeds), pick(args.exclude_items))
 
 
 def suffix_batch(batch: RequestBatch, cached: torch.Tensor, width: int) -> RequestBatch:

@@ -27,7 +27,7 @@ from torch_engine.model import Model
 from torch_engine.prompt_cache import KVGeometry, PromptCache, scope_of
 from torch_engine.runner import Runner
 from torch_engine.search import SearchOptions
-from xgr_common.errors import CapacityError, ConfigError, require
+from xgr_common.errors import CapacityError, ConfigError, InvalidInputError, require
 from xgr_common.layout import MaskMode
 
 
@@ -162,33 +162,65 @@ class Engine:
     def _recommend_cached(self, args, frozen_lengths, beam_width: int, top_k: int
                           ) -> tuple[torch.Tensor, torch.Tensor]:
         """``recommend`` through the prompt cache: reserve, search, keep what the batch wrote
-        only when its verdict passes."""
+        only when its verdict passes. A batch of hits and misses runs as two searches
+        (``cached_search.suffix_groups``): one pads every row to its longest suffix."""
         require(self.prompt_cache is not None, ConfigError,
                 "frozen_lengths needs an Engine made with a prompt_cache")
         rows = cached_search.prompt_rows(args, frozen_lengths, self.config.soft_marker,
                                          self.catalog.layout.item_start_id)
-        cache, runner = self.prompt_cache, self.runner
+        cache = self.prompt_cache
         mode = MaskMode.CAUSAL if args.causal else MaskMode.ITEM_CAUSAL
         reservation = cache.reserve(self._scopes[mode], rows)
         kept = False
         try:
-            with torch.no_grad():
-                try:
-                    cached_shape = self.cached_runner.shape(args, rows, reservation)
-                    if not self.cached_runner.holds(cached_shape, beam_width, top_k):
-                        check_capacity(self.footprint, cached_shape.bucket, beam_width, top_k,
-                                       self.device, self.config.memory_budget)
-                    items, scores, verdict = run_contained(
-                        lambda: self.cached_runner.run(args, rows, reservation, beam_width,
-                                                       top_k),
-                        self.device, f"a batch of {len(rows)} requests")
-                except CapacityError:
-                    runner.verdict(args).raise_if_invalid()
-                    raise
-            verdict.raise_if_invalid()
+            groups = cached_search.suffix_groups(
+                [r.length - p.cached for r, p in zip(rows, reservation.plans)],
+                self.runner.policy, cache.config.split_run_tokens)
+            if len(groups) == 1:
+                items, scores = self._search_cached(args, rows, reservation, beam_width, top_k)
+            else:
+                items = scores = None
+                for group in groups:
+                    part = reservation.rows(group)
+                    got, got_scores = self._search_cached(
+                        cached_search.rows_of(args, group), [rows[b] for b in group], part,
+                        beam_width, top_k, whole=args)
+                    if items is None:
+                        items = got.new_empty((len(rows), *got.shape[1:]))
+                        scores = got_scores.new_empty((len(rows), *got_scores.shape[1:]))
+                    index = torch.tensor(group, device=got.device)
+                    items.index_copy_(0, index, got)
+                    scores.index_copy_(0, index, got_scores)
             kept = True
         finally:
             cache.finish(reservation, keep=kept)
+        return items, scores
+
+    def _search_cached(self, args, rows, reservation, beam_width: int, top_k: int,
+                       whole=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """One cached search of ``rows`` (their ``args``, planned in ``reservation``), its
+        verdict read; ``whole``: the batch these rows are part of, whose verdict names a
+        broken rule by the batch's row."""
+        runner = self.runner
+        with torch.no_grad():
+            try:
+                cached_shape = self.cached_runner.shape(args, rows, reservation)
+                if not self.cached_runner.holds(cached_shape, beam_width, top_k):
+                    check_capacity(self.footprint, cached_shape.bucket, beam_width, top_k,
+                                   self.device, self.config.memory_budget)
+                items, scores, verdict = run_contained(
+                    lambda: self.cached_runner.run(args, rows, reservation, beam_width,
+                                                   top_k),
+                    self.device, f"a batch of {len(rows)} requests")
+            except CapacityError:
+                runner.verdict(whole or args).raise_if_invalid()
+                raise
+        try:
+            verdict.raise_if_invalid()
+        except InvalidInputError:
+            if whole is not None:             # the message names the batch's values
+                runner.verdict(whole).raise_if_invalid()
+            raise
         if items.shape[0] != len(rows):          # a bucket's padding rows
             items, scores = items[:len(rows)], scores[:len(rows)]
         return items, scores

@@ -49,12 +49,14 @@ def _config():
     return EngineConfig(soft_marker=LAYOUT.soft_id)
 
 
-def _cached_engine(model, catalog, pages=64, host_pages=0, version="tiny-v1", page_tokens=16):
+def _cached_engine(model, catalog, pages=64, host_pages=0, version="tiny-v1", page_tokens=16,
+                   split_run_tokens=512):
     geometry = KVGeometry.of_model(model.config, torch.float32)
     page = geometry.page_bytes(page_tokens)
     cache = PromptCache(geometry, PromptCacheConfig(device_bytes=pages * page,
                                                     host_bytes=host_pages * page,
-                                                    page_tokens=page_tokens), "cpu")
+                                                    page_tokens=page_tokens,
+                                                    split_run_tokens=split_run_tokens), "cpu")
     return Engine(model, catalog, _config(), prompt_cache=cache, model_version=version)
 
 
@@ -257,6 +259,66 @@ def test_an_invalid_request_leaves_nothing_behind(model, catalog, plain, bad_id)
                          prefix_embeds=soft, frozen_lengths=prompt.frozen_lengths)
     stats = engine.prompt_cache.stats()
     assert (stats.entries, stats.device_bytes) == (0, 0)
+    _assert_same(_recommend(engine, prompt, soft, "item_causal"),
+                 _recommend(plain, prompt, soft, "item_causal", cached=False), "next request")
+
+
+def test_suffix_groups_run_the_short_suffixes_apart_when_that_pays():
+    policy = BucketPolicy(length_multiple=256, pow2_batch=True)
+    groups = cached_search.suffix_groups
+    assert groups([5000, 1000, 5000, 1000], policy, 512) == [[1, 3], [0, 2]]
+    assert groups([1000, 1000, 990, 1000], policy, 0) == [[0, 1, 2, 3]]    # one width
+    assert groups([5000, 1000], policy, 10 ** 6) == [[0, 1]]        # a second run too dear
+    assert groups([5000, 4990, 100], policy, 512) == [[2], [0, 1]]
+    assert groups([7], None, 0) == [[0]]
+    assert groups([40, 8, 40], None, 0) == [[1], [0, 2]]            # unbucketed: exact work
+
+
+def _spy_runs(engine, monkeypatch) -> list:
+    """Each cached search's rows, as whether each writes KV (a row that reads its whole
+    frozen part writes none; a new user reads at most the shared intro)."""
+    runs, run = [], engine.cached_runner.run
+
+    def spy(args, rows, reservation, *more):
+        runs.append([p.written > p.cached for p in reservation.plans])
+        return run(args, rows, reservation, *more)
+    monkeypatch.setattr(engine.cached_runner, "run", spy)
+    return runs
+
+
+@pytest.mark.parametrize("mask", MASKS)
+def test_a_batch_of_hits_and_misses_runs_the_hits_apart(model, catalog, plain, mask,
+                                                        monkeypatch):
+    """A returning user between two new ones: with a second search priced at nothing, the hit
+    runs apart from the misses, and every row's items are the full recompute's, in place."""
+    engine = _cached_engine(model, catalog, split_run_tokens=0)
+    _recommend(engine, *_batch(USERS[1:2], seed=3), mask)             # user 1's entry
+    runs = _spy_runs(engine, monkeypatch)
+    prompt, soft = _batch(USERS)
+    _assert_same(_recommend(engine, prompt, soft, mask),
+                 _recommend(plain, prompt, soft, mask, cached=False), "split batch")
+    assert runs == [[False], [True, True]]
+    stats = engine.prompt_cache.stats()
+    assert stats.entries == 3 and stats.partial_hits == 2     # the new users share the intro
+    runs.clear()
+    _recommend(_cached_engine(model, catalog), prompt, soft, mask)   # the default price
+    assert runs == []                        # (the spy watches the first engine only)
+
+
+def test_a_broken_rule_in_a_split_batch_names_the_batch_and_keeps_nothing(model, catalog,
+                                                                         plain, monkeypatch):
+    engine = _cached_engine(model, catalog, split_run_tokens=0)
+    _recommend(engine, *_batch(USERS[1:2], seed=3), "item_causal")
+    runs = _spy_runs(engine, monkeypatch)
+    prompt, soft = _batch(USERS)
+    lengths = prompt.lengths.clone()
+    lengths[2] = prompt.token_ids.shape[1] + 1          # row 2, in the second search
+    every = ", ".join(str(int(n)) for n in lengths)      # the batch's lengths, not a part's
+    with pytest.raises(InvalidInputError, match=rf"got \[{every}\]"):
+        engine.recommend(prompt.token_ids, lengths, prompt.segment_ids, beam_width=8,
+                         top_k=10, prefix_embeds=soft, frozen_lengths=prompt.frozen_lengths)
+    assert len(runs) == 2                               # the batch was split
+    assert engine.prompt_cache.stats().entries == 1     # the misses' parts were not kept
     _assert_same(_recommend(engine, prompt, soft, "item_causal"),
                  _recommend(plain, prompt, soft, "item_causal", cached=False), "next request")
 

@@ -114,6 +114,11 @@ class Reservation:
                 slots[row, :pos.size] = pages[pos // pt] * pt + pos % pt
         return torch.from_numpy(slots)
 
+    def rows(self, rows: list[int]) -> "Reservation":
+        """The plans of ``rows`` alone, for the tables of a run of those rows (this
+        reservation still finishes the batch)."""
+        return Reservation([self.plans[b] for b in rows], self.page_tokens)
+
     @property
     def writes(self) -> bool:
         """Whether any row writes tokens into the pool."""

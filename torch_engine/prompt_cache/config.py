@@ -20,12 +20,16 @@ class PromptCacheConfig:
     device_bytes: the pool on the engine's device, allocated once when the cache is made (so
         the cache never asks for memory while a request runs); host_bytes: the host-RAM tier
         that evicted entries move to (0: none; pinned memory on CUDA); page_tokens: tokens per
-        page (a power of two >= 16: the attention kernels load a page as one key tile).
+        page (a power of two >= 16: the attention kernels load a page as one key tile);
+        split_run_tokens: what a second search of a batch costs, in prompt tokens of prefill
+        work: a batch of hits and misses runs its hits apart when that saves more (0: whenever
+        it saves anything; the TorchCall runtime's XGR_PROMPT_CACHE_SPLIT_TOKENS).
     """
 
     device_bytes: int
     host_bytes: int = 0
     page_tokens: int = 64
+    split_run_tokens: int = 512
 
     def __post_init__(self) -> None:
         require(_whole(self.device_bytes) and self.device_bytes >= 1, ConfigError,
@@ -34,6 +38,9 @@ class PromptCacheConfig:
         require(_whole(self.host_bytes) and self.host_bytes >= 0, ConfigError,
                 f"PromptCacheConfig.host_bytes must be an int >= 0 (bytes), got "
                 f"{self.host_bytes!r}")
+        require(_whole(self.split_run_tokens) and self.split_run_tokens >= 0, ConfigError,
+                f"PromptCacheConfig.split_run_tokens must be an int >= 0 (tokens), got "
+                f"{self.split_run_tokens!r}")
         pt = self.page_tokens
         require(_whole(pt) and pt >= 16 and pt & (pt - 1) == 0, ConfigError,
                 f"PromptCacheConfig.page_tokens must be a power of two >= 16, got {pt!r}")
