@@ -484,3 +484,32 @@ def test_digests_never_fold_out_of_range_ids_onto_valid_ones():
     # Segment ids count from the part's first: equal layouts at other offsets hash alike.
     shifted = keys.token_records(np.array([1, 2, 3]), segments + 100)
     assert keys.prefix_digest(scope, shifted, 3) == keys.prefix_digest(scope, valid, 3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("mask", MASKS)
+def test_cuda_split_batch_equals_the_uncached_engine(catalog, mask, monkeypatch):
+    """A batch of a hit between two misses on CUDA in bf16, run as two captured searches
+    (the hit's without a store): every row under the ranked-list rule against the uncached
+    engine, in its place."""
+    config = EngineConfig(soft_marker=LAYOUT.soft_id, dtype="bfloat16")
+    model = Model.from_preset("tiny", seed=5).cuda()
+    plain = Engine(model, catalog, config)
+    engine = Engine(Model.from_preset("tiny", seed=5).cuda(), catalog, config,
+                    prompt_cache=PromptCache(
+                        KVGeometry.of_model(model.config, torch.bfloat16),
+                        PromptCacheConfig(device_bytes=1 << 24, split_run_tokens=0), "cuda"),
+                    model_version="tiny-v1")
+
+    def on_cuda(users, seed=0):
+        prompt, soft = _batch(users, seed)
+        return type(prompt)(*(t.cuda() for t in prompt)), soft.cuda().bfloat16()
+
+    _recommend(engine, *on_cuda(USERS[1:2], seed=3), mask)
+    runs = _spy_runs(engine, monkeypatch)
+    prompt, soft = on_cuda(USERS)
+    got = _recommend(engine, prompt, soft, mask)
+    assert runs == [[False], [True, True]]
+    assert _ranked_break(got, _recommend(plain, prompt, soft, mask, cached=False),
+                         "bfloat16") is None, RANKED_LIST_RULE
