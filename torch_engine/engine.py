@@ -213,7 +213,7 @@ class Engine:
                                                    top_k),
                     self.device, f"a batch of {len(rows)} requests")
             except CapacityError:
-                runner.verdict(whole or args).raise_if_invalid()
+                runner.verdict(args if whole is None else whole).raise_if_invalid()
                 raise
         try:
             verdict.raise_if_invalid()

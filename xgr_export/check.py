@@ -97,10 +97,12 @@ def _wider_reference(graph, engine, config: PipelineConfig, features: dict, beam
     if wide <= beam_width or WIDTH_CONTROL in features:
         return None
     longer = min(top_k * wide // beam_width, engine.catalog.reachable_items(wide))
-    pipeline = RecommendPipeline.for_engine(
-        graph, engine, wide, longer, replace(config, prompt_cache=False, top_n=longer),
-        prefill_mask=prefill_mask)
-    return wide, lambda: pipeline(features)
+
+    def run() -> dict:    # built only when a row needs the evidence
+        return RecommendPipeline.for_engine(
+            graph, engine, wide, longer, replace(config, prompt_cache=False, top_n=longer),
+            prefill_mask=prefill_mask)(features)
+    return wide, run
 
 
 def check_against_python(saved_model, graph, engine, config: PipelineConfig, features: dict,

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <numeric>
 
 #include "custom_ops/cc/torch_call/torch/scalar_types.h"
 
@@ -77,9 +78,9 @@ std::vector<std::vector<int64_t>> SuffixGroups(const Signature& sig, const Reser
                                                int64_t split_tokens) {
   const int64_t batch = static_cast<int64_t>(rows.size());
   std::vector<int64_t> order(batch);
+  std::iota(order.begin(), order.end(), 0);
   std::vector<int64_t> suffix(batch);
   for (int64_t b = 0; b < batch; ++b) {
-    order[b] = b;
     suffix[b] = std::max<int64_t>(rows[b].length - r.plans[b].cached, 1);
   }
   std::stable_sort(order.begin(), order.end(),
@@ -93,12 +94,12 @@ std::vector<std::vector<int64_t>> SuffixGroups(const Signature& sig, const Reser
     const int64_t split = work(0, k) + work(k, batch) + split_tokens;
     if (split < best) best = split, cut = k;
   }
-  std::vector<std::vector<int64_t>> groups;
   if (cut == 0) {
-    groups.push_back(std::vector<int64_t>(batch));
-    for (int64_t b = 0; b < batch; ++b) groups[0][b] = b;
-    return groups;
+    std::vector<int64_t> all(batch);
+    std::iota(all.begin(), all.end(), 0);
+    return {all};
   }
+  std::vector<std::vector<int64_t>> groups;
   groups.emplace_back(order.begin(), order.begin() + cut);
   groups.emplace_back(order.begin() + cut, order.end());
   for (auto& group : groups) std::sort(group.begin(), group.end());
