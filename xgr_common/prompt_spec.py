@@ -74,6 +74,16 @@ class PromptSpec:
                 f"prompt version it was trained with")
 
     @property
+    def max_history_items(self) -> int:
+        """Most history items the graph keeps for one request (its ``history_values`` row, the
+        history the engine excludes). Version 1: ``keep_last``. Version 2: the split's
+        long-term and recent items together (``keep_last`` plays no part there)."""
+        if self.prompt_v2 is not None:
+            split = self.prompt_v2.split
+            return split.long_term_items + split.recent_items
+        return self.keep_last
+
+    @property
     def max_prompt_tokens(self) -> int:
         """Longest token prompt the graph emits. Version 1 (soft tokens excluded): BOS,
         PROFILE_START, one context token, ``keep_last`` items of ``1 + levels`` tokens, the

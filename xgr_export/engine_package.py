@@ -233,9 +233,9 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
                   prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL,
                   layer_kernels: bool = False, capacity=None) -> torch_package.Package:
     """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
-    dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.keep_last + 1
-    + config.max_request_exclusions: the history ``tf_frontend.rules.history_exclusion`` emits
-    and a request's own exclusions), prefilling with ``prefill_mask``; ``layer_kernels``: the
+    dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.max_history_items
+    + 1 + config.max_request_exclusions: the history ``tf_frontend.rules.history_exclusion``
+    emits and a request's own exclusions), prefilling with ``prefill_mask``; ``layer_kernels``: the
     fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
     tables become inputs padded to it, written to ``tables_file(out_path)``
     (``write_tables``), so a new catalog within it needs no new package."""
@@ -281,6 +281,12 @@ def check_engine_for_export(engine, spec, config: EngineExportConfig) -> None:
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
+    widest = spec.max_history_items + 1 + config.max_request_exclusions
+    require(widest <= engine.config.max_exclude, ConfigError,
+            f"a request may exclude {widest} items (the card's {spec.max_history_items} history "
+            f"items, a padding column and max_request_exclusions="
+            f"{config.max_request_exclusions}); the engine takes at most "
+            f"EngineConfig.max_exclude={engine.config.max_exclude}")
     check_search_sizes(engine, config)
 
 
@@ -293,7 +299,7 @@ def dynamic_inputs(spec, config: EngineExportConfig) -> tuple[dict, ...]:
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)
     length = torch.export.Dim.DYNAMIC
     exclude = torch.export.Dim("exclude", min=1,
-                               max=spec.keep_last + 1 + config.max_request_exclusions)
+                               max=spec.max_history_items + 1 + config.max_request_exclusions)
     return ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
             {0: batch, 1: exclude})
 

@@ -4,6 +4,8 @@ graph emits; a card and an engine that disagree on the version are refused."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -14,6 +16,7 @@ from torch_engine.config import EngineConfig, engine_config_for
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_common.errors import ConfigError
+from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import tolerance_for
 from xgr_export.config import EngineExportConfig
 from xgr_export.engine_package import example_row, export_engine
@@ -70,3 +73,23 @@ def test_a_card_and_an_engine_of_different_versions_are_refused(tmp_path):
                                           "EngineConfig.soft_marker=None"):
         export_engine(engine, spec, tmp_path / "e.pt2", EngineExportConfig(BEAMS, TOP_K))
     assert not list(tmp_path.iterdir())
+
+
+def test_the_exclusion_bound_is_the_cards_history_not_keep_last(tmp_path):
+    from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
+    from xgr_export.engine_package import check_engine_for_export, dynamic_inputs
+
+    long_history = PromptSpec(model_hidden=64, keep_last=50,
+                              prompt_v2=PromptV2Layout(HistorySplit(86400, 30, 1000, 246)))
+    config = EngineExportConfig(BEAMS, TOP_K, max_request_exclusions=16)
+    assert dynamic_inputs(long_history, config)[4][1].max == 1246 + 1 + 16
+    assert dynamic_inputs(PromptSpec(keep_last=50), config)[4][1].max == 50 + 1 + 16
+    # An engine that cannot take that many exclusions is refused before the trace.
+    ids, codes = small_world()
+    model = Model.from_preset("tiny", seed=1)
+    spec = replace(long_history, model_hidden=model.config.hidden_size)
+    engine = Engine(model, Catalog.from_arrays(ids, codes),
+                    replace(engine_config_for(spec, selection_backend="torch"), max_exclude=1000))
+    with pytest.raises(ConfigError, match="may exclude 1263 items .*1246 history items.*"
+                                          "max_request_exclusions=16.*max_exclude=1000"):
+        check_engine_for_export(engine, spec, config)
