@@ -43,10 +43,10 @@ from absl import app, flags
 from benchmarks import results_file as rf
 from benchmarks.serve_process import ROOT
 from benchmarks import session_load
-from benchmarks.session_load import (LoadSettings, Server, best_rate, cache_counters,
-                                     define_load_flags, define_world_flags, export,
-                                     export_settings_from_flags, open_loop, return_intervals, sweep,
-                                     world_from_flags)
+from benchmarks.session_load import (LoadSettings, Server, ServerNotServing, best_rate,
+                                     cache_counters, define_load_flags, define_world_flags,
+                                     export, export_settings_from_flags, open_loop,
+                                     return_intervals, sweep, world_from_flags)
 from benchmarks.team_files import write_team_files
 
 FLAGS = flags.FLAGS
@@ -55,6 +55,8 @@ define_load_flags("rates", ["2", "4"], "Open-loop request rates (req/s).")
 flags.adopt_module_key_flags(session_load)
 flags.DEFINE_integer("population", 200, "Users of the session workload.")
 flags.DEFINE_float("prompt_cache_gb", 1.0, "xgr serve --prompt_cache_gb of the cached server.")
+flags.DEFINE_float("smallest_prompt_cache_gb", 4.0, "A cached server that does not load is "
+                  "tried again with half its pool while the half is at least this.")
 flags.DEFINE_float("prompt_cache_host_gb", 0.0, "xgr serve --prompt_cache_host_gb of the cached "
                    "server (0: no host tier).")
 flags.DEFINE_integer("verify_requests", 4, "xgr export --verify_requests of both exports.")
@@ -88,7 +90,30 @@ def rate_row(server: Server, name: str, keyed: bool, requests, arrivals: dict, l
           f"{row['p99_ms'] or float('nan'):.1f} ms, failed {row['failed']}"
           + (f", hit rate {row['hit_rate']:.2f} (host tier "
              f"{row['host_hit_rate']:.2f})" if keyed else ""), flush=True)
+    for status, message in row["first_errors"].items():
+        print(f"        {status}: {message[:300]}", flush=True)
     return row
+
+
+def start_server_of(saved: Path, work: Path, name: str, keyed: bool, pool_gb: float,
+                    not_serving: dict) -> tuple[Server | None, float]:
+    """The server of one export, and the pool it got. A cached server whose version fails
+    to load (a pool too large for the card beside the model's own memory, most often) is
+    tried again with half the pool, down to ``--smallest_prompt_cache_gb``; every refusal
+    lands in ``not_serving`` (None: no pool was served)."""
+    while True:
+        try:
+            return Server(saved, work, name, FLAGS.max_batch_size, FLAGS.batch_timeout_micros,
+                          (f"--prompt_cache_gb={pool_gb:g}",
+                           f"--prompt_cache_host_gb={FLAGS.prompt_cache_host_gb}")
+                          if keyed else ()), pool_gb
+        except ServerNotServing as error:     # recorded; the other server still runs
+            print(f"{name}: not served" + (f" with a {pool_gb:g} GiB pool" if keyed else "")
+                  + f": {error}", flush=True)
+            not_serving[f"{name} {pool_gb:g} GiB" if keyed else name] = str(error)
+            if not keyed or pool_gb / 2 < FLAGS.smallest_prompt_cache_gb:
+                return None, pool_gb
+            pool_gb /= 2
 
 
 def main(argv: list[str]) -> None:
@@ -116,13 +141,14 @@ def main(argv: list[str]) -> None:
                 for rate in rates}
     load = LoadSettings(FLAGS.rate_seconds, FLAGS.workers, FLAGS.client_processes)
     dtype = cached_report["dtype"]
-    results, exits, reference = {}, {}, {}
+    results, exits, reference, not_serving = {}, {}, {}, {}
+    pool_gb = FLAGS.prompt_cache_gb
     for name, saved, keyed in (("plain", work / "plain", False),
                                ("cached", work / "cached", True)):
-        server = Server(saved, work, name, FLAGS.max_batch_size, FLAGS.batch_timeout_micros,
-                        (f"--prompt_cache_gb={FLAGS.prompt_cache_gb}",
-                         f"--prompt_cache_host_gb={FLAGS.prompt_cache_host_gb}")
-                        if keyed else ())
+        results[name] = []
+        server, pool_gb = start_server_of(saved, work, name, keyed, pool_gb, not_serving)
+        if server is None:
+            continue
         rows = []
         try:
             rows = sweep(rates, functools.partial(rate_row, server, name, keyed, requests,
@@ -153,11 +179,11 @@ def main(argv: list[str]) -> None:
         "recent_items": FLAGS.recent_items, "beam_width": FLAGS.beam_width,
         "top_k": FLAGS.top_k, "population": FLAGS.population, "zipf": FLAGS.zipf,
         "rate_seconds": FLAGS.rate_seconds, "p99_target_ms": FLAGS.p99_target_ms,
-        "prompt_cache_gb": FLAGS.prompt_cache_gb,
+        "prompt_cache_gb": pool_gb, "prompt_cache_gb_asked": FLAGS.prompt_cache_gb,
         "prompt_cache_host_gb": FLAGS.prompt_cache_host_gb, "workload": intervals,
         "plain": results["plain"], "cached": results["cached"],
         "plain_best_rate": plain_best, "cached_best_rate": cached_best, "ratio": ratio,
-        "wrong_answers": wrong, "server_exit": exits,
+        "wrong_answers": wrong, "server_exit": exits, "not_serving": not_serving,
         "exports": {"plain": plain_report.get("verify", {}).get("ok"),
                     "cached": cached_report.get("verify", {}).get("ok")}}, FLAGS.label)
     print(f"result: {path}")

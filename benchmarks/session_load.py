@@ -256,9 +256,15 @@ def cache_counters(rest_port: int) -> dict[str, float]:
     return out
 
 
+class ServerNotServing(RuntimeError):
+    """``xgr serve`` did not come to serve its model: what it reported instead."""
+
+
 class Server:
     """``xgr serve`` on one SavedModel (copied in as version 1 of ``work/served_<name>``),
-    with ``extra_flags``; waits until the model is available."""
+    with ``extra_flags``; waits until the model is available. A version that fails to load or
+    a server that exits ends the wait at once (``ServerNotServing``, with the server's error),
+    and the process is stopped: a failed start never leaves a server holding the device."""
 
     def __init__(self, saved_model: Path, work: Path, name: str, max_batch_size: int,
                  batch_timeout_micros: int, extra_flags: tuple[str, ...] = ()):
@@ -269,21 +275,35 @@ class Server:
         self.process, self.grpc_port, self.rest_port = start_server(
             str(base), str(self.log_path), max_batch_size, batch_timeout_micros,
             extra_flags=extra_flags)
-        self._wait_until_serving()
+        try:
+            self._wait_until_serving()
+        except BaseException:
+            self.stop()
+            raise
 
     def _wait_until_serving(self, timeout: float = 900.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerNotServing(f"the server exited with code {self.process.returncode} "
+                                       f"before serving (log: {self.log_path})")
             try:
                 url = f"http://127.0.0.1:{self.rest_port}/v1/models/recs"
                 with urllib.request.urlopen(url, timeout=10) as reply:
                     states = json.loads(reply.read())["model_version_status"]
-                if any(v["state"] == "AVAILABLE" for v in states):
-                    return
-            except OSError:
-                pass
+            except (OSError, ValueError, KeyError):
+                states = []
+            if any(v["state"] == "AVAILABLE" for v in states):
+                return
+            failed = [v for v in states if v["state"] == "END"
+                      and v.get("status", {}).get("error_message")]
+            if failed:
+                raise ServerNotServing(
+                    f"version {failed[0]['version']} failed to load: "
+                    f"{failed[0]['status']['error_message'][:2000]} (log: {self.log_path})")
             time.sleep(0.5)
-        raise RuntimeError("the server did not serve its model in time")
+        raise ServerNotServing(f"the server did not serve its model in {timeout:g} s "
+                               f"(log: {self.log_path})")
 
     def log_records(self) -> list[dict]:
         """The server's JSON log records so far."""
@@ -325,7 +345,8 @@ class Client:
             self._protos[user] = proto
         return self._protos[user]
 
-    def send(self, user: int, features: dict) -> tuple[float, str, np.ndarray | None]:
+    def send(self, user: int, features: dict) -> tuple[float, str, np.ndarray | str]:
+        """(seconds, status, the items or, for a failed call, the server's message)."""
         import grpc
         import tensorflow as tf
 
@@ -336,7 +357,7 @@ class Client:
                                         metadata=metadata)
             items, status = tf.make_ndarray(answer.outputs["item_ids"])[0], "OK"
         except grpc.RpcError as error:
-            items, status = None, error.code().name
+            items, status = str(error.details())[:1000], error.code().name
         return time.perf_counter() - started, status, items
 
     def close(self) -> None:
@@ -420,10 +441,14 @@ def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarr
     differing = sum(1 for user, _, _, items in ok if reference is not None
                     and user in reference and not np.array_equal(items, reference[user]))
     statuses: dict[str, int] = {}
+    first_errors: dict[str, str] = {}     # per failing status, one message the server sent
     for r in records:
         statuses[r[2]] = statuses.get(r[2], 0) + 1
+        if r[2] != "OK":
+            first_errors.setdefault(r[2], r[3])
     return {"rate": rate, "sent": len(records), "answered": len(ok),
-            "failed": len(records) - len(ok), "statuses": statuses, "differing": differing,
+            "failed": len(records) - len(ok), "statuses": statuses,
+            "first_errors": first_errors, "differing": differing,
             "wrong": differing if dtype not in TIE_DTYPES else 0,
             "throughput": len(ok) / max(elapsed, 1e-9),
             "p50_ms": float(np.percentile(seconds, 50) * 1e3) if len(seconds) else None,

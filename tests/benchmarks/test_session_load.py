@@ -67,3 +67,25 @@ def test_an_export_that_did_not_save_and_report_fails_the_benchmark(
         monkeypatch, tmp_path, code, saved, report):
     with pytest.raises(RuntimeError, match="xgr export failed"):
         _exported(monkeypatch, tmp_path, code, saved, report)
+
+
+def test_a_version_that_fails_to_load_ends_the_wait_and_its_server(monkeypatch, tmp_path):
+    """The wait for a server ends at the model status's error, not at its time limit, and
+    the server is stopped: a failed start never leaves a process holding the device."""
+    import time
+
+    from benchmarks import session_load
+
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "saved_model.pb").write_bytes(b"not a SavedModel")
+    stopped = []
+    real_stop = session_load.stop_server
+    monkeypatch.setattr(session_load, "stop_server",
+                        lambda process: stopped.append(process) or real_stop(process))
+    started = time.monotonic()
+    with pytest.raises(session_load.ServerNotServing, match="version 1 failed to load: .*log: "):
+        session_load.Server(bad, tmp_path, "bad", 4, 1000)
+    assert time.monotonic() - started < 120
+    (process,) = stopped
+    assert process.poll() is not None
