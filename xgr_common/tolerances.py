@@ -69,12 +69,13 @@ def tolerance_for(dtype: object) -> Tolerance:
 # The dtypes whose ranked lists are compared by RANKED_LIST_RULE (float32 and float64: exact).
 TIE_DTYPES = ("bfloat16", "float16")
 RANKED_LIST_RULE = (
-    "scores agree position by position within the dtype's atol + rtol x |reference|; where "
-    "the item ids differ, the item returned must sit in the reference list at a score tied "
-    "with the reference score of that position, or (a tie cut by top_k) that score must be "
-    "tied with the reference list's last score, or (a tie cut by the beam at an earlier "
-    "code) a reference search with a wider beam must return the item at a score tied with "
-    "the score returned; -1 padding must match exactly")
+    "each item returned carries its reference score within the dtype's atol + rtol x "
+    "|reference| (the reference list's score; for an item the reference's beam dropped at an "
+    "earlier code, a reference search with a wider beam must return it at a tied score; an "
+    "item the reference cut with top_k must score no higher than the reference list's last "
+    "score, within the tie); the list is in score order within the tie; a reference item left "
+    "out must be tied with the list's last score or trade places with a returned item the "
+    "reference lacks at a tied score; -1 padding must match exactly")
 
 
 def scores_tied(a: float, b: float, dtype: object) -> bool:

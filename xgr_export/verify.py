@@ -102,31 +102,48 @@ def first_break(got_ids: np.ndarray, got_scores: np.ndarray, want_ids: np.ndarra
                 wider: dict[int, float] | None = None) -> int | None:
     """The first position of one ranked row breaking ``RANKED_LIST_RULE``, None if none;
     ``wider``: the row's items and scores from a reference search with a wider beam."""
-    listed = {int(item): k for k, item in enumerate(want_ids) if item >= 0}
-    kept = want_scores[want_ids >= 0]
-    last = float(kept[-1]) if len(kept) else float("-inf")
-    seen = set()
+    listed = {int(i): float(s) for i, s in zip(want_ids.tolist(), want_scores.tolist()) if i >= 0}
+    last = min(listed.values(), default=float("-inf"))
+    wide = wider or {}
+    breaks, extras, seen = [], [], set()
     for k, (item, want) in enumerate(zip(got_ids.tolist(), want_ids.tolist())):
         if (item < 0) != (want < 0) or item in seen:
-            return k
-        if want < 0:
+            breaks.append(k)
+            break
+        if item < 0:
             continue
         seen.add(item)
-        score = float(want_scores[k])
-        if not scores_tied(float(got_scores[k]), score, dtype):
-            return k
-        if item == want:
+        got = float(got_scores[k])
+        if k and not (got <= got_scores[k - 1] or scores_tied(got, float(got_scores[k - 1]),
+                                                              dtype)):
+            breaks.append(k)            # out of order
+            break
+        if item in listed:
+            ok = scores_tied(got, listed[item], dtype)
+        elif item in wide:              # dropped by the reference's beam at an earlier code
+            ok = scores_tied(got, wide[item], dtype)
+        else:                           # cut from the reference's list by top_k
+            ok = got <= last or scores_tied(got, last, dtype)
+        if not ok:
+            breaks.append(k)
+            break
+        if item not in listed:
+            extras.append(got)
+    # A reference item left out must be tied with the list's end or trade places with an item
+    # the reference left out at a tied score (a tie the SavedModel's beam cut the other way).
+    returned = got_scores[got_ids >= 0]
+    end = float(returned[-1]) if len(returned) else float("-inf")
+    for item, score in sorted(listed.items(), key=lambda pair: -pair[1]):
+        if item in seen or score <= end or scores_tied(score, end, dtype):
             continue
-        j = listed.get(item)
-        if j is not None:
-            tied = scores_tied(float(want_scores[j]), score, dtype)
-        else:   # cut from the reference by top_k, or by its beam at an earlier code
-            tied = scores_tied(score, last, dtype) or (
-                wider is not None and item in wider
-                and scores_tied(wider[item], float(got_scores[k]), dtype))
-        if not tied:
-            return k
-    return None
+        partner = next((j for j, e in enumerate(extras) if scores_tied(e, score, dtype)), None)
+        if partner is not None:
+            extras.pop(partner)
+            continue
+        below = [k for k, g in enumerate(returned.tolist())
+                 if g < score and not scores_tied(g, score, dtype)]
+        breaks.append(below[0] if below else len(returned))
+    return min(breaks) if breaks else None
 
 
 def _ranked(outputs: dict) -> dict[str, np.ndarray]:

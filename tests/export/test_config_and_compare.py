@@ -110,6 +110,29 @@ def test_a_wider_beams_reference_is_the_evidence_for_an_item_the_reference_dropp
     assert report.rows_within_ties == (1 if ok else 0)
 
 
+# The reference's beam dropped item 9 (well above the position's score): every later position
+# of the reference lags one item behind the SavedModel's list.
+HOLE_WANT = _outputs([[5, 7, 8, 2]], [[-1.0, -2.0, -2.5, -4.0]], [4])
+
+
+@pytest.mark.parametrize("got_items, got_scores, position", [
+    ([5, 9, 7, 8], [-1.0, -1.5, -2.0, -2.5], None),      # each item at its own score
+    ([5, 9, 7, 2], [-1.0, -1.5, -2.0, -4.0], 3),         # 8 (-2.5) skipped for a lower score
+    ([5, 9, 7, 8], [-1.0, -1.5, -2.0, -2.9], 3),         # 8 at another score than its own
+    ([5, 9, 7, 6], [-1.0, -1.5, -2.0, -2.5], 3),         # 6: scored by neither reference
+    ([5, 7, 9, 8], [-1.0, -2.0, -1.5, -2.5], 2),         # out of score order
+])
+def test_past_an_item_the_reference_dropped_its_positions_lag(got_items, got_scores,
+                                                              position):
+    wider = _outputs([[5, 9, 7, 8]], [[-1.0, -1.51, -2.0, -2.5]], [4])
+    got = _outputs([got_items], [got_scores], [4])
+    assert not compare(got, HOLE_WANT, dtype="bfloat16").ok       # no evidence, no pass
+    report = compare(got, HOLE_WANT, dtype="bfloat16", wider=wider, wider_beam=64)
+    assert report.ok == (position is None)
+    if position is not None:
+        assert report.mismatched_rows[0]["position"] == position
+
+
 def test_a_wider_beam_excuses_no_float32_difference():
     wider = _outputs([[5, 9, 7, 8]], [[-1.0, -2.01, -2.0, -2.5]], [4])
     report = compare(BF16_GOT, BF16_WANT, dtype="float32", wider=wider, wider_beam=64)
