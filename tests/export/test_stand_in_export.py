@@ -71,6 +71,6 @@ def test_bf16_export_verifies_against_the_bf16_python_engine(exported):
     assert verify["requests"] == VERIFIED and verify["dtype"] == "bfloat16"
     assert verify["rule"] == RANKED_LIST_RULE and not verify["forbidden_modules"]
     assert "the Python pipeline (Engine.recommend in bfloat16)" in stdout
-    assert "rule (bfloat16): scores agree position by position" in stdout
+    assert "rule (bfloat16): each item returned carries its reference score" in stdout
     # Requests drawn from the catalog reach items: not an empty comparison.
     assert sum(verify["items_per_request"]) > 0
