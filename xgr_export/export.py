@@ -26,7 +26,7 @@ import torch
 from tf_frontend.feature_graph import features_from_world
 from tf_frontend.pipeline_spec import PipelineConfig
 from torch_engine.catalog import Catalog, CatalogSize
-from torch_engine.config import engine_config_for, preset
+from torch_engine.config import EngineConfig, engine_config_for, preset
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from xgr_checkpoint.catalog_file import read_catalog
@@ -225,8 +225,11 @@ def build_engine(config: ExportConfig, sources: Sources, attention: str,
     model = (Model.from_pretrained(config.model, dtype=dtype, device=device) if config.model
              else Model.from_preset(config.preset, seed=config.seed, dtype=dtype, device=device))
     catalog = Catalog.from_arrays(sources.item_ids, sources.item_codes, sources.spec.layout)
+    # Wide enough for the card's whole history and a request's own exclusions.
+    widest = sources.spec.max_history_items + 1 + config.engine.max_request_exclusions
     return Engine(model, catalog, engine_config_for(
-        sources.spec, attention_backend=attention, selection_backend=selection))
+        sources.spec, attention_backend=attention, selection_backend=selection,
+        max_exclude=max(EngineConfig().max_exclude, widest)))
 
 
 def export_saved_model(config: ExportConfig,

@@ -93,3 +93,23 @@ def test_the_exclusion_bound_is_the_cards_history_not_keep_last(tmp_path):
     with pytest.raises(ConfigError, match="may exclude 1263 items .*1246 history items.*"
                                           "max_request_exclusions=16.*max_exclude=1000"):
         check_engine_for_export(engine, spec, config)
+
+
+def test_the_exported_engine_takes_the_cards_whole_history(tmp_path):
+    from types import SimpleNamespace
+
+    from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
+    from xgr_export.config import ExportConfig
+    from xgr_export.engine_package import check_engine_for_export
+    from xgr_export.export import build_engine
+
+    ids, codes = small_world()
+    hidden = Model.from_preset("tiny", seed=0).config.hidden_size
+    for long_items, widest in ((1000, 4096), (5000, 5000 + 9 + 1 + 256)):
+        spec = PromptSpec(model_hidden=hidden, prompt_v2=PromptV2Layout(
+            HistorySplit(86400, 30, long_items, 9)))
+        config = ExportConfig(out=tmp_path / "out", engine=EngineExportConfig(BEAMS, TOP_K))
+        engine = build_engine(config, SimpleNamespace(item_ids=ids, item_codes=codes, spec=spec),
+                              "torch", "torch")
+        assert engine.config.max_exclude == widest       # never narrower than the default
+        check_engine_for_export(engine, spec, config.engine)
