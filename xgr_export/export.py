@@ -232,6 +232,20 @@ def build_engine(config: ExportConfig, sources: Sources, attention: str,
         max_exclude=max(EngineConfig().max_exclude, widest)))
 
 
+def pipeline_config_for(config: ExportConfig, spec, prompt_cache: bool) -> PipelineConfig:
+    """The SavedModel's pipeline settings: the export's search and lists, and a server that
+    accepts history rows of up to twice what the card keeps (the default guard, or more for a
+    card that keeps a long history: a full history must never be refused)."""
+    search = config.engine
+    return PipelineConfig(top_n=config.top_n,
+                          max_request_exclusions=search.max_request_exclusions,
+                          beam_widths=search.beam_widths,
+                          beam_width=search.beam_width if search.beam_widths else None,
+                          prompt_cache=prompt_cache,
+                          max_history_events=max(PipelineConfig().max_history_events,
+                                                 2 * spec.max_history_items + 2))
+
+
 def export_saved_model(config: ExportConfig,
                        progress: Callable[[str], None] = lambda line: None) -> ExportReport:
     """Reads and checks the sources, builds, packages, saves and (with
@@ -261,11 +275,7 @@ def export_saved_model(config: ExportConfig,
     search = config.engine
     prompt_cache = (config.prompt_cache if reused is None
                     else reused.package.cache_runtime is not None)
-    pipeline_config = PipelineConfig(top_n=config.top_n,
-                                     max_request_exclusions=search.max_request_exclusions,
-                                     beam_widths=search.beam_widths,
-                                     beam_width=search.beam_width if search.beam_widths else None,
-                                     prompt_cache=prompt_cache)
+    pipeline_config = pipeline_config_for(config, spec, prompt_cache)
     with tempfile.TemporaryDirectory(prefix="xgr_export_") as tmp:
         started = time.perf_counter()
         if reused is None:

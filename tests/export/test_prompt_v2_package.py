@@ -113,3 +113,14 @@ def test_the_exported_engine_takes_the_cards_whole_history(tmp_path):
                               "torch", "torch")
         assert engine.config.max_exclude == widest       # never narrower than the default
         check_engine_for_export(engine, spec, config.engine)
+
+
+def test_the_server_accepts_twice_the_cards_history(tmp_path):
+    from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
+    from xgr_export.config import ExportConfig
+    from xgr_export.export import pipeline_config_for
+
+    config = ExportConfig(out=tmp_path / "out")
+    for long_items, events in ((1000, 4096), (3000, 2 * (3000 + 9) + 2)):
+        spec = PromptSpec(prompt_v2=PromptV2Layout(HistorySplit(86400, 30, long_items, 9)))
+        assert pipeline_config_for(config, spec, False).max_history_events == events
