@@ -27,8 +27,8 @@ from xgr_export import torch_package
 from xgr_export.config import EngineExportConfig
 from xgr_export.engine_package import (RecommendProgram, check_engine_for_export,
                                        dynamic_inputs, engine_replay, engine_rules,
-                                       example_inputs, require_widths_traced, tables_file,
-                                       write_tables)
+                                       example_inputs, require_served_sizes,
+                                       require_widths_traced, tables_file, write_tables)
 
 PAGE_TOKENS = 64
 CACHE_INPUTS = ("cached_lengths", "block_table", "write_slots", "pool")
@@ -144,6 +144,7 @@ def export_cached_engine(engine, spec, out_path: str | os.PathLike,
         rules=engine_rules(engine, program.prefill_mask), replay=replay,
         tables=tuple(program.tables.names) if capacity is not None else (),
         extra=(cache_line(engine, spec, program.prefill_mask, runtime, page_tokens),))
+    require_served_sizes(package, spec, config)
     if capacity is not None:
         write_tables(tables_file(out_path), program.tables.tensors(), capacity, engine.catalog)
     return package

@@ -263,9 +263,29 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
         exported, out_path, config.device, cache_dir, same_dims=[((0, 1), (2, 1))],
         rules=engine_rules(engine, program.prefill_mask), replay=engine_replay(engine, spec),
         tables=tuple(program.tables.names) if capacity is not None else ())
+    require_served_sizes(package, spec, config)
     if capacity is not None:
         write_tables(tables_file(out_path), program.tables.tensors(), capacity, engine.catalog)
     return package
+
+
+def require_served_sizes(package: torch_package.Package, spec,
+                         config: EngineExportConfig) -> None:
+    """``ExportError`` unless the package's contract takes the largest sizes the feature graph
+    sends it: ``config.max_batch`` rows, prompts of ``spec.max_prompt_tokens`` and exclusion
+    rows of the card's whole history plus a request's own exclusions. A narrower range would
+    refuse a valid request when served; the export refuses it instead."""
+    ranges = {name: (lo, hi) for name, lo, hi in package.ranges}
+    widest = spec.max_history_items + 1 + config.max_request_exclusions
+    for label, (index, dim), need in (("batch", (0, 0), config.max_batch),
+                                      ("prompt length", (0, 1), spec.max_prompt_tokens),
+                                      ("exclusion row", (4, 1), widest)):
+        size = package.inputs[index].dims[dim]
+        lo, hi = (size, size) if isinstance(size, int) else ranges.get(size, (None, None))
+        require(hi is not None and lo <= need <= hi, ExportError,
+                f"the package takes a {label} of {lo}..{hi} (input {index} dim {dim}), the "
+                f"feature graph can send {need}: a request of that size would be refused "
+                f"when served")
 
 
 def check_engine_for_export(engine, spec, config: EngineExportConfig) -> None:

@@ -5,6 +5,7 @@ graph emits; a card and an engine that disagree on the version are refused."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,3 +125,28 @@ def test_the_server_accepts_twice_the_cards_history(tmp_path):
     for long_items, events in ((1000, 4096), (3000, 2 * (3000 + 9) + 2)):
         spec = PromptSpec(prompt_v2=PromptV2Layout(HistorySplit(86400, 30, long_items, 9)))
         assert pipeline_config_for(config, spec, False).max_history_events == events
+
+
+def _contract(exclude_max: int, batch_max: int = 4):
+    from xgr_export.torch_package import Package, TensorSpec
+
+    inputs = (TensorSpec("int32", ("s0", "s1")), TensorSpec("int32", ("s0",)),
+              TensorSpec("int32", ("s0", "s1")), TensorSpec("float32", ("s0", 2, 64)),
+              TensorSpec("int64", ("s0", "s2")))
+    return Package(Path("e.pt2"), "aoti", "cpu", inputs, (),
+                   (("s0", 1, batch_max), ("s1", 2, 2 ** 63 - 1), ("s2", 1, exclude_max)))
+
+
+def test_a_package_narrower_than_the_graph_is_refused_at_export():
+    from xgr_common.errors import ExportError
+    from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
+    from xgr_export.engine_package import require_served_sizes
+
+    spec = PromptSpec(prompt_v2=PromptV2Layout(HistorySplit(86400, 30, 1000, 246)))
+    config = EngineExportConfig(BEAMS, TOP_K, max_batch=4, max_request_exclusions=16)
+    require_served_sizes(_contract(1263), spec, config)
+    with pytest.raises(ExportError, match="exclusion row of 1..307 \\(input 4 dim 1\\), the "
+                                          "feature graph can send 1263"):
+        require_served_sizes(_contract(307), spec, config)
+    with pytest.raises(ExportError, match="batch of 1..2 .* can send 4"):
+        require_served_sizes(_contract(1263, batch_max=2), spec, config)
