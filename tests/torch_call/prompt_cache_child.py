@@ -37,7 +37,8 @@ def main(package: str, requests: str) -> None:
                     and np.array_equal(items.numpy(), data[f"want_items_{i}"])
                     and np.allclose(scores.numpy(), data[f"want_scores_{i}"], atol=atol))
             outcomes.append("ok" if same else "wrong")
-        stats.append(next(iter(package_stats().values())).get("prompt_cache"))
+        loaded = package_stats()     # empty when the package failed to load
+        stats.append(next(iter(loaded.values())).get("prompt_cache") if loaded else None)
     print(json.dumps({"outcomes": outcomes, "stats": stats}))
 
 

@@ -231,3 +231,15 @@ def test_a_version_1_model_cannot_keep_a_cache(cached, tmp_path):
     v1 = PromptSpec(model_hidden=spec.model_hidden, profile_tokens=2)
     with pytest.raises(ConfigError, match="version 2 prompt"):
         export_cached_engine(engine, v1, tmp_path / "v1.pt2", EngineExportConfig(BEAMS, TOP_K))
+
+
+def test_a_pool_the_device_cannot_hold_is_refused_naming_its_flag(cached, tmp_path):
+    """A budget past what the device can hold: every call is refused with an error that names
+    the pool's size and the flag that sets it; nothing aborts the process."""
+    calls = Calls(cached)
+    for user in range(2):
+        calls.add([(user, 3, 2)], [f"user{user}"], refused=True)
+    result = calls.run(cached[0], tmp_path, 1 << 52)
+    for outcome in result["outcomes"]:
+        assert outcome[0] == "FailedPreconditionError", outcome
+        assert "prompt-KV pool of 4194304 GiB" in outcome[1] and "--prompt_cache_gb" in outcome[1]

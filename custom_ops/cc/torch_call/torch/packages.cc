@@ -8,9 +8,12 @@
 #include <torch/script.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <stdexcept>
+#include <string>
 
 #include "custom_ops/cc/torch_call/torch/cache_binding.h"
 #include "custom_ops/cc/torch_call/torch/extraction_folders.h"
@@ -34,6 +37,41 @@ constexpr char kSignatureFile[] = "xgr_signature.txt";
 // A package that cannot be used as deployed: the server's fault, never the caller's.
 Status BadPackage(const std::string& message) { return {Code::kFailedPrecondition, message}; }
 
+// A prompt-KV pool the package's device cannot hold: the deployment's setting at fault, not
+// the package, so its load is refused naming the pool and the flag that sizes it.
+class PoolDoesNotFit : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Bytes as an operator sets them: whole GiB, else GiB to two decimals, else MiB.
+std::string BytesText(int64_t bytes) {
+  constexpr int64_t kGiB = int64_t{1} << 30;
+  char text[64];
+  if (bytes % kGiB == 0) {
+    std::snprintf(text, sizeof(text), "%lld GiB", static_cast<long long>(bytes / kGiB));
+  } else if (bytes >= kGiB) {
+    std::snprintf(text, sizeof(text), "%.2f GiB", static_cast<double>(bytes) / kGiB);
+  } else {
+    std::snprintf(text, sizeof(text), "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  }
+  return text;
+}
+
+// The package's prompt cache with the process's budgets; PoolDoesNotFit when its pool cannot
+// be allocated on `device`.
+std::unique_ptr<PromptCache> MakeCache(const CacheSpec& spec, c10::Device device) {
+  const int64_t budget = CacheBudget();
+  try {
+    return std::make_unique<PromptCache>(spec, budget, device, HostCacheBudget());
+  } catch (const c10::Error& e) {
+    throw PoolDoesNotFit("the prompt-KV pool of " + BytesText(budget) + " (XGR_PROMPT_CACHE_BYTES, "
+                         "set by `xgr serve --prompt_cache_gb`) does not fit on " +
+                         device.str() + " beside the package; give the cache a smaller pool (" +
+                         e.what_without_backtrace() + ")");
+  }
+}
+
 // Torch's OpenMP pool size is per calling thread: set it once on each TF worker that calls us,
 // or torch's threads pile up behind TF's and every call slows ~10x.
 void ApplyThreadCount(int threads) {
@@ -52,8 +90,7 @@ class PackageBase : public Package {
         device_(signature_.device) {
     for (const auto& spec : signature_.outputs) output_dtypes_.push_back(spec.dtype);
     if (signature_.cache.enabled) {
-      cache_ = std::make_unique<PromptCache>(signature_.cache, CacheBudget(), device_,
-                                             HostCacheBudget());
+      cache_ = MakeCache(signature_.cache, device_);
       split_tokens_ = SplitRunTokens();
     }
   }
@@ -433,6 +470,8 @@ Status Load(const std::string& path, const LoadOptions& options, std::shared_ptr
     if (ext == ".pt" || ext == ".ts") return LoadScript(path, out);
     return BadPackage("package '" + path + "' must end in .pt2 (AOTInductor) or "
                    ".pt/.ts (TorchScript)");
+  } catch (const PoolDoesNotFit& e) {
+    return BadPackage("cannot load package '" + path + "': " + e.what());
   } catch (const c10::Error& e) {
     return {Code::kInternal, "cannot load package '" + path + "': " +
                                  e.what_without_backtrace()};
