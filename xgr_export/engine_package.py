@@ -290,8 +290,10 @@ def require_served_sizes(package: torch_package.Package, spec,
 
 def check_engine_for_export(engine, spec, config: EngineExportConfig) -> None:
     """What an export checks of its engine before the trace: the soft vectors placed as the
-    card's prompt version places them, the engine on the target's device type, the search
-    sizes (``check_search_sizes``); ``ConfigError`` naming the mismatch."""
+    card's prompt version places them, the engine on the target's device type, the card's
+    longest prompt within the model's positions and its history within the engine's
+    exclusion width, the search sizes (``check_search_sizes``); ``ConfigError`` naming the
+    mismatch."""
     marker = spec.layout.soft_id if spec.version == 2 else None
     require(engine.config.soft_marker == marker, ConfigError,
             f"the model's card says prompt version {spec.version}, whose soft vectors go "
@@ -301,6 +303,15 @@ def check_engine_for_export(engine, spec, config: EngineExportConfig) -> None:
     require(engine.device.type == torch.device(config.device).type, ConfigError,
             f"engine lives on {engine.device}, the export targets {config.device}; move the "
             f"engine first (the package runs where it was compiled)")
+    # TorchCall's positions rule, for the longest row the graph emits: a card whose prompts
+    # the model cannot hold would refuse its users' full histories when served.
+    levels, max_position = engine.catalog.levels, engine.model.config.max_position
+    positions = spec.profile_tokens + spec.max_prompt_tokens + levels - 1
+    require(positions <= max_position, ConfigError,
+            f"the card's longest prompt ({spec.max_prompt_tokens} tokens) with its "
+            f"{spec.profile_tokens} soft tokens and {levels - 1} generated codes needs "
+            f"{positions} positions; the model has max_position {max_position}: keep fewer "
+            f"history items in the card or serve a model with a longer context")
     widest = spec.max_history_items + 1 + config.max_request_exclusions
     require(widest <= engine.config.max_exclude, ConfigError,
             f"a request may exclude {widest} items (the card's {spec.max_history_items} history "

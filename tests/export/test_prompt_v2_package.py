@@ -88,11 +88,12 @@ def test_the_exclusion_bound_is_the_cards_history_not_keep_last(tmp_path):
     # An engine that cannot take that many exclusions is refused before the trace.
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1)
-    spec = replace(long_history, model_hidden=model.config.hidden_size)
+    spec = PromptSpec(model_hidden=model.config.hidden_size, keep_last=50,
+                      prompt_v2=PromptV2Layout(HistorySplit(86400, 30, 700, 46)))
     engine = Engine(model, Catalog.from_arrays(ids, codes),
-                    replace(engine_config_for(spec, selection_backend="torch"), max_exclude=1000))
-    with pytest.raises(ConfigError, match="may exclude 1263 items .*1246 history items.*"
-                                          "max_request_exclusions=16.*max_exclude=1000"):
+                    replace(engine_config_for(spec, selection_backend="torch"), max_exclude=500))
+    with pytest.raises(ConfigError, match="may exclude 763 items .*746 history items.*"
+                                          "max_request_exclusions=16.*max_exclude=500"):
         check_engine_for_export(engine, spec, config)
 
 
@@ -113,7 +114,11 @@ def test_the_exported_engine_takes_the_cards_whole_history(tmp_path):
         engine = build_engine(config, SimpleNamespace(item_ids=ids, item_codes=codes, spec=spec),
                               "torch", "torch")
         assert engine.config.max_exclude == widest       # never narrower than the default
-        check_engine_for_export(engine, spec, config.engine)
+        if long_items == 1000:
+            check_engine_for_export(engine, spec, config.engine)
+        else:   # wide enough; the tiny model's context is what refuses this card
+            with pytest.raises(ConfigError, match="positions; the model has max_position"):
+                check_engine_for_export(engine, spec, config.engine)
 
 
 def test_the_server_accepts_twice_the_cards_history(tmp_path):
@@ -150,3 +155,24 @@ def test_a_package_narrower_than_the_graph_is_refused_at_export():
         require_served_sizes(_contract(307), spec, config)
     with pytest.raises(ExportError, match="batch of 1..2 .* can send 4"):
         require_served_sizes(_contract(1263, batch_max=2), spec, config)
+
+
+def test_a_card_whose_longest_prompt_the_model_cannot_hold_is_refused():
+    from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
+    from xgr_export.engine_package import check_engine_for_export
+
+    ids, codes = small_world()
+    model = Model.from_preset("tiny", seed=1)
+    fits = (model.config.max_position - 60) // 4      # items of 4 tokens, room to spare
+    config = EngineExportConfig(BEAMS, TOP_K)
+    for items, refused in ((fits, False), (fits + 20, True)):
+        spec = PromptSpec(model_hidden=model.config.hidden_size, prompt_v2=PromptV2Layout(
+            HistorySplit(86400, 30, items, 5)))
+        engine = Engine(model, Catalog.from_arrays(ids, codes),
+                        engine_config_for(spec, selection_backend="torch"))
+        if refused:
+            with pytest.raises(ConfigError, match="needs \\d+ positions; the model has "
+                                                  f"max_position {model.config.max_position}"):
+                check_engine_for_export(engine, spec, config)
+        else:
+            check_engine_for_export(engine, spec, config)
