@@ -28,14 +28,7 @@ int64_t WithinRange(const Signature& sig, const std::string& symbol, int64_t siz
 int64_t Bucketed(const Signature& sig, size_t dim, int64_t size) {
   int64_t out = size;
   for (const BucketRule& rule : sig.buckets) {
-    if (rule.input != sig.cache.tokens || rule.dim != dim) continue;
-    if (rule.multiple == 0) {
-      out = 1;
-      while (out < size) out *= 2;
-    } else {
-      out = (size + rule.offset + rule.multiple - 1) / rule.multiple * rule.multiple -
-            rule.offset;
-    }
+    if (rule.input == sig.cache.tokens && rule.dim == dim) out = rule.Padded(size);
   }
   return out;
 }

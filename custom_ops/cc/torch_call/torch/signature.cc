@@ -366,18 +366,19 @@ Status Signature::CheckInputs(const std::vector<InputView>& inputs) const {
   return Status::Ok();
 }
 
+int64_t BucketRule::Padded(int64_t real) const {
+  if (multiple != 0) return (real + offset + multiple - 1) / multiple * multiple - offset;
+  int64_t padded = 1;
+  while (padded < real && padded < (int64_t{1} << 62)) padded *= 2;
+  return padded;
+}
+
 BucketedShapes Signature::Bucket(const std::vector<InputView>& inputs) const {
   BucketedShapes shapes;
   for (const BucketRule& rule : buckets) {
     const std::string& symbol = this->inputs[rule.input].dims[rule.dim];
     const int64_t real = inputs[rule.input].shape[rule.dim];
-    int64_t padded = 1;
-    if (rule.multiple == 0) {
-      while (padded < real && padded < (int64_t{1} << 62)) padded *= 2;
-    } else {
-      padded = (real + rule.offset + rule.multiple - 1) / rule.multiple * rule.multiple -
-               rule.offset;
-    }
+    int64_t padded = rule.Padded(real);
     auto range = ranges.find(symbol);
     if (range != ranges.end()) padded = std::min(padded, range->second.second);
     padded = std::max(padded, real);

@@ -73,6 +73,9 @@ struct BucketRule {
   size_t dim = 0;
   int64_t multiple = 0;  // 0: the next power of two
   int64_t offset = 0;
+
+  // `real` rounded up as this rule buckets it (before any range clamps it).
+  int64_t Padded(int64_t real) const;
 };
 
 // A call's sizes after bucketing: the padded shape of every input, and each bucketed symbol's
