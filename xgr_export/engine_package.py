@@ -233,10 +233,8 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
                   prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL,
                   layer_kernels: bool = False, capacity=None) -> torch_package.Package:
     """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
-    dynamic in batch (1..max_batch), prompt length and excluded items (1..spec.max_history_items
-    + 1 + config.max_request_exclusions: the history ``tf_frontend.rules.history_exclusion``
-    emits and a request's own exclusions), prefilling with ``prefill_mask``; ``layer_kernels``: the
-    fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
+    dynamic in batch (1..max_batch), prompt length and excluded items (1..``exclusion_width``),
+    prefilling with ``prefill_mask``; ``layer_kernels``: the fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
     tables become inputs padded to it, written to ``tables_file(out_path)``
     (``write_tables``), so a new catalog within it needs no new package."""
     check_engine_for_export(engine, spec, config)
@@ -276,7 +274,7 @@ def require_served_sizes(package: torch_package.Package, spec,
     rows of the card's whole history plus a request's own exclusions. A narrower range would
     refuse a valid request when served; the export refuses it instead."""
     ranges = {name: (lo, hi) for name, lo, hi in package.ranges}
-    widest = spec.max_history_items + 1 + config.max_request_exclusions
+    widest = exclusion_width(spec, config)
     for label, (index, dim), need in (("batch", (0, 0), config.max_batch),
                                       ("prompt length", (0, 1), spec.max_prompt_tokens),
                                       ("exclusion row", (4, 1), widest)):
@@ -312,13 +310,20 @@ def check_engine_for_export(engine, spec, config: EngineExportConfig) -> None:
             f"{spec.profile_tokens} soft tokens and {levels - 1} generated codes needs "
             f"{positions} positions; the model has max_position {max_position}: keep fewer "
             f"history items in the card or serve a model with a longer context")
-    widest = spec.max_history_items + 1 + config.max_request_exclusions
+    widest = exclusion_width(spec, config)
     require(widest <= engine.config.max_exclude, ConfigError,
             f"a request may exclude {widest} items (the card's {spec.max_history_items} history "
             f"items, a padding column and max_request_exclusions="
             f"{config.max_request_exclusions}); the engine takes at most "
             f"EngineConfig.max_exclude={engine.config.max_exclude}")
     check_search_sizes(engine, config)
+
+
+def exclusion_width(spec, config: EngineExportConfig) -> int:
+    """The widest ``exclude_items`` row a served request sends the package: the card's whole
+    history (``tf_frontend.rules.history_exclusion``), its padding column and a request's own
+    exclusions."""
+    return spec.max_history_items + 1 + config.max_request_exclusions
 
 
 def dynamic_inputs(spec, config: EngineExportConfig) -> tuple[dict, ...]:
@@ -329,8 +334,7 @@ def dynamic_inputs(spec, config: EngineExportConfig) -> tuple[dict, ...]:
     # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)
     length = torch.export.Dim.DYNAMIC
-    exclude = torch.export.Dim("exclude", min=1,
-                               max=spec.max_history_items + 1 + config.max_request_exclusions)
+    exclude = torch.export.Dim("exclude", min=1, max=exclusion_width(spec, config))
     return ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
             {0: batch, 1: exclude})
 

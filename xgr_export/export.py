@@ -38,8 +38,8 @@ from xgr_export.cached_package import export_cached_engine
 from xgr_export.check import PipelineCheck, check_against_python
 from xgr_export.config import ExportConfig
 from xgr_export.catalog_version import EngineRecord, link_package, require_codes_kept
-from xgr_export.engine_package import (check_search_sizes, export_engine, table_tensors,
-                                       tables_file, write_tables)
+from xgr_export.engine_package import (check_search_sizes, exclusion_width, export_engine,
+                                       table_tensors, tables_file, write_tables)
 from xgr_export.feature_graphs import SavedFeatureGraph, check_contract, load_feature_graph
 from xgr_export.probe_requests import probe_features
 from xgr_export.saved_model import export_pipeline, require_empty_folder
@@ -225,11 +225,10 @@ def build_engine(config: ExportConfig, sources: Sources, attention: str,
     model = (Model.from_pretrained(config.model, dtype=dtype, device=device) if config.model
              else Model.from_preset(config.preset, seed=config.seed, dtype=dtype, device=device))
     catalog = Catalog.from_arrays(sources.item_ids, sources.item_codes, sources.spec.layout)
-    # Wide enough for the card's whole history and a request's own exclusions.
-    widest = sources.spec.max_history_items + 1 + config.engine.max_request_exclusions
     return Engine(model, catalog, engine_config_for(
         sources.spec, attention_backend=attention, selection_backend=selection,
-        max_exclude=max(EngineConfig().max_exclude, widest)))
+        max_exclude=max(EngineConfig().max_exclude,
+                        exclusion_width(sources.spec, config.engine))))
 
 
 def pipeline_config_for(config: ExportConfig, spec, prompt_cache: bool) -> PipelineConfig:

@@ -151,9 +151,9 @@ def item_score_error(got: dict, want: dict, wide_rows: list[dict] | None) -> flo
     reference list's, else the wider beam's), over the items either scored: the 16-bit
     rule's error, item by item as the rule reads the lists."""
     error = 0.0
+    own_rows = _row_lists(want)
     for row, (ids, scores) in enumerate(zip(got["item_ids"], got["scores"])):
-        own = {int(i): float(v) for i, v in zip(want["item_ids"][row], want["scores"][row])
-               if i >= 0}
+        own = own_rows[row]
         wide = wide_rows[row] if wide_rows is not None else {}
         for item, score in zip(ids.tolist(), scores.tolist()):
             evidence = own.get(item, wide.get(item))
