@@ -9,6 +9,7 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
+#include <cuda_runtime_api.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
 #include <cstdio>
@@ -179,6 +180,19 @@ bool GraphsBuilt() { return true; }
 
 void ReleaseCachedDeviceMemory() { c10::cuda::CUDACachingAllocator::emptyCache(); }
 
+bool DeviceMemory(const c10::Device& device, int64_t* free_bytes, int64_t* total_bytes) {
+  if (!device.is_cuda()) return false;
+  c10::cuda::CUDAGuard on_device(device);
+  size_t free_now = 0, total = 0;
+  if (cudaMemGetInfo(&free_now, &total) != cudaSuccess) {
+    (void)cudaGetLastError();  // leave no sticky error for the next call
+    return false;
+  }
+  *free_bytes = static_cast<int64_t>(free_now);
+  *total_bytes = static_cast<int64_t>(total);
+  return true;
+}
+
 }  // namespace torch_call
 }  // namespace xgr
 
@@ -195,6 +209,8 @@ std::unique_ptr<GraphRunner> MakeGraphRunner(torch::inductor::AOTIModelPackageLo
 bool GraphsBuilt() { return false; }
 
 void ReleaseCachedDeviceMemory() {}
+
+bool DeviceMemory(const c10::Device&, int64_t*, int64_t*) { return false; }
 
 }  // namespace torch_call
 }  // namespace xgr

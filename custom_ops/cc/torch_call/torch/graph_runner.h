@@ -71,6 +71,10 @@ bool GraphsBuilt();
 // graph's pool) to the device; nothing in a build without CUDA.
 void ReleaseCachedDeviceMemory();
 
+// Free and total bytes of `device` as the driver reports them; false on a CPU device or in a
+// build without CUDA.
+bool DeviceMemory(const c10::Device& device, int64_t* free_bytes, int64_t* total_bytes);
+
 }  // namespace torch_call
 }  // namespace xgr
 

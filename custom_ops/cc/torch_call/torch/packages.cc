@@ -150,14 +150,18 @@ class PackageBase : public Package {
       return handed;
     } catch (const c10::OutOfMemoryError& e) {
       return {Code::kResourceExhausted, "the device ran out of memory running the " + format_ +
-                                            " package: " + e.what_without_backtrace()};
+                                            " package: " + e.what_without_backtrace() +
+                                            PoolHint()};
     } catch (const c10::Error& e) {
       // The inputs passed the contract and its value rules: a failure now is the package's
       // or the device's, not the caller's.
       return {Code::kInternal, "torch failed running " + format_ + " package: " +
-                                   e.what_without_backtrace()};
+                                   e.what_without_backtrace() + PoolHint()};
     } catch (const std::exception& e) {
-      return {Code::kInternal, "torch failed running " + format_ + " package: " + e.what()};
+      // AOTInductor reports a kernel's failure (an out-of-memory among them) only as "run_func_
+      // API call failed": the pool's share of the device is what the operator can act on.
+      return {Code::kInternal,
+              "torch failed running " + format_ + " package: " + e.what() + PoolHint()};
     }
   }
 
@@ -201,6 +205,21 @@ class PackageBase : public Package {
       results[i] = CutBack(results[i], i, shapes);
     }
     return results;
+  }
+
+  // For a failed run of a package whose prompt-KV pool sits on a GPU: the pool's size, the
+  // device's free memory now and the flag that shrinks the pool (a pool that loaded can still
+  // leave the model too little room for its largest bucket); else empty.
+  std::string PoolHint() const {
+    if (!cache_ || !device_.is_cuda()) return "";
+    const int64_t pool = cache_->pool().numel() * cache_->pool().element_size();
+    std::string hint = " [the prompt-KV pool holds " + BytesText(pool) + " of " + device_.str();
+    int64_t free_bytes = 0, total_bytes = 0;
+    if (DeviceMemory(device_, &free_bytes, &total_bytes)) {
+      hint += ", " + BytesText(free_bytes) + " of " + BytesText(total_bytes) + " free now";
+    }
+    return hint + "; if the device ran out of memory, give the cache a smaller pool with "
+                  "`xgr serve --prompt_cache_gb`]";
   }
 
   // `"prompt_cache": {...}, ` for a package that keeps a cache, else empty.
