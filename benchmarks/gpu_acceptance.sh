@@ -23,6 +23,7 @@
 # PHASES (default "exports served load"; "served_cache" adds `bench_served_cache` at qwen3-1.7b,
 # context 5000, last: the prompt-KV cache through `xgr serve`, plain and cached SavedModels of
 # its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms;
+# SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease;
 # "prompt_cache" adds `gpu_prompt_cache.sh --timeline` after it, on the quiet card;
 # "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
 # 1M items, beam 256, beside the exports when both are named) and CASES (default all) pick parts.
@@ -77,7 +78,8 @@ served_cache_phase() {
   local sizes=(--preset=qwen3-1.7b --device=cuda:0 --dtype=bfloat16 --items=1000000
                --paths=250000 --long_items=1000 --recent_items=245 --beam_width=256 --top_k=300
                --max_batch=4 --max_batch_size=4 --p99_target_ms=200
-               --rates=12,18,24,30,36,44,52,60 --rate_seconds=15 --population=300
+               --rates="${SERVED_CACHE_RATES:-12,18,24,30,36,44,52,60}"
+               --rate_seconds="${SERVED_CACHE_RATE_SECONDS:-15}" --population=300
                --prompt_cache_gb="$(served_cache_pool_gb)" --prompt_cache_host_gb=48
                --client_processes=2
                --parallel_exports --label="$(gpu_label)_q3_ctx5000")
