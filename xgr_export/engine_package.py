@@ -326,14 +326,29 @@ def exclusion_width(spec, config: EngineExportConfig) -> int:
     return spec.max_history_items + 1 + config.max_request_exclusions
 
 
+# Upper bounds of the dimensions the runtime sizes per call. A bound only has to be finite:
+# AOTInductor gives a kernel 32-bit indexing when its sizes have no upper bound and the trace's
+# example fits in 2**31 elements, and a served size past that (a prompt-KV pool over 4 GiB in
+# 16 bits, a long batch's packed KV) then reads and writes out of bounds on the device. With a
+# bound, it takes 64-bit indexing wherever the bound can pass 2**31.
+# Both stay far below the 1e20 elements past which Inductor reads a bound as none.
+MAX_TRACED_TOKENS = 1 << 20    # prompt, suffix and block-table widths (far past any model)
+MAX_POOL_PAGES = 1 << 24       # a billion cached tokens: past any device's memory
+
+
+def bounded_dim(max_size: int):
+    """A dimension ``torch.export`` derives itself (``Dim.DYNAMIC``: the engine's code
+    refines it with guards a named range cannot state, e.g. min(32 + 16 L, 64 + 32 L)), with
+    a finite upper bound (see ``MAX_TRACED_TOKENS``)."""
+    return torch.export.Dim.DYNAMIC(max=max_size)
+
+
 def dynamic_inputs(spec, config: EngineExportConfig) -> tuple[dict, ...]:
     """``torch.export``'s dynamic dimensions of the five engine inputs: the batch up to
     ``config.max_batch``, the prompt length, the excluded items (the history and a request's
     own)."""
-    # Dim.DYNAMIC lets torch.export derive the prompt lengths the engine's code supports (a
-    # named range fails on guards sympy cannot prove, e.g. min(32 + 16 L, 64 + 32 L)).
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)
-    length = torch.export.Dim.DYNAMIC
+    length = bounded_dim(MAX_TRACED_TOKENS)
     exclude = torch.export.Dim("exclude", min=1, max=exclusion_width(spec, config))
     return ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
             {0: batch, 1: exclude})

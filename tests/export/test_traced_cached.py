@@ -23,3 +23,6 @@ def test_the_cached_search_traces_the_paged_kernels():
     assert {"_paged_prefill_kernel", "_decode_partial_kernel"} <= set(traced["kernels"])
     assert traced["symbolic"] == {"suffix": True, "pages": True, "pool": True}
     assert traced["cache_line"][0].startswith("cache runtime=5 page_tokens=64")
+    # Every runtime-sized dimension bounded: a pool of more than 2**31 elements (4 GiB in
+    # bf16) must get 64-bit indexing, not the 32 bits its small example would choose.
+    assert traced["unbounded"] == []

@@ -25,6 +25,8 @@ def test_the_triton_search_traces_a_dynamic_width(widths):
     assert done.returncode == 0, done.stderr[-3000:]
     traced = json.loads(done.stdout.strip().splitlines()[-1])
     assert (traced["low"], traced["high"]) == (min(widths), max(widths))
+    # The prompt length bounded too: a batch of long prompts can pass 2**31 elements of KV.
+    assert traced["unbounded"] == []
     # One program sorts all beams of a request: its block must hold the widest width (a
     # block from the example width dropped the beams past it at wider widths on the GPU).
     expansions = [launch["ints"] for launch in traced["launches"]

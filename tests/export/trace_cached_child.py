@@ -17,7 +17,7 @@ import torch_engine.attention as attention
 import torch_engine.beam_search as beam_search
 import torch_engine.engine as engine_module
 from tests.export.prompt_v2_rows import small_v2_spec
-from tests.export.trace_widths_child import launches
+from tests.export.trace_widths_child import launches, unbounded_dims
 from tests.torch_engine.engine_worlds import small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import engine_config_for
@@ -64,7 +64,8 @@ def main() -> None:
                       "symbolic": {"suffix": isinstance(slots.dims[1], str),
                                    "pages": isinstance(table.dims[1], str),
                                    "pool": isinstance(pool.dims[2], str)},
-                      "cache_line": list(traced["extra"])}))
+                      "cache_line": list(traced["extra"]),
+                      "unbounded": unbounded_dims(program)}))
 
 
 if __name__ == "__main__":

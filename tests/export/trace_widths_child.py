@@ -68,7 +68,17 @@ def main(widths: tuple[int, ...]) -> None:
     width = slots.meta["val"].shape[0].node.expr
     bounds = program.range_constraints[width]
     print(json.dumps({"low": int(bounds.lower), "high": int(bounds.upper),
-                      "launches": launches(program)}))
+                      "launches": launches(program), "unbounded": unbounded_dims(program)}))
+
+
+def unbounded_dims(program) -> list[str]:
+    """The input-sized symbols of ``program`` without a finite upper bound (data-dependent
+    ``u`` symbols aside): AOTInductor would size their kernels' indexing by the example."""
+    from torch.utils._sympy.numbers import int_oo
+
+    return sorted(str(symbol) for symbol, bounds in program.range_constraints.items()
+                  if not str(symbol).startswith("u")
+                  and (bounds.upper == int_oo or int(bounds.upper) >= 2 ** 62))
 
 
 def launches(program, absent: tuple[int, ...] = ()) -> list[dict]:

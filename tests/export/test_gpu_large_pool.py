@@ -1,0 +1,111 @@
+"""A cached package served with a prompt-KV pool of more than 2**31 elements (4 GiB in 16
+bits: every pool a server would set) reads and writes pages at its far end correctly.
+
+The export traces the pool's page count with a small example; a dimension without an upper
+bound let AOTInductor give the kernels that touch the pool 32-bit indexing, and a served pool
+past 2**31 elements then wrote out of bounds (an illegal memory access in the server's
+warm-up). The test runs a miss (the long-term part written into the pool's last pages) and
+then a hit (read back from them), each equal to the engine without a cache.
+
+``gpu`` test: the pool takes about 9 GB of device memory. ``large_pool_calls`` also runs on
+the CPU at a small pool (``test_the_calls_agree_with_the_engine_at_a_small_pool``), so the
+inputs it builds are checked wherever the suite runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.torch_engine.engine_worlds import small_world, v2_prompts
+from torch_engine.catalog import Catalog
+from torch_engine.config import engine_config_for
+from torch_engine.engine import Engine
+from torch_engine.model import Model
+from xgr_common.prompt_spec import PromptSpec
+from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout, TextSpans
+from xgr_common.tolerances import tolerance_for
+from xgr_export.cached_package import PAGE_TOKENS, export_cached_engine
+from xgr_export.config import EngineExportConfig
+
+BEAMS, TOP_K = 8, 6
+INTRO, BEFORE_PROFILE, QUESTION = (20, 21), (22,), (23,)
+
+
+def _spec(hidden: int) -> PromptSpec:
+    # Built without the feature ops (no TensorFlow on the GPU machine): the rows come from
+    # ``engine_worlds.v2_prompts``, laid out as the assembly op lays them.
+    return PromptSpec(model_hidden=hidden, profile_tokens=2, prompt_v2=PromptV2Layout(
+        HistorySplit(100, 4, 4, 3), TextSpans(intro=INTRO, before_profile=BEFORE_PROFILE,
+                                              question=QUESTION)))
+
+
+def large_pool_calls(tmp_path, device: str, pool_pages: int, dtype=torch.float32):
+    """Exports a tiny version 2 model with the cache for ``device``, then runs one user as a
+    miss and as a hit with the user's pages at the end of a pool of ``pool_pages`` pages.
+    Returns the engine's answer and the two package answers."""
+    from torch_engine.aoti_loading import load_package
+
+    ids, codes = small_world()
+    model = Model.from_preset("tiny", seed=1).to(device=device, dtype=dtype)
+    spec = _spec(model.config.hidden_size)
+    engine = Engine(model, Catalog.from_arrays(ids, codes).to(device), engine_config_for(spec))
+    path = tmp_path / "cached.pt2"
+    export_cached_engine(engine, spec, path,
+                         EngineExportConfig(BEAMS, TOP_K, max_batch=2, device=device))
+    runner = load_package(path)
+
+    tokens, lengths, segments, frozen_lengths = v2_prompts(
+        [([1, 2, 3, 4], [5, 6, 7], 0)], spec.layout, soft_tokens=spec.profile_tokens,
+        intro=INTRO, before_profile=BEFORE_PROFILE, question=QUESTION,
+        code_of=lambda item, level: int(codes[item, level]))
+    width, frozen = tokens.shape[1], int(frozen_lengths[0])
+    soft = torch.randn(1, spec.profile_tokens, model.config.hidden_size,
+                       generator=torch.Generator().manual_seed(3)).to(dtype)
+    exclude = torch.tensor([[int(ids[0]), -1]])
+    cfg = model.config
+    pool = torch.zeros((cfg.num_layers, 2, pool_pages + 1, PAGE_TOKENS, cfg.num_kv_heads,
+                        cfg.head_dim), dtype=dtype, device=device)
+    # The user's pages are the pool's last: the largest offsets a served pool can reach.
+    pages = -(-width // PAGE_TOKENS) + 1
+    table = torch.arange(pool_pages + 1 - pages, pool_pages + 1, dtype=torch.int32)[None]
+    position = torch.arange(width)
+    slots = table[0, position // PAGE_TOKENS].long() * PAGE_TOKENS + position % PAGE_TOKENS
+    miss_slots = torch.where(position < frozen, slots, 0)[None]   # the rest to the sink
+    features = [t.to(device) for t in (tokens, lengths, segments, soft, exclude)]
+    with torch.no_grad():
+        want = engine.recommend(*features[:3], BEAMS, TOP_K, prefix_embeds=features[3],
+                                exclude_items=features[4])
+        miss = runner(*features, torch.zeros(1, dtype=torch.int64, device=device),
+                      table.to(device), miss_slots.to(device), pool)
+        hit = runner(*features, torch.full((1,), frozen, dtype=torch.int64, device=device),
+                     table.to(device),
+                     torch.zeros((1, width - frozen), dtype=torch.int64, device=device), pool)
+    # The miss wrote the long-term part where the table points, nowhere else.
+    assert pool[:, :, table[0].long()].abs().sum() > 0
+    return want, miss, hit
+
+
+def _assert_equal(want, got, dtype):
+    tol = tolerance_for(dtype)
+    assert torch.equal(got[0].cpu(), want[0].cpu())
+    torch.testing.assert_close(got[1].cpu().float(), want[1].cpu().float(), atol=tol.atol,
+                               rtol=tol.rtol)
+
+
+@pytest.mark.heavy
+def test_the_calls_agree_with_the_engine_at_a_small_pool(tmp_path):
+    want, miss, hit = large_pool_calls(tmp_path, "cpu", pool_pages=64)
+    _assert_equal(want, miss, torch.float32)
+    _assert_equal(want, hit, torch.float32)
+
+
+@pytest.mark.gpu
+def test_a_pool_past_two_to_the_31_elements_is_read_and_written_at_its_end(tmp_path):
+    # 2**19 pages of the tiny model: 4.3e9 elements, the last layer's values past 2**31.
+    pages = 1 << 19
+    free, _ = torch.cuda.mem_get_info()
+    if free < pages * PAGE_TOKENS * 2 * 2 * 2 * 16 * 4 * 1.2:
+        pytest.skip("the GPU lacks the free memory of the large pool")
+    want, miss, hit = large_pool_calls(tmp_path, "cuda:0", pool_pages=pages)
+    _assert_equal(want, miss, torch.float32)
+    _assert_equal(want, hit, torch.float32)
