@@ -13,10 +13,15 @@ inputs it builds are checked wherever the suite runs."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 
 from tests.torch_engine.engine_worlds import small_world, v2_prompts
+from torch_engine.aoti_loading import loader_environment
 from torch_engine.catalog import Catalog
 from torch_engine.config import engine_config_for
 from torch_engine.engine import Engine
@@ -39,12 +44,35 @@ def _spec(hidden: int) -> PromptSpec:
                                               question=QUESTION)))
 
 
+# The package runs in a child that starts with the compiler's libstdc++ preloaded, as every
+# AOTInductor load does (``torch_engine.aoti_loading.loader_environment``).
+_CHILD = textwrap.dedent("""
+    import sys
+    import torch
+    package, inputs_path, outputs_path = sys.argv[1:]
+    with torch._inductor.config.patch({"cpp.vec_isa_ok": False}):
+        run = torch._inductor.aoti_load_package(package)
+    a = torch.load(inputs_path)
+    device = a["device"]
+    pool = torch.zeros(a["pool_shape"], dtype=a["dtype"], device=device)
+    features = [t.to(device) for t in a["features"]]
+    table = a["table"].to(device)
+    with torch.no_grad():
+        miss = run(*features, torch.zeros(1, dtype=torch.int64, device=device), table,
+                   a["miss_slots"].to(device), pool)
+        # The miss wrote the long-term part where the table points.
+        written = bool(pool[:, :, table[0].long()].abs().sum() > 0)
+        hit = run(*features, torch.full((1,), a["frozen"], dtype=torch.int64, device=device),
+                  table, a["hit_slots"].to(device), pool)
+    torch.save({"miss": [t.cpu() for t in miss], "hit": [t.cpu() for t in hit],
+                "written": written}, outputs_path)
+""")
+
+
 def large_pool_calls(tmp_path, device: str, pool_pages: int, dtype=torch.float32):
     """Exports a tiny version 2 model with the cache for ``device``, then runs one user as a
     miss and as a hit with the user's pages at the end of a pool of ``pool_pages`` pages.
     Returns the engine's answer and the two package answers."""
-    from torch_engine.aoti_loading import load_package
-
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1).to(device=device, dtype=dtype)
     spec = _spec(model.config.hidden_size)
@@ -52,7 +80,6 @@ def large_pool_calls(tmp_path, device: str, pool_pages: int, dtype=torch.float32
     path = tmp_path / "cached.pt2"
     export_cached_engine(engine, spec, path,
                          EngineExportConfig(BEAMS, TOP_K, max_batch=2, device=device))
-    runner = load_package(path)
 
     tokens, lengths, segments, frozen_lengths = v2_prompts(
         [([1, 2, 3, 4], [5, 6, 7], 0)], spec.layout, soft_tokens=spec.profile_tokens,
@@ -63,26 +90,28 @@ def large_pool_calls(tmp_path, device: str, pool_pages: int, dtype=torch.float32
                        generator=torch.Generator().manual_seed(3)).to(dtype)
     exclude = torch.tensor([[int(ids[0]), -1]])
     cfg = model.config
-    pool = torch.zeros((cfg.num_layers, 2, pool_pages + 1, PAGE_TOKENS, cfg.num_kv_heads,
-                        cfg.head_dim), dtype=dtype, device=device)
     # The user's pages are the pool's last: the largest offsets a served pool can reach.
     pages = -(-width // PAGE_TOKENS) + 1
     table = torch.arange(pool_pages + 1 - pages, pool_pages + 1, dtype=torch.int32)[None]
     position = torch.arange(width)
     slots = table[0, position // PAGE_TOKENS].long() * PAGE_TOKENS + position % PAGE_TOKENS
-    miss_slots = torch.where(position < frozen, slots, 0)[None]   # the rest to the sink
-    features = [t.to(device) for t in (tokens, lengths, segments, soft, exclude)]
+    features = [tokens, lengths, segments, soft, exclude]
+    torch.save({"device": device, "dtype": dtype, "features": features, "table": table,
+                "frozen": frozen, "pool_shape": (cfg.num_layers, 2, pool_pages + 1, PAGE_TOKENS,
+                                                 cfg.num_kv_heads, cfg.head_dim),
+                "miss_slots": torch.where(position < frozen, slots, 0)[None],  # rest: the sink
+                "hit_slots": torch.zeros((1, width - frozen), dtype=torch.int64)},
+               tmp_path / "inputs.pt")
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(tmp_path / "inputs.pt"),
+                           str(tmp_path / "outputs.pt")], capture_output=True, text=True,
+                          timeout=600, env=loader_environment())
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = torch.load(tmp_path / "outputs.pt")
+    assert got["written"]
     with torch.no_grad():
-        want = engine.recommend(*features[:3], BEAMS, TOP_K, prefix_embeds=features[3],
-                                exclude_items=features[4])
-        miss = runner(*features, torch.zeros(1, dtype=torch.int64, device=device),
-                      table.to(device), miss_slots.to(device), pool)
-        hit = runner(*features, torch.full((1,), frozen, dtype=torch.int64, device=device),
-                     table.to(device),
-                     torch.zeros((1, width - frozen), dtype=torch.int64, device=device), pool)
-    # The miss wrote the long-term part where the table points, nowhere else.
-    assert pool[:, :, table[0].long()].abs().sum() > 0
-    return want, miss, hit
+        want = engine.recommend(*[t.to(device) for t in features[:3]], BEAMS, TOP_K,
+                                prefix_embeds=soft.to(device), exclude_items=exclude.to(device))
+    return want, got["miss"], got["hit"]
 
 
 def _assert_equal(want, got, dtype):

@@ -27,6 +27,7 @@ from torch_engine.model import Model
 from xgr_common.errors import ConfigError
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import tolerance_for
+from xgr_export import cached_package
 from xgr_export.cached_package import PAGE_TOKENS, export_cached_engine
 from xgr_export.config import EngineExportConfig
 
@@ -233,9 +234,10 @@ def test_a_version_1_model_cannot_keep_a_cache(cached, tmp_path):
         export_cached_engine(engine, v1, tmp_path / "v1.pt2", EngineExportConfig(BEAMS, TOP_K))
 
 
-def test_a_pool_the_device_cannot_hold_is_refused_naming_its_flag(cached, tmp_path):
-    """A budget past what the device can hold: every call is refused with an error that names
-    the pool's size and the flag that sets it; nothing aborts the process."""
+def test_a_pool_past_the_package_bound_is_refused_naming_its_flag(cached, tmp_path):
+    """A budget of more pages than the package takes (and than any device holds): every call
+    is refused, before any allocation, with an error that names the pool's size, the bound and
+    the flag that sets it; nothing aborts the process."""
     calls = Calls(cached)
     for user in range(2):
         calls.add([(user, 3, 2)], [f"user{user}"], refused=True)
@@ -243,3 +245,25 @@ def test_a_pool_the_device_cannot_hold_is_refused_naming_its_flag(cached, tmp_pa
     for outcome in result["outcomes"]:
         assert outcome[0] == "FailedPreconditionError", outcome
         assert "prompt-KV pool of 4194304 GiB" in outcome[1] and "--prompt_cache_gb" in outcome[1]
+        assert f"at most {cached_package.MAX_POOL_PAGES} pages" in outcome[1], outcome
+
+
+def test_a_package_without_a_pool_bound_takes_no_pool_past_32_bit_indexing(
+        cached, tmp_path, monkeypatch):
+    """A package exported before the pool's pages had an upper bound indexes the pool in 32
+    bits: a pool past 2**31 elements is refused by name (it would be written out of bounds),
+    one under it serves."""
+    _, engine, spec, _, _ = cached
+    monkeypatch.setattr(cached_package, "MAX_POOL_PAGES", None)
+    old = tmp_path / "unbounded.pt2"
+    export_cached_engine(engine, spec, old, EngineExportConfig(BEAMS, TOP_K, max_batch=8))
+    calls = Calls(cached)
+    calls.add([(0, 3, 2)], ["user0"], refused=True)
+    refused = calls.run(old, tmp_path, 16 << 30)     # 2**32 fp32 elements
+    outcome = refused["outcomes"][0]
+    assert outcome[0] == "FailedPreconditionError", outcome
+    assert "without an upper bound on the pool's pages" in outcome[1], outcome
+    assert "re-export" in outcome[1] and "--prompt_cache_gb" in outcome[1], outcome
+    calls = Calls(cached)
+    calls.add([(0, 3, 2)], ["user0"])
+    assert calls.run(old, tmp_path, 64 << 20)["outcomes"] == ["ok"]

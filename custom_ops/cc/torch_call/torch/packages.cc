@@ -58,10 +58,41 @@ std::string BytesText(int64_t bytes) {
   return text;
 }
 
-// The package's prompt cache with the process's budgets; PoolDoesNotFit when its pool cannot
-// be allocated on `device`.
-std::unique_ptr<PromptCache> MakeCache(const CacheSpec& spec, c10::Device device) {
+// PoolDoesNotFit unless the package takes a pool of `pages` pages (the sink aside): within
+// its contract's range for the pool's page count, and, for a package traced without an upper
+// bound there (exported before the bound existed), under 2**31 elements, the most its kernels'
+// 32-bit indexing reaches: a larger pool would be read and written out of bounds.
+void CheckPoolPages(const Signature& sig, int64_t pages, int64_t budget) {
+  const std::string& symbol = sig.cache_inputs[3].dims[2];
+  const auto range = sig.ranges.find(symbol);
+  if (range == sig.ranges.end()) return;
+  const int64_t most = range->second.second;
+  const CacheSpec& spec = sig.cache;
+  const int64_t page_elements = PromptCache::PageBytes(spec) / ElementSize(spec.dtype);
+  std::string rule;
+  int64_t fits = 0;  // the largest page count the package takes, the sink included
+  if (most >= (int64_t{1} << 62)) {
+    fits = ((int64_t{1} << 31) - 1) / std::max<int64_t>(page_elements, 1);
+    rule = "was exported without an upper bound on the pool's pages, so its kernels index "
+           "the pool in 32 bits (at most 2**31 elements); re-export it with this version";
+  } else {
+    fits = most;
+    rule = "takes a pool of at most " + std::to_string(most) + " pages";
+  }
+  if (pages + 1 <= fits) return;
+  const int64_t largest = std::max<int64_t>(fits - 1, 0) * PromptCache::PageBytes(spec);
+  throw PoolDoesNotFit("the prompt-KV pool of " + BytesText(budget) + " (XGR_PROMPT_CACHE_BYTES, "
+                       "set by `xgr serve --prompt_cache_gb`) holds " + std::to_string(pages) +
+                       " pages, but the package " + rule + "; give the cache at most " +
+                       BytesText(largest));
+}
+
+// The package's prompt cache with the process's budgets; PoolDoesNotFit when the package
+// cannot take its pool or the pool cannot be allocated on `device`.
+std::unique_ptr<PromptCache> MakeCache(const Signature& sig, c10::Device device) {
+  const CacheSpec& spec = sig.cache;
   const int64_t budget = CacheBudget();
+  CheckPoolPages(sig, PromptCache::PoolPages(spec, budget), budget);
   try {
     return std::make_unique<PromptCache>(spec, budget, device, HostCacheBudget());
   } catch (const c10::Error& e) {
@@ -90,7 +121,7 @@ class PackageBase : public Package {
         device_(signature_.device) {
     for (const auto& spec : signature_.outputs) output_dtypes_.push_back(spec.dtype);
     if (signature_.cache.enabled) {
-      cache_ = MakeCache(signature_.cache, device_);
+      cache_ = MakeCache(signature_, device_);
       split_tokens_ = SplitRunTokens();
     }
   }

@@ -78,12 +78,8 @@ PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Devic
                          int64_t host_budget_bytes)
     : spec_(spec), page_tokens_(spec.page_tokens),
       host_budget_(std::max<int64_t>(host_budget_bytes, 0)) {
-  page_bytes_ = spec.layers * 2 * spec.kv_heads * spec.head_dim * page_tokens_ *
-                ElementSize(spec.dtype);
-  // At least one page, so the pool keeps the shape a traced program was exported with
-  // (the sink and a page); a budget under a page holds that one page.
-  pages_ = std::max<int64_t>(page_bytes_ > 0 ? std::max<int64_t>(budget_bytes, 0) / page_bytes_
-                                             : 0, 1);
+  page_bytes_ = PageBytes(spec);
+  pages_ = PoolPages(spec, budget_bytes);
   pool_ = at::zeros({spec.layers, 2, pages_ + 1, page_tokens_, spec.kv_heads, spec.head_dim},
                     at::TensorOptions().dtype(ToScalarType(spec.dtype)).device(device));
   for (int64_t p = pages_; p >= 1; --p) free_.push_back(static_cast<int32_t>(p));
@@ -92,6 +88,19 @@ PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Devic
   counts_.host_capacity_bytes = host_budget_;
   counts_.hit_bounds = kHitBounds;
   counts_.hit_buckets.assign(kHitBounds.size(), 0);
+}
+
+int64_t PromptCache::PageBytes(const CacheSpec& spec) {
+  return spec.layers * 2 * spec.kv_heads * spec.head_dim * spec.page_tokens *
+         ElementSize(spec.dtype);
+}
+
+int64_t PromptCache::PoolPages(const CacheSpec& spec, int64_t budget_bytes) {
+  // At least one page, so the pool keeps the shape a traced program was exported with
+  // (the sink and a page); a budget under a page holds that one page.
+  const int64_t page_bytes = PageBytes(spec);
+  return std::max<int64_t>(
+      page_bytes > 0 ? std::max<int64_t>(budget_bytes, 0) / page_bytes : 0, 1);
 }
 
 std::unique_ptr<Reservation> PromptCache::Reserve(const std::vector<CacheRow>& rows) {

@@ -102,6 +102,11 @@ class PromptCache {
   PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device,
               int64_t host_budget_bytes = 0);
 
+  // The pages (the sink aside) a pool of `budget_bytes` of `spec`'s geometry holds.
+  static int64_t PoolPages(const CacheSpec& spec, int64_t budget_bytes);
+  // Bytes of one page of `spec`'s geometry (every layer's keys and values).
+  static int64_t PageBytes(const CacheSpec& spec);
+
   // [layers, 2, pages + 1, page_tokens, Hkv, D]; page 0 is the sink (rows not kept write
   // there).
   const at::Tensor& pool() const { return pool_; }
