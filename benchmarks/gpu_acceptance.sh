@@ -78,7 +78,7 @@ served_cache_phase() {
   local sizes=(--preset=qwen3-1.7b --device=cuda:0 --dtype=bfloat16 --items=1000000
                --paths=250000 --long_items=1000 --recent_items=245 --beam_width=256 --top_k=300
                --max_batch=4 --max_batch_size=4 --p99_target_ms=200
-               --rates="${SERVED_CACHE_RATES:-12,18,24,30,36,44,52,60}"
+               --rates="${SERVED_CACHE_RATES:-6,9,12,18,24,30,36,44,52,60}"
                --rate_seconds="${SERVED_CACHE_RATE_SECONDS:-15}" --population=300
                --prompt_cache_gb="$(served_cache_pool_gb)" --prompt_cache_host_gb=48
                --client_processes=2

@@ -260,6 +260,19 @@ class ServerNotServing(RuntimeError):
     """``xgr serve`` did not come to serve its model: what it reported instead."""
 
 
+def log_errors(log_path: Path, most: int = 3) -> str:
+    """The last ``most`` lines of a server's log that name an error (a crash's ``what()``
+    among them), joined; the log's last line when none does."""
+    try:
+        lines = [line.strip() for line in Path(log_path).read_text(errors="replace").splitlines()
+                 if line.strip()]
+    except OSError:
+        return "(no log)"
+    errors = [line for line in lines if re.search(r"error|what\(\)|fatal", line, re.I)
+              and not line.startswith(("File ", "frame #"))]
+    return " | ".join(line[:300] for line in (errors[-most:] or lines[-1:])) or "(empty log)"
+
+
 class Server:
     """``xgr serve`` on one SavedModel (copied in as version 1 of ``work/served_<name>``),
     with ``extra_flags``; waits until the model is available. A version that fails to load or
@@ -272,9 +285,13 @@ class Server:
         if not (base / "1").exists():
             shutil.copytree(saved_model, base / "1")
         self.log_path = work / f"{name}.log"
-        self.process, self.grpc_port, self.rest_port = start_server(
-            str(base), str(self.log_path), max_batch_size, batch_timeout_micros,
-            extra_flags=extra_flags)
+        try:
+            self.process, self.grpc_port, self.rest_port = start_server(
+                str(base), str(self.log_path), max_batch_size, batch_timeout_micros,
+                extra_flags=extra_flags)
+        except RuntimeError as error:   # it died loading its first version (a crash)
+            raise ServerNotServing(f"{error}; the log says: {log_errors(self.log_path)} "
+                                   f"(log: {self.log_path})") from None
         try:
             self._wait_until_serving()
         except BaseException:

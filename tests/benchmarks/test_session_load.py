@@ -1,5 +1,7 @@
 """The rate sweep of the session-load benchmarks: which rates run, and which one counts."""
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.session_load import best_rate, sweep
@@ -89,3 +91,29 @@ def test_a_version_that_fails_to_load_ends_the_wait_and_its_server(monkeypatch, 
     assert time.monotonic() - started < 120
     (process,) = stopped
     assert process.poll() is not None
+
+
+def test_a_server_that_dies_loading_is_reported_with_its_log(monkeypatch, tmp_path):
+    """A server that crashes while loading its first version (before it prints its ports)
+    is a ``ServerNotServing`` carrying the log's error lines, so the benchmark records it and
+    goes on instead of ending in a traceback."""
+    from benchmarks import session_load
+
+    saved = tmp_path / "saved"
+    saved.mkdir()
+
+    def crashing_start(base, log_path, *args, **kwargs):
+        Path(log_path).write_text(
+            "loading model version\nError: CUDA driver error: an illegal memory access\n"
+            "terminate called after throwing an instance of 'c10::AcceleratorError'\n"
+            "  what():  CUDA error: an illegal memory access was encountered\n"
+            "frame #0: c10::Error::Error\nFatal Python error: Aborted\n")
+        raise RuntimeError("xgr serve did not start: ''")
+
+    monkeypatch.setattr(session_load, "start_server", crashing_start)
+    with pytest.raises(session_load.ServerNotServing) as raised:
+        session_load.Server(saved, tmp_path, "cached", 4, 1000)
+    message = str(raised.value)
+    assert "did not start" in message and "what():  CUDA error: an illegal memory" in message
+    assert "Fatal Python error: Aborted" in message and "frame #0" not in message
+    assert session_load.log_errors(tmp_path / "missing.log") == "(no log)"
