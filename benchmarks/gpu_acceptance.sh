@@ -22,8 +22,8 @@
 # into $OUT/results.tgz, done or not). XGR_COMMIT, PYTHONPATH (TensorFlow) and .whl/ as gpu_serving.sh wants.
 # PHASES (default "exports served load"; "served_cache" adds `bench_served_cache` at qwen3-1.7b,
 # context 5000, last: the prompt-KV cache through `xgr serve`, plain and cached SavedModels of
-# its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms;
-# SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease;
+# its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms, with
+# the large-pool `gpu` test beside its exports; SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease;
 # "prompt_cache" adds `gpu_prompt_cache.sh --timeline` after it, on the quiet card;
 # "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
 # 1M items, beam 256, beside the exports when both are named) and CASES (default all) pick parts.
@@ -84,10 +84,22 @@ served_cache_phase() {
                --client_processes=2
                --parallel_exports --label="$(gpu_label)_q3_ctx5000")
   [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu)
+  # Beside the exports' compile: a tiny package read and written at the far end of a pool
+  # past 2**31 elements, the size class the served pool is in (a minute or two).
+  local large_pool=""
+  if [ -z "$REHEARSAL" ]; then
+    "${PY:-python3}" -m pytest -p no:cacheprovider -m gpu tests/export/test_gpu_large_pool.py \
+        > "$RUN_OUT/large_pool_test.log" 2>&1 &
+    large_pool=$!
+  fi
   timeout "${SERVED_CACHE_LIMIT:-2400}" "${PY:-python3}" -m benchmarks.bench_served_cache \
       "${sizes[@]}" --work="$BASE/served_cache" --out_dir="$RUN_OUT" \
       > "$RUN_OUT/served_cache.log" 2>&1
   note "served cache rc=$?"
+  if [ -n "$large_pool" ]; then
+    wait "$large_pool"
+    note "large-pool gpu test rc=$? ($(tail -1 "$RUN_OUT/large_pool_test.log"))"
+  fi
   tail -8 "$RUN_OUT/served_cache.log" >> "$log"
 }
 
