@@ -25,11 +25,11 @@ from xgr_common.errors import ConfigError, require
 from xgr_common.layout import MaskMode
 from xgr_export import torch_package
 from xgr_export.config import EngineExportConfig
-from xgr_export.engine_package import (MAX_POOL_PAGES, MAX_TRACED_TOKENS, RecommendProgram,
-                                       bounded_dim, check_engine_for_export, dynamic_inputs,
-                                       engine_replay, engine_rules, example_inputs,
-                                       require_served_sizes, require_widths_traced,
-                                       tables_file, write_tables)
+from xgr_export.engine_package import (MAX_POOL_PAGES, RecommendProgram, bounded_dim,
+                                       check_engine_for_export, dynamic_inputs, engine_replay,
+                                       engine_rules, example_inputs, require_served_sizes,
+                                       require_widths_traced, tables_file, token_bound,
+                                       write_tables)
 
 PAGE_TOKENS = 64
 CACHE_INPUTS = ("cached_lengths", "block_table", "write_slots", "pool")
@@ -118,7 +118,7 @@ def export_cached_engine(engine, spec, out_path: str | os.PathLike,
     program = CachedRecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
                                      layer_kernels, capacity)
     inputs = example_inputs(engine, spec)
-    dynamic = dynamic_inputs(spec, config)
+    dynamic = dynamic_inputs(spec, config, token_bound(engine))
     if config.beam_widths:
         inputs += (torch.zeros(config.beam_width, dtype=torch.int8),)
         dynamic += ({0: torch.export.Dim.DYNAMIC},)
@@ -127,8 +127,9 @@ def export_cached_engine(engine, spec, out_path: str | os.PathLike,
     runtime = len([t for t in inputs if t is not None])
     batch = dynamic[0][0]
     inputs += cache_examples(engine, spec, inputs, page_tokens)
-    dynamic += ({0: batch}, {0: batch, 1: bounded_dim(MAX_TRACED_TOKENS)},
-                {0: batch, 1: bounded_dim(MAX_TRACED_TOKENS)}, {2: bounded_dim(MAX_POOL_PAGES)})
+    widest = token_bound(engine)
+    dynamic += ({0: batch}, {0: batch, 1: bounded_dim(widest)},
+                {0: batch, 1: bounded_dim(widest)}, {2: bounded_dim(MAX_POOL_PAGES)})
     if capacity is not None:
         tables = tuple(program.tables.tensors().values())
         inputs += (tables,)

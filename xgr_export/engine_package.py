@@ -240,7 +240,7 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
     check_engine_for_export(engine, spec, config)
     program = RecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
                                layer_kernels, capacity)
-    dynamic = dynamic_inputs(spec, config)
+    dynamic = dynamic_inputs(spec, config, token_bound(engine))
     inputs = example_inputs(engine, spec)
     if config.beam_widths:
         # The width is the length of beam_slots, a dimension torch.export bounds itself.
@@ -326,29 +326,33 @@ def exclusion_width(spec, config: EngineExportConfig) -> int:
     return spec.max_history_items + 1 + config.max_request_exclusions
 
 
-# Upper bounds of the dimensions the runtime sizes per call. A bound only has to be finite:
-# AOTInductor gives a kernel 32-bit indexing when its sizes have no upper bound and the trace's
-# example fits in 2**31 elements, and a served size past that (a prompt-KV pool over 4 GiB in
-# 16 bits, a long batch's packed KV) then reads and writes out of bounds on the device. With a
-# bound, it takes 64-bit indexing wherever the bound can pass 2**31.
-# Both stay far below the 1e20 elements past which Inductor reads a bound as none.
-MAX_TRACED_TOKENS = 1 << 20    # prompt, suffix and block-table widths (far past any model)
+# Upper bounds of the dimensions the runtime sizes per call. AOTInductor gives a kernel 32-bit
+# indexing when its sizes have no upper bound and the trace's example fits in 2**31 elements,
+# and a served size past that (a prompt-KV pool over 4 GiB in 16 bits, a long batch's packed
+# KV) then reads and writes out of bounds on the device. With a bound, it keeps 32 bits where
+# the bound proves they suffice and takes 64 bits wherever the bound can pass 2**31.
 MAX_POOL_PAGES = 1 << 24       # a billion cached tokens: past any device's memory
 
 
 def bounded_dim(max_size: int):
     """A dimension ``torch.export`` derives itself (``Dim.DYNAMIC``: the engine's code
     refines it with guards a named range cannot state, e.g. min(32 + 16 L, 64 + 32 L)), with
-    a finite upper bound (see ``MAX_TRACED_TOKENS``)."""
+    a finite upper bound (see ``MAX_POOL_PAGES``)."""
     return torch.export.Dim.DYNAMIC(max=max_size)
 
 
-def dynamic_inputs(spec, config: EngineExportConfig) -> tuple[dict, ...]:
+def token_bound(engine) -> int:
+    """The widest token dimension a served call can have (prompt, suffix, block table): the
+    model's positions, which TorchCall's positions rule already holds every prompt within."""
+    return engine.model.config.max_position
+
+
+def dynamic_inputs(spec, config: EngineExportConfig, max_tokens: int) -> tuple[dict, ...]:
     """``torch.export``'s dynamic dimensions of the five engine inputs: the batch up to
-    ``config.max_batch``, the prompt length, the excluded items (the history and a request's
-    own)."""
+    ``config.max_batch``, the prompt length up to ``max_tokens`` (``token_bound``), the
+    excluded items (the history and a request's own)."""
     batch = torch.export.Dim("batch", min=1, max=config.max_batch)
-    length = bounded_dim(MAX_TRACED_TOKENS)
+    length = bounded_dim(max_tokens)
     exclude = torch.export.Dim("exclude", min=1, max=exclusion_width(spec, config))
     return ({0: batch, 1: length}, {0: batch}, {0: batch, 1: length}, {0: batch},
             {0: batch, 1: exclude})

@@ -83,8 +83,8 @@ def test_the_exclusion_bound_is_the_cards_history_not_keep_last(tmp_path):
     long_history = PromptSpec(model_hidden=64, keep_last=50,
                               prompt_v2=PromptV2Layout(HistorySplit(86400, 30, 1000, 246)))
     config = EngineExportConfig(BEAMS, TOP_K, max_request_exclusions=16)
-    assert dynamic_inputs(long_history, config)[4][1].max == 1246 + 1 + 16
-    assert dynamic_inputs(PromptSpec(keep_last=50), config)[4][1].max == 50 + 1 + 16
+    assert dynamic_inputs(long_history, config, 8192)[4][1].max == 1246 + 1 + 16
+    assert dynamic_inputs(PromptSpec(keep_last=50), config, 8192)[4][1].max == 50 + 1 + 16
     # An engine that cannot take that many exclusions is refused before the trace.
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1)
