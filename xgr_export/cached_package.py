@@ -118,7 +118,8 @@ def export_cached_engine(engine, spec, out_path: str | os.PathLike,
     program = CachedRecommendProgram(engine, config.beam_width, config.top_k, prefill_mask,
                                      layer_kernels, capacity)
     inputs = example_inputs(engine, spec)
-    dynamic = dynamic_inputs(spec, config, token_bound(engine))
+    widest = token_bound(engine)
+    dynamic = dynamic_inputs(spec, config, widest)
     if config.beam_widths:
         inputs += (torch.zeros(config.beam_width, dtype=torch.int8),)
         dynamic += ({0: torch.export.Dim.DYNAMIC},)
@@ -127,7 +128,6 @@ def export_cached_engine(engine, spec, out_path: str | os.PathLike,
     runtime = len([t for t in inputs if t is not None])
     batch = dynamic[0][0]
     inputs += cache_examples(engine, spec, inputs, page_tokens)
-    widest = token_bound(engine)
     dynamic += ({0: batch}, {0: batch, 1: bounded_dim(widest)},
                 {0: batch, 1: bounded_dim(widest)}, {2: bounded_dim(MAX_POOL_PAGES)})
     if capacity is not None:

@@ -233,8 +233,9 @@ def export_engine(engine, spec, out_path: str | os.PathLike,
                   prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL,
                   layer_kernels: bool = False, capacity=None) -> torch_package.Package:
     """``torch.export`` + AOTInductor of ``engine.recommend`` into ``out_path`` (``.pt2``),
-    dynamic in batch (1..max_batch), prompt length and excluded items (1..``exclusion_width``),
-    prefilling with ``prefill_mask``; ``layer_kernels``: the fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
+    dynamic in batch (1..max_batch), prompt length (up to ``token_bound``) and excluded
+    items (1..``exclusion_width``), prefilling with ``prefill_mask``; ``layer_kernels``: the
+    fused layer kernels in the package (CUDA). ``capacity`` (a ``CatalogSize``): the catalog's
     tables become inputs padded to it, written to ``tables_file(out_path)``
     (``write_tables``), so a new catalog within it needs no new package."""
     check_engine_for_export(engine, spec, config)

@@ -58,6 +58,12 @@ std::string BytesText(int64_t bytes) {
   return text;
 }
 
+// The pool as the operator set it: its size and the setting that sized it.
+std::string PoolSetting(int64_t budget) {
+  return "the prompt-KV pool of " + BytesText(budget) +
+         " (XGR_PROMPT_CACHE_BYTES, set by `xgr serve --prompt_cache_gb`)";
+}
+
 // PoolDoesNotFit unless the package takes a pool of `pages` pages (the sink aside): within
 // its contract's range for the pool's page count, and, for a package traced without an upper
 // bound there (exported before the bound existed), under 2**31 elements, the most its kernels'
@@ -68,7 +74,8 @@ void CheckPoolPages(const Signature& sig, int64_t pages, int64_t budget) {
   if (range == sig.ranges.end()) return;
   const int64_t most = range->second.second;
   const CacheSpec& spec = sig.cache;
-  const int64_t page_elements = PromptCache::PageBytes(spec) / ElementSize(spec.dtype);
+  const int64_t page_bytes = PromptCache::PageBytes(spec);
+  const int64_t page_elements = page_bytes / ElementSize(spec.dtype);
   std::string rule;
   int64_t fits = 0;  // the largest page count the package takes, the sink included
   if (most >= (int64_t{1} << 62)) {
@@ -80,9 +87,8 @@ void CheckPoolPages(const Signature& sig, int64_t pages, int64_t budget) {
     rule = "takes a pool of at most " + std::to_string(most) + " pages";
   }
   if (pages + 1 <= fits) return;
-  const int64_t largest = std::max<int64_t>(fits - 1, 0) * PromptCache::PageBytes(spec);
-  throw PoolDoesNotFit("the prompt-KV pool of " + BytesText(budget) + " (XGR_PROMPT_CACHE_BYTES, "
-                       "set by `xgr serve --prompt_cache_gb`) holds " + std::to_string(pages) +
+  const int64_t largest = std::max<int64_t>(fits - 1, 0) * page_bytes;
+  throw PoolDoesNotFit(PoolSetting(budget) + " holds " + std::to_string(pages) +
                        " pages, but the package " + rule + "; give the cache at most " +
                        BytesText(largest));
 }
@@ -96,9 +102,8 @@ std::unique_ptr<PromptCache> MakeCache(const Signature& sig, c10::Device device)
   try {
     return std::make_unique<PromptCache>(spec, budget, device, HostCacheBudget());
   } catch (const c10::Error& e) {
-    throw PoolDoesNotFit("the prompt-KV pool of " + BytesText(budget) + " (XGR_PROMPT_CACHE_BYTES, "
-                         "set by `xgr serve --prompt_cache_gb`) does not fit on " +
-                         device.str() + " beside the package; give the cache a smaller pool (" +
+    throw PoolDoesNotFit(PoolSetting(budget) + " does not fit on " + device.str() +
+                         " beside the package; give the cache a smaller pool (" +
                          e.what_without_backtrace() + ")");
   }
 }
