@@ -21,6 +21,14 @@ namespace xgr {
 namespace torch_call {
 namespace {
 
+// Held by every capture and every release of cached memory in the process: returning memory
+// to the device (cudaFree) while another thread captures would break that capture, and the
+// packages of two model versions capture and unload on their own threads.
+std::mutex& CaptureMutex() {
+  static std::mutex mu;
+  return mu;
+}
+
 // One bucket's graph and the fixed buffers it reads and writes.
 struct Captured {
   std::vector<at::Tensor> staging;     // pinned host inputs
@@ -108,8 +116,13 @@ class CudaGraphRunner : public GraphRunner {
     graph.device_in.insert(graph.device_in.end(), resident.begin(), resident.end());
     // Warm-up outside the capture: the first run of a shape folds constants, loads modules
     // and creates library handles, none of which a graph may record.
+    std::lock_guard<std::mutex> capturing(CaptureMutex());
     loader_->run(graph.device_in, stream_.stream());
     stream_.synchronize();
+    // The warm-up's blocks back to the device: the capture allocates from the graphs' own
+    // pool, which cannot reuse blocks cached for eager runs, so the largest bucket would
+    // otherwise hold its working memory twice.
+    c10::cuda::CUDACachingAllocator::emptyCache();
     graph.graph = std::make_unique<at::cuda::CUDAGraph>();
     // Thread-local mode: other threads (other packages, TF's copies) may keep using CUDA.
     graph.graph->capture_begin(pool_, cudaStreamCaptureModeThreadLocal);
@@ -178,7 +191,10 @@ std::unique_ptr<GraphRunner> MakeGraphRunner(torch::inductor::AOTIModelPackageLo
 
 bool GraphsBuilt() { return true; }
 
-void ReleaseCachedDeviceMemory() { c10::cuda::CUDACachingAllocator::emptyCache(); }
+void ReleaseCachedDeviceMemory() {
+  std::lock_guard<std::mutex> capturing(CaptureMutex());
+  c10::cuda::CUDACachingAllocator::emptyCache();
+}
 
 bool DeviceMemory(const c10::Device& device, int64_t* free_bytes, int64_t* total_bytes) {
   if (!device.is_cuda()) return false;
