@@ -195,6 +195,9 @@ def test_the_pool_stays_within_its_budget_and_evicts(cached, tmp_path):
     assert final["hits"] == 24 and final["misses"] == 48 and final["entries"] == 6
     assert final["evictions"] == 48 - 6
     assert final["host_hits"] == 0 and final["host_capacity_bytes"] == 0
+    # Every kept call timed; no host tier, so nothing spilled or restored.
+    assert final["calls"] == 72 and final["call_seconds"] > 0
+    assert final["spills"] == 0 and final["spill_seconds"] == final["restore_seconds"] == 0
 
 
 def test_the_host_tier_keeps_what_the_pool_evicts(cached, tmp_path):
@@ -221,6 +224,9 @@ def test_the_host_tier_keeps_what_the_pool_evicts(cached, tmp_path):
     final = stats[-1]
     assert final["host_hits"] == 12 and final["hits"] == 24 and final["misses"] == 12
     assert final["evictions"] == 6 + 12 and final["host_entries"] == 6
+    # Each eviction spilled (timed on the request's path), each host hit's copy back timed.
+    assert final["spills"] == final["evictions"] and final["spill_seconds"] > 0
+    assert final["restore_seconds"] > 0 and first_round["restore_seconds"] == 0
     tight = calls.run(package, tmp_path, 6 * page, host_budget=4 * entry)
     assert tight["outcomes"] == ["ok"] * 36
     assert tight["stats"][23]["host_evictions"] == 2

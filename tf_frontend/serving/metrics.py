@@ -37,6 +37,7 @@ class ServerMetrics:
             "Requests taken out of the queue before they ran: their caller cancelled or their "
             "deadline passed.", ["model_name", "reason"], registry=self.registry)
         self.registry.register(PromptCacheCollector(model_name))
+        self.registry.register(EngineGraphCollector(model_name))
 
     def observe_request(self, api: str, code: str, seconds: float) -> None:
         self._requests.labels(self._model, api, code).inc()
@@ -86,7 +87,15 @@ class PromptCacheCollector:
                         ("host_evictions", "Entries the host tier dropped for room."),
                         ("tokens_reused", "Prompt tokens read from the cache, not prefilled."),
                         ("split_batches", "Batches run as two sub-batches, the rows with "
-                                          "short suffixes (hits) apart from the long."))}
+                                          "short suffixes (hits) apart from the long."),
+                        ("calls", "Engine calls kept (hits and misses alike)."),
+                        ("call_seconds", "Wall time of the calls kept."),
+                        ("spills", "Evicted entries copied to the host tier."),
+                        ("spill_seconds", "Time spent copying evicted entries to the host "
+                                          "tier, on the path of the request that evicted "
+                                          "them."),
+                        ("restore_seconds", "Time spent copying host-tier entries back to "
+                                            "the pool for a hit."))}
         hits = CounterMetricFamily("xgr_prompt_cache_hits", "Rows whose frozen part (or part "
                                    "of it) was read from the cache, by tier.",
                                    labels=labels + ["tier"])
@@ -124,3 +133,46 @@ class PromptCacheCollector:
         yield hits
         yield from gauges.values()
         yield latency
+
+
+class EngineGraphCollector:
+    """The CUDA graphs each engine package replays, read from TorchCall at each scrape, one
+    series per package: calls, replays, captures (a shape bucket seen for the first time, or
+    again after its graph was evicted: a slow call), eager runs (a package whose capture
+    failed runs eagerly from then on), evictions, and the graphs held. Packages that run
+    without graphs (a CPU device) are left out."""
+
+    def __init__(self, model_name: str, stats=_package_stats):
+        self._model, self._stats = model_name, stats
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        labels = ["model_name", "package"]
+        counters = {name: CounterMetricFamily(f"xgr_engine_graph_{name}", text, labels=labels)
+                    for name, text in (
+                        ("calls", "Engine calls of a package that replays CUDA graphs."),
+                        ("replays", "Calls answered by replaying a captured graph."),
+                        ("captures", "Graphs captured: a shape bucket's first call, or its "
+                                     "first after an eviction."),
+                        ("eager_runs", "Calls run without a graph."),
+                        ("evictions", "Graphs dropped for room (the package's graph limit)."))}
+        held = GaugeMetricFamily("xgr_engine_graph_held", "Graphs held now.", labels=labels)
+        failed = GaugeMetricFamily("xgr_engine_graph_capture_failed", "1 when a capture "
+                                   "failed and the package runs eagerly.", labels=labels)
+        try:
+            packages = self._stats()
+        except (OSError, ValueError):
+            packages = {}
+        for path, stats in packages.items():
+            if not stats.get("graphs"):
+                continue
+            values = [self._model, path]
+            for name, family in counters.items():
+                family.add_metric(values, stats.get(name, 0))
+            held.add_metric(values, stats.get("held", 0))
+            failed.add_metric(values, 1.0 if stats.get("failure") else 0.0)
+        yield from counters.values()
+        yield held
+        yield failed

@@ -192,6 +192,11 @@ std::string CacheStatsJson(const CacheStats& st) {
          ", \"hit_calls\": " + std::to_string(st.hit_calls) +
          ", \"split_batches\": " + std::to_string(st.split_batches) +
          ", \"hit_seconds\": " + std::to_string(st.hit_seconds) +
+         ", \"calls\": " + std::to_string(st.calls) +
+         ", \"call_seconds\": " + std::to_string(st.call_seconds) +
+         ", \"spills\": " + std::to_string(st.spills) +
+         ", \"spill_seconds\": " + std::to_string(st.spill_seconds) +
+         ", \"restore_seconds\": " + std::to_string(st.restore_seconds) +
          ", \"hit_buckets\": [" + buckets + "]}";
 }
 

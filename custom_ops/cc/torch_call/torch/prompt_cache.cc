@@ -5,6 +5,7 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include "custom_ops/cc/torch_call/torch/blake2b.h"
 #include "custom_ops/cc/torch_call/torch/scalar_types.h"
@@ -13,6 +14,10 @@ namespace xgr {
 namespace torch_call {
 
 constexpr size_t kDigestBytes = 16;
+
+static double SecondsSince(std::chrono::steady_clock::time_point started) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
 constexpr int32_t kSink = 0;
 
 struct CacheEntry {
@@ -121,6 +126,10 @@ void PromptCache::Finish(Reservation* res, bool keep, double seconds) {
   for (auto& entry : res->readers) entry->readers -= 1;
   res->readers.clear();
   if (keep && res->runs > 1) counts_.split_batches += 1;
+  if (keep) {
+    counts_.calls += 1;
+    counts_.call_seconds += seconds;
+  }
   if (keep && res->hit) {
     counts_.hit_calls += 1;
     counts_.hit_seconds += seconds;
@@ -358,6 +367,7 @@ void PromptCache::Spill(const std::shared_ptr<CacheEntry>& entry,
   const int64_t tokens = entry->length;
   const int64_t bytes = tokens * (page_bytes_ / page_tokens_);
   if (names.empty() || tokens <= 0 || bytes > host_budget_) return;
+  const auto started = std::chrono::steady_clock::now();
   std::vector<int64_t> pages(entry->pages.begin(), entry->pages.begin() + PagesFor(tokens));
   const at::Tensor index = at::tensor(pages, at::kLong).to(pool_.device());
   const at::Tensor kv = pool_.index_select(2, index).flatten(2, 3).narrow(2, 0, tokens);
@@ -374,6 +384,8 @@ void PromptCache::Spill(const std::shared_ptr<CacheEntry>& entry,
   host_entries_.push_back(host);
   host_bytes_ += bytes;
   for (const auto& name : host->names) host_index_[name.first] = {host, name.second};
+  counts_.spills += 1;
+  counts_.spill_seconds += SecondsSince(started);
 }
 
 std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>& digests,
@@ -392,6 +404,7 @@ std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>&
     // Out of the host tier first: the evictions that make room spill into it.
     DropHost(host);
     if (!Take(need, kept, &pages)) return nullptr;  // no room: the row computes it again
+    const auto started = std::chrono::steady_clock::now();  // the spills Take made count apart
     at::Tensor padded = at::zeros({spec_.layers, 2, need * page_tokens_, spec_.kv_heads,
                                    spec_.head_dim}, pool_.options());
     padded.narrow(2, 0, host->length).copy_(host->kv);
@@ -401,6 +414,7 @@ std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>&
                                    spec_.head_dim}));
     // Finished before the run reads it (the run goes on another stream).
     if (pool_.is_cuda()) torch::cuda::synchronize(pool_.device().index());
+    counts_.restore_seconds += SecondsSince(started);
     auto made = std::make_shared<CacheEntry>();
     made->pages = pages;
     made->length = host->length;

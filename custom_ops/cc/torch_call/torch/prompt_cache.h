@@ -93,6 +93,13 @@ struct CacheStats {
   double hit_seconds = 0;
   // Batches run as two sub-batches (SuffixGroups in cache_binding.h).
   int64_t split_batches = 0;
+  // Every kept call's wall time (hits and misses alike), and the time spent copying evicted
+  // entries to the host tier (`spills` of them) and copying host entries back (`host_hits`):
+  // both happen on the request's path, before its run.
+  int64_t calls = 0;
+  double call_seconds = 0;
+  int64_t spills = 0;
+  double spill_seconds = 0, restore_seconds = 0;
 };
 
 class PromptCache {
