@@ -18,7 +18,10 @@ P99 bound with and without the cache, in one run.
 3. Each server: ``xgr serve`` with batching, TF Serving gRPC clients (``--workers`` threads
    carrying the open-loop arrivals), per rate the throughput, P50 / P99 and failed requests;
    the cached server's hit rate per rate from its Prometheus metrics (and the share of
-   requests served from the host tier, with ``--prompt_cache_host_gb``). Every answer is checked
+   requests served from the host tier, with ``--prompt_cache_host_gb``), the mean engine
+   call and the host tier's copies per call, and each server's CUDA graph captures per rate
+   (a capture is a slow call; ``--warmup_seconds`` at the lowest rate, not counted, takes
+   the first ones before the sweep). Every answer is checked
    against the plain server's answer for the same user (items exact at float32, the
    ranked-list rule at 16 bits).
 
@@ -45,8 +48,8 @@ from benchmarks.serve_process import ROOT
 from benchmarks import session_load
 from benchmarks.session_load import (LoadSettings, Server, ServerNotServing, best_rate,
                                      cache_counters, define_load_flags, define_world_flags,
-                                     export, export_settings_from_flags, open_loop,
-                                     return_intervals, sweep, world_from_flags)
+                                     export, export_settings_from_flags, graph_counters,
+                                     open_loop, return_intervals, sweep, world_from_flags)
 from benchmarks.team_files import write_team_files
 
 FLAGS = flags.FLAGS
@@ -62,37 +65,63 @@ flags.DEFINE_float("prompt_cache_host_gb", 0.0, "xgr serve --prompt_cache_host_g
 flags.DEFINE_integer("verify_requests", 4, "xgr export --verify_requests of both exports.")
 flags.DEFINE_bool("parallel_exports", False, "Run the two exports side by side (a CPU with cores "
                   "to spare; on one GPU two compiles at once may not fit its memory).")
+flags.DEFINE_float("warmup_seconds", 0.0, "Before each server's sweep, this long at the "
+                   "first rate, not counted: the shape buckets' first calls (CUDA graph "
+                   "captures) and the cache's first fill happen there, and are reported apart.")
 flags.DEFINE_string("work", None, "Working folder (default: a temporary one, removed).")
 flags.DEFINE_string("label", "cpu", "Device label of the result file.")
 flags.DEFINE_string("out_dir", os.path.join(ROOT, "benchmarks", "results"), "Result folder.")
 
 
 def rate_row(server: Server, name: str, keyed: bool, requests, arrivals: dict, load,
-             reference: dict, dtype: str, rate: float) -> dict:
+             reference: dict | None, dtype: str, rate: float) -> dict:
     """One rate's open-loop run against ``server`` (printed): the plain server's answers
     become ``reference``; the cached server's are checked against it and its cache counters
     read before and after."""
     before = cache_counters(server.rest_port) if keyed else None
+    graphs_before = graph_counters(server.rest_port)
     row = open_loop(server.grpc_port, keyed, requests, arrivals[rate], rate, load,
                     reference if keyed else None, dtype)
     answers = row.pop("answers")
+    graphs_after = graph_counters(server.rest_port)
+    row["graph_captures"] = graphs_after["captures"] - graphs_before["captures"]
+    row["eager_runs"] = graphs_after["eager_runs"] - graphs_before["eager_runs"]
     if keyed:
         after = cache_counters(server.rest_port)
         delta = {k: after[k] - before[k] for k in after}
         row["hit_rate"] = delta["hits"] / max(delta["lookups"], 1)
         row["host_hit_rate"] = delta["host_hits"] / max(delta["lookups"], 1)
         row["cache"] = delta
-    else:
+        # Where a cached call's time goes: its mean, and the host tier's copies per call.
+        calls = max(delta["calls"], 1)
+        row["call_ms"] = 1e3 * delta["call_seconds"] / calls
+        row["spill_ms_per_call"] = 1e3 * delta["spill_seconds"] / calls
+        row["restore_ms_per_call"] = 1e3 * delta["restore_seconds"] / calls
+    elif reference is not None:
         for user, items in answers.items():
             reference.setdefault(user, items)
     print(f"{name:>6} rate {rate:6.1f}: {row['throughput']:6.1f} req/s, P50 "
           f"{row['p50_ms'] or float('nan'):.1f} ms, P99 "
-          f"{row['p99_ms'] or float('nan'):.1f} ms, failed {row['failed']}"
+          f"{row['p99_ms'] or float('nan'):.1f} ms, failed {row['failed']}, graph captures "
+          f"{row['graph_captures']:.0f}"
           + (f", hit rate {row['hit_rate']:.2f} (host tier "
-             f"{row['host_hit_rate']:.2f})" if keyed else ""), flush=True)
+             f"{row['host_hit_rate']:.2f}), engine call {row['call_ms']:.1f} ms (spills "
+             f"{row['spill_ms_per_call']:.1f}, restores {row['restore_ms_per_call']:.1f})"
+             if keyed else ""), flush=True)
     for status, message in row["first_errors"].items():
         print(f"        {status}: {message[:300]}", flush=True)
     return row
+
+
+def warm_up(server: Server, name: str, keyed: bool, requests, world, rates: list[float],
+            dtype: str) -> dict:
+    """``--warmup_seconds`` at the lowest rate before the sweep, on an arrival sequence of its
+    own, answers not compared: the row (captures, latency, the cache's first fill)."""
+    rate = min(rates)
+    users = world.arrivals(np.random.default_rng(7919), int(rate * FLAGS.warmup_seconds * 2) + 8)
+    load = LoadSettings(FLAGS.warmup_seconds, FLAGS.workers, FLAGS.client_processes)
+    return rate_row(server, f"{name} warm-up", keyed, requests, {rate: users}, load, None,
+                    dtype, rate)
 
 
 def start_server_of(saved: Path, work: Path, name: str, keyed: bool, pool_gb: float,
@@ -111,6 +140,9 @@ def start_server_of(saved: Path, work: Path, name: str, keyed: bool, pool_gb: fl
             print(f"{name}: not served" + (f" with a {pool_gb:g} GiB pool" if keyed else "")
                   + f": {error}", flush=True)
             not_serving[f"{name} {pool_gb:g} GiB" if keyed else name] = str(error)
+            log = work / f"{name}.log"       # kept apart: the next attempt writes its own
+            if log.exists():
+                log.rename(work / f"{name}_{pool_gb:g}gib_not_served.log")
             if not keyed or pool_gb / 2 < FLAGS.smallest_prompt_cache_gb:
                 return None, pool_gb
             pool_gb /= 2
@@ -141,7 +173,7 @@ def main(argv: list[str]) -> None:
                 for rate in rates}
     load = LoadSettings(FLAGS.rate_seconds, FLAGS.workers, FLAGS.client_processes)
     dtype = cached_report["dtype"]
-    results, exits, reference, not_serving = {}, {}, {}, {}
+    results, exits, reference, not_serving, warmup = {}, {}, {}, {}, {}
     pool_gb = FLAGS.prompt_cache_gb
     for name, saved, keyed in (("plain", work / "plain", False),
                                ("cached", work / "cached", True)):
@@ -151,6 +183,8 @@ def main(argv: list[str]) -> None:
             continue
         rows = []
         try:
+            if FLAGS.warmup_seconds > 0:
+                warmup[name] = warm_up(server, name, keyed, requests, world, rates, dtype)
             rows = sweep(rates, functools.partial(rate_row, server, name, keyed, requests,
                                                   arrivals, load, reference, dtype),
                          FLAGS.p99_target_ms)
@@ -184,6 +218,7 @@ def main(argv: list[str]) -> None:
         "plain": results["plain"], "cached": results["cached"],
         "plain_best_rate": plain_best, "cached_best_rate": cached_best, "ratio": ratio,
         "wrong_answers": wrong, "server_exit": exits, "not_serving": not_serving,
+        "warmup_seconds": FLAGS.warmup_seconds, "warmup": warmup,
         "exports": {"plain": plain_report.get("verify", {}).get("ok"),
                     "cached": cached_report.get("verify", {}).get("ok")}}, FLAGS.label)
     print(f"result: {path}")

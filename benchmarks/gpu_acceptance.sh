@@ -23,7 +23,8 @@
 # PHASES (default "exports served load"; "served_cache" adds `bench_served_cache` at qwen3-1.7b,
 # context 5000, last: the prompt-KV cache through `xgr serve`, plain and cached SavedModels of
 # its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms, with
-# the large-pool `gpu` test beside its exports; SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease;
+# the large-pool `gpu` test beside its exports; SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease,
+# SERVED_CACHE_WARMUP_SECONDS (default 20) is its uncounted warm-up per server;
 # "prompt_cache" adds `gpu_prompt_cache.sh --timeline` after it, on the quiet card;
 # "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
 # 1M items, beam 256, beside the exports when both are named) and CASES (default all) pick parts.
@@ -80,6 +81,7 @@ served_cache_phase() {
                --max_batch=4 --max_batch_size=4 --p99_target_ms=200
                --rates="${SERVED_CACHE_RATES:-6,9,12,18,24,30,36,44,52,60}"
                --rate_seconds="${SERVED_CACHE_RATE_SECONDS:-15}" --population=300
+               --warmup_seconds="${SERVED_CACHE_WARMUP_SECONDS:-20}"
                --prompt_cache_gb="$(served_cache_pool_gb)" --prompt_cache_host_gb=48
                --client_processes=2
                --parallel_exports --label="$(gpu_label)_q3_ctx5000")
@@ -101,6 +103,12 @@ served_cache_phase() {
     note "large-pool gpu test rc=$? ($(tail -1 "$RUN_OUT/large_pool_test.log"))"
   fi
   tail -8 "$RUN_OUT/served_cache.log" >> "$log"
+  # Each server's log (a refused pool's attempt kept apart), without TF's start-up chatter.
+  for server_log in "$BASE"/served_cache/*.log; do
+    [ -f "$server_log" ] || continue
+    grep -v "oneDNN\|absl::InitializeLog" "$server_log" | tail -300 \
+        > "$RUN_OUT/server_$(basename "$server_log")"
+  done
 }
 
 catalog_phase() {

@@ -249,11 +249,20 @@ def cache_counters(rest_port: int) -> dict[str, float]:
         sums[name] = sums.get(name, 0.0) + value
     out = {name: sums.get(f"xgr_prompt_cache_{name}_total", 0.0)
            for name in ("lookups", "hits", "misses", "uncached", "evictions",
-                        "split_batches")}
+                        "split_batches", "calls", "call_seconds", "spills", "spill_seconds",
+                        "restore_seconds")}
     out["host_hits"] = sum(value for name, labels, value in samples
                            if name == "xgr_prompt_cache_hits_total"
                            and labels.get("tier") == "host")
     return out
+
+
+def graph_counters(rest_port: int) -> dict[str, float]:
+    """A server's CUDA graph counters over its engine packages: captures (each a slow call)
+    and eager runs; zeros where the engine runs without graphs."""
+    sums = metric_sums(rest_port, "xgr_engine_graph_")
+    return {name: sums.get(f"xgr_engine_graph_{name}_total", 0.0)
+            for name in ("captures", "eager_runs")}
 
 
 class ServerNotServing(RuntimeError):

@@ -37,7 +37,7 @@ def served_cache(tmp_path_factory):
     the plain/ and cached/ exports)."""
     folder = tmp_path_factory.mktemp("served_cache")
     out = _run("benchmarks.bench_served_cache", *WORLD, "--rates=3", "--rate_seconds=4",
-               "--verify_requests=0", "--parallel_exports", f"--work={folder / 'work'}",
+               "--warmup_seconds=2", "--verify_requests=0", "--parallel_exports", f"--work={folder / 'work'}",
                f"--out_dir={folder}")
     return out, _result(folder, "served_cache"), folder / "work"
 
@@ -52,6 +52,12 @@ def test_the_served_cache_benchmark_serves_both_and_compares(served_cache):
     assert cached["cache"]["hits"] > 0 and 0 < cached["hit_rate"] <= 1
     assert result["plain_best_rate"] and result["cached_best_rate"]
     assert result["workload"]["returns"] > 0
+    # The warm-up ran on each server, apart from the sweep; the cached calls were timed
+    # (no host tier: nothing spilled); a CPU engine captures no graphs.
+    assert set(result["warmup"]) == {"plain", "cached"}
+    assert result["warmup"]["cached"]["answered"] > 0
+    assert cached["call_ms"] > 0 and cached["spill_ms_per_call"] == 0
+    assert plain["graph_captures"] == cached["graph_captures"] == 0
 
 
 def test_the_replica_benchmark_scales_one_export_over_two_replicas(served_cache, tmp_path):
