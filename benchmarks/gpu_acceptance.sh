@@ -23,7 +23,7 @@
 # PHASES (default "exports served load"; "served_cache" adds `bench_served_cache` at qwen3-1.7b,
 # context 5000, last: the prompt-KV cache through `xgr serve`, plain and cached SavedModels of
 # its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms, with
-# the large-pool `gpu` test beside its exports; SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease,
+# the large-pool `gpu` test beside its exports and `experiments.probe_spill_cost` after it; SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease,
 # SERVED_CACHE_WARMUP_SECONDS (default 20) is its uncounted warm-up per server;
 # "prompt_cache" adds `gpu_prompt_cache.sh --timeline` after it, on the quiet card;
 # "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
@@ -103,6 +103,13 @@ served_cache_phase() {
     note "large-pool gpu test rc=$? ($(tail -1 "$RUN_OUT/large_pool_test.log"))"
   fi
   tail -8 "$RUN_OUT/served_cache.log" >> "$log"
+  if [ -z "$REHEARSAL" ]; then   # one spill's parts, default pinning and registered pages
+    for threads in 0 8; do
+      timeout 300 "${PY:-python3}" -m experiments.probe_spill_cost --register_threads="$threads" \
+          --out="$RUN_OUT" >> "$RUN_OUT/spill_probe.log" 2>&1
+    done
+    note "spill probe: $(grep -c '^{' "$RUN_OUT/spill_probe.log") results"
+  fi
   # Each server's log (a refused pool's attempt kept apart), without TF's start-up chatter.
   for server_log in "$BASE"/served_cache/*.log; do
     [ -f "$server_log" ] || continue

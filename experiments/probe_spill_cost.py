@@ -7,6 +7,12 @@ allocation, the device-to-host copy) and the restore, for fresh allocations (a h
 is still filling) and for reused ones (a full tier dropping its oldest entry).
 
     python3 -m experiments.probe_spill_cost [--entries=8] [--out=experiments/results]
+    python3 -m experiments.probe_spill_cost --register_threads=8   # the lever to compare
+
+``--register_threads`` pins host memory by registering ordinary pages with that many threads
+(``PYTORCH_CUDA_ALLOC_CONF=pinned_use_cuda_host_register:True,pinned_num_register_threads:N``)
+instead of one ``cudaHostAlloc``: if the fresh allocation dominates a spill, this is the
+setting ``xgr serve`` would give a server with a host tier.
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ flags.DEFINE_integer("entries", 8, "Entries spilled, then restored.")
 flags.DEFINE_integer("entry_pages", 63, "Pages of one entry (64 tokens each).")
 flags.DEFINE_integer("pool_pages", 600, "Pages of the device pool.")
 flags.DEFINE_string("out", None, "Folder for the result JSON (none: printed only).")
+flags.DEFINE_integer("register_threads", 0, "Pin by registering pages with this many threads "
+                     "(0: the allocator's default, cudaHostAlloc).")
 FLAGS = flags.FLAGS
 
 LAYERS, KV_HEADS, HEAD_DIM, PAGE_TOKENS = 28, 8, 128, 64
@@ -39,6 +47,10 @@ def timed(fn):
 def main(argv: list[str]) -> None:
     del argv
     args = FLAGS
+    if args.register_threads:     # read when the host allocator is first used, below
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = (
+            f"pinned_use_cuda_host_register:True,"
+            f"pinned_num_register_threads:{args.register_threads}")
     pool = torch.zeros(LAYERS, 2, args.pool_pages, PAGE_TOKENS, KV_HEADS, HEAD_DIM,
                        dtype=torch.bfloat16, device="cuda")
     tokens = args.entry_pages * PAGE_TOKENS - 31
@@ -77,12 +89,14 @@ def main(argv: list[str]) -> None:
     for name, values in rows.items():
         print(f"{name:<26}{values[0]:>10.2f}{statistics.median(values):>10.2f}{max(values):>10.2f}")
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
+              "register_threads": args.register_threads,
               "commit": os.environ.get("XGR_COMMIT"), "entry_mb": mb,
               "rows": {k: [round(v, 3) for v in vals] for k, vals in rows.items()}}
     print(json.dumps(result))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, "spill_cost.json"), "w") as f:
+        name = f"spill_cost_register{args.register_threads}.json"
+        with open(os.path.join(args.out, name), "w") as f:
             json.dump(result, f, indent=1)
 
 
