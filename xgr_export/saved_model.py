@@ -32,8 +32,7 @@ from tf_frontend.rules import engine_feeds
 from xgr_common.errors import ExportError, require
 from xgr_common.serving_names import CONTROLS_SIGNATURE, SERVING_SIGNATURE, SERVING_SPEC_FILE
 from xgr_export.torch_package import Package
-from xgr_export.warmup_requests import (batch_buckets, longest_row_requests,
-                                        split_requests, write_warmup_requests)
+from xgr_export.warmup_requests import split_requests, write_warmup_requests
 
 
 class Pipeline(tf.Module):
@@ -130,7 +129,10 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     tf.saved_model.save(module, str(out_dir), signatures=signatures)
     _write_serving_spec(out_dir, config, _largest_batch(package), top_k)
     if warmup_features is not None:
-        requests = warmup_requests_for(package, config.prompt_cache, warmup_features)
+        if config.prompt_cache:
+            # Keyed, so the warm-up also runs (and on a GPU captures) the cached search.
+            warmup_features = {**warmup_features, USER_KEY: warmup_keys(warmup_features)}
+        requests = split_requests(warmup_features)
         # Each other named width once too, so its graph is captured before the first client.
         others = [(CONTROLS_SIGNATURE, width_request(requests[0], width, top_k))
                   for width in config.beam_widths if width != config.beam_width]
@@ -138,27 +140,10 @@ def export_pipeline(out_dir: str | os.PathLike, feature_graph, package: Package,
     return out_dir
 
 
-def warmup_requests_for(package: Package, keyed: bool, features: dict) -> list[dict]:
-    """The warm-up requests of ``package`` from the probe batch ``features``: the probes in
-    small requests, then, for a package on a GPU (where each batch bucket's first call
-    captures a graph, a slow call), one request per batch bucket of the longest probe row.
-    ``keyed`` (a package with a prompt cache): every row gets a user key, so the cached
-    search runs, and the longest-row requests go twice, misses then the same users' hits."""
-    on_gpu = package.device.startswith("cuda")
-    longest = longest_row_requests(features, batch_buckets(_largest_batch(package))
-                                   if on_gpu else [])
-    if keyed:
-        features = {**features, USER_KEY: warmup_keys(features)}
-        longest = [{**r, USER_KEY: warmup_keys(r, f"warmup-long-{n}-")}
-                   for n, r in enumerate(longest)]
-        longest = longest + longest
-    return split_requests(features) + longest
-
-
-def warmup_keys(features: dict, prefix: str = "warmup-") -> np.ndarray:
-    """One user key per warm-up row (``<prefix><row>``)."""
+def warmup_keys(features: dict) -> np.ndarray:
+    """One user key per warm-up row (``warmup-<row>``)."""
     rows = len(np.asarray(features["history_splits"])) - 1
-    return np.array([f"{prefix}{row}".encode() for row in range(rows)], dtype=object)
+    return np.array([f"warmup-{row}".encode() for row in range(rows)], dtype=object)
 
 
 def width_request(request: dict, width: int, top_k) -> dict:

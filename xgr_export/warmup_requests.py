@@ -9,10 +9,8 @@ and captures the engine's shape buckets for them (CUDA graphs on a GPU), so the 
 do not pay for it.
 
 ``split_requests`` cuts a batch of feature-graph requests (the export's probe requests) into
-requests of a few rows each, the ragged history re-based per request; ``longest_row_requests``
-adds one request per batch bucket of the package (``batch_buckets``) made of the longest probe
-row, so the shapes of full histories are captured too; ``write_warmup_requests`` writes
-them. Needs TensorFlow and the ``tensorflow-serving-api`` protos only.
+requests of a few rows each, the ragged history re-based per request; ``write_warmup_requests``
+writes them. Needs TensorFlow and the ``tensorflow-serving-api`` protos only.
 """
 
 from __future__ import annotations
@@ -69,62 +67,6 @@ def split_requests(features: Mapping[str, object], rows_per_request: Sequence[in
         requests.append(request)
         start += size
     return requests
-
-
-def batch_buckets(largest: int | None) -> list[int]:
-    """The batch sizes a package's pow2 batch buckets round to, up to ``largest`` rows (its
-    batch range; None: only the warm-up's own sizes)."""
-    if not largest:
-        return []
-    sizes = [1 << i for i in range(largest.bit_length()) if 1 << i <= largest]
-    return sizes + ([largest] if sizes[-1] != largest else [])
-
-
-def longest_row_requests(features: Mapping[str, object], sizes: Sequence[int],
-                         ragged: Mapping[str, Sequence[str]] = HISTORY_GROUP
-                         ) -> list[dict[str, np.ndarray]]:
-    """One request per size in ``sizes``: that many copies of the batch's row with the most
-    events in the first ragged group (the longest prompt the probes make), so each batch
-    bucket is run (and on a GPU captured) at the width that full histories take, before the
-    first client."""
-    arrays = {name: _array(value) for name, value in features.items()}
-    for splits, values in ragged.items():
-        require(splits in arrays and all(v in arrays for v in values), ExportError,
-                f"warm-up requests: ragged group {splits!r} -> {list(values)} is not among the "
-                f"features {sorted(arrays)}")
-    for size in sizes:
-        require(isinstance(size, int) and size >= 1, ExportError,
-                f"warm-up requests: rows per request must be positive ints, got {size!r}")
-    row = int(np.argmax(np.diff(arrays[next(iter(ragged))])))
-    one = _row(arrays, row, ragged)
-    return [_repeated(one, size, ragged) for size in sizes]
-
-
-def _grouped(ragged: Mapping[str, Sequence[str]]) -> set[str]:
-    return {n for s, vs in ragged.items() for n in (s, *vs)}
-
-
-def _row(arrays: dict, row: int, ragged: Mapping[str, Sequence[str]]) -> dict:
-    """Row ``row`` of a batch as a request of one row."""
-    out = {name: a[row:row + 1] for name, a in arrays.items() if name not in _grouped(ragged)}
-    for splits, values in ragged.items():
-        lo, hi = int(arrays[splits][row]), int(arrays[splits][row + 1])
-        out[splits] = np.array([0, hi - lo], dtype=arrays[splits].dtype)
-        for value in values:
-            out[value] = arrays[value][lo:hi]
-    return out
-
-
-def _repeated(one: dict, size: int, ragged: Mapping[str, Sequence[str]]) -> dict:
-    """A one-row request ``one`` as ``size`` equal rows."""
-    out = {name: np.concatenate([a] * size) for name, a in one.items()
-           if name not in _grouped(ragged)}
-    for splits, values in ragged.items():
-        events = int(one[splits][-1])
-        out[splits] = (np.arange(size + 1) * events).astype(one[splits].dtype)
-        for value in values:
-            out[value] = np.concatenate([one[value]] * size)
-    return out
 
 
 def write_warmup_requests(saved_model_dir: str | os.PathLike,

@@ -14,8 +14,7 @@ from xgr_common.errors import ExportError
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.serving_names import SERVING_SIGNATURE, WARMUP_FILE
 from xgr_export.probe_requests import probe_features
-from xgr_export.warmup_requests import (WARMUP_ROWS, batch_buckets, longest_row_requests,
-                                        split_requests, write_warmup_requests)
+from xgr_export.warmup_requests import WARMUP_ROWS, split_requests, write_warmup_requests
 
 _vec = lambda name, dtype: TensorInfo(name, dtype, (None,))  # noqa: E731
 FEATURE_SIGNATURE = SignatureInfo(
@@ -70,48 +69,3 @@ def test_the_file_is_tf_servings_and_a_server_accepts_every_request(probes, tmp_
         assert prepared.rows == rows
     with pytest.raises(ExportError, match="at least one request"):
         write_warmup_requests(tmp_path / "empty", [])
-
-
-def test_each_batch_bucket_gets_a_request_of_the_longest_row(probes):
-    """One request per pow2 batch bucket up to the package's largest batch, each that many
-    copies of the probe row with the longest history."""
-    assert batch_buckets(16) == [1, 2, 4, 8, 16] and batch_buckets(12) == [1, 2, 4, 8, 12]
-    assert batch_buckets(None) == [] and batch_buckets(1) == [1]
-    splits = probes["history_splits"].numpy()
-    items = probes["history_items"].numpy()
-    row = int(np.argmax(np.diff(splits)))
-    events = items[splits[row]:splits[row + 1]]
-    requests = longest_row_requests(probes, [1, 4])
-    assert [len(r["user_id"]) for r in requests] == [1, 4]
-    four = requests[1]
-    np.testing.assert_array_equal(four["history_splits"], np.arange(5) * len(events))
-    np.testing.assert_array_equal(four["history_items"], np.tile(events, 4))
-    np.testing.assert_array_equal(four["user_id"], [probes["user_id"].numpy()[row]] * 4)
-    assert len(four["history_times"]) == 4 * len(events)
-    with pytest.raises(ExportError, match="positive ints"):
-        longest_row_requests(probes, [0])
-
-
-def test_a_gpu_package_warms_every_batch_bucket_a_cached_one_twice(probes):
-    """A package on a GPU gets the longest-row request of each batch bucket after the probe
-    requests; with a prompt cache every row is keyed and those requests go twice (misses,
-    then hits of the same users); a CPU package gets the probe requests only."""
-    from pathlib import Path
-
-    from tf_frontend.pipeline_spec import USER_KEY
-    from xgr_export.saved_model import warmup_requests_for
-    from xgr_export.torch_package import Package, TensorSpec
-
-    def package(device):
-        return Package(Path(), "aoti", device, (TensorSpec("int32", ("B", 64)),),
-                       (TensorSpec("int64", ("B", 6)),), (("B", 1, 4),))
-    probe_rows = [len(r["user_id"]) for r in split_requests(probes)]
-    cpu = warmup_requests_for(package("cpu"), False, probes)
-    assert [len(r["user_id"]) for r in cpu] == probe_rows
-    gpu = warmup_requests_for(package("cuda:0"), False, probes)
-    assert [len(r["user_id"]) for r in gpu] == probe_rows + [1, 2, 4]
-    cached = warmup_requests_for(package("cuda:0"), True, probes)
-    assert [len(r["user_id"]) for r in cached] == probe_rows + [1, 2, 4] * 2
-    assert all(len(r[USER_KEY]) == len(r["user_id"]) for r in cached)
-    long_keys = [tuple(r[USER_KEY]) for r in cached[len(probe_rows):]]
-    assert long_keys[:3] == long_keys[3:] and len({k for ks in long_keys for k in ks}) == 7
