@@ -270,11 +270,7 @@ ReservationGuard::ReservationGuard(PromptCache* cache, std::unique_ptr<Reservati
     : cache_(cache), r_(std::move(r)), started_(std::chrono::steady_clock::now()) {}
 
 ReservationGuard::~ReservationGuard() {
-  if (r_) cache_->Finish(r_.get(), kept_, Seconds());
-}
-
-double ReservationGuard::Seconds() const {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
+  if (r_) cache_->Finish(r_.get(), kept_, SecondsSince(started_));
 }
 
 }  // namespace torch_call

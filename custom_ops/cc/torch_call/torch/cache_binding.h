@@ -85,8 +85,6 @@ class ReservationGuard {
   void RanAs(int runs) { r_->runs = runs; }
 
  private:
-  double Seconds() const;
-
   PromptCache* cache_;
   std::unique_ptr<Reservation> r_;
   std::chrono::steady_clock::time_point started_;

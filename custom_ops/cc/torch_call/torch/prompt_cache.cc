@@ -5,7 +5,6 @@
 #include <torch/cuda.h>
 
 #include <algorithm>
-#include <chrono>
 
 #include "custom_ops/cc/torch_call/torch/blake2b.h"
 #include "custom_ops/cc/torch_call/torch/scalar_types.h"
@@ -14,10 +13,6 @@ namespace xgr {
 namespace torch_call {
 
 constexpr size_t kDigestBytes = 16;
-
-static double SecondsSince(std::chrono::steady_clock::time_point started) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
-}
 constexpr int32_t kSink = 0;
 
 struct CacheEntry {

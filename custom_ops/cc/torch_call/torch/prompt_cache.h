@@ -28,6 +28,7 @@
 #include <ATen/Tensor.h>
 #include <c10/core/Device.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <list>
@@ -76,6 +77,11 @@ struct Reservation {
   bool hit = false;  // some row read cached tokens
   int runs = 1;      // sub-batches the package ran the rows as
 };
+
+// Wall seconds since `started`: the cache's timers (calls, spills, restores).
+inline double SecondsSince(std::chrono::steady_clock::time_point started) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+}
 
 // Counters since the cache was made, and what it holds now.
 struct CacheStats {
