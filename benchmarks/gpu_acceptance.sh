@@ -23,7 +23,8 @@
 # PHASES (default "exports served load"; "served_cache" adds `bench_served_cache` at qwen3-1.7b,
 # context 5000, last: the prompt-KV cache through `xgr serve`, plain and cached SavedModels of
 # its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms, with
-# the large-pool `gpu` test beside its exports and `experiments.probe_spill_cost` after it; SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease,
+# the large-pool `gpu` test beside its exports and `experiments.probe_spill_cost` after it;
+# SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease,
 # SERVED_CACHE_WARMUP_SECONDS (default 20) is its uncounted warm-up per server;
 # "prompt_cache" adds `gpu_prompt_cache.sh --timeline` after it, on the quiet card;
 # "catalog" adds `bench_catalog_swap` at qwen2-0.5b,

@@ -55,6 +55,12 @@ class ServerMetrics:
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST
 
 
+def _families(kind, prefix: str, labels: list[str], texts) -> dict:
+    """One metric family of ``kind`` per (name, help text) of ``texts``, named
+    ``prefix + name``, by name."""
+    return {name: kind(f"{prefix}{name}", text, labels=labels) for name, text in texts}
+
+
 def _package_stats() -> dict:
     """TorchCall's counters of every engine package this process loaded (by path)."""
     from custom_ops.torch_call import package_stats
@@ -76,37 +82,36 @@ class PromptCacheCollector:
 
     def collect(self):
         labels = ["model_name", "package"]
-        counters = {name: CounterMetricFamily(f"xgr_prompt_cache_{name}", text, labels=labels)
-                    for name, text in (
-                        ("lookups", "Rows with a frozen part and a user key looked up."),
-                        ("partial_hits", "Hits that reused only part of the frozen part."),
-                        ("misses", "Rows whose frozen part was computed and kept."),
-                        ("uncached", "Rows run uncached: no room even after eviction."),
-                        ("evictions", "Entries evicted from the pool, least recently used "
-                                      "first (to the host tier when it keeps one)."),
-                        ("host_evictions", "Entries the host tier dropped for room."),
-                        ("tokens_reused", "Prompt tokens read from the cache, not prefilled."),
-                        ("split_batches", "Batches run as two sub-batches, the rows with "
-                                          "short suffixes (hits) apart from the long."),
-                        ("calls", "Engine calls kept (hits and misses alike)."),
-                        ("call_seconds", "Wall time of the calls kept."),
-                        ("spills", "Evicted entries copied to the host tier."),
-                        ("spill_seconds", "Time spent copying evicted entries to the host "
-                                          "tier, on the path of the request that evicted "
-                                          "them."),
-                        ("restore_seconds", "Time spent copying host-tier entries back to "
-                                            "the pool for a hit."))}
+        counters = _families(CounterMetricFamily, "xgr_prompt_cache_", labels, (
+            ("lookups", "Rows with a frozen part and a user key looked up."),
+            ("partial_hits", "Hits that reused only part of the frozen part."),
+            ("misses", "Rows whose frozen part was computed and kept."),
+            ("uncached", "Rows run uncached: no room even after eviction."),
+            ("evictions", "Entries evicted from the pool, least recently used "
+                          "first (to the host tier when it keeps one)."),
+            ("host_evictions", "Entries the host tier dropped for room."),
+            ("tokens_reused", "Prompt tokens read from the cache, not prefilled."),
+            ("split_batches", "Batches run as two sub-batches, the rows with "
+                              "short suffixes (hits) apart from the long."),
+            ("calls", "Engine calls kept (hits and misses alike)."),
+            ("call_seconds", "Wall time of the calls kept."),
+            ("spills", "Evicted entries copied to the host tier."),
+            ("spill_seconds", "Time spent copying evicted entries to the host "
+                              "tier, on the path of the request that evicted "
+                              "them."),
+            ("restore_seconds", "Time spent copying host-tier entries back to "
+                                "the pool for a hit.")))
         hits = CounterMetricFamily("xgr_prompt_cache_hits", "Rows whose frozen part (or part "
                                    "of it) was read from the cache, by tier.",
                                    labels=labels + ["tier"])
-        gauges = {name: GaugeMetricFamily(f"xgr_prompt_cache_{name}", text, labels=labels)
-                  for name, text in (("entries", "Entries held in the pool."),
-                                     ("bytes", "Bytes of KV held in the pool."),
-                                     ("capacity_bytes", "The pool's size (--prompt_cache_gb)."),
-                                     ("host_entries", "Entries held in the host tier."),
-                                     ("host_bytes", "Bytes of KV held in the host tier."),
-                                     ("host_capacity_bytes", "The host tier's size "
-                                      "(--prompt_cache_host_gb; 0: none)."))}
+        gauges = _families(GaugeMetricFamily, "xgr_prompt_cache_", labels, (
+            ("entries", "Entries held in the pool."),
+            ("bytes", "Bytes of KV held in the pool."),
+            ("capacity_bytes", "The pool's size (--prompt_cache_gb)."),
+            ("host_entries", "Entries held in the host tier."),
+            ("host_bytes", "Bytes of KV held in the host tier."),
+            ("host_capacity_bytes", "The host tier's size "
+                                    "(--prompt_cache_host_gb; 0: none).")))
         latency = HistogramMetricFamily(
             "xgr_prompt_cache_hit_latency_seconds",
             "Wall time of engine calls whose batch had a hit.", labels=labels)
@@ -150,14 +155,13 @@ class EngineGraphCollector:
 
     def collect(self):
         labels = ["model_name", "package"]
-        counters = {name: CounterMetricFamily(f"xgr_engine_graph_{name}", text, labels=labels)
-                    for name, text in (
-                        ("calls", "Engine calls of a package that replays CUDA graphs."),
-                        ("replays", "Calls answered by replaying a captured graph."),
-                        ("captures", "Graphs captured: a shape bucket's first call, or its "
-                                     "first after an eviction."),
-                        ("eager_runs", "Calls run without a graph."),
-                        ("evictions", "Graphs dropped for room (the package's graph limit)."))}
+        counters = _families(CounterMetricFamily, "xgr_engine_graph_", labels, (
+            ("calls", "Engine calls of a package that replays CUDA graphs."),
+            ("replays", "Calls answered by replaying a captured graph."),
+            ("captures", "Graphs captured: a shape bucket's first call, or its "
+                         "first after an eviction."),
+            ("eager_runs", "Calls run without a graph."),
+            ("evictions", "Graphs dropped for room (the package's graph limit).")))
         held = GaugeMetricFamily("xgr_engine_graph_held", "Graphs held now.", labels=labels)
         failed = GaugeMetricFamily("xgr_engine_graph_capture_failed", "1 when a capture "
                                    "failed and the package runs eagerly.", labels=labels)
