@@ -127,3 +127,15 @@ def package_stats() -> dict:
     buffer = ctypes.create_string_buffer(size)
     entry(buffer, size)
     return json.loads(buffer.value.decode())
+
+
+def packages_under(folder) -> dict:
+    """``package_stats`` of the packages under ``folder`` (a model version's), by path; empty
+    in a process that never loaded TorchCall (it is not loaded for this)."""
+    import os
+
+    if load_library.cache_info().currsize == 0 or not _torch_call_loaded():
+        return {}
+    prefix = os.path.join(os.path.abspath(os.fspath(folder)), "")
+    return {path: stats for path, stats in package_stats().items()
+            if os.path.abspath(path).startswith(prefix)}

@@ -19,8 +19,9 @@ import threading
 
 from absl import app, flags
 
-from tf_frontend.serving.config import (DEFAULT_LIMITS, BatchingConfig, ServerConfig,
-                                        parse_batching_parameters, parse_ssl_config)
+from tf_frontend.serving.config import (DEFAULT_LIMITS, WARMUP_BATCH_MODES, BatchingConfig,
+                                        ServerConfig, parse_batching_parameters,
+                                        parse_ssl_config)
 from xgr_common.errors import XgrError
 
 FLAGS = flags.FLAGS
@@ -103,6 +104,10 @@ flags.DEFINE_list("replica_devices", [], "With --replicas: the GPU of each repli
                   "(CUDA_VISIBLE_DEVICES of its process), e.g. 0,1,2,3.")
 flags.DEFINE_integer("replica_max_in_flight", 32, "With --replicas: requests at once a "
                      "replica takes before its users' requests go to the least loaded.")
+flags.DEFINE_enum("warmup_batches", "auto", list(WARMUP_BATCH_MODES),
+                  "After a version's warm-up file: run its longest row at every power-of-two "
+                  "batch size up to --max_batch_size, so full-length traffic finds its CUDA "
+                  "graphs captured. auto: where a package replays CUDA graphs.")
 flags.DEFINE_string("log_level", "INFO", "Level of the JSON logs on stderr.")
 flags.mark_flag_as_required("model_base_path")
 
@@ -142,7 +147,8 @@ def config_from_flags() -> ServerConfig:
         rest_api_max_connections=FLAGS.rest_api_max_connections,
         rest_api_num_threads=FLAGS.rest_api_num_threads,
         grpc_max_workers=FLAGS.grpc_max_threads, ssl=_ssl(),
-        shutdown_grace_seconds=FLAGS.shutdown_grace_seconds)
+        shutdown_grace_seconds=FLAGS.shutdown_grace_seconds,
+        warmup_batches=FLAGS.warmup_batches)
 
 
 def main(argv: list[str]) -> None:

@@ -11,12 +11,10 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
-from tensorflow_serving.apis import predict_pb2, prediction_log_pb2
 
 from tf_frontend.serving.config import BatchingConfig
 from tests.serving.helpers import (columnar, history_reference, http, random_request,
-                                   save_history_model, start_server)
+                                   save_history_model, start_server, write_warmup)
 
 # Heavy (`xgr serve` in a subprocess): left out of `make test-quick`.
 pytestmark = pytest.mark.heavy
@@ -98,25 +96,11 @@ def test_an_empty_base_path_serves_once_a_version_appears(model_base, tmp_path):
         server.stop()
 
 
-def _write_warmup(version_dir, requests):
-    os.makedirs(os.path.join(version_dir, "assets.extra"), exist_ok=True)
-    path = os.path.join(version_dir, "assets.extra", "tf_serving_warmup_requests")
-    with tf.io.TFRecordWriter(path) as writer:
-        for request in requests:
-            proto = predict_pb2.PredictRequest()
-            proto.model_spec.name = "recs"
-            for name, array in request.items():
-                proto.inputs[name].CopyFrom(tf.make_tensor_proto(array))
-            log = prediction_log_pb2.PredictionLog(
-                predict_log=prediction_log_pb2.PredictLog(request=proto))
-            writer.write(log.SerializeToString())
-
-
 def test_warmup_runs_and_a_failing_warmup_fails_only_that_version(model_base, tmp_path):
     base = tmp_path / "recs"
     shutil.copytree(os.path.join(model_base, "1"), base / "1")
     rng = np.random.default_rng(21)
-    _write_warmup(base / "1", [random_request(rng, 2), random_request(rng, 1)])
+    write_warmup(base / "1", [random_request(rng, 2), random_request(rng, 1)])
     server = start_server(str(base), file_system_poll_wait_seconds=0.2)
     try:
         labels = {"model_name": "recs"}
@@ -126,7 +110,7 @@ def test_warmup_runs_and_a_failing_warmup_fails_only_that_version(model_base, tm
         broken["history_items"] = -np.ones(len(broken["history_items"]) or 1, np.int64)
         broken["history_times"] = np.zeros(len(broken["history_items"]), np.int64)
         broken["history_splits"] = np.array([0, len(broken["history_items"])], np.int64)
-        _write_warmup(tmp_path / "staging", [broken])
+        write_warmup(tmp_path / "staging", [broken])
         os.rename(tmp_path / "staging", base / "2")
         _wait_for(lambda: _states(server.rest_port).get(2) == "END")
         _, body = http(server.rest_port, "/v1/models/recs/versions/2")

@@ -27,6 +27,9 @@ _INT_FIELDS = ("max_batch_size", "batch_timeout_micros", "max_enqueued_batches",
                "num_batch_threads")
 _ACCEPTED_WITHOUT_EFFECT = ("pad_variable_length_inputs", "allowed_batch_sizes",
                             "enable_large_batch_splitting", "max_execution_batch_size")
+# `warmup_batches`: "auto" warms the batch sizes of a version whose packages replay CUDA
+# graphs (where the first call of a shape costs a capture), "all" of any version, "none" never.
+WARMUP_BATCH_MODES = ("auto", "all", "none")
 _FIELD = re.compile(r"(\w+)\s*(?:\{\s*value\s*:\s*([^}\s]+)\s*\}|:\s*(\S+))")
 
 
@@ -221,6 +224,9 @@ class ServerConfig:
     grpc_max_workers: threads that run gRPC calls (gRPC refuses calls beyond twice as many).
     ssl: TLS for both ports (None: plain text).
     shutdown_grace_seconds: longest a stop waits for requests already admitted, in total.
+    warmup_batches: after the warm-up file, run its longest row at every power-of-two batch
+      size up to ``max_batch_size`` (``warmup.warm_batch_sizes``): "auto" where a package of
+      the version replays CUDA graphs, "all" always, "none" never.
     """
 
     model_name: str
@@ -243,6 +249,7 @@ class ServerConfig:
     grpc_max_workers: int = 16
     ssl: SSLConfig | None = None
     shutdown_grace_seconds: float = 10.0
+    warmup_batches: str = "auto"
 
     def __post_init__(self):
         require(bool(self.model_name) and "/" not in self.model_name, ConfigError,
@@ -262,6 +269,9 @@ class ServerConfig:
                      "grpc_max_workers"):
             require(getattr(self, name) >= 1, ConfigError,
                     f"{name} must be >= 1, got {getattr(self, name)}")
+        require(self.warmup_batches in WARMUP_BATCH_MODES, ConfigError,
+                f"warmup_batches must be one of {WARMUP_BATCH_MODES}, got "
+                f"{self.warmup_batches!r}")
         self.limits  # noqa: B018  (validates the limit flags)
 
     @property

@@ -31,7 +31,7 @@ from xgr_common.errors import NotFoundError, UnavailableError
 from tf_frontend.serving.config import ServerConfig
 from tf_frontend.serving.public_text import full_detail, public_text
 from tf_frontend.serving.servable import ServableVersion, VersionRetired
-from tf_frontend.serving.warmup import run_warmup
+from tf_frontend.serving.warmup import run_warmup, warm_batch_sizes
 
 LOG = logging.getLogger("xgr.serving")
 
@@ -136,6 +136,9 @@ class ModelManager:
                                      observe_batch=self._observe_batch,
                                      limits=self._config.limits, observe_drop=self._observe_drop)
             warmed = run_warmup(loaded)
+            batching = self._config.batching
+            warm_batch_sizes(loaded, self._config.warmup_batches,
+                             batching.max_batch_size if batching is not None else None)
         except Exception as e:  # any load failure is reported, never fatal to the server
             if loaded is not None:
                 loaded.unload(time.monotonic())
