@@ -132,6 +132,8 @@ def test_served_with_keys_hits_returning_users_across_versions(v2_model, v2_expo
     base = tmp_path / "recs"
     shutil.copytree(v2_export[0], base / "1")
     monkeypatch.setenv("XGR_PROMPT_CACHE_BYTES", str(8 << 20))
+    # A host tier too: its memory is one arena the model versions' caches share.
+    monkeypatch.setenv("XGR_PROMPT_CACHE_HOST_BYTES", str(4 << 20))
     server = start_server(str(base), file_system_poll_wait_seconds=0.2)
 
     def states():
@@ -211,6 +213,7 @@ def test_served_with_keys_hits_returning_users_across_versions(v2_model, v2_expo
         np.testing.assert_array_equal(grpc_items({**features, "user_key": keys}), want)
         fresh = _caches()["3"]
         assert fresh["hits"] == 0 and fresh["misses"] >= USERS
+        assert 0 < fresh["host_capacity_bytes"] <= 4 << 20
         # The old package, its cache with it, goes once the old version's graph is freed.
         deadline = time.monotonic() + 60
         while set(_caches()) != {"3"}:

@@ -212,8 +212,9 @@ def test_the_host_tier_keeps_what_the_pool_evicts(cached, tmp_path):
     for user in [u for user in users for u in (user, user)] + users:
         calls.add([user], [f"user{user[0]}"])
     page = 2 * 2 * 2 * 16 * PAGE_TOKENS * 4
-    entry = int(calls.user_rows(users[:1])[3][0]) * page // PAGE_TOKENS     # one entry's tokens
-    roomy = calls.run(package, tmp_path, 6 * page, host_budget=6 * entry)
+    assert int(calls.user_rows(users[:1])[3][0]) <= PAGE_TOKENS    # one page an entry
+    # Host pages have the pool's geometry: an entry takes whole pages there too.
+    roomy = calls.run(package, tmp_path, 6 * page, host_budget=6 * page)
     assert roomy["outcomes"] == ["ok"] * 36
     stats = roomy["stats"]
     assert all(s["bytes"] <= s["capacity_bytes"] and s["host_bytes"] <= s["host_capacity_bytes"]
@@ -227,10 +228,10 @@ def test_the_host_tier_keeps_what_the_pool_evicts(cached, tmp_path):
     # Each eviction spilled (timed on the request's path), each host hit's copy back timed.
     assert final["spills"] == final["evictions"] and final["spill_seconds"] > 0
     assert final["restore_seconds"] > 0 and first_round["restore_seconds"] == 0
-    tight = calls.run(package, tmp_path, 6 * page, host_budget=4 * entry)
+    tight = calls.run(package, tmp_path, 6 * page, host_budget=4 * page)
     assert tight["outcomes"] == ["ok"] * 36
     assert tight["stats"][23]["host_evictions"] == 2
-    assert all(s["host_bytes"] <= 4 * entry for s in tight["stats"])
+    assert all(s["host_bytes"] <= 4 * page for s in tight["stats"])
 
 
 def test_a_version_1_model_cannot_keep_a_cache(cached, tmp_path):

@@ -26,7 +26,7 @@ struct CacheEntry {
 
 // An entry the pool evicted, kept by the host tier: its tokens' keys and values.
 struct HostEntry {
-  at::Tensor kv;  // [layers, 2, length, Hkv, D] in host memory
+  std::vector<int64_t> slots;  // its host pages, in order
   int64_t length = 0;
   int64_t bytes = 0;
   std::vector<std::pair<std::string, int64_t>> names;  // digest, tokens it covers
@@ -85,9 +85,17 @@ PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Devic
   for (int64_t p = pages_; p >= 1; --p) free_.push_back(static_cast<int32_t>(p));
   refs_.assign(pages_ + 1, 0);
   counts_.capacity_bytes = pages_ * page_bytes_;
-  counts_.host_capacity_bytes = host_budget_;
+  arena_ = SharedHostArena(host_budget_, pool_.is_cuda());
+  if (arena_ != nullptr) pages_per_chunk_ = arena_->chunk_bytes() / page_bytes_;
+  if (pages_per_chunk_ == 0) arena_ = nullptr;  // a budget under one page keeps no tier
+  counts_.host_capacity_bytes = arena_ == nullptr ? 0 :
+      arena_->capacity_bytes() / arena_->chunk_bytes() * pages_per_chunk_ * page_bytes_;
   counts_.hit_bounds = kHitBounds;
   counts_.hit_buckets.assign(kHitBounds.size(), 0);
+}
+
+PromptCache::~PromptCache() {
+  for (const at::Tensor& chunk : chunks_) arena_->Give(chunk);
 }
 
 int64_t PromptCache::PageBytes(const CacheSpec& spec) {
@@ -177,7 +185,7 @@ RowPlan PromptCache::Plan(const CacheRow& row, Reservation* res) {
       }
     }
     std::string tier = "device";
-    if (host_budget_ > 0) {
+    if (HasHostTier()) {
       int64_t restored_length = 0;
       auto restored = Restore(digests, length, entry.get(), &restored_length);
       if (restored) {
@@ -353,34 +361,82 @@ void PromptCache::Drop(const std::shared_ptr<CacheEntry>& entry, bool evicted) {
   entries_.remove(entry);
   entry->listed = false;
   // Copied out while its pages still hold it (an evicted entry has no reader or writer).
-  if (evicted && host_budget_ > 0) Spill(entry, names);
+  if (evicted && HasHostTier()) Spill(entry, names);
   Release(entry->pages);
 }
 
 void PromptCache::Spill(const std::shared_ptr<CacheEntry>& entry,
                         const std::vector<std::pair<std::string, int64_t>>& names) {
   const int64_t tokens = entry->length;
-  const int64_t bytes = tokens * (page_bytes_ / page_tokens_);
-  if (names.empty() || tokens <= 0 || bytes > host_budget_) return;
+  if (names.empty() || tokens <= 0) return;
   const auto started = std::chrono::steady_clock::now();
-  std::vector<int64_t> pages(entry->pages.begin(), entry->pages.begin() + PagesFor(tokens));
-  const at::Tensor index = at::tensor(pages, at::kLong).to(pool_.device());
-  const at::Tensor kv = pool_.index_select(2, index).flatten(2, 3).narrow(2, 0, tokens);
+  const int64_t count = PagesFor(tokens);
   auto host = std::make_shared<HostEntry>();
-  host->kv = at::empty(kv.sizes(), kv.options().device(at::kCPU).pinned_memory(pool_.is_cuda()));
-  host->kv.copy_(kv);  // synchronous: the pages are free for reuse once this returns
+  if (!TakeHost(count, &host->slots)) return;  // the tier cannot hold it: evicted for good
+  std::vector<int64_t> pages(entry->pages.begin(), entry->pages.begin() + count);
+  const at::Tensor index = at::tensor(pages, at::kLong).to(pool_.device());
+  // Page-major, as the host pages are: one contiguous block per page.
+  const at::Tensor gathered = pool_.index_select(2, index).permute({2, 0, 1, 3, 4, 5}).contiguous();
+  CopyHost(host->slots, gathered, /*to_host=*/true);  // synchronous: the pages are free after
   host->length = tokens;
-  host->bytes = bytes;
+  host->bytes = count * page_bytes_;
   host->names = names;
-  while (host_bytes_ + bytes > host_budget_ && !host_entries_.empty()) {
-    DropHost(host_entries_.front());
-    counts_.host_evictions += 1;
-  }
   host_entries_.push_back(host);
-  host_bytes_ += bytes;
+  host_bytes_ += host->bytes;
   for (const auto& name : host->names) host_index_[name.first] = {host, name.second};
   counts_.spills += 1;
   counts_.spill_seconds += SecondsSince(started);
+}
+
+bool PromptCache::TakeHost(int64_t count, std::vector<int64_t>* slots) {
+  // What the tier could free for it: nothing is dropped for an entry that would not fit.
+  const int64_t reachable = static_cast<int64_t>(host_free_.size()) + host_bytes_ / page_bytes_ +
+                            arena_->FreeChunks() * pages_per_chunk_;
+  if (count > reachable) return false;
+  while (static_cast<int64_t>(host_free_.size()) < count) {
+    at::Tensor chunk = arena_->Take();
+    if (chunk.defined()) {
+      const int64_t first = static_cast<int64_t>(chunks_.size()) * pages_per_chunk_;
+      chunks_.push_back(chunk);
+      chunk_pages_.push_back(
+          chunk.narrow(0, 0, pages_per_chunk_ * page_bytes_)
+              .view(pool_.scalar_type())
+              .view({pages_per_chunk_, spec_.layers, 2, page_tokens_, spec_.kv_heads,
+                     spec_.head_dim}));
+      for (int64_t i = pages_per_chunk_; i-- > 0;) host_free_.push_back(first + i);
+      continue;
+    }
+    if (host_entries_.empty()) return false;  // the arena's chunks are another cache's
+    DropHost(host_entries_.front());
+    counts_.host_evictions += 1;
+  }
+  for (int64_t i = 0; i < count; ++i) {
+    slots->push_back(host_free_.back());
+    host_free_.pop_back();
+  }
+  return true;
+}
+
+void PromptCache::CopyHost(const std::vector<int64_t>& slots, const at::Tensor& device,
+                           bool to_host) {
+  const int64_t n = static_cast<int64_t>(slots.size());
+  for (int64_t start = 0; start < n;) {
+    const int64_t chunk = slots[start] / pages_per_chunk_;
+    const int64_t first = slots[start] % pages_per_chunk_;
+    int64_t run = 1;
+    while (start + run < n && slots[start + run] == slots[start] + run &&
+           first + run < pages_per_chunk_) {
+      ++run;
+    }
+    at::Tensor host = chunk_pages_[chunk].narrow(0, first, run);
+    at::Tensor there = device.narrow(0, start, run);
+    if (to_host) {
+      host.copy_(there);
+    } else {
+      there.copy_(host);
+    }
+    start += run;
+  }
 }
 
 std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>& digests,
@@ -392,24 +448,26 @@ std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>&
     if (it->second.second <= longer_than) return nullptr;  // the pool has as much
     const std::shared_ptr<HostEntry> host = it->second.first;
     const int64_t matched = it->second.second;
-    const int64_t need = PagesFor(host->length);
+    const int64_t need = static_cast<int64_t>(host->slots.size());
+    const auto started = std::chrono::steady_clock::now();
+    // Onto the device first: the evictions that make room below spill into the host pages
+    // this entry leaves.
+    at::Tensor staged = at::empty({need, spec_.layers, 2, page_tokens_, spec_.kv_heads,
+                                   spec_.head_dim}, pool_.options());
+    CopyHost(host->slots, staged, /*to_host=*/false);
+    double seconds = SecondsSince(started);
+    DropHost(host);
     std::vector<int32_t> pages;
     std::vector<CacheEntry*> kept;
     if (keep != nullptr) kept.push_back(keep);
-    // Out of the host tier first: the evictions that make room spill into it.
-    DropHost(host);
     if (!Take(need, kept, &pages)) return nullptr;  // no room: the row computes it again
-    const auto started = std::chrono::steady_clock::now();  // the spills Take made count apart
-    at::Tensor padded = at::zeros({spec_.layers, 2, need * page_tokens_, spec_.kv_heads,
-                                   spec_.head_dim}, pool_.options());
-    padded.narrow(2, 0, host->length).copy_(host->kv);
+    const auto placed = std::chrono::steady_clock::now();  // the spills Take made count apart
     std::vector<int64_t> targets(pages.begin(), pages.end());
     pool_.index_copy_(2, at::tensor(targets, at::kLong).to(pool_.device()),
-                      padded.view({spec_.layers, 2, need, page_tokens_, spec_.kv_heads,
-                                   spec_.head_dim}));
+                      staged.permute({1, 2, 0, 3, 4, 5}));
     // Finished before the run reads it (the run goes on another stream).
     if (pool_.is_cuda()) torch::cuda::synchronize(pool_.device().index());
-    counts_.restore_seconds += SecondsSince(started);
+    counts_.restore_seconds += seconds + SecondsSince(placed);
     auto made = std::make_shared<CacheEntry>();
     made->pages = pages;
     made->length = host->length;
@@ -427,13 +485,15 @@ std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>&
   return nullptr;
 }
 
-void PromptCache::DropHost(const std::shared_ptr<HostEntry>& host) {
+void PromptCache::DropHost(std::shared_ptr<HostEntry> host) {
   for (const auto& name : host->names) {
     auto it = host_index_.find(name.first);
     if (it != host_index_.end() && it->second.first == host) host_index_.erase(it);
   }
   host_entries_.remove(host);
   host_bytes_ -= host->bytes;
+  host_free_.insert(host_free_.end(), host->slots.rbegin(), host->slots.rend());
+  host->slots.clear();
 }
 
 void PromptCache::Share(const std::vector<int32_t>& pages) {

@@ -18,10 +18,12 @@
 // a row that finds no room even then runs uncached.
 //
 // The host tier (a byte budget of its own, 0: none) keeps what the pool evicts: an evicted
-// entry's tokens are copied to host memory (pinned beside a GPU) under the digests that named
-// it, least recently used dropped past the budget. A row whose longest match is there, not in
-// the pool, has it copied back into fresh pages before the run (a hit from the host tier: the
-// copy's cost instead of the prefill's), and the entry leaves the host tier.
+// entry's pages are copied to host pages of the pool's geometry under the digests that named
+// it, least recently spilled dropped for room. The host pages come from the process's
+// HostArena (host_arena.h: pinned once, beside a GPU, so a spill is one device-to-host copy
+// and never a fresh pinned allocation). A row whose longest match is there, not in the pool,
+// has it copied back into fresh pages before the run (a hit from the host tier: the copy's
+// cost instead of the prefill's), and the entry leaves the host tier.
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_
 
@@ -38,6 +40,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "custom_ops/cc/torch_call/torch/host_arena.h"
 #include "custom_ops/cc/torch_call/torch/signature.h"
 
 namespace xgr {
@@ -114,6 +117,9 @@ class PromptCache {
   // geometry on `device`, and a host tier of `host_budget_bytes` (0: none).
   PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device,
               int64_t host_budget_bytes = 0);
+  ~PromptCache();  // the host pages' chunks back to the arena
+  PromptCache(const PromptCache&) = delete;
+  PromptCache& operator=(const PromptCache&) = delete;
 
   // The pages (the sink aside) a pool of `budget_bytes` of `spec`'s geometry holds.
   static int64_t PoolPages(const CacheSpec& spec, int64_t budget_bytes);
@@ -160,7 +166,15 @@ class PromptCache {
              const std::vector<std::pair<std::string, int64_t>>& names);
   std::shared_ptr<CacheEntry> Restore(const std::vector<std::string>& digests,
                                       int64_t longer_than, CacheEntry* keep, int64_t* length);
-  void DropHost(const std::shared_ptr<HostEntry>& entry);
+  void DropHost(std::shared_ptr<HostEntry> entry);  // by value: it may be the list's own
+  // Host pages for `count` pages (slot ids), taking chunks from the arena and dropping the
+  // least recently spilled entries for room; false (nothing taken) when the tier cannot
+  // hold them.
+  bool TakeHost(int64_t count, std::vector<int64_t>* slots);
+  // Copies between `slots` (host) and `pages` rows of `device` ([n, layers, 2, page_tokens,
+  // Hkv, D]), a run of consecutive slots of one chunk in one copy.
+  void CopyHost(const std::vector<int64_t>& slots, const at::Tensor& device, bool to_host);
+  bool HasHostTier() const { return pages_per_chunk_ > 0; }
   int64_t PagesFor(int64_t tokens) const { return (tokens + page_tokens_ - 1) / page_tokens_; }
 
   CacheSpec spec_;
@@ -174,9 +188,14 @@ class PromptCache {
   // Entries, least recently used first; the index maps a digest to its entry and length.
   std::list<std::shared_ptr<CacheEntry>> entries_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<CacheEntry>, int64_t>> index_;
-  // The host tier, least recently spilled first, and its index.
+  // The host tier, least recently spilled first, and its index; its pages live in the
+  // chunks taken from `arena_` (views [pages_per_chunk_, layers, 2, page_tokens, Hkv, D]).
   int64_t host_budget_ = 0;
   int64_t host_bytes_ = 0;
+  std::shared_ptr<HostArena> arena_;
+  std::vector<at::Tensor> chunks_, chunk_pages_;
+  int64_t pages_per_chunk_ = 0;
+  std::vector<int64_t> host_free_;  // free host slots (chunk * pages_per_chunk_ + page)
   std::list<std::shared_ptr<HostEntry>> host_entries_;
   std::unordered_map<std::string, std::pair<std::shared_ptr<HostEntry>, int64_t>> host_index_;
   CacheStats counts_;
