@@ -7,15 +7,13 @@ float input.
 """
 
 import json
-import os
 import urllib.error
 import urllib.request
 
 import grpc
 import numpy as np
 import tensorflow as tf
-from tensorflow_serving.apis import (predict_pb2, prediction_log_pb2,
-                                     prediction_service_pb2_grpc)
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tf_frontend.serving.config import ServerConfig
 from tf_frontend.serving.server import ModelServer
@@ -172,18 +170,9 @@ def grpc_predict(port: int, inputs: dict, model: str = "recs") -> dict:
     return {k: tf.make_ndarray(v) for k, v in response.outputs.items()}
 
 
-def write_warmup(version_dir, requests, model: str = "recs") -> str:
-    """``assets.extra/tf_serving_warmup_requests`` of ``version_dir``: one ``predict_log``
-    record per request (name -> array)."""
-    os.makedirs(os.path.join(version_dir, "assets.extra"), exist_ok=True)
-    path = os.path.join(version_dir, "assets.extra", "tf_serving_warmup_requests")
-    with tf.io.TFRecordWriter(path) as writer:
-        for request in requests:
-            proto = predict_pb2.PredictRequest()
-            proto.model_spec.name = model
-            for name, array in request.items():
-                proto.inputs[name].CopyFrom(tf.make_tensor_proto(array))
-            log = prediction_log_pb2.PredictionLog(
-                predict_log=prediction_log_pb2.PredictLog(request=proto))
-            writer.write(log.SerializeToString())
-    return path
+def write_warmup(version_dir, requests) -> str:
+    """``assets.extra/tf_serving_warmup_requests`` of ``version_dir``, as an export writes it:
+    one ``predict_log`` record per request (name -> array)."""
+    from xgr_export.warmup_requests import write_warmup_requests
+
+    return str(write_warmup_requests(version_dir, requests))
