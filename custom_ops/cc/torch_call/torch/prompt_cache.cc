@@ -376,7 +376,8 @@ void PromptCache::Spill(const std::shared_ptr<CacheEntry>& entry,
   std::vector<int64_t> pages(entry->pages.begin(), entry->pages.begin() + count);
   const at::Tensor index = at::tensor(pages, at::kLong).to(pool_.device());
   // Page-major, as the host pages are: one contiguous block per page.
-  const at::Tensor gathered = pool_.index_select(2, index).permute({2, 0, 1, 3, 4, 5}).contiguous();
+  const at::Tensor gathered =
+      pool_.index_select(2, index).permute({2, 0, 1, 3, 4, 5}).contiguous();
   CopyHost(host->slots, gathered, /*to_host=*/true);  // synchronous: the pages are free after
   host->length = tokens;
   host->bytes = count * page_bytes_;

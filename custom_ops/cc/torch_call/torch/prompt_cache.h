@@ -171,8 +171,8 @@ class PromptCache {
   // least recently spilled entries for room; false (nothing taken) when the tier cannot
   // hold them.
   bool TakeHost(int64_t count, std::vector<int64_t>* slots);
-  // Copies between `slots` (host) and `pages` rows of `device` ([n, layers, 2, page_tokens,
-  // Hkv, D]), a run of consecutive slots of one chunk in one copy.
+  // Copies between the host pages `slots` and the rows of `device` ([slots, layers, 2,
+  // page_tokens, Hkv, D]), each run of consecutive slots of one chunk in one copy.
   void CopyHost(const std::vector<int64_t>& slots, const at::Tensor& device, bool to_host);
   bool HasHostTier() const { return pages_per_chunk_ > 0; }
   int64_t PagesFor(int64_t tokens) const { return (tokens + page_tokens_ - 1) / page_tokens_; }
