@@ -133,8 +133,8 @@ def run_count(count: int, saved: Path, work: Path, requests: list[dict],
                             arrivals[per_replica], rate, load,
                             reference if reference else None, dtype)
             answers = row.pop("answers")
-            for user, items in answers.items():
-                reference.setdefault(user, items)
+            for user, answer in answers.items():
+                reference.setdefault(user, answer)
             if FLAGS.prompt_cache:
                 after = cache_totals(ports)
                 delta = {k: after[k] - before[k] for k in after}

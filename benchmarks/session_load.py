@@ -345,6 +345,28 @@ class Server:
         return stop_server(self.process)
 
 
+@dataclass(frozen=True)
+class Answer:
+    """One served answer: the ranked items and their scores (the request's one row)."""
+
+    items: np.ndarray
+    scores: np.ndarray
+
+    def breaks(self, want: "Answer", dtype: str) -> bool:
+        """Whether this answer breaks the tolerance table's rule against ``want`` (the same
+        user's request answered by the reference server): at 16 bits the ranked-list rule,
+        under which items tied within the rounding may swap; otherwise any differing item."""
+        from xgr_common.tolerances import TIE_DTYPES
+
+        if dtype not in TIE_DTYPES:
+            return not np.array_equal(self.items, want.items)
+        from xgr_export.verify import first_break
+
+        if self.items.shape != want.items.shape:
+            return True
+        return first_break(self.items, self.scores, want.items, want.scores, dtype) is not None
+
+
 class Client:
     """TF Serving gRPC client of the server on ``grpc_port``; ``keyed``: each request carries
     its user's key (``x-user-key``). Each ``send`` is one Predict whose wall time, status
@@ -371,8 +393,8 @@ class Client:
             self._protos[user] = proto
         return self._protos[user]
 
-    def send(self, user: int, features: dict) -> tuple[float, str, np.ndarray | str]:
-        """(seconds, status, the items or, for a failed call, the server's message)."""
+    def send(self, user: int, features: dict) -> tuple[float, str, Answer | str]:
+        """(seconds, status, the answer or, for a failed call, the server's message)."""
         import grpc
         import tensorflow as tf
 
@@ -381,10 +403,11 @@ class Client:
         try:
             answer = self._stub.Predict(self.proto(user, features), timeout=60,
                                         metadata=metadata)
-            items, status = tf.make_ndarray(answer.outputs["item_ids"])[0], "OK"
+            result, status = Answer(tf.make_ndarray(answer.outputs["item_ids"])[0],
+                                    tf.make_ndarray(answer.outputs["scores"])[0]), "OK"
         except grpc.RpcError as error:
-            items, status = str(error.details())[:1000], error.code().name
-        return time.perf_counter() - started, status, items
+            result, status = str(error.details())[:1000], error.code().name
+        return time.perf_counter() - started, status, result
 
     def close(self) -> None:
         self._channel.close()
@@ -440,8 +463,6 @@ def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarr
               dtype: str) -> dict:
     """Poisson arrivals of ``users`` at ``rate`` for ``load.seconds``; latency of each answer
     and whether its items equal ``reference``'s for that user (None: nothing compared)."""
-    from xgr_common.tolerances import TIE_DTYPES
-
     shares = [users[i::load.processes].tolist() for i in range(load.processes)]
     seeds = [int(rate * 1000) + i for i in range(load.processes)]
     own = [{user: requests[user] for user in set(share)} for share in shares]
@@ -462,10 +483,13 @@ def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarr
     elapsed = max(e for _, e in parts)
     ok = [r for r in records if r[2] == "OK"]
     seconds = np.array([r[1] for r in ok]) if ok else np.zeros(0)
-    # Answers for a user the reference run also answered: at float32 equal item by item; at
-    # 16 bits the two programs round apart, so ties may swap (counted, not failed).
-    differing = sum(1 for user, _, _, items in ok if reference is not None
-                    and user in reference and not np.array_equal(items, reference[user]))
+    # Answers for a user the reference run also answered: `differing` where any item differs,
+    # `wrong` where the list breaks the tolerance table's rule (at 16 bits the two programs
+    # round apart, so items tied within the rounding may swap; at float32, any difference).
+    compared = [(answer, reference[user]) for user, _, _, answer in ok
+                if reference is not None and user in reference]
+    differing = sum(1 for got, want in compared if not np.array_equal(got.items, want.items))
+    wrong = sum(1 for got, want in compared if got.breaks(want, dtype))
     statuses: dict[str, int] = {}
     first_errors: dict[str, str] = {}     # per failing status, one message the server sent
     for r in records:
@@ -475,11 +499,11 @@ def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarr
     return {"rate": rate, "sent": len(records), "answered": len(ok),
             "failed": len(records) - len(ok), "statuses": statuses,
             "first_errors": first_errors, "differing": differing,
-            "wrong": differing if dtype not in TIE_DTYPES else 0,
+            "wrong": wrong,
             "throughput": len(ok) / max(elapsed, 1e-9),
             "p50_ms": float(np.percentile(seconds, 50) * 1e3) if len(seconds) else None,
             "p99_ms": float(np.percentile(seconds, 99) * 1e3) if len(seconds) else None,
-            "answers": {user: items for user, _, _, items in ok}}
+            "answers": {user: answer for user, _, _, answer in ok}}
 
 
 def within_target(row: dict, p99_target_ms: float) -> bool:

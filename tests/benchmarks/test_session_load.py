@@ -4,7 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.session_load import best_rate, sweep
+import numpy as np
+
+from benchmarks.session_load import Answer, best_rate, sweep
 
 
 def _row(rate, p99, failed=0):
@@ -117,3 +119,19 @@ def test_a_server_that_dies_loading_is_reported_with_its_log(monkeypatch, tmp_pa
     assert "did not start" in message and "what():  CUDA error: an illegal memory" in message
     assert "Fatal Python error: Aborted" in message and "frame #0" not in message
     assert session_load.log_errors(tmp_path / "missing.log") == "(no log)"
+
+
+def test_two_servers_answers_are_compared_by_the_tolerance_tables_rule():
+    want = Answer(np.array([5, 9, 2, 7]), np.array([-1.0, -2.0, -3.0, -3.0], np.float32))
+    swapped_tie = Answer(np.array([5, 9, 7, 2]), np.array([-1.0, -2.0, -3.0, -3.0], np.float32))
+    other_item = Answer(np.array([5, 8, 2, 7]), np.array([-1.0, -2.0, -3.0, -3.0], np.float32))
+    tail_swap = Answer(np.array([5, 9, 2, 8]), np.array([-1.0, -2.0, -3.0, -3.0], np.float32))
+    low_score = Answer(np.array([5, 9, 2, 7]), np.array([-1.0, -2.5, -3.0, -3.0], np.float32))
+    # At 16 bits items tied within the rounding may swap; nothing else may change.
+    assert not swapped_tie.breaks(want, "bfloat16")
+    assert not tail_swap.breaks(want, "bfloat16")    # tied with the last: cut either way
+    assert other_item.breaks(want, "bfloat16") and low_score.breaks(want, "bfloat16")
+    assert not want.breaks(want, "bfloat16")
+    # At float32 every item must be the same.
+    assert swapped_tie.breaks(want, "float32") and not want.breaks(want, "float32")
+    assert Answer(np.array([5, 9]), np.array([-1.0, -2.0])).breaks(want, "bfloat16")
