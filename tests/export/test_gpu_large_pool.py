@@ -20,6 +20,7 @@ import textwrap
 import pytest
 import torch
 
+from tests.export.pool_audit import pool_sized_allocations, wrapper_source
 from tests.torch_engine.engine_worlds import small_world, v2_prompts
 from torch_engine.aoti_loading import loader_environment
 from torch_engine.catalog import Catalog
@@ -72,7 +73,8 @@ _CHILD = textwrap.dedent("""
 def large_pool_calls(tmp_path, device: str, pool_pages: int, dtype=torch.float32):
     """Exports a tiny version 2 model with the cache for ``device``, then runs one user as a
     miss and as a hit with the user's pages at the end of a pool of ``pool_pages`` pages.
-    Returns the engine's answer and the two package answers."""
+    Returns the engine's answer and the two package answers; the package is
+    ``tmp_path / "cached.pt2"``."""
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1).to(device=device, dtype=dtype)
     spec = _spec(model.config.hidden_size)
@@ -126,6 +128,23 @@ def test_the_calls_agree_with_the_engine_at_a_small_pool(tmp_path):
     want, miss, hit = large_pool_calls(tmp_path, "cpu", pool_pages=64)
     _assert_equal(want, miss, torch.float32)
     _assert_equal(want, hit, torch.float32)
+    # The miss's write goes into the pool itself: no buffer of the pool's size.
+    assert pool_sized_allocations(wrapper_source(tmp_path / "cached.pt2")) == []
+
+
+def test_the_audit_finds_a_buffer_sized_by_the_pool():
+    source = """
+        inputs_info_[0].name = "arg1_1";
+        inputs_info_[1].name = "arg7_1";
+        int64_t s3 = arg7_1_size[2];
+        int64_t s9 = s3;
+        const int64_t int_array_4[] = {8L, s2};
+        const int64_t int_array_5[] = {2048L*s9, 64L, 16L};
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(2, int_array_4, int_array_1, d));
+        AOTI_TORCH_ERROR_CODE_CHECK(aoti_torch_empty_strided(3, int_array_5, int_array_2, d));
+    """
+    found = pool_sized_allocations(source)
+    assert len(found) == 1 and "int_array_5" in found[0]
 
 
 @pytest.mark.gpu
@@ -138,3 +157,5 @@ def test_a_pool_past_two_to_the_31_elements_is_read_and_written_at_its_end(tmp_p
     want, miss, hit = large_pool_calls(tmp_path, "cuda:0", pool_pages=pages)
     _assert_equal(want, miss, torch.float32)
     _assert_equal(want, hit, torch.float32)
+    # A buffer of the pool's size would double the pool's memory and copy it on every miss.
+    assert pool_sized_allocations(wrapper_source(tmp_path / "cached.pt2")) == []
