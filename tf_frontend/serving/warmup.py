@@ -169,7 +169,11 @@ def warm_batch_sizes(version: ServableVersion, mode: str, max_batch_size: int | 
     if USER_KEY in sig.inputs:
         sent = row.inputs[USER_KEY][0]
         key = (sent if isinstance(sent, bytes) else str(sent).encode()) or WARMUP_USER_KEY
-        version.run(prepare(sig, {**row.inputs, USER_KEY: np.array([key], object)}))  # kept
+        try:   # the entry the hit round reads
+            version.run(prepare(sig, {**row.inputs, USER_KEY: np.array([key], object)}))
+        except Exception as e:
+            raise ExportError(f"warm-up of the warm-up file's longest row under its user key "
+                              f"failed: {type(e).__name__}: {e}") from e
         rounds = [b"", key]   # a miss's shape (no key: computed, not kept), then a hit's
     calls, extra = 0, {"model": version.model_name, "version": version.version}
     for size in batch_sizes(limit):
