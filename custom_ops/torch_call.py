@@ -98,18 +98,24 @@ def release_packages(folder) -> int:
     also runs (a catalog-only version's hard-linked package) stays. Returns how many
     references were dropped (0 in a process that never loaded TorchCall: it is not loaded
     for this)."""
-    import os
-
-    if load_library.cache_info().currsize == 0 or not _torch_call_loaded():
+    if not _torch_call_loaded():
         return 0
     entry = ctypes.CDLL(str(library_path("torch_call"))).XgrTorchCallRelease
     entry.restype, entry.argtypes = ctypes.c_int, [ctypes.c_char_p]
-    prefix = os.path.join(os.path.abspath(os.fspath(folder)), "")
-    return entry(prefix.encode())
+    return entry(_folder_prefix(folder).encode())
+
+
+def _folder_prefix(folder) -> str:
+    """``folder`` as an absolute path ending in a separator: what the paths under it start with."""
+    import os
+
+    return os.path.join(os.path.abspath(os.fspath(folder)), "")
 
 
 def _torch_call_loaded() -> bool:
     """Whether this process loaded the TorchCall library (any kernel may hold packages)."""
+    if load_library.cache_info().currsize == 0:
+        return False
     path = str(library_path("torch_call"))
     with open("/proc/self/maps") as maps:
         return any(line.rstrip().endswith(path) for line in maps)
@@ -134,8 +140,8 @@ def packages_under(folder) -> dict:
     in a process that never loaded TorchCall (it is not loaded for this)."""
     import os
 
-    if load_library.cache_info().currsize == 0 or not _torch_call_loaded():
+    if not _torch_call_loaded():
         return {}
-    prefix = os.path.join(os.path.abspath(os.fspath(folder)), "")
+    prefix = _folder_prefix(folder)
     return {path: stats for path, stats in package_stats().items()
             if os.path.abspath(path).startswith(prefix)}

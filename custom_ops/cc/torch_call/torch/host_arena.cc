@@ -24,7 +24,8 @@ int64_t HostArena::ChunkBytes(int64_t budget_bytes, bool pinned) {
 }
 
 HostArena::HostArena(int64_t budget_bytes, bool pinned)
-    : chunk_bytes_(ChunkBytes(budget_bytes, pinned)),
+    : budget_bytes_(budget_bytes),
+      chunk_bytes_(ChunkBytes(budget_bytes, pinned)),
       chunks_(std::max<int64_t>(budget_bytes, 0) / ChunkBytes(budget_bytes, pinned)),
       pinned_(pinned) {
   if (pinned_) {
@@ -63,8 +64,7 @@ std::shared_ptr<HostArena> SharedHostArena(int64_t budget_bytes, bool pinned) {
   std::lock_guard<std::mutex> lock(mu);
   std::weak_ptr<HostArena>& slot = arenas[pinned ? 1 : 0];
   std::shared_ptr<HostArena> arena = slot.lock();
-  if (!arena || arena->capacity_bytes() / arena->chunk_bytes() !=
-                    budget_bytes / HostArena::ChunkBytes(budget_bytes, pinned)) {
+  if (!arena || arena->budget_bytes() != budget_bytes) {
     arena = std::make_shared<HostArena>(budget_bytes, pinned);
     slot = arena;
   }

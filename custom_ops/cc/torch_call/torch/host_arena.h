@@ -38,11 +38,13 @@ class HostArena {
   // Chunks no cache holds now.
   int64_t FreeChunks();
 
+  int64_t budget_bytes() const { return budget_bytes_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
   int64_t capacity_bytes() const { return chunk_bytes_ * chunks_; }
   bool pinned() const { return pinned_; }
 
  private:
+  int64_t budget_bytes_;
   int64_t chunk_bytes_;
   int64_t chunks_;
   bool pinned_;

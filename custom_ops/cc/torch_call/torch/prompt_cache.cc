@@ -76,8 +76,7 @@ std::vector<int64_t> SafeBoundaries(const std::vector<int64_t>& segments, int64_
 
 PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Device device,
                          int64_t host_budget_bytes)
-    : spec_(spec), page_tokens_(spec.page_tokens),
-      host_budget_(std::max<int64_t>(host_budget_bytes, 0)) {
+    : spec_(spec), page_tokens_(spec.page_tokens) {
   page_bytes_ = PageBytes(spec);
   pages_ = PoolPages(spec, budget_bytes);
   pool_ = at::zeros({spec.layers, 2, pages_ + 1, page_tokens_, spec.kv_heads, spec.head_dim},
@@ -85,7 +84,7 @@ PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Devic
   for (int64_t p = pages_; p >= 1; --p) free_.push_back(static_cast<int32_t>(p));
   refs_.assign(pages_ + 1, 0);
   counts_.capacity_bytes = pages_ * page_bytes_;
-  arena_ = SharedHostArena(host_budget_, pool_.is_cuda());
+  arena_ = SharedHostArena(host_budget_bytes, pool_.is_cuda());
   if (arena_ != nullptr) pages_per_chunk_ = arena_->chunk_bytes() / page_bytes_;
   if (pages_per_chunk_ == 0) arena_ = nullptr;  // a budget under one page keeps no tier
   counts_.host_capacity_bytes = arena_ == nullptr ? 0 :

@@ -190,7 +190,6 @@ class PromptCache {
   std::unordered_map<std::string, std::pair<std::shared_ptr<CacheEntry>, int64_t>> index_;
   // The host tier, least recently spilled first, and its index; its pages live in the
   // chunks taken from `arena_` (views [pages_per_chunk_, layers, 2, page_tokens, Hkv, D]).
-  int64_t host_budget_ = 0;
   int64_t host_bytes_ = 0;
   std::shared_ptr<HostArena> arena_;
   std::vector<at::Tensor> chunks_, chunk_pages_;
