@@ -7,6 +7,7 @@ float input.
 """
 
 import json
+import time
 import urllib.error
 import urllib.request
 
@@ -112,6 +113,22 @@ def start_server(base: str, **overrides) -> ModelServer:
     server = ModelServer(config)
     server.start()
     return server
+
+
+def pending_requests(server: ModelServer) -> float:
+    """The server's ``xgr_serving_pending_requests`` gauge: requests admitted, not answered."""
+    return server.metrics.registry.get_sample_value("xgr_serving_pending_requests",
+                                                     {"model_name": "recs"})
+
+
+def wait_for_pending(server: ModelServer, count: int, timeout: float = 60.0) -> None:
+    """Waits until ``server`` holds ``count`` requests admitted and not yet answered: a test
+    that needs requests in the queue waits for them there, not for a guessed time."""
+    deadline = time.monotonic() + timeout
+    while pending_requests(server) != count:
+        assert time.monotonic() < deadline, \
+            f"{pending_requests(server)} requests pending after {timeout} s, not {count}"
+        time.sleep(0.01)
 
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from tf_frontend.serving.config import BatchingConfig
 from tests.serving.helpers import (columnar, history_reference, http, random_request,
-                                   save_history_model, start_server, write_warmup)
+                                   save_history_model, start_server, wait_for_pending,
+                                   write_warmup)
 
 # Heavy (`xgr serve` in a subprocess): left out of `make test-quick`.
 pytestmark = pytest.mark.heavy
@@ -130,7 +131,7 @@ def test_stop_finishes_in_flight_requests_then_refuses(model_base):
     waiting = threading.Thread(target=lambda: result.update(
         answer=http(server.rest_port, PREDICT, {"inputs": columnar(request)})))
     waiting.start()
-    time.sleep(0.5)  # the request now waits in the batch queue (1.5 s timeout)
+    wait_for_pending(server, 1)   # the request waits in the batch queue (1.5 s timeout)
     server.stop()
     waiting.join()
     status, body = result["answer"]

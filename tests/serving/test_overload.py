@@ -15,9 +15,12 @@ import tensorflow as tf
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc
 
 from tf_frontend.serving.config import BatchingConfig
-from tests.serving.helpers import columnar, grpc_predict, http_full, random_request, start_server
+from tests.serving.helpers import (columnar, grpc_predict, http_full, random_request, start_server,
+                                   wait_for_pending)
 
-BATCH_WAIT = 0.8          # seconds a lone request waits for its batch to fill
+# Seconds a lone request waits for its batch to fill: the window in which a test sees
+# requests queued, long beside a loaded machine's round trip.
+BATCH_WAIT = 2.0
 MAX_PENDING = 4
 REST_TIMEOUT_MS = 300
 PREDICT = "/v1/models/recs:predict"
@@ -71,7 +74,7 @@ def test_a_full_queue_is_refused_at_once_and_the_admitted_requests_are_answered(
     request = random_request(np.random.default_rng(50), rows=1)
     with concurrent.futures.ThreadPoolExecutor(MAX_PENDING) as pool:
         waiting = [pool.submit(grpc_predict, server.grpc_port, request) for _ in range(MAX_PENDING)]
-        time.sleep(0.3)   # all four are admitted and wait for their batch
+        wait_for_pending(server, MAX_PENDING)   # all four admitted, waiting for their batch
         started = time.monotonic()
         status, body, headers = http_full(server.rest_port, PREDICT,
                                           {"inputs": columnar(request)})
@@ -83,6 +86,7 @@ def test_a_full_queue_is_refused_at_once_and_the_admitted_requests_are_answered(
         assert time.monotonic() - started < BATCH_WAIT / 2   # refused, not queued
         for future in waiting:
             assert future.result()["score"].shape == (1,)
+    wait_for_pending(server, 0)
 
 
 def test_a_grpc_deadline_drops_the_request_from_its_batch(server, stub):

@@ -11,14 +11,18 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 from xgr_common.errors import OverloadedError
 
 
 class AdmissionGate:
-    def __init__(self, capacity: int, what: str):
-        self._capacity, self._what = capacity, what
+    """``capacity`` places; ``on_change(delta)`` is told of each place taken (+1) and given
+    back (-1), for a gauge of the queue's depth."""
+
+    def __init__(self, capacity: int, what: str,
+                 on_change: Callable[[int], None] = lambda delta: None):
+        self._capacity, self._what, self._on_change = capacity, what, on_change
         self._count = 0
         self._cond = threading.Condition()
 
@@ -37,12 +41,14 @@ class AdmissionGate:
                     f"{self._what} is at its limit of {self._capacity} pending requests "
                     f"(--max_pending_requests); retry later")
             self._count += 1
+        self._on_change(1)
         try:
             yield
         finally:
             with self._cond:
                 self._count -= 1
                 self._cond.notify_all()
+            self._on_change(-1)
 
     def wait_idle(self, deadline: float) -> bool:
         """Waits until no request is admitted or ``deadline`` (``time.monotonic``) passes;

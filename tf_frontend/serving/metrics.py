@@ -15,7 +15,7 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 class ServerMetrics:
     """requests{model,api,code}, request latency{model,api}, batch size{model}, errors,
-    dropped requests{model,reason}."""
+    dropped requests{model,reason}, pending requests{model}."""
 
     def __init__(self, model_name: str):
         self.registry = prom.CollectorRegistry()
@@ -36,6 +36,12 @@ class ServerMetrics:
             "xgr_serving_dropped_requests",
             "Requests taken out of the queue before they ran: their caller cancelled or their "
             "deadline passed.", ["model_name", "reason"], registry=self.registry)
+        self._pending = prom.Gauge(
+            "xgr_serving_pending_requests",
+            "Requests admitted and not yet answered (decoding, queued for a batch or running), "
+            "over all versions: the queue that --max_pending_requests bounds per version.",
+            ["model_name"], registry=self.registry)
+        self._pending.labels(model_name).set(0)
         self.registry.register(PromptCacheCollector(model_name))
         self.registry.register(EngineGraphCollector(model_name))
 
@@ -50,6 +56,9 @@ class ServerMetrics:
 
     def observe_drop(self, reason: str) -> None:
         self._dropped.labels(self._model, reason).inc()
+
+    def observe_pending(self, delta: int) -> None:
+        self._pending.labels(self._model).inc(delta)
 
     def exposition(self) -> tuple[bytes, str]:
         return prom.generate_latest(self.registry), prom.CONTENT_TYPE_LATEST

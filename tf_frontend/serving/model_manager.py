@@ -61,9 +61,11 @@ def _fingerprint(path: str) -> tuple[int, float, int]:
 
 class ModelManager:
     def __init__(self, config: ServerConfig, observe_batch: Callable[[int], None] = lambda rows: None,
-                 observe_drop: Callable[[str], None] = lambda reason: None):
+                 observe_drop: Callable[[str], None] = lambda reason: None,
+                 observe_pending: Callable[[int], None] = lambda delta: None):
         self._config = config
         self._observe_batch, self._observe_drop = observe_batch, observe_drop
+        self._observe_pending = observe_pending
         self._lock = threading.Lock()
         self._serving: ServableVersion | None = None
         self._status: dict[int, VersionStatus] = {}
@@ -134,7 +136,8 @@ class ModelManager:
         try:
             loaded = ServableVersion(self.name, number, path, self._config.batching,
                                      observe_batch=self._observe_batch,
-                                     limits=self._config.limits, observe_drop=self._observe_drop)
+                                     limits=self._config.limits, observe_drop=self._observe_drop,
+                                     observe_pending=self._observe_pending)
             warmed = run_warmup(loaded)
             batching = self._config.batching
             warm_batch_sizes(loaded, self._config.warmup_batches,

@@ -84,7 +84,8 @@ class ServableVersion:
                  batching: BatchingConfig | None, max_history_events: int | None = None,
                  observe_batch: Callable[[int], None] = lambda rows: None,
                  max_rows: int | None = None, *, limits: RequestLimits = RequestLimits(),
-                 observe_drop: Callable[[str], None] = lambda reason: None):
+                 observe_drop: Callable[[str], None] = lambda reason: None,
+                 observe_pending: Callable[[int], None] = lambda delta: None):
         self.model_name, self.version, self.path = model_name, version, path
         self.label = f"model {model_name!r} version {version}"
         try:
@@ -105,7 +106,8 @@ class ServableVersion:
                                      self.limits.max_rows)
             for name, fn in self._functions.items()}
         self._observe_batch, self._observe_drop = observe_batch, observe_drop
-        self._gate = AdmissionGate(self.limits.max_pending_requests, self.label)
+        self._gate = AdmissionGate(self.limits.max_pending_requests, self.label,
+                                   on_change=observe_pending)
         self._retired = False
         self._scheduler = None if batching is None else BatchScheduler(
             batching, self._run_batch, name=f"{model_name}-{version}", on_drop=observe_drop)

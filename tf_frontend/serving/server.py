@@ -51,7 +51,8 @@ class ModelServer:
         self.config = config
         self.metrics = ServerMetrics(config.model_name)
         self.manager = ModelManager(config, observe_batch=self.metrics.observe_batch,
-                                    observe_drop=self.metrics.observe_drop)
+                                    observe_drop=self.metrics.observe_drop,
+                                    observe_pending=self.metrics.observe_pending)
         # Built before anything listens: a bad key pair is a start-up error, not a late one.
         self._rest_ssl = rest_ssl_context(config.ssl) if config.ssl is not None else None
         self._rest: RestServer | None = None
