@@ -211,17 +211,23 @@ class CachedPrefix:
 
     def store(self, shared: SharedKV, slots: torch.Tensor) -> None:
         """Copy the packed prompt KV (per layer ``[T, Hkv, D]``) to flat pool ``slots [T]``
-        of every layer's keys and values: one fixed-shape ``index_copy_`` over the whole
-        pool, no host decision. One write of the whole pool, not one per layer: a traced
-        program then updates its pool input in place (a write into a slice of an input is
-        compiled as a copy of the whole pool)."""
-        layers, _, pages, page_tokens = self.pool.shape[:4]
-        stride = pages * page_tokens                      # flat slots of one layer's keys
+        of every layer's keys and values: one fixed-shape ``index_put_`` over the whole
+        pool, no host decision. One write of the whole pool, not one per layer, and into the
+        pool itself, not a view of it: a traced program then updates its pool input in
+        place. (Inductor before torch 2.13 compiles a write into a view or slice of an
+        input as a copy of the whole input, twice the pool's memory and two passes over it
+        per call.)"""
+        layers, page_tokens = self.pool.shape[0], self.pool.shape[3]
         if shared.packed is not None:
             kv = shared.packed.flatten(0, 2)              # [layers * 2 * T, Hkv, D]
         else:
             kv = torch.cat([t for pair in zip(shared.keys, shared.values) for t in pair])
         kv = kv.to(self.pool.dtype)
-        base = torch.arange(layers * 2, device=slots.device, dtype=slots.dtype) * stride
-        flat = (base[:, None] + slots[None, :]).reshape(-1)
-        self.pool.view(-1, *self.pool.shape[4:]).index_copy_(0, flat, kv)
+        # The index of each row of kv along the pool's first four dimensions: rows run over
+        # (layer, keys or values, slot).
+        slots = slots.to(torch.int64)
+        pairs = torch.arange(layers * 2, device=slots.device)[:, None].expand(-1, slots.shape[0])
+        layer, half = (pairs // 2).reshape(-1), (pairs % 2).reshape(-1)
+        page = (slots // page_tokens).repeat(layers * 2)
+        token = (slots % page_tokens).repeat(layers * 2)
+        self.pool.index_put_((layer, half, page, token), kv)

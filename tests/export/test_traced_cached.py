@@ -26,3 +26,8 @@ def test_the_cached_search_traces_the_paged_kernels():
     # Every runtime-sized dimension bounded: a pool of more than 2**31 elements (4 GiB in
     # bf16) must get 64-bit indexing, not the 32 bits its small example would choose.
     assert traced["unbounded"] == []
+    # A miss's store writes into the pool input itself, which Inductor updates in place. A
+    # write into a view of the pool is compiled (before torch 2.13, as on the GPU host) as
+    # a copy of the whole pool: twice its memory, two passes over it per call.
+    [write] = traced["pool_writes"]
+    assert (write["op"], write["onto"]) == ("aten.index_put.default", "input"), write

@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 
+import triton
+
 import torch_engine.attention as attention
 import torch_engine.beam_search as beam_search
 import torch_engine.engine as engine_module
 from tests.export.prompt_v2_rows import small_v2_spec
-from tests.export.trace_widths_child import launches, unbounded_dims
+from tests.export.trace_widths_child import functional_graph, launches_in, unbounded_dims
 from tests.torch_engine.engine_worlds import small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import engine_config_for
@@ -25,6 +27,14 @@ from torch_engine.kernels import _common
 from torch_engine.model import Model
 from xgr_export import cached_package, torch_package
 from xgr_export.config import EngineExportConfig
+
+
+class _TargetOnly:
+    """A Triton driver that names the GPU host's target and runs nothing."""
+
+    def get_current_target(self):
+        from triton.backends.compiler import GPUTarget
+        return GPUTarget("cuda", 90, 32)
 
 
 class _Traced(Exception):
@@ -36,6 +46,9 @@ def main() -> None:
     # What needs a GPU is switched off: the device checks and the backend choices.
     _common.check_devices = lambda *args, **kwargs: None
     engine_module.resolve_backend = attention.resolve_backend = lambda name, device: "triton"
+    # Inductor reads each kernel's Triton IR to learn which arguments it writes; that needs a
+    # target, not a GPU. Without one it assumes every argument written, pool views included.
+    triton.runtime.driver.set_active(_TargetOnly())
     beam_search.resolve_selection = lambda name, device: "triton"
     traced = {}
 
@@ -59,13 +72,42 @@ def main() -> None:
     runtime = 5                      # the five engine inputs, no beam_slots
     table, slots, pool = contract.inputs[runtime + 1], contract.inputs[runtime + 2], \
         contract.inputs[runtime + 3]
-    kernels = {launch["kernel"] for launch in launches(program, absent=(runtime,))}
+    graph, signature = functional_graph(program, absent=(runtime,))
+    kernels = {launch["kernel"] for launch in launches_in(graph)}
     print(json.dumps({"kernels": sorted(kernels),
                       "symbolic": {"suffix": isinstance(slots.dims[1], str),
                                    "pages": isinstance(table.dims[1], str),
                                    "pool": isinstance(pool.dims[2], str)},
                       "cache_line": list(traced["extra"]),
-                      "unbounded": unbounded_dims(program)}))
+                      "unbounded": unbounded_dims(program),
+                      "pool_writes": pool_writes(graph, signature)}))
+
+
+_VIEWS = {"view", "_unsafe_view", "reshape", "select", "slice", "as_strided", "expand",
+          "alias", "unsqueeze", "squeeze", "permute", "flatten"}
+
+
+def _is_view(node) -> bool:
+    return node.op == "call_function" and getattr(node.target, "__name__", "").split(".")[0] \
+        in _VIEWS
+
+
+def pool_writes(graph, signature) -> list[dict]:
+    """How the program's new value of each input it mutates (the pool) is made: the op, and
+    whether that op writes into the input itself or into a view of it. Inductor (before
+    torch 2.13) updates an input in place only in the first case; otherwise it copies the
+    whole input."""
+    nodes = {node.name: node for node in graph.graph.nodes}
+    writes = []
+    for output, name in signature.user_inputs_to_mutate.items():
+        node = nodes[output]
+        while _is_view(node):                  # views of the written value, back to it
+            node = node.args[0]
+        onto = node.args[0] if node.op == "call_function" and node.args else None
+        writes.append({"input": name, "op": str(node.target),
+                       "onto": "input" if getattr(onto, "name", None) == name else
+                       "view" if onto is not None and _is_view(onto) else "other"})
+    return writes
 
 
 if __name__ == "__main__":

@@ -81,14 +81,13 @@ def unbounded_dims(program) -> list[str]:
                   and (bounds.upper == int_oo or int(bounds.upper) >= 2 ** 62))
 
 
-def launches(program, absent: tuple[int, ...] = ()) -> list[dict]:
-    """(kernel name, its int and bool arguments) of every Triton launch in ``program``'s
-    ops, traced as AOTInductor traces them: the triton_ops decomposed, the sizes symbolic.
-    ``absent``: positions of the program's arguments that were exported as None."""
+def functional_graph(program, absent: tuple[int, ...] = ()):
+    """``program`` traced as AOTInductor traces it (the triton_ops decomposed, the sizes
+    symbolic, the mutations functional): the graph and its signature. ``absent``: positions
+    of the program's arguments that were exported as None."""
     from torch._functorch import config as functorch_config
     from torch._functorch.aot_autograd import aot_export_module
     from torch._guards import detect_fake_mode
-    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
 
     placeholders = [node for node in program.graph.nodes if node.op == "placeholder"]
     user = [node.meta["val"] for node in placeholders
@@ -97,7 +96,19 @@ def launches(program, absent: tuple[int, ...] = ()) -> list[dict]:
         user.insert(position, None)
     with functorch_config.patch(decompose_custom_triton_ops=True), \
             detect_fake_mode([node.meta["val"] for node in placeholders]):
-        graph, _ = aot_export_module(program.module(), tuple(user), trace_joint=False)
+        return aot_export_module(program.module(), tuple(user), trace_joint=False)
+
+
+def launches(program, absent: tuple[int, ...] = ()) -> list[dict]:
+    """(kernel name, its int and bool arguments) of every Triton launch in ``program``'s
+    ops (``functional_graph``)."""
+    return launches_in(functional_graph(program, absent)[0])
+
+
+def launches_in(graph) -> list[dict]:
+    """``launches`` of a functional graph."""
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
     found = []
     for node in graph.graph.nodes:
         if node.op != "call_function" or "triton_kernel_wrapper" not in str(node.target):

@@ -3,8 +3,8 @@
 Storage is one tensor ``[layers, 2, pages + 1, page_tokens, Hkv, D]`` allocated once. Page 0
 is the sink: rows a batch must not keep (padding, tokens past the frozen part) are written
 there, so the write after prefill (``kv_cache.CachedPrefix.store``) is one fixed-shape
-``index_copy_`` per layer and tensor, without a host decision per row. Pages are shared between entries (a common prefix) and freed
-when their last holder lets go.
+``index_put_`` into the whole pool, without a host decision per row. Pages are shared between
+entries (a common prefix) and freed when their last holder lets go.
 """
 
 from __future__ import annotations
