@@ -84,8 +84,7 @@ def test_a_new_catalog_reuses_the_package_and_verifies(versions):
     assert second["num_items"] == first["num_items"] - RETIRED + ADDED
     assert second["capacity"] == first["capacity"]
     assert second["engine_signature"] == first["engine_signature"]
-    # No compile: the tables alone are written (the first export compiled for a minute).
-    assert second["package_seconds"] < 10, second["package_seconds"]
+    # No compile: the tables alone are written, the package is the first version's file.
     assert "reused (hard-linked" in stdout
     package = staged / "assets" / "engine.pt2"
     assert package.stat().st_ino == (base / "1" / "assets" / "engine.pt2").stat().st_ino
@@ -158,9 +157,11 @@ def test_the_new_catalog_goes_live_under_load_without_a_failed_request(versions,
                 swap = time.perf_counter() - started
                 break
             time.sleep(0.2)
-        time.sleep(2)
+        time.sleep(2)               # requests the old version had begun are answered by now
         before = len(answers)
-        time.sleep(2)
+        deadline = time.perf_counter() + 120
+        while len(answers) < before + 3 and time.perf_counter() < deadline:
+            time.sleep(0.1)
         stop.set()
         for worker in workers:
             worker.join(timeout=120)

@@ -45,7 +45,7 @@ from tests.serving.fuzz_decoders import hostile_tensor, rest_body
 pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parents[2]
-GRACE = 3.0
+GRACE = 6.0   # long beside a loaded machine's stop, so a stop held by clients stands out
 GOOD_SCALES = {1: 1.0, 4: 4.0}      # versions that may answer, and their scale
 WIRE_EXAMPLES = 60                   # hostile requests per protocol
 
@@ -347,7 +347,7 @@ def test_fault_suite(engine_models, tmp_path):
         held = _open_idle_and_slow(second)
         stopped_at = time.monotonic()
         second.process.send_signal(signal.SIGTERM)
-        code = second.process.wait(GRACE + 15)
+        code = second.process.wait(GRACE + 20)
         report["sigterm_exit_seconds"] = round(time.monotonic() - stopped_at, 2)
         for sock in held:
             sock.close()
@@ -358,7 +358,7 @@ def test_fault_suite(engine_models, tmp_path):
         # grace (held by them, it took all of it); the rest of the exit is the interpreter
         # tearing TF and torch down.
         assert code == 0 and report["stop_seconds"] < GRACE / 2, (report, second.logs()[-3:])
-        assert report["sigterm_exit_seconds"] <= GRACE + 5, report
+        assert report["sigterm_exit_seconds"] <= GRACE + 10, report
         assert not second.scratch.exists()   # a clean stop removes its own folder
     finally:
         load.stop()
