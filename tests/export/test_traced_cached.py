@@ -29,5 +29,7 @@ def test_the_cached_search_traces_the_paged_kernels():
     # A miss's store writes into the pool input itself, which Inductor updates in place. A
     # write into a view of the pool is compiled (before torch 2.13, as on the GPU host) as
     # a copy of the whole pool: twice its memory, two passes over it per call.
+    # Nothing reads the old pool after the write (the prefill's kernels read it before).
     [write] = traced["pool_writes"]
-    assert (write["op"], write["onto"]) == ("aten.index_put.default", "input"), write
+    assert (write["op"], write["onto"], write["reads_after"]) == \
+        ("aten.index_put.default", "input", []), write

@@ -93,20 +93,33 @@ def _is_view(node) -> bool:
 
 
 def pool_writes(graph, signature) -> list[dict]:
-    """How the program's new value of each input it mutates (the pool) is made: the op, and
-    whether that op writes into the input itself or into a view of it. Inductor (before
-    torch 2.13) updates an input in place only in the first case; otherwise it copies the
-    whole input."""
+    """How the program's new value of each input it mutates (the pool) is made: the op,
+    whether that op writes into the input itself or into a view of it, and the ops after it
+    that still read the input's old value. Inductor updates an input in place only when
+    nothing reads the old value after the write, and (before torch 2.13) only when the write
+    targets the input itself; otherwise it copies the whole input."""
+    order = {node: position for position, node in enumerate(graph.graph.nodes)}
     nodes = {node.name: node for node in graph.graph.nodes}
     writes = []
     for output, name in signature.user_inputs_to_mutate.items():
-        node = nodes[output]
-        while _is_view(node):                  # views of the written value, back to it
-            node = node.args[0]
-        onto = node.args[0] if node.op == "call_function" and node.args else None
-        writes.append({"input": name, "op": str(node.target),
+        write = nodes[output]
+        while _is_view(write):                 # views of the written value, back to it
+            write = write.args[0]
+        onto = write.args[0] if write.op == "call_function" and write.args else None
+        old, readers = [nodes[name]], set()    # the input and every view of it
+        while old:
+            node = old.pop()
+            for user in node.users:
+                if _is_view(user):
+                    old.append(user)
+                else:
+                    readers.add(user)
+        late = sorted(str(r.target) for r in readers
+                      if r is not write and r.op != "output" and order[r] > order[write])
+        writes.append({"input": name, "op": str(write.target),
                        "onto": "input" if getattr(onto, "name", None) == name else
-                       "view" if onto is not None and _is_view(onto) else "other"})
+                       "view" if onto is not None and _is_view(onto) else "other",
+                       "reads_after": late})
     return writes
 
 
