@@ -108,14 +108,18 @@ class FusedProjections:
 
     sources: tuple[torch.Tensor, ...]
     versions: tuple[int, ...]
+    # Each source's storage when copied: ``Module.to`` (a dtype or device change) gives a
+    # parameter new data without counting a version.
+    pointers: tuple[int, ...]
     qkv_weight: torch.Tensor
     qkv_bias: torch.Tensor | None
     gate_up_weight: torch.Tensor
     kernels: bool = True
 
     def current(self) -> bool:
-        """True while every source parameter is the one copied, unmodified."""
-        return all(p._version == v for p, v in zip(self.sources, self.versions))
+        """True while every source parameter is the one copied, unmodified, in place."""
+        return all(p._version == v and p.data_ptr() == at for p, v, at in
+                   zip(self.sources, self.versions, self.pointers))
 
 
 def fold_norm(weight: torch.Tensor, norm_weight: torch.Tensor) -> torch.Tensor:
@@ -167,7 +171,8 @@ class DecoderLayer(nn.Module):
             gate_up = fold_norm(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
                                 self.post_attention_layernorm.weight)
         self.fused = FusedProjections(tuple(sources), tuple(p._version for p in sources),
-                                      qkv_w, qkv_b, gate_up, kernels)
+                                      tuple(p.data_ptr() for p in sources), qkv_w, qkv_b,
+                                      gate_up, kernels)
 
     def _live_fused(self) -> FusedProjections | None:
         """The fused copies when usable: current, and not while tracing (``torch.export`` and

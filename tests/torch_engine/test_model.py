@@ -383,4 +383,13 @@ def test_fused_projections_equal_separate_and_yield_to_changed_weights(family):
         model.fuse_projections()
         layer.input_layernorm.weight.mul_(0.5)
         assert layer._live_fused() is None
+        # A dtype change (Module.to gives the same parameters new data, no version) retires
+        # them too, and fusing again copies in the new dtype.
+        model.fuse_projections()
+        want = model(ids)
+        model.to(torch.float64)
+        assert layer._live_fused() is None
+        model.fuse_projections()
+        assert layer._live_fused().qkv_weight.dtype == torch.float64
+        assert rel_error(model(ids), want) <= FP32.rel_norm
     assert "fused" not in " ".join(model.state_dict())
