@@ -10,6 +10,7 @@ the result also times both.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from bridge.pipeline import RecommendPipeline
+from torch_engine.engine import Engine
 from tf_frontend.pipeline_spec import USER_KEY, WIDTH_CONTROL, PipelineConfig
 from xgr_common.layout import MaskMode
 from xgr_export.verify import VerifyReport, verify_saved_model
@@ -73,6 +75,11 @@ class PipelineCheck:
             f"call (load {report.load_seconds:.1f} s, first call "
             f"{report.first_call_seconds:.1f} s); Python pipeline "
             f"{self.python_call_seconds * 1e3:.1f} ms"]
+        if report.saved_drift is not None:
+            lines.append(f"  against a float32 search of the same weights: SavedModel score "
+                         f"error {report.saved_drift:.2e}, in-process engine "
+                         f"{report.engine_drift:.2e} (the larger drifts further from the exact "
+                         f"answer)")
         lines += [f"  row {row['row']} differs first at {row['position']}: got {row['got']} "
                   f"({row['got_score']:.6f}), want {row['want']} ({row['want_score']:.6f})"
                   for row in report.mismatched_rows[:5]]
@@ -105,6 +112,24 @@ def _wider_reference(graph, engine, config: PipelineConfig, features: dict, beam
     return wide, run
 
 
+def _float32_reference(graph, engine, config: PipelineConfig, features: dict, beam_width: int,
+                       top_k: int, prefill_mask: MaskMode):
+    """The in-process pipeline on ``features`` with a float32 copy of a 16-bit ``engine`` (the
+    same weights, computed without 16-bit rounding), as a callable run only when a 16-bit
+    check fails: it says whether the SavedModel or the in-process engine drifts from the
+    exact answer. None for an engine that computes in 32 bits or more already."""
+    if engine.dtype.itemsize > 2:
+        return None
+
+    def run() -> dict:    # a second copy of the weights, held only for this call
+        precise = Engine(copy.deepcopy(engine.model), engine.catalog,
+                         replace(engine.config, dtype="float32", cuda_graphs=False))
+        return RecommendPipeline.for_engine(
+            graph, precise, beam_width, top_k, replace(config, prompt_cache=False),
+            prefill_mask=prefill_mask)(features)
+    return run
+
+
 def check_against_python(saved_model, graph, engine, config: PipelineConfig, features: dict,
                          beam_width: int, top_k: int,
                          prefill_mask: MaskMode = MaskMode.ITEM_CAUSAL) -> PipelineCheck:
@@ -126,6 +151,9 @@ def check_against_python(saved_model, graph, engine, config: PipelineConfig, fea
             [f"verify-{row}".encode() for row in range(rows)], dtype=object)}
     report = verify_saved_model(saved_model, saved_features, want, repeats=SAVED_REPEATS,
                                 dtype=dtype, wider=_wider_reference(
+                                    graph, engine, config, features, beam_width, top_k,
+                                    prefill_mask),
+                                precise=_float32_reference(
                                     graph, engine, config, features, beam_width, top_k,
                                     prefill_mask))
     prompt = want["prompt_lengths"].numpy()

@@ -53,6 +53,11 @@ class VerifyReport:
     rule: str = "items and counts exact; scores within the float32 tolerance"
     rows_within_ties: int = 0   # 16-bit: rows that differ only inside score ties
     wider_beam: int = 0         # 16-bit: the wider reference's beam, 0 if not consulted
+    # 16-bit, the rule broken: each side's largest score error against a float32 search of
+    # the same requests and weights (``drift``), the SavedModel's and the in-process
+    # engine's; None where not consulted. Which side drifts from the exact answer.
+    saved_drift: float | None = None
+    engine_drift: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -222,15 +227,26 @@ def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
         wider_beam=wider_beam if tied and wider is not None else 0)
 
 
+def drift(precise: dict, calls: list[dict], reference: dict) -> tuple[float, float]:
+    """(the SavedModel's ``calls``, the in-process ``reference``) largest score error against
+    ``precise`` (the same search at a higher precision), item by item over the items both
+    returned, as ``item_score_error`` reads them."""
+    return (max(item_score_error(_ranked(c), precise, None) for c in calls),
+            item_score_error(_ranked(reference), precise, None))
+
+
 def verify_saved_model(saved_model: str | os.PathLike, features: dict, reference: dict,
                        repeats: int = 0, timeout: float = 900.0,
                        dtype: object = "float32",
-                       wider: tuple[int, Callable[[], dict]] | None = None) -> VerifyReport:
+                       wider: tuple[int, Callable[[], dict]] | None = None,
+                       precise: Callable[[], dict] | None = None) -> VerifyReport:
     """Runs ``saved_model`` in a fresh process on ``features`` and compares with ``reference``
     (the in-process pipeline with its engine in ``dtype``); with ``repeats``, the last repeated
     call too (a prompt cache answers it from its entries), its differing rows reported with
     ``"call": "repeat"``. ``wider``: (beam width, the in-process pipeline at that width on
-    the same features), called only when a 16-bit comparison breaks the rule without it."""
+    the same features), called only when a 16-bit comparison breaks the rule without it;
+    ``precise``: the in-process pipeline in float32, called only when the rule is still
+    broken, to say which side drifts (``VerifyReport.saved_drift``)."""
     got = run_fresh(saved_model, features, repeats, timeout)
     modules, seconds = got.pop("modules").tolist(), got.pop("seconds")
     repeat = {name.removeprefix("repeat_"): got.pop(name) for name in list(got)
@@ -247,6 +263,14 @@ def verify_saved_model(saved_model: str | os.PathLike, features: dict, reference
             reports = [compare(c, reference, modules, seconds, dtype, outputs, beam)
                        for c in calls]
     report = reports[0]
+    if precise is not None and any(r.mismatched_rows for r in reports):
+        try:
+            outputs = precise()
+        except CapacityError:   # no memory for a float32 copy: the verdict stands unexplained
+            outputs = None
+        if outputs is not None:
+            saved, engine = drift(outputs, calls, reference)
+            report = replace(report, saved_drift=saved, engine_drift=engine)
     if not repeat:
         return report
     again = reports[1]

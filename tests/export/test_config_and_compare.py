@@ -171,6 +171,54 @@ def test_a_wider_reference_without_memory_leaves_the_break_reported(monkeypatch)
     assert not report.ok and report.mismatched_rows[0]["got"] == 9
 
 
+# A float32 search of the same requests: the SavedModel's item 9 is off by 0.4, the
+# in-process engine's item 7 by 0.05.
+PRECISE = _outputs([[5, 7, 9, 8]], [[-1.0, -2.05, -2.41, -2.5]], [4])
+
+
+def test_drift_is_each_sides_largest_error_against_the_precise_search():
+    saved, engine = verify.drift(PRECISE, [BF16_GOT], BF16_WANT)
+    assert saved == pytest.approx(0.4, abs=1e-6) and engine == pytest.approx(0.05, abs=1e-6)
+    # Over every call compared (a repeated call's list too): the worst of them.
+    later = _outputs([[5, 9, 8, 2]], [[-1.0, -3.01, -2.5, -4.0]], [4])
+    assert verify.drift(PRECISE, [BF16_GOT, later], BF16_WANT)[0] == pytest.approx(0.6, abs=1e-6)
+
+
+def test_verify_runs_the_float32_search_only_when_the_rule_stays_broken(monkeypatch):
+    calls = []
+
+    def precise():
+        calls.append(1)
+        return PRECISE
+
+    _fresh(monkeypatch, BF16_WANT)
+    report = verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16", precise=precise)
+    assert report.ok and calls == [] and report.saved_drift is None
+    _fresh(monkeypatch, BF16_GOT)
+    report = verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16", precise=precise)
+    assert not report.ok and calls == [1]
+    assert report.saved_drift == pytest.approx(0.4, abs=1e-6)
+    assert report.engine_drift == pytest.approx(0.05, abs=1e-6)
+    assert report.to_json()["saved_drift"] == report.saved_drift
+
+    def no_memory():
+        raise CapacityError("no memory for a float32 copy")
+
+    report = verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16", precise=no_memory)
+    assert not report.ok and report.saved_drift is None
+
+
+def test_no_float32_reference_for_an_engine_in_32_bits():
+    from types import SimpleNamespace
+
+    import torch
+
+    from tf_frontend.pipeline_spec import PipelineConfig
+    from xgr_export.check import _float32_reference
+    engine = SimpleNamespace(dtype=torch.float32)
+    assert _float32_reference(None, engine, PipelineConfig(), {}, 16, 12, None) is None
+
+
 def test_no_wider_reference_past_the_engines_widest_beam_or_for_requests_naming_widths():
     from types import SimpleNamespace
 
@@ -193,3 +241,18 @@ def test_the_check_summary_names_the_wider_reference_it_consulted():
                           items_per_request=(4,))
     assert "items equal" in check.summary()
     assert "1 differing only inside score ties, a 64-beam reference consulted" in check.summary()
+
+
+def test_the_check_summary_says_which_side_drifts_from_the_float32_search():
+    from dataclasses import replace
+
+    from xgr_export.check import PipelineCheck
+    report = replace(compare(BF16_GOT, BF16_WANT, dtype="bfloat16"), saved_drift=0.4,
+                     engine_drift=0.05)
+    check = PipelineCheck(report=report, device="cpu", reference="the Python pipeline",
+                          prompt_tokens_min=6, prompt_tokens_max=9,
+                          python_first_call_seconds=1.0, python_call_seconds=0.1,
+                          items_per_request=(4,))
+    assert "items DIFFERENT" in check.summary()
+    assert ("against a float32 search of the same weights: SavedModel score error 4.00e-01, "
+            "in-process engine 5.00e-02") in check.summary()

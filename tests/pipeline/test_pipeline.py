@@ -188,3 +188,34 @@ def test_the_export_checks_wider_reference_searches_wider_and_lists_longer(
     assert np.all(np.diff(scores, axis=1)[(ids[:, 1:] >= 0)] <= 0) and kept.size
     # The wider search finds the narrow one's best item here, or a better one.
     assert np.all(scores[:, 0] >= narrow["scores"].numpy()[:, 0] - 1e-5)
+
+
+def test_the_export_checks_float32_reference_is_the_16_bit_weights_in_float32(
+        quick_model, users):
+    """The evidence a failing 16-bit export check takes to say which side drifts: the same
+    pipeline on a float32 copy of the 16-bit engine's weights, the engine itself untouched."""
+    import copy
+
+    import torch
+
+    from torch_engine.catalog import Catalog
+    from torch_engine.config import EngineConfig
+    from torch_engine.engine import Engine
+    from xgr_export.check import _float32_reference
+    world, mask = quick_model.world, quick_model.settings.train.mask_mode
+    catalog = Catalog.from_arrays(world.item_ids, world.item_codes,
+                                  quick_model.settings.spec.layout)
+    half = Engine(copy.deepcopy(quick_model.model), catalog, EngineConfig(dtype="bfloat16"))
+    before = next(half.model.parameters()).detach().clone()
+    graph, config = quick_model.feature_graph(), PipelineConfig(top_n=TOP_K)
+    features = features_from_world(world, users)
+    run = _float32_reference(graph, half, config, features, BEAM, TOP_K, mask)
+    got = run()
+    assert half.dtype == torch.bfloat16 and torch.equal(next(half.model.parameters()), before)
+    rounded = copy.deepcopy(quick_model.model).to(torch.bfloat16).to(torch.float32)
+    want = RecommendPipeline.for_engine(graph, Engine(rounded, catalog), BEAM, TOP_K, config,
+                                        prefill_mask=mask)(features)
+    np.testing.assert_array_equal(got["item_ids"].numpy(), want["item_ids"].numpy())
+    tol = tolerance_for("float32")
+    np.testing.assert_allclose(got["scores"].numpy(), want["scores"].numpy(),
+                               atol=tol.atol, rtol=tol.rtol)
