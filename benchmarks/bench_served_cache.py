@@ -48,8 +48,9 @@ from benchmarks.serve_process import ROOT
 from benchmarks import session_load
 from benchmarks.session_load import (LoadSettings, Server, ServerNotServing, best_rate,
                                      cache_counters, define_load_flags, define_world_flags,
-                                     export, export_settings_from_flags, graph_counters,
-                                     open_loop, return_intervals, sweep, world_from_flags)
+                                     export, export_check_figures, export_settings_from_flags,
+                                     graph_counters, open_loop, return_intervals, sweep,
+                                     world_from_flags)
 from benchmarks.team_files import write_team_files
 
 FLAGS = flags.FLAGS
@@ -222,7 +223,9 @@ def main(argv: list[str]) -> None:
         "wrong_answers": wrong, "differing_answers": differing, "server_exit": exits, "not_serving": not_serving,
         "warmup_seconds": FLAGS.warmup_seconds, "warmup": warmup,
         "exports": {"plain": plain_report.get("verify", {}).get("ok"),
-                    "cached": cached_report.get("verify", {}).get("ok")}}, FLAGS.label)
+                    "cached": cached_report.get("verify", {}).get("ok")},
+        "export_checks": {name: export_check_figures(report) for name, report in
+                          (("plain", plain_report), ("cached", cached_report))}}, FLAGS.label)
     print(f"result: {path}")
     if not FLAGS.work:
         shutil.rmtree(work, ignore_errors=True)

@@ -141,6 +141,17 @@ def export_settings_from_flags(verify_requests: int) -> ExportSettings:
                           f.dtype)
 
 
+def export_check_figures(report: dict) -> dict | None:
+    """An ``xgr export --report_json`` report's check in figures: verdict, score error,
+    tolerance, and (a 16-bit check that failed) each side's drift from a float32 search;
+    None when the export verified nothing."""
+    verify = report.get("verify")
+    if not verify:
+        return None
+    return {name: verify.get(name) for name in
+            ("ok", "max_score_error", "score_atol", "saved_drift", "engine_drift")}
+
+
 def return_intervals(users: np.ndarray, times: np.ndarray) -> dict:
     """How long users took to come back (seconds), and the share of requests that were a
     return (at most the hit rate a large enough cache reaches)."""

@@ -59,6 +59,7 @@ def test_the_served_cache_benchmark_serves_both_and_compares(served_cache):
     assert result["warmup"]["cached"]["answered"] > 0
     assert cached["call_ms"] > 0 and cached["spill_ms_per_call"] == 0
     assert plain["graph_captures"] == cached["graph_captures"] == 0
+    assert result["export_checks"] == {"plain": None, "cached": None}   # --verify_requests=0
 
 
 def test_the_replica_benchmark_scales_one_export_over_two_replicas(served_cache, tmp_path):

@@ -135,3 +135,23 @@ def test_two_servers_answers_are_compared_by_the_tolerance_tables_rule():
     # At float32 every item must be the same.
     assert swapped_tie.breaks(want, "float32") and not want.breaks(want, "float32")
     assert Answer(np.array([5, 9]), np.array([-1.0, -2.0])).breaks(want, "bfloat16")
+
+
+def test_an_exports_check_is_kept_in_figures_with_each_sides_drift():
+    from dataclasses import replace
+
+    from benchmarks.session_load import export_check_figures
+    from xgr_export.verify import compare
+
+    def outputs(items, scores):
+        return {"item_ids": np.array([items], np.int64),
+                "scores": np.array([scores], np.float32), "num_items": np.array([4], np.int32)}
+
+    failed = compare(outputs([5, 9, 8, 2], [-1.0, -2.01, -2.5, -4.0]),
+                     outputs([5, 7, 8, 2], [-1.0, -2.0, -2.5, -4.0]), dtype="bfloat16")
+    report = {"verify": replace(failed, saved_drift=0.4, engine_drift=0.05).to_json()}
+    figures = export_check_figures(report)
+    assert figures == {"ok": False, "max_score_error": failed.max_score_error,
+                       "score_atol": failed.score_atol, "saved_drift": 0.4,
+                       "engine_drift": 0.05}
+    assert export_check_figures({"saved_model": "m"}) is None     # verified nothing
