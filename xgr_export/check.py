@@ -16,10 +16,12 @@ import time
 from dataclasses import dataclass, replace
 
 import numpy as np
+import torch
 
 from bridge.pipeline import RecommendPipeline
 from torch_engine.engine import Engine
 from tf_frontend.pipeline_spec import USER_KEY, WIDTH_CONTROL, PipelineConfig
+from xgr_common.errors import CapacityError
 from xgr_common.layout import MaskMode
 from xgr_export.verify import VerifyReport, verify_saved_model
 
@@ -122,8 +124,11 @@ def _float32_reference(graph, engine, config: PipelineConfig, features: dict, be
         return None
 
     def run() -> dict:    # a second copy of the weights, held only for this call
-        precise = Engine(copy.deepcopy(engine.model), engine.catalog,
-                         replace(engine.config, dtype="float32", cuda_graphs=False))
+        try:
+            precise = Engine(copy.deepcopy(engine.model), engine.catalog,
+                             replace(engine.config, dtype="float32", cuda_graphs=False))
+        except torch.OutOfMemoryError as e:   # the search itself reports its own
+            raise CapacityError(f"no memory for a float32 copy of the model: {e}") from e
         return RecommendPipeline.for_engine(
             graph, precise, beam_width, top_k, replace(config, prompt_cache=False),
             prefill_mask=prefill_mask)(features)

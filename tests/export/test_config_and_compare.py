@@ -219,6 +219,27 @@ def test_no_float32_reference_for_an_engine_in_32_bits():
     assert _float32_reference(None, engine, PipelineConfig(), {}, 16, 12, None) is None
 
 
+def test_a_float32_copy_without_memory_is_a_capacity_error(monkeypatch):
+    """The check then reports its verdict without the drift figures, the export goes on."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from tf_frontend.pipeline_spec import PipelineConfig
+    from torch_engine.config import EngineConfig
+    from xgr_export import check
+
+    def no_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.80 GiB")
+
+    monkeypatch.setattr(check, "Engine", no_memory)
+    engine = SimpleNamespace(dtype=torch.bfloat16, model=torch.nn.Linear(2, 2), catalog=None,
+                             config=EngineConfig())
+    run = check._float32_reference(None, engine, PipelineConfig(), {}, 16, 12, None)
+    with pytest.raises(CapacityError, match="no memory for a float32 copy of the model"):
+        run()
+
+
 def test_no_wider_reference_past_the_engines_widest_beam_or_for_requests_naming_widths():
     from types import SimpleNamespace
 
