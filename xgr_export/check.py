@@ -94,6 +94,16 @@ def _timed(call) -> tuple[object, float]:
     return value, time.perf_counter() - started
 
 
+def _in_process(graph, engine, beam_width: int, top_k: int, config: PipelineConfig,
+                prefill_mask: MaskMode) -> RecommendPipeline:
+    """The in-process pipeline the SavedModel is compared with: ``engine`` searching with
+    ``beam_width``, ``top_k`` and ``prefill_mask``, without a prompt cache (every row
+    computed, the reference for hits and misses alike)."""
+    return RecommendPipeline.for_engine(graph, engine, beam_width, top_k,
+                                        replace(config, prompt_cache=False),
+                                        prefill_mask=prefill_mask)
+
+
 def _wider_reference(graph, engine, config: PipelineConfig, features: dict, beam_width: int,
                      top_k: int, prefill_mask: MaskMode):
     """(width, the in-process pipeline at ``WIDER_BEAM_FACTOR`` x ``beam_width`` beams on
@@ -108,9 +118,8 @@ def _wider_reference(graph, engine, config: PipelineConfig, features: dict, beam
     longer = min(top_k * wide // beam_width, engine.catalog.reachable_items(wide))
 
     def run() -> dict:    # built only when a row needs the evidence
-        return RecommendPipeline.for_engine(
-            graph, engine, wide, longer, replace(config, prompt_cache=False, top_n=longer),
-            prefill_mask=prefill_mask)(features)
+        return _in_process(graph, engine, wide, longer, replace(config, top_n=longer),
+                           prefill_mask)(features)
     return wide, run
 
 
@@ -129,9 +138,7 @@ def _float32_reference(graph, engine, config: PipelineConfig, features: dict, be
                              replace(engine.config, dtype="float32", cuda_graphs=False))
         except torch.OutOfMemoryError as e:   # the search itself reports its own
             raise CapacityError(f"no memory for a float32 copy of the model: {e}") from e
-        return RecommendPipeline.for_engine(
-            graph, precise, beam_width, top_k, replace(config, prompt_cache=False),
-            prefill_mask=prefill_mask)(features)
+        return _in_process(graph, precise, beam_width, top_k, config, prefill_mask)(features)
     return run
 
 
@@ -143,9 +150,7 @@ def check_against_python(saved_model, graph, engine, config: PipelineConfig, fea
     prompt cache (``config.prompt_cache``) the SavedModel's requests carry a user key per row,
     so its first call fills the cache and its repeated calls (also compared) read it; the
     in-process reference runs without one."""
-    python = RecommendPipeline.for_engine(graph, engine, beam_width, top_k,
-                                          replace(config, prompt_cache=False),
-                                          prefill_mask=prefill_mask)
+    python = _in_process(graph, engine, beam_width, top_k, config, prefill_mask)
     want, first = _timed(lambda: python(features))
     again = [_timed(lambda: python(features))[1] for _ in range(REFERENCE_REPEATS)]
     dtype = str(engine.dtype).removeprefix("torch.")
