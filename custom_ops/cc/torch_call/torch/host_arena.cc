@@ -26,7 +26,7 @@ int64_t HostArena::ChunkBytes(int64_t budget_bytes, bool pinned) {
 HostArena::HostArena(int64_t budget_bytes, bool pinned)
     : budget_bytes_(budget_bytes),
       chunk_bytes_(ChunkBytes(budget_bytes, pinned)),
-      chunks_(std::max<int64_t>(budget_bytes, 0) / ChunkBytes(budget_bytes, pinned)),
+      chunks_(std::max<int64_t>(budget_bytes, 0) / chunk_bytes_),
       pinned_(pinned) {
   if (pinned_) {
     std::fprintf(stderr, "TorchCall: pinning the prompt cache's host tier: %lld chunks of %lld "

@@ -40,7 +40,7 @@ class HostArena {
 
   int64_t budget_bytes() const { return budget_bytes_; }
   int64_t chunk_bytes() const { return chunk_bytes_; }
-  int64_t capacity_bytes() const { return chunk_bytes_ * chunks_; }
+  int64_t chunks() const { return chunks_; }
   bool pinned() const { return pinned_; }
 
  private:

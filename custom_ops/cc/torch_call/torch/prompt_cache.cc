@@ -88,7 +88,7 @@ PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Devic
   if (arena_ != nullptr) pages_per_chunk_ = arena_->chunk_bytes() / page_bytes_;
   if (pages_per_chunk_ == 0) arena_ = nullptr;  // a budget under one page keeps no tier
   counts_.host_capacity_bytes = arena_ == nullptr ? 0 :
-      arena_->capacity_bytes() / arena_->chunk_bytes() * pages_per_chunk_ * page_bytes_;
+      arena_->chunks() * pages_per_chunk_ * page_bytes_;
   counts_.hit_bounds = kHitBounds;
   counts_.hit_buckets.assign(kHitBounds.size(), 0);
 }
