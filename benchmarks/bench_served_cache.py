@@ -220,10 +220,8 @@ def main(argv: list[str]) -> None:
         "prompt_cache_host_gb": FLAGS.prompt_cache_host_gb, "workload": intervals,
         "plain": results["plain"], "cached": results["cached"],
         "plain_best_rate": plain_best, "cached_best_rate": cached_best, "ratio": ratio,
-        "wrong_answers": wrong, "differing_answers": differing, "server_exit": exits, "not_serving": not_serving,
-        "warmup_seconds": FLAGS.warmup_seconds, "warmup": warmup,
-        "exports": {"plain": plain_report.get("verify", {}).get("ok"),
-                    "cached": cached_report.get("verify", {}).get("ok")},
+        "wrong_answers": wrong, "differing_answers": differing, "server_exit": exits,
+        "not_serving": not_serving, "warmup_seconds": FLAGS.warmup_seconds, "warmup": warmup,
         "export_checks": {name: export_check_figures(report) for name, report in
                           (("plain", plain_report), ("cached", cached_report))}}, FLAGS.label)
     print(f"result: {path}")

@@ -225,7 +225,6 @@ class CachedPrefix:
         kv = kv.to(self.pool.dtype)
         # The index of each row of kv along the pool's first four dimensions: rows run over
         # (layer, keys or values, slot).
-        slots = slots.to(torch.int64)
         pairs = torch.arange(layers * 2, device=slots.device)[:, None].expand(-1, slots.shape[0])
         layer, half = (pairs // 2).reshape(-1), (pairs % 2).reshape(-1)
         page = (slots // page_tokens).repeat(layers * 2)

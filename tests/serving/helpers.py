@@ -131,7 +131,6 @@ def wait_for_pending(server: ModelServer, count: int, timeout: float = 60.0) -> 
         time.sleep(0.01)
 
 
-
 def columnar(request: dict) -> dict:
     """A request of arrays as TF Serving's columnar JSON ("inputs")."""
     return {name: [v.decode() for v in a] if a.dtype == object else a.tolist()
