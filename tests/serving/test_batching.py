@@ -49,6 +49,46 @@ def test_concurrent_clients_coalesce_and_get_their_own_results(server, in_proces
     assert batches - batches_before < CLIENTS, "no two requests shared a model call"
 
 
+def _sample(server, name: str, **labels) -> float:
+    return server.metrics.registry.get_sample_value(
+        name, {"model_name": "recs", **labels}) or 0.0
+
+
+def _latency_sum(server) -> float:
+    """The request latency histogram's sum over every API."""
+    return sum(sample.value for family in server.metrics.registry.collect()
+               for sample in family.samples
+               if sample.name == "xgr_serving_request_latency_seconds_sum")
+
+
+def test_model_call_time_is_counted_per_call_and_within_its_requests_latency(server):
+    rng = np.random.default_rng(13)
+    requests = [random_request(rng, rows=2) for _ in range(6)]
+    before = {name: _sample(server, name) for name in (
+        "xgr_serving_model_call_seconds_count", "xgr_serving_model_call_seconds_sum",
+        "xgr_serving_batch_size_count")}
+    waited = _latency_sum(server)
+    start = threading.Barrier(len(requests))
+
+    def client(i: int):
+        start.wait()
+        return _rest_predict(server.rest_port, requests[i])
+
+    with concurrent.futures.ThreadPoolExecutor(len(requests)) as pool:
+        assert all(status == 200 for status, _ in pool.map(client, range(len(requests))))
+    calls = _sample(server, "xgr_serving_model_call_seconds_count") - before[
+        "xgr_serving_model_call_seconds_count"]
+    busy = _sample(server, "xgr_serving_model_call_seconds_sum") - before[
+        "xgr_serving_model_call_seconds_sum"]
+    waited = _latency_sum(server) - waited
+    # One sample per model call, as the batch-size histogram has; a request waits at least
+    # for the call that answers it, so the calls' time is within the requests' latency.
+    assert calls == _sample(server, "xgr_serving_batch_size_count") - before[
+        "xgr_serving_batch_size_count"]
+    assert 1 <= calls <= len(requests)
+    assert 0 < busy <= waited
+
+
 def test_one_failing_request_does_not_fail_its_batch(server, in_process):
     rng = np.random.default_rng(12)
     requests = [random_request(rng, rows=2, max_events=3) for _ in range(6)]

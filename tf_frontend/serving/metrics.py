@@ -14,7 +14,8 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class ServerMetrics:
-    """requests{model,api,code}, request latency{model,api}, batch size{model}, errors,
+    """requests{model,api,code}, request latency{model,api}, batch size and model call
+    latency{model}, errors,
     dropped requests{model,reason}, pending requests{model}."""
 
     def __init__(self, model_name: str):
@@ -32,6 +33,11 @@ class ServerMetrics:
         self._batch_rows = prom.Histogram(
             "xgr_serving_batch_size", "Rows per model call (after batching).",
             ["model_name"], buckets=_BATCH_BUCKETS, registry=self.registry)
+        self._call_latency = prom.Histogram(
+            "xgr_serving_model_call_seconds",
+            "Wall time of each model call (one batch through the SavedModel); the request "
+            "latency less this is the time a request spent decoding and waiting for its batch.",
+            ["model_name"], buckets=_LATENCY_BUCKETS, registry=self.registry)
         self._dropped = prom.Counter(
             "xgr_serving_dropped_requests",
             "Requests taken out of the queue before they ran: their caller cancelled or their "
@@ -51,8 +57,9 @@ class ServerMetrics:
         if code not in ("200", "OK"):
             self._errors.labels(self._model, api, code).inc()
 
-    def observe_batch(self, rows: int) -> None:
+    def observe_batch(self, rows: int, seconds: float) -> None:
         self._batch_rows.labels(self._model).observe(rows)
+        self._call_latency.labels(self._model).observe(seconds)
 
     def observe_drop(self, reason: str) -> None:
         self._dropped.labels(self._model, reason).inc()

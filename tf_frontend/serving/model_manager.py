@@ -60,7 +60,8 @@ def _fingerprint(path: str) -> tuple[int, float, int]:
 
 
 class ModelManager:
-    def __init__(self, config: ServerConfig, observe_batch: Callable[[int], None] = lambda rows: None,
+    def __init__(self, config: ServerConfig,
+                 observe_batch: Callable[[int, float], None] = lambda rows, seconds: None,
                  observe_drop: Callable[[str], None] = lambda reason: None,
                  observe_pending: Callable[[int], None] = lambda delta: None):
         self._config = config

@@ -82,7 +82,7 @@ class ServableVersion:
 
     def __init__(self, model_name: str, version: int, path: str,
                  batching: BatchingConfig | None, max_history_events: int | None = None,
-                 observe_batch: Callable[[int], None] = lambda rows: None,
+                 observe_batch: Callable[[int, float], None] = lambda rows, seconds: None,
                  max_rows: int | None = None, *, limits: RequestLimits = RequestLimits(),
                  observe_drop: Callable[[str], None] = lambda reason: None,
                  observe_pending: Callable[[int], None] = lambda delta: None):
@@ -158,8 +158,7 @@ class ServableVersion:
             self._observe_drop("deadline")
             raise DeadlineExceededError("the request's deadline passed before it ran; it was "
                                         "not run")
-        self._observe_batch(request.rows or 1)
-        return self._call(request.signature, request.inputs)
+        return self._call(request.signature, request.inputs, request.rows or 1)
 
     def predict(self, signature_name: str, inputs: Mapping[str, np.ndarray],
                 batched: bool = True, deadline: float | None = None,
@@ -190,8 +189,12 @@ class ServableVersion:
         except concurrent.futures.CancelledError:
             raise RequestCancelledError("the request was cancelled before it ran") from None
 
-    def _call(self, sig: SignatureInfo, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _call(self, sig: SignatureInfo, inputs: Mapping[str, np.ndarray],
+              rows: int) -> dict[str, np.ndarray]:
+        """One model call of ``rows`` rows; its rows and wall time go to the metrics, failed
+        or not (a failed call held the model as long)."""
         tensors = {n: tf.constant(a, dtype=sig.inputs[n].dtype) for n, a in inputs.items()}
+        started = time.perf_counter()
         try:
             outputs = self._functions[sig.name](**tensors)
         except tf.errors.InvalidArgumentError as e:
@@ -202,17 +205,20 @@ class ServableVersion:
             raise ModelExecutionError(
                 f"{self.label} failed: {type(e).__name__}: {e.message}",
                 f"{self.label} failed on this request ({type(e).__name__})") from e
+        finally:
+            self._observe_batch(rows, time.perf_counter() - started)
         return {n: t.numpy() for n, t in outputs.items()}
 
     def _run_batch(self, tasks: Sequence[BatchTask]) -> None:
         requests = [t.request for t in tasks]
         try:
             if len(tasks) == 1:
-                results = [self._call(requests[0].signature, requests[0].inputs)]
+                results = [self._call(requests[0].signature, requests[0].inputs,
+                                      requests[0].rows)]
             else:
-                merged = self._call(requests[0].signature, merge_inputs(requests))
+                merged = self._call(requests[0].signature, merge_inputs(requests),
+                                    sum(r.rows for r in requests))
                 results = split_outputs(requests[0].signature, merged, [r.rows for r in requests])
-            self._observe_batch(sum(r.rows for r in requests))
         except (InvalidInputError, UnsplittableOutput) as e:
             if len(tasks) == 1:
                 tasks[0].future.set_exception(e)
@@ -232,8 +238,8 @@ class ServableVersion:
     def _run_alone(self, tasks: Sequence[BatchTask]) -> None:
         for task in tasks:
             try:
-                self._observe_batch(task.request.rows)
-                task.future.set_result(self._call(task.request.signature, task.request.inputs))
+                task.future.set_result(self._call(task.request.signature, task.request.inputs,
+                                                  task.request.rows))
             except Exception as e:
                 task.future.set_exception(e)
 
