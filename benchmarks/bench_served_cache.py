@@ -50,7 +50,7 @@ from benchmarks.session_load import (LoadSettings, Server, ServerNotServing, bes
                                      cache_counters, define_load_flags, define_world_flags,
                                      export, export_check_figures, export_settings_from_flags,
                                      graph_counters, open_loop, return_intervals, sweep,
-                                     world_from_flags)
+                                     timing_counters, window_means, world_from_flags)
 from benchmarks.team_files import write_team_files
 
 FLAGS = flags.FLAGS
@@ -67,8 +67,9 @@ flags.DEFINE_integer("verify_requests", 4, "xgr export --verify_requests of both
 flags.DEFINE_bool("parallel_exports", False, "Run the two exports side by side (a CPU with cores "
                   "to spare; on one GPU two compiles at once may not fit its memory).")
 flags.DEFINE_float("warmup_seconds", 0.0, "Before each server's sweep, this long at the "
-                   "first rate, not counted: the shape buckets' first calls (CUDA graph "
-                   "captures) and the cache's first fill happen there, and are reported apart.")
+                   "sweep's median rate, not counted: the shape buckets' first calls (CUDA "
+                   "graph captures, batches of several rows among them) and the cache's first "
+                   "fill happen there, and are reported apart.")
 flags.DEFINE_string("work", None, "Working folder (default: a temporary one, removed).")
 flags.DEFINE_string("label", "cpu", "Device label of the result file.")
 flags.DEFINE_string("out_dir", os.path.join(ROOT, "benchmarks", "results"), "Result folder.")
@@ -81,44 +82,70 @@ def rate_row(server: Server, name: str, keyed: bool, requests, arrivals: dict, l
     read before and after."""
     before = cache_counters(server.rest_port) if keyed else None
     graphs_before = graph_counters(server.rest_port)
+    times_before = timing_counters(server.rest_port)
     row = open_loop(server.grpc_port, keyed, requests, arrivals[rate], rate, load,
                     reference if keyed else None, dtype)
     answers = row.pop("answers")
     graphs_after = graph_counters(server.rest_port)
     row["graph_captures"] = graphs_after["captures"] - graphs_before["captures"]
     row["eager_runs"] = graphs_after["eager_runs"] - graphs_before["eager_runs"]
+    # Where a request's time goes: on the server, in its model call, the rows a call ran.
+    row.update(window_means(times_before, timing_counters(server.rest_port)))
     if keyed:
         after = cache_counters(server.rest_port)
         delta = {k: after[k] - before[k] for k in after}
         row["hit_rate"] = delta["hits"] / max(delta["lookups"], 1)
         row["host_hit_rate"] = delta["host_hits"] / max(delta["lookups"], 1)
         row["cache"] = delta
-        # Where a cached call's time goes: its mean, and the host tier's copies per call.
-        calls = max(delta["calls"], 1)
-        row["call_ms"] = 1e3 * delta["call_seconds"] / calls
-        row["spill_ms_per_call"] = 1e3 * delta["spill_seconds"] / calls
-        row["restore_ms_per_call"] = 1e3 * delta["restore_seconds"] / calls
+        row.update(engine_call_parts(delta))
     elif reference is not None:
         for user, answer in answers.items():
             reference.setdefault(user, answer)
     print(f"{name:>6} rate {rate:6.1f}: {row['throughput']:6.1f} req/s, P50 "
           f"{row['p50_ms'] or float('nan'):.1f} ms, P99 "
           f"{row['p99_ms'] or float('nan'):.1f} ms, failed {row['failed']}, graph captures "
-          f"{row['graph_captures']:.0f}"
-          + (f", hit rate {row['hit_rate']:.2f} (host tier "
-             f"{row['host_hit_rate']:.2f}), engine call {row['call_ms']:.1f} ms (spills "
-             f"{row['spill_ms_per_call']:.1f}, restores {row['restore_ms_per_call']:.1f})"
-             if keyed else ""), flush=True)
+          f"{row['graph_captures']:.0f}; on the server {_ms(row['server_ms'])} a request, "
+          f"{_ms(row['model_call_ms'])} a model call of {row['rows_per_call'] or 0:.2f} rows"
+          + (f"; hit rate {row['hit_rate']:.2f} (host tier {row['host_hit_rate']:.2f}), the "
+             f"engine {_ms(row['engine_ms_per_call'])} a call: runs "
+             f"{_ms(row['call_ms'])} (with a hit {_ms(row['hit_call_ms'])}, without "
+             f"{_ms(row['miss_call_ms'])}), spills {_ms(row['spill_ms_per_call'])}, "
+             f"restores {_ms(row['restore_ms_per_call'])}" if keyed else ""), flush=True)
     for status, message in row["first_errors"].items():
         print(f"        {status}: {message[:300]}", flush=True)
     return row
 
 
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} ms"
+
+
+def engine_call_parts(delta: dict[str, float]) -> dict[str, float | None]:
+    """A cached server's engine time per call over a window, from its cache counters'
+    ``delta``: the runs (``call_ms``; with a hit and without, None where none ran), and the
+    host tier's copies, which the cache makes before a run starts (``spill_ms_per_call``,
+    ``restore_ms_per_call``); ``engine_ms_per_call`` is their sum."""
+    def per(seconds: float, calls: float) -> float | None:
+        return 1e3 * seconds / calls if calls > 0 else None
+
+    calls = max(delta["calls"], 1)
+    parts = {"call_ms": 1e3 * delta["call_seconds"] / calls,
+             "hit_call_ms": per(delta["hit_seconds"], delta["hit_calls"]),
+             "miss_call_ms": per(delta["call_seconds"] - delta["hit_seconds"],
+                                 delta["calls"] - delta["hit_calls"]),
+             "spill_ms_per_call": 1e3 * delta["spill_seconds"] / calls,
+             "restore_ms_per_call": 1e3 * delta["restore_seconds"] / calls}
+    parts["engine_ms_per_call"] = (parts["call_ms"] + parts["spill_ms_per_call"]
+                                   + parts["restore_ms_per_call"])
+    return parts
+
+
 def warm_up(server: Server, name: str, keyed: bool, requests, world, rates: list[float],
             dtype: str) -> dict:
-    """``--warmup_seconds`` at the lowest rate before the sweep, on an arrival sequence of its
-    own, answers not compared: the row (captures, latency, the cache's first fill)."""
-    rate = min(rates)
+    """``--warmup_seconds`` at the sweep's median rate before the sweep (the lowest rate
+    seldom batches rows, so its shapes would capture inside the sweep), on an arrival sequence
+    of its own, answers not compared: the row (captures, latency, the cache's first fill)."""
+    rate = float(np.median(sorted(rates)))
     users = world.arrivals(np.random.default_rng(7919), int(rate * FLAGS.warmup_seconds * 2) + 8)
     load = LoadSettings(FLAGS.warmup_seconds, FLAGS.workers, FLAGS.client_processes)
     return rate_row(server, f"{name} warm-up", keyed, requests, {rate: users}, load, None,

@@ -252,8 +252,9 @@ def metric_sums(rest_port: int, prefix: str) -> dict[str, float]:
 
 def cache_counters(rest_port: int) -> dict[str, float]:
     """A server's prompt-cache counters: lookups, hits (both tiers), misses, uncached,
-    evictions, batches run as two sub-batches (``split_batches``), and the hits copied back
-    from the host tier (``host_hits``)."""
+    evictions, batches run as two sub-batches (``split_batches``), the engine calls and their
+    time (all, and those with a hit: ``hit_calls``, ``hit_seconds``), the host tier's copies
+    and the hits copied back from it (``host_hits``)."""
     samples = metric_samples(rest_port, "xgr_prompt_cache_")
     sums: dict[str, float] = {}
     for name, labels, value in samples:
@@ -265,6 +266,8 @@ def cache_counters(rest_port: int) -> dict[str, float]:
     out["host_hits"] = sum(value for name, labels, value in samples
                            if name == "xgr_prompt_cache_hits_total"
                            and labels.get("tier") == "host")
+    out["hit_calls"] = sums.get("xgr_prompt_cache_hit_latency_seconds_count", 0.0)
+    out["hit_seconds"] = sums.get("xgr_prompt_cache_hit_latency_seconds_sum", 0.0)
     return out
 
 
@@ -274,6 +277,30 @@ def graph_counters(rest_port: int) -> dict[str, float]:
     sums = metric_sums(rest_port, "xgr_engine_graph_")
     return {name: sums.get(f"xgr_engine_graph_{name}_total", 0.0)
             for name in ("captures", "eager_runs")}
+
+
+# The server's time histograms read for per-window means, by a short name.
+TIME_HISTOGRAMS = {"request": "xgr_serving_request_latency_seconds",
+                   "model_call": "xgr_serving_model_call_seconds",
+                   "rows": "xgr_serving_batch_size"}
+
+
+def timing_counters(rest_port: int) -> dict[str, float]:
+    """The sums and counts so far of a server's time histograms (``TIME_HISTOGRAMS``):
+    requests read to response, model calls and their rows."""
+    sums = metric_sums(rest_port, "xgr_")
+    return {f"{short}_{part}": sums.get(f"{name}_{part}", 0.0)
+            for short, name in TIME_HISTOGRAMS.items() for part in ("sum", "count")}
+
+
+def window_means(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Means over the window between two ``timing_counters`` readings (None: nothing in it):
+    a request on the server and a model call in ms, rows per model call."""
+    def mean(short: str, scale: float) -> float | None:
+        count = after[f"{short}_count"] - before[f"{short}_count"]
+        return scale * (after[f"{short}_sum"] - before[f"{short}_sum"]) / count if count else None
+    return {"server_ms": mean("request", 1e3), "model_call_ms": mean("model_call", 1e3),
+            "rows_per_call": mean("rows", 1.0)}
 
 
 class ServerNotServing(RuntimeError):

@@ -58,6 +58,14 @@ def test_the_served_cache_benchmark_serves_both_and_compares(served_cache):
     assert set(result["warmup"]) == {"plain", "cached"}
     assert result["warmup"]["cached"]["answered"] > 0
     assert cached["call_ms"] > 0 and cached["spill_ms_per_call"] == 0
+    # Each window's time split: a request on the server, its model call, the engine's runs
+    # with a hit and without (a miss's run also stores), and their sum with the copies.
+    for row in (plain, cached):
+        assert 0 < row["model_call_ms"] and 0 < row["server_ms"] and row["rows_per_call"] >= 1
+    assert cached["hit_call_ms"] > 0 and cached["miss_call_ms"] > 0
+    assert cached["engine_ms_per_call"] == pytest.approx(
+        cached["call_ms"] + cached["spill_ms_per_call"] + cached["restore_ms_per_call"])
+    assert "on the server" in out and "with a hit" in out
     assert plain["graph_captures"] == cached["graph_captures"] == 0
     assert result["export_checks"] == {"plain": None, "cached": None}   # --verify_requests=0
 
