@@ -89,11 +89,12 @@ served_cache_phase() {
                --parallel_exports --label="$(gpu_label)_q3_ctx5000")
   [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu)
   # Beside the exports' compile: a tiny package read and written at the far end of a pool
-  # past 2**31 elements, the size class the served pool is in (a minute or two).
+  # past 2**31 elements, the size class the served pool is in, and the runtime's host tier
+  # with its spills on a copy stream (a few minutes).
   local large_pool=""
   if [ -z "$REHEARSAL" ]; then
     "${PY:-python3}" -m pytest -p no:cacheprovider -m gpu tests/export/test_gpu_large_pool.py \
-        > "$RUN_OUT/large_pool_test.log" 2>&1 &
+        tests/torch_call/test_prompt_cache_runtime.py > "$RUN_OUT/large_pool_test.log" 2>&1 &
     large_pool=$!
   fi
   timeout "${SERVED_CACHE_LIMIT:-2400}" "${PY:-python3}" -m benchmarks.bench_served_cache \

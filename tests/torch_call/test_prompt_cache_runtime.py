@@ -37,17 +37,24 @@ ATOL = tolerance_for(torch.float32).atol
 pytestmark = pytest.mark.heavy
 
 
+def _cached_package(folder: Path, device: str):
+    """A package of a tiny version 2 model with the cache for ``device``, its engine (there)
+    and spec, the catalog's ids and codes."""
+    ids, codes = small_world()
+    model = Model.from_preset("tiny", seed=1).to(device)
+    spec = small_v2_spec(model.config.hidden_size)
+    engine = Engine(model, Catalog.from_arrays(ids, codes).to(device),
+                    engine_config_for(spec, selection_backend="torch"))
+    path = folder / "engine.pt2"
+    export_cached_engine(engine, spec, path,
+                         EngineExportConfig(BEAMS, TOP_K, max_batch=8, device=device))
+    return path, engine, spec, ids, codes
+
+
 @pytest.fixture(scope="module")
 def cached(tmp_path_factory):
     """A CPU package of a tiny version 2 model with the cache, its engine and spec."""
-    ids, codes = small_world()
-    model = Model.from_preset("tiny", seed=1)
-    spec = small_v2_spec(model.config.hidden_size)
-    engine = Engine(model, Catalog.from_arrays(ids, codes),
-                    engine_config_for(spec, selection_backend="torch"))
-    path = tmp_path_factory.mktemp("cached") / "engine.pt2"
-    export_cached_engine(engine, spec, path, EngineExportConfig(BEAMS, TOP_K, max_batch=8))
-    return path, engine, spec, ids, codes
+    return _cached_package(tmp_path_factory.mktemp("cached"), "cpu")
 
 
 def _key(name: str | None) -> np.ndarray:
@@ -60,10 +67,10 @@ class Calls:
     """The calls one child makes: each a batch of users (their long-term and recent item
     counts over their own part of the catalog) and keys, with the reference answer."""
 
-    def __init__(self, cached):
+    def __init__(self, cached, device: str = "cpu"):
         _, self.engine, self.spec, ids, self.codes = cached
         self.arrays, self.count = {"atol": np.float64(ATOL)}, 0
-        self.ids = ids
+        self.ids, self.device = ids, device
 
     def user_rows(self, users: list[tuple[int, int, int]]):
         """One prompt row per (user, long items, recent items): a user's items start at
@@ -95,11 +102,12 @@ class Calls:
         a[f"keys_{i}"] = np.stack([_key(k) for k in keys])
         if not refused:
             with torch.no_grad():
+                on = [torch.from_numpy(x).to(self.device) for x in (tokens, lengths, segments)]
                 items, scores = self.engine.recommend(
-                    torch.from_numpy(tokens), torch.from_numpy(lengths),
-                    torch.from_numpy(segments), BEAMS, TOP_K, prefix_embeds=embeds,
-                    exclude_items=torch.from_numpy(exclude))
-            a[f"want_items_{i}"], a[f"want_scores_{i}"] = items.numpy(), scores.numpy()
+                    *on, BEAMS, TOP_K, prefix_embeds=embeds.to(self.device),
+                    exclude_items=torch.from_numpy(exclude).to(self.device))
+            a[f"want_items_{i}"] = items.cpu().numpy()
+            a[f"want_scores_{i}"] = scores.cpu().numpy()
         self.count += 1
         return i
 
@@ -201,11 +209,13 @@ def test_the_pool_stays_within_its_budget_and_evicts(cached, tmp_path):
 
 
 def test_the_host_tier_keeps_what_the_pool_evicts(cached, tmp_path):
-    """12 users, each returning at once, then all again, in a pool of 6 one-page entries:
-    with a host tier that holds the 6 the pool evicts, every user of the second round is a
-    hit copied back from it (each copy evicting the pool's oldest into the host tier); with
-    a host tier of 4 entries, it drops its oldest for room. Every answer right, each tier
-    within its budget."""
+    """12 users, each returning at once, then all again, in a pool of 6 one-page entries.
+    With a host tier the pool evicts ahead of need, keeping one entry's page free after
+    each call's planning (its spill overlaps the run on a GPU), so it holds 5 entries and
+    the first round evicts 7. With a host tier that holds those 7, every user of the second
+    round is a hit copied back from it (each copy evicting the pool's oldest ahead into the
+    host tier); with a host tier of 4 entries, it drops its oldest for room. Every answer
+    right, each tier within its budget."""
     package = cached[0]
     calls = Calls(cached)
     users = [(u, 3, 2) for u in range(12)]
@@ -214,24 +224,47 @@ def test_the_host_tier_keeps_what_the_pool_evicts(cached, tmp_path):
     page = 2 * 2 * 2 * 16 * PAGE_TOKENS * 4
     assert int(calls.user_rows(users[:1])[3][0]) <= PAGE_TOKENS    # one page an entry
     # Host pages have the pool's geometry: an entry takes whole pages there too.
-    roomy = calls.run(package, tmp_path, 6 * page, host_budget=6 * page)
+    roomy = calls.run(package, tmp_path, 6 * page, host_budget=7 * page)
     assert roomy["outcomes"] == ["ok"] * 36
     stats = roomy["stats"]
     assert all(s["bytes"] <= s["capacity_bytes"] and s["host_bytes"] <= s["host_capacity_bytes"]
                for s in stats)
+    # One page kept free (or on its way out) after every call: 5 entries at most.
+    assert max(s["bytes"] for s in stats) == 5 * page and max(s["entries"] for s in stats) == 5
     first_round = stats[23]
-    assert first_round["host_entries"] == 6 and first_round["host_evictions"] == 0
+    assert first_round["host_entries"] == 7 and first_round["host_evictions"] == 0
     assert first_round["hits"] == 12 and first_round["host_hits"] == 0
+    assert first_round["evictions"] == 7
     final = stats[-1]
     assert final["host_hits"] == 12 and final["hits"] == 24 and final["misses"] == 12
-    assert final["evictions"] == 6 + 12 and final["host_entries"] == 6
+    assert final["evictions"] == 7 + 12 and final["host_entries"] == 7
     # Each eviction spilled (timed on the request's path), each host hit's copy back timed.
     assert final["spills"] == final["evictions"] and final["spill_seconds"] > 0
     assert final["restore_seconds"] > 0 and first_round["restore_seconds"] == 0
     tight = calls.run(package, tmp_path, 6 * page, host_budget=4 * page)
     assert tight["outcomes"] == ["ok"] * 36
-    assert tight["stats"][23]["host_evictions"] == 2
+    assert tight["stats"][23]["host_evictions"] == 3
     assert all(s["host_bytes"] <= 4 * page for s in tight["stats"])
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_spills_copy_beside_the_runs(tmp_path):
+    """The host tier's scenario above with a CUDA package: the spills' copies run on a stream
+    of their own, and a spilled page is handed out, or a spilled entry read back, only once
+    its copy is done. Every answer equals the engine's on the same device; the counts are the
+    CPU's (the policy does not depend on when a copy finishes)."""
+    cached = _cached_package(tmp_path, "cuda:0")
+    calls = Calls(cached, device="cuda:0")
+    users = [(u, 3, 2) for u in range(12)]
+    for user in [u for user in users for u in (user, user)] + users:
+        calls.add([user], [f"user{user[0]}"])
+    page = 2 * 2 * 2 * 16 * PAGE_TOKENS * 4
+    roomy = calls.run(cached[0], tmp_path, 6 * page, host_budget=7 * page)
+    assert roomy["outcomes"] == ["ok"] * 36
+    final = roomy["stats"][-1]
+    assert final["host_hits"] == 12 and final["hits"] == 24 and final["misses"] == 12
+    assert final["evictions"] == final["spills"] == 7 + 12
+    assert max(s["bytes"] for s in roomy["stats"]) == 5 * page
 
 
 def test_a_version_1_model_cannot_keep_a_cache(cached, tmp_path):

@@ -2,7 +2,6 @@
 #include "custom_ops/cc/torch_call/torch/prompt_cache.h"
 
 #include <ATen/ATen.h>
-#include <torch/cuda.h>
 
 #include <algorithm>
 
@@ -30,6 +29,7 @@ struct HostEntry {
   int64_t length = 0;
   int64_t bytes = 0;
   std::vector<std::pair<std::string, int64_t>> names;  // digest, tokens it covers
+  int64_t ticket = 0;  // the copy that fills its pages (done before they are read)
 };
 
 namespace {
@@ -87,6 +87,7 @@ PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Devic
   arena_ = SharedHostArena(host_budget_bytes, pool_.is_cuda());
   if (arena_ != nullptr) pages_per_chunk_ = arena_->chunk_bytes() / page_bytes_;
   if (pages_per_chunk_ == 0) arena_ = nullptr;  // a budget under one page keeps no tier
+  if (arena_ != nullptr) copies_ = MakeCopyStream(pool_.device());
   counts_.host_capacity_bytes = arena_ == nullptr ? 0 :
       arena_->chunks() * pages_per_chunk_ * page_bytes_;
   counts_.hit_bounds = kHitBounds;
@@ -94,6 +95,7 @@ PromptCache::PromptCache(const CacheSpec& spec, int64_t budget_bytes, c10::Devic
 }
 
 PromptCache::~PromptCache() {
+  copies_.reset();  // its copies done before their host pages go back
   for (const at::Tensor& chunk : chunks_) arena_->Give(chunk);
 }
 
@@ -117,6 +119,7 @@ std::unique_ptr<Reservation> PromptCache::Reserve(const std::vector<CacheRow>& r
     res->plans.push_back(Plan(row, res.get()));
     res->hit = res->hit || res->plans.back().cached > 0;
   }
+  EvictAhead();  // its spills' copies run beside this batch
   return res;
 }
 
@@ -145,7 +148,8 @@ CacheStats PromptCache::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   CacheStats stats = counts_;
   stats.entries = static_cast<int64_t>(entries_.size());
-  stats.bytes = (pages_ - static_cast<int64_t>(free_.size())) * page_bytes_;
+  // Pages on their way out (a spill's copy still reading them) belong to no entry.
+  stats.bytes = (pages_ - static_cast<int64_t>(free_.size()) - in_flight_pages_) * page_bytes_;
   stats.host_entries = static_cast<int64_t>(host_entries_.size());
   stats.host_bytes = host_bytes_;
   return stats;
@@ -284,7 +288,7 @@ RowPlan PromptCache::Extend(const std::shared_ptr<CacheEntry>& entry, int64_t le
     // finished before it starts: the run goes on another stream).
     pool_.select(2, fresh[0]).narrow(2, 0, head).copy_(
         pool_.select(2, entry->pages[whole]).narrow(2, 0, head));
-    if (pool_.is_cuda()) torch::cuda::synchronize(pool_.device().index());
+    SynchronizeCurrentStream(pool_.device());
   }
   made->pages.insert(made->pages.end(), fresh.begin(), fresh.end());
   made->length = length;
@@ -325,15 +329,14 @@ bool PromptCache::Take(int64_t count, const std::vector<CacheEntry*>& keep,
                        std::vector<int32_t>* pages) {
   pages->clear();
   if (count <= 0) return true;
+  ahead_pages_ = std::max(ahead_pages_, count);
+  Reap();
   while (static_cast<int64_t>(free_.size()) < count) {
-    std::shared_ptr<CacheEntry> victim;
-    for (const auto& e : entries_) {
-      if (e->readers == 0 && !e->writer &&
-          std::find(keep.begin(), keep.end(), e.get()) == keep.end()) {
-        victim = e;
-        break;
-      }
+    if (!in_flight_.empty()) {  // made room already: wait for it rather than evict more
+      Reap(/*wait=*/true);
+      continue;
     }
+    std::shared_ptr<CacheEntry> victim = Victim(keep);
     if (!victim) return false;
     Drop(victim, /*evicted=*/true);
   }
@@ -344,6 +347,40 @@ bool PromptCache::Take(int64_t count, const std::vector<CacheEntry*>& keep,
     pages->push_back(page);
   }
   return true;
+}
+
+std::shared_ptr<CacheEntry> PromptCache::Victim(const std::vector<CacheEntry*>& keep) const {
+  for (const auto& e : entries_) {
+    if (e->readers == 0 && !e->writer &&
+        std::find(keep.begin(), keep.end(), e.get()) == keep.end()) {
+      return e;
+    }
+  }
+  return nullptr;
+}
+
+void PromptCache::EvictAhead() {
+  if (!HasHostTier()) return;  // an eviction without a tier costs nothing on the path
+  Reap();
+  while (static_cast<int64_t>(free_.size()) + in_flight_pages_ < ahead_pages_) {
+    std::shared_ptr<CacheEntry> victim = Victim({});
+    if (!victim) return;
+    Drop(victim, /*evicted=*/true);
+  }
+}
+
+void PromptCache::Reap(bool wait) {
+  if (wait && !in_flight_.empty()) {
+    const auto started = std::chrono::steady_clock::now();
+    copies_->Wait(in_flight_.front().first);
+    counts_.spill_seconds += SecondsSince(started);
+  }
+  while (!in_flight_.empty() && copies_->Done(in_flight_.front().first)) {
+    const std::vector<int32_t>& pages = in_flight_.front().second;
+    free_.insert(free_.end(), pages.rbegin(), pages.rend());
+    in_flight_pages_ -= static_cast<int64_t>(pages.size());
+    in_flight_.pop_front();
+  }
 }
 
 void PromptCache::Drop(const std::shared_ptr<CacheEntry>& entry, bool evicted) {
@@ -373,11 +410,17 @@ void PromptCache::Spill(const std::shared_ptr<CacheEntry>& entry,
   auto host = std::make_shared<HostEntry>();
   if (!TakeHost(count, &host->slots)) return;  // the tier cannot hold it: evicted for good
   std::vector<int64_t> pages(entry->pages.begin(), entry->pages.begin() + count);
-  const at::Tensor index = at::tensor(pages, at::kLong).to(pool_.device());
-  // Page-major, as the host pages are: one contiguous block per page.
-  const at::Tensor gathered =
-      pool_.index_select(2, index).permute({2, 0, 1, 3, 4, 5}).contiguous();
-  CopyHost(host->slots, gathered, /*to_host=*/true);  // synchronous: the pages are free after
+  at::Tensor listed = at::tensor(pages, at::kLong);
+  if (pool_.is_cuda()) listed = listed.pin_memory();  // copied on without waiting
+  // On the copy stream: the pages go back to the free list (Release) once it is done.
+  host->ticket = last_ticket_ = copies_->Launch([&] {
+    const at::Tensor index = listed.to(pool_.device(), /*non_blocking=*/true);
+    // Page-major, as the host pages are: one contiguous block per page.
+    const at::Tensor gathered =
+        pool_.index_select(2, index).permute({2, 0, 1, 3, 4, 5}).contiguous();
+    CopyHost(host->slots, gathered, /*to_host=*/true);
+    return std::vector<at::Tensor>{listed, index, gathered};
+  });
   host->length = tokens;
   host->bytes = count * page_bytes_;
   host->names = names;
@@ -431,7 +474,7 @@ void PromptCache::CopyHost(const std::vector<int64_t>& slots, const at::Tensor& 
     at::Tensor host = chunk_pages_[chunk].narrow(0, first, run);
     at::Tensor there = device.narrow(0, start, run);
     if (to_host) {
-      host.copy_(there);
+      host.copy_(there, /*non_blocking=*/true);
     } else {
       there.copy_(host);
     }
@@ -450,8 +493,9 @@ std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>&
     const int64_t matched = it->second.second;
     const int64_t need = static_cast<int64_t>(host->slots.size());
     const auto started = std::chrono::steady_clock::now();
-    // Onto the device first: the evictions that make room below spill into the host pages
-    // this entry leaves.
+    copies_->Wait(host->ticket);  // its pages filled
+    // Onto the device first (a copy done when it returns): the evictions that make room
+    // below spill into the host pages this entry leaves.
     at::Tensor staged = at::empty({need, spec_.layers, 2, page_tokens_, spec_.kv_heads,
                                    spec_.head_dim}, pool_.options());
     CopyHost(host->slots, staged, /*to_host=*/false);
@@ -466,7 +510,7 @@ std::shared_ptr<CacheEntry> PromptCache::Restore(const std::vector<std::string>&
     pool_.index_copy_(2, at::tensor(targets, at::kLong).to(pool_.device()),
                       staged.permute({1, 2, 0, 3, 4, 5}));
     // Finished before the run reads it (the run goes on another stream).
-    if (pool_.is_cuda()) torch::cuda::synchronize(pool_.device().index());
+    SynchronizeCurrentStream(pool_.device());
     counts_.restore_seconds += seconds + SecondsSince(placed);
     auto made = std::make_shared<CacheEntry>();
     made->pages = pages;
@@ -501,9 +545,17 @@ void PromptCache::Share(const std::vector<int32_t>& pages) {
 }
 
 void PromptCache::Release(const std::vector<int32_t>& pages) {
+  std::vector<int32_t> freed;
   for (int32_t page : pages) {
-    if (refs_[page] > 0 && --refs_[page] == 0) free_.push_back(page);
+    if (refs_[page] > 0 && --refs_[page] == 0) freed.push_back(page);
   }
+  if (freed.empty()) return;
+  if (last_ticket_ > 0 && !copies_->Done(last_ticket_)) {  // a copy may still read them
+    in_flight_pages_ += static_cast<int64_t>(freed.size());
+    in_flight_.emplace_back(last_ticket_, std::move(freed));
+    return;
+  }
+  free_.insert(free_.end(), freed.begin(), freed.end());
 }
 
 at::Tensor PromptCache::CachedLengths(const Reservation& r, int64_t rows) {

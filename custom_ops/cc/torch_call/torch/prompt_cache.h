@@ -24,6 +24,12 @@
 // and never a fresh pinned allocation). A row whose longest match is there, not in the pool,
 // has it copied back into fresh pages before the run (a hit from the host tier: the copy's
 // cost instead of the prefill's), and the entry leaves the host tier.
+//
+// With a host tier the pool evicts ahead of need: after planning a batch it keeps the pages
+// of its largest entry so far free or on their way out, and the spills that free them run on
+// a copy stream of their own (copy_stream.h) beside the batch's run. A spilled page is handed
+// out again, and a spilled entry read back, only once its copy is done; a request that needs
+// more room than was made ahead evicts, and waits for the copy, on its own path.
 #ifndef XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_
 #define XGR_CUSTOM_OPS_TORCH_CALL_TORCH_PROMPT_CACHE_H_
 
@@ -32,6 +38,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <list>
 #include <memory>
@@ -40,6 +47,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "custom_ops/cc/torch_call/torch/copy_stream.h"
 #include "custom_ops/cc/torch_call/torch/host_arena.h"
 #include "custom_ops/cc/torch_call/torch/signature.h"
 
@@ -102,9 +110,10 @@ struct CacheStats {
   double hit_seconds = 0;
   // Batches run as two sub-batches (SuffixGroups in cache_binding.h).
   int64_t split_batches = 0;
-  // Every kept call's wall time (hits and misses alike), and the time spent copying evicted
-  // entries to the host tier (`spills` of them) and copying host entries back (`host_hits`):
-  // both happen on the request's path, before its run.
+  // Every kept call's wall time (hits and misses alike), and the time a request's path spent
+  // on spilling evicted entries to the host tier (`spills` of them: starting their copies,
+  // and waiting for those whose pages it needed) and copying host entries back
+  // (`host_hits`), both before its run.
   int64_t calls = 0;
   double call_seconds = 0;
   int64_t spills = 0;
@@ -154,6 +163,13 @@ class PromptCache {
   void Register(const std::shared_ptr<CacheEntry>& entry, const std::vector<int64_t>& bounds,
                 const std::vector<std::string>& digests);
   bool Take(int64_t count, const std::vector<CacheEntry*>& keep, std::vector<int32_t>* pages);
+  // The least recently used entry nobody reads or writes, not in `keep` (null: none).
+  std::shared_ptr<CacheEntry> Victim(const std::vector<CacheEntry*>& keep) const;
+  // With a host tier: evicts until the largest entry's pages so far are free or being spilled.
+  void EvictAhead();
+  // Spilled pages whose copies are done back to the free list; `wait`: the oldest first
+  // waited for (its time counted as a spill's).
+  void Reap(bool wait = false);
   void Drop(const std::shared_ptr<CacheEntry>& entry, bool evicted);
   void Release(const std::vector<int32_t>& pages);
   void Share(const std::vector<int32_t>& pages);
@@ -163,7 +179,7 @@ class PromptCache {
   // longest of `digests` (beyond `longer_than` tokens) brought back into the pool as an
   // entry, `keep` never evicted for its room (null: none there, or no room).
   void Spill(const std::shared_ptr<CacheEntry>& entry,
-             const std::vector<std::pair<std::string, int64_t>>& names);
+             const std::vector<std::pair<std::string, int64_t>>& names);  // started only
   std::shared_ptr<CacheEntry> Restore(const std::vector<std::string>& digests,
                                       int64_t longer_than, CacheEntry* keep, int64_t* length);
   void DropHost(std::shared_ptr<HostEntry> entry);  // by value: it may be the list's own
@@ -172,7 +188,8 @@ class PromptCache {
   // hold them.
   bool TakeHost(int64_t count, std::vector<int64_t>* slots);
   // Copies between the host pages `slots` and the rows of `device` ([slots, layers, 2,
-  // page_tokens, Hkv, D]), each run of consecutive slots of one chunk in one copy.
+  // page_tokens, Hkv, D]), each run of consecutive slots of one chunk in one copy; to the
+  // host without waiting (on the current stream).
   void CopyHost(const std::vector<int64_t>& slots, const at::Tensor& device, bool to_host);
   bool HasHostTier() const { return pages_per_chunk_ > 0; }
   int64_t PagesFor(int64_t tokens) const { return (tokens + page_tokens_ - 1) / page_tokens_; }
@@ -184,6 +201,13 @@ class PromptCache {
   at::Tensor pool_;
   mutable std::mutex mu_;
   std::vector<int32_t> free_;  // free pages, the next to take last
+  // Pages released while a spill's copy may still read them, by the newest copy's ticket then
+  // (copies finish in ticket order); free once it is done.
+  std::unique_ptr<CopyStream> copies_;  // with a host tier
+  std::deque<std::pair<int64_t, std::vector<int32_t>>> in_flight_;
+  int64_t in_flight_pages_ = 0;
+  int64_t last_ticket_ = 0;  // the newest copy started (0: none)
+  int64_t ahead_pages_ = 0;  // the most pages one entry has taken: what EvictAhead keeps
   std::vector<int32_t> refs_;  // holders of each page
   // Entries, least recently used first; the index maps a digest to its entry and length.
   std::list<std::shared_ptr<CacheEntry>> entries_;
