@@ -279,15 +279,15 @@ def graph_counters(rest_port: int) -> dict[str, float]:
             for name in ("captures", "eager_runs")}
 
 
-# The server's time histograms read for per-window means, by a short name.
+# The server's histograms read for per-window means (times, and rows per call), by a short name.
 TIME_HISTOGRAMS = {"request": "xgr_serving_request_latency_seconds",
                    "model_call": "xgr_serving_model_call_seconds",
                    "rows": "xgr_serving_batch_size"}
 
 
 def timing_counters(rest_port: int) -> dict[str, float]:
-    """The sums and counts so far of a server's time histograms (``TIME_HISTOGRAMS``):
-    requests read to response, model calls and their rows."""
+    """The sums and counts so far of a server's histograms in ``TIME_HISTOGRAMS``: requests
+    read to response, model calls and their rows."""
     sums = metric_sums(rest_port, "xgr_")
     return {f"{short}_{part}": sums.get(f"{name}_{part}", 0.0)
             for short, name in TIME_HISTOGRAMS.items() for part in ("sum", "count")}
