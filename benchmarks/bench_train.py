@@ -54,6 +54,8 @@ flags.DEFINE_integer("batch_size", 16, "xgr train --batch_size.")
 flags.DEFINE_float("learning_rate", 3e-3, "xgr train --learning_rate.")
 flags.DEFINE_integer("warmup_steps", 5, "xgr train --warmup_steps.")
 flags.DEFINE_integer("checkpoint_every", 500, "xgr train --checkpoint_every.")
+flags.DEFINE_float("max_train_seconds", 0.0, "xgr train --max_train_seconds (0: no limit): "
+                   "the steps stop there and the result records how many ran.")
 flags.DEFINE_enum("mixed_precision", "no", ["no", "bf16", "fp16"], "xgr train --mixed_precision.")
 flags.DEFINE_enum("device", "cpu", ["cpu", "cuda"], "Where training and evaluation run.")
 flags.DEFINE_float("holdout", 0.1, "Users kept out of training and evaluated.")
@@ -126,7 +128,8 @@ def main(argv: list[str]) -> None:
                            f"--warmup_steps={FLAGS.warmup_steps}",
                            f"--checkpoint_every={FLAGS.checkpoint_every}",
                            f"--mixed_precision={FLAGS.mixed_precision}",
-                           f"--device={FLAGS.device}")
+                           f"--device={FLAGS.device}",
+                           f"--max_train_seconds={FLAGS.max_train_seconds}")
     report = json.loads((work / "trained" / "train_report.json").read_text())
     losses = report["losses"]
     head = float(np.mean(losses[:20]))
@@ -163,6 +166,8 @@ def main(argv: list[str]) -> None:
         "mixed_precision": FLAGS.mixed_precision, "events": int(len(users)),
         "users": FLAGS.users, "catalog_items": FLAGS.catalog_items, "chain": FLAGS.chain,
         "noise": FLAGS.noise, "keep_last": FLAGS.keep_last, "steps": len(losses),
+        "steps_asked": FLAGS.steps, "max_train_seconds": FLAGS.max_train_seconds,
+        "stopped_at_time_limit": bool(report.get("stopped_at_time_limit")),
         "batch_size": FLAGS.batch_size, "learning_rate": FLAGS.learning_rate,
         "examples": report["examples"], "train_users": report["users"],
         "steps_per_second": report["steps_per_second"],

@@ -6,7 +6,8 @@
 #   train     bench_train: a qwen2-0.5b-shape stand-in, a planted log of 1M events (50,000
 #             users x 20), xgr train in bf16 for 2,000 steps of 64, then xgr evaluate on the
 #             held-out users beside popularity and co-occurrence; the loss curve beside the
-#             result.
+#             result. The steps stop after TRAIN_SECONDS (default 900) so the run fits one
+#             lease; the result records how many ran.
 # Needs TensorFlow importable for train (PYTHONPATH; carried in parts: the feature graph builds
 # the training examples); catalog needs no TF. faiss is not on the GPU host: the catalog run
 # skips its side (its CPU comparison is in results/catalog_build_*_cpu.json).
@@ -44,7 +45,8 @@ run() {
         --device=cuda --users="${USERS:-50000}" --events_per_user=20 --catalog_items=100000 \
         --keep_last=50 --steps="${STEPS:-2000}" --batch_size=64 --learning_rate=1e-4 \
         --warmup_steps=100 --mixed_precision=bf16 --max_requests=1000 --beam_width=64 \
-        --top_k=50 --checkpoint_every=1000 --work="$BASE/work" --label="$label" \
+        --top_k=50 --checkpoint_every=1000 --max_train_seconds="${TRAIN_SECONDS:-900}" \
+        --work="$BASE/work" --label="$label" \
         --out_dir="$RUN_OUT" > "$RUN_OUT/bench_train.log" 2>&1
     note "train rc=$?"
     tail -10 "$RUN_OUT/bench_train.log" >> "$log"

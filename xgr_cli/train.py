@@ -31,6 +31,8 @@ flags.DEFINE_enum("mixed_precision", "no", ["no", "bf16", "fp16"], "accelerate's
 flags.DEFINE_integer("lora_rank", 0, "LoRA adapters of this rank on the projections (peft) "
                      "instead of a full fine-tune; 0: full.")
 flags.DEFINE_integer("checkpoint_every", 200, "Steps between checkpoints (resumable).")
+flags.DEFINE_float("max_train_seconds", 0.0, "Stop the steps after this long, at a checkpoint "
+                   "(0: no limit); running the same command again goes on from there.")
 flags.DEFINE_enum("device", "auto", ["auto", "cpu", "cuda"], "Where to train.")
 flags.DEFINE_integer("seed", 0, "Seed of the batches, the holdout and the fresh tower.")
 for name in ("model", "catalog", "logs", "out"):
@@ -48,12 +50,14 @@ def main(argv: list[str]) -> int:
         warmup_steps=FLAGS.warmup_steps, examples_per_user=FLAGS.examples_per_user,
         holdout=FLAGS.holdout, train_before=FLAGS.train_before,
         mixed_precision=FLAGS.mixed_precision, lora_rank=FLAGS.lora_rank,
-        checkpoint_every=FLAGS.checkpoint_every, device=FLAGS.device, seed=FLAGS.seed)
+        checkpoint_every=FLAGS.checkpoint_every, device=FLAGS.device, seed=FLAGS.seed,
+        max_train_seconds=FLAGS.max_train_seconds)
     report = fine_tune(config)
     losses = report.losses
     window = max(1, min(25, len(losses) // 4))
     print(f"trained {len(losses) - report.resumed_from} steps"
-          f"{f' (resumed at step {report.resumed_from})' if report.resumed_from else ''} on "
+          f"{f' (resumed at step {report.resumed_from})' if report.resumed_from else ''}"
+          f"{f' (stopped at the time limit: run it again to go on to step {FLAGS.steps})' if report.stopped_at_time_limit else ''} on "
           f"{report.examples} examples of {report.users} users "
           f"({report.dropped_events} events outside the catalog dropped), "
           f"{report.steps_per_second:.1f} steps/s on {report.device}\n"

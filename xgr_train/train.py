@@ -55,6 +55,9 @@ class FineTuneConfig:
     holdout: a share of the users (those ``xgr evaluate --split users`` holds out with the
         same ``seed``) kept out of training; train_before: only the events before this unix
         time are trained on (``xgr evaluate --split time`` tests what follows).
+    max_train_seconds: stop the steps after this long (0: no limit), with a checkpoint, so
+        a run that must fit a fixed window ends cleanly and a rerun into ``out`` goes on
+        from there; the model written is the one trained so far.
     """
 
     model: str
@@ -79,6 +82,7 @@ class FineTuneConfig:
     checkpoint_every: int = 200
     device: str = "auto"
     objective: str = "next_item"
+    max_train_seconds: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "examples_per_user", "checkpoint_every"):
@@ -101,6 +105,9 @@ class FineTuneConfig:
                 f"{self.lora_rank!r}")
         require(self.device in ("auto", "cpu", "cuda"), ConfigError,
                 f"FineTuneConfig.device must be auto, cpu or cuda, got {self.device!r}")
+        require(self.max_train_seconds >= 0, ConfigError,
+                f"FineTuneConfig.max_train_seconds must be >= 0 (0: no limit), got "
+                f"{self.max_train_seconds!r}")
         require(self.objective in OBJECTIVES, ConfigError,
                 f"FineTuneConfig.objective must be one of {OBJECTIVES}, got "
                 f"{self.objective!r}")
@@ -126,6 +133,7 @@ class FineTuneReport:
     mixed_precision: str
     lora_rank: int
     plot: str
+    stopped_at_time_limit: bool = False  # max_train_seconds ended it before `steps`
 
     def to_json(self) -> dict:
         return {**asdict(self), "losses": list(self.losses)}
@@ -221,9 +229,14 @@ def fine_tune(config: FineTuneConfig, progress: bool = True) -> FineTuneReport:
         bar.update(1)
         if state.step % 20 == 0:
             bar.set_postfix(loss=f"{np.mean(state.losses[-20:]):.3f}")
-        if state.step % config.checkpoint_every == 0 or state.step == config.steps:
+        out_of_time = (config.max_train_seconds > 0 and state.step < config.steps and
+                       time.perf_counter() - steps_started >= config.max_train_seconds)
+        if (state.step % config.checkpoint_every == 0 or state.step == config.steps
+                or out_of_time):
             accelerator.save_state(str(checkpoints / f"step_{state.step:08d}"))
             _keep_last(checkpoints)
+        if out_of_time:
+            break
     bar.close()
     steps_done = state.step - resumed_from
     per_second = steps_done / max(time.perf_counter() - steps_started, 1e-9)
@@ -238,7 +251,8 @@ def fine_tune(config: FineTuneConfig, progress: bool = True) -> FineTuneReport:
         losses=tuple(state.losses), resumed_from=resumed_from,
         seconds=time.perf_counter() - started, steps_per_second=per_second,
         device=str(accelerator.device), mixed_precision=config.mixed_precision,
-        lora_rank=config.lora_rank, plot=str(plot))
+        lora_rank=config.lora_rank, plot=str(plot),
+        stopped_at_time_limit=state.step < config.steps)
     (out / "train_report.json").write_text(json.dumps(
         {"config": asdict(config), **report.to_json()}, indent=1) + "\n")
     return report

@@ -91,6 +91,29 @@ def test_a_run_resumes_from_its_last_checkpoint(team, tmp_path):
     np.testing.assert_allclose(resumed["losses"], straight["losses"], rtol=1e-4)
 
 
+def test_a_time_limit_stops_at_a_checkpoint_and_a_rerun_goes_on(team, tmp_path):
+    """``--max_train_seconds`` ends the steps at a checkpoint with the model written so far;
+    the same command again resumes there and finishes the steps asked for."""
+    done, stopped = _train(team, tmp_path / "out", "--steps=10", "--checkpoint_every=5",
+                           "--max_train_seconds=0.001")
+    assert stopped["stopped_at_time_limit"] and len(stopped["losses"]) == 1
+    assert "stopped at the time limit" in done.stdout
+    assert (tmp_path / "out" / "checkpoints" / "step_00000001").is_dir()
+    assert (tmp_path / "out" / "model" / "model.safetensors").exists()
+    _, resumed = _train(team, tmp_path / "out", "--steps=10", "--checkpoint_every=5")
+    assert resumed["resumed_from"] == 1 and len(resumed["losses"]) == 10
+    assert not resumed["stopped_at_time_limit"]
+    assert resumed["losses"][0] == stopped["losses"][0]
+
+
+def test_a_negative_time_limit_is_refused_by_name():
+    from xgr_common.errors import ConfigError
+    from xgr_train.train import FineTuneConfig
+
+    with pytest.raises(ConfigError, match=r"max_train_seconds must be >= 0 \(0: no limit\)"):
+        FineTuneConfig(model="m", catalog="c", logs="l", out="o", max_train_seconds=-1.0)
+
+
 def test_lora_adapters_come_out_merged(team, tmp_path):
     _, report = _train(team, tmp_path / "out", "--steps=20", "--lora_rank=4")
     assert report["lora_rank"] == 4
