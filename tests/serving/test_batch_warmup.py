@@ -98,9 +98,11 @@ def test_the_longest_row_runs_at_every_batch_size_without_then_with_its_key(tmp_
                                   _row(1, 2, b"user-2")])
     assert run_warmup(version) == 2
     calls = _recorded(version)
-    assert warm_batch_sizes(version, "all", 8, graph_counts=NO_GRAPHS) == 6
-    first, tiled = calls[0], calls[1:]
-    assert first[USER_KEY].tolist() == [b"user-7"]   # the entry the hit round reads
+    assert warm_batch_sizes(version, "all", 8, graph_counts=NO_GRAPHS) == 8
+    (first, hit), tiled = calls[:2], calls[2:]
+    assert first[USER_KEY].tolist() == [b"user-7"]   # the entry the hit rounds read
+    assert hit[USER_KEY].tolist() == [b"user-7"]     # read back: the one-row hit's shape
+    np.testing.assert_array_equal(hit["history_splits"], [0, 5])
     assert [len(c["user_id"]) for c in tiled] == [2, 2, 4, 4, 8, 8]
     for call in tiled:
         rows = len(call["user_id"])
@@ -112,9 +114,9 @@ def test_the_longest_row_runs_at_every_batch_size_without_then_with_its_key(tmp_
 def test_a_longest_row_without_a_key_hits_under_the_warmup_key(tmp_path):
     version = _version(tmp_path, [_row(4, 3, b"")])
     calls = _recorded(version)
-    assert warm_batch_sizes(version, "all", 2, graph_counts=NO_GRAPHS) == 2
-    assert calls[0][USER_KEY].tolist() == [WARMUP_USER_KEY]
-    assert calls[2][USER_KEY].tolist() == [WARMUP_USER_KEY] * 2
+    assert warm_batch_sizes(version, "all", 2, graph_counts=NO_GRAPHS) == 4
+    assert calls[0][USER_KEY].tolist() == calls[1][USER_KEY].tolist() == [WARMUP_USER_KEY]
+    assert calls[3][USER_KEY].tolist() == [WARMUP_USER_KEY] * 2
 
 
 def test_a_signature_without_a_key_runs_one_round_per_size(tmp_path):
@@ -130,11 +132,14 @@ def test_auto_warms_only_a_version_whose_packages_replay_graphs(tmp_path):
     version = _version(tmp_path, [_row(4, 3, b"k")])
     calls = _recorded(version)
     assert warm_batch_sizes(version, "auto", 8, graph_counts=NO_GRAPHS) == 0
-    assert warm_batch_sizes(version, "all", None, graph_counts=NO_GRAPHS) == 0   # no batching
     assert warm_batch_sizes(version, "none", 8, graph_counts=NO_GRAPHS) == 0
     assert calls == []
+    # No batching: only the keyed row, stored and read back at one row.
+    assert warm_batch_sizes(version, "all", None, graph_counts=NO_GRAPHS) == 2
+    assert [len(c["user_id"]) for c in calls] == [1, 1]
+    calls.clear()
     graphed = lambda v: (True, 0, False)
-    assert warm_batch_sizes(version, "auto", 8, graph_counts=graphed) == 6
+    assert warm_batch_sizes(version, "auto", 8, graph_counts=graphed) == 8
     with pytest.raises(ConfigError, match="warmup_batches must be one of"):
         warm_batch_sizes(version, "always", 8, graph_counts=graphed)
 
@@ -142,15 +147,16 @@ def test_auto_warms_only_a_version_whose_packages_replay_graphs(tmp_path):
 def test_it_stops_where_a_capture_would_evict_a_graph_or_memory_runs_out(tmp_path, caplog):
     version = _version(tmp_path, [_row(4, 3, b"k")])
     calls = _recorded(version)
+    # The calls: the keyed row stored and read back, then 2 rows without and with the key...
     evictions = lambda v: (True, 1 if len(calls) > 3 else 0, False)   # full after 3 calls
-    assert warm_batch_sizes(version, "all", 8, graph_counts=evictions) == 3
+    assert warm_batch_sizes(version, "all", 8, graph_counts=evictions) == 4
     assert "graph budget is full" in caplog.text
     failed = lambda v: (True, 0, len(calls) > 2)
     calls.clear()
-    assert warm_batch_sizes(version, "all", 8, graph_counts=failed) == 2
+    assert warm_batch_sizes(version, "all", 8, graph_counts=failed) == 3
     version = _version(tmp_path / "oom", [_row(4, 3, b"k")])
-    _recorded(version, fail_at=4)
-    assert warm_batch_sizes(version, "all", 8, graph_counts=NO_GRAPHS) == 2
+    _recorded(version, fail_at=4)   # out of memory at 4 rows: after 2 rows' two calls
+    assert warm_batch_sizes(version, "all", 8, graph_counts=NO_GRAPHS) == 4
     assert "ran out of memory" in caplog.text
 
 

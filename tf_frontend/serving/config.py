@@ -225,8 +225,9 @@ class ServerConfig:
     ssl: TLS for both ports (None: plain text).
     shutdown_grace_seconds: longest a stop waits for requests already admitted, in total.
     warmup_batches: after the warm-up file, run its longest row at every power-of-two batch
-      size up to ``max_batch_size`` (``warmup.warm_batch_sizes``): "auto" where a package of
-      the version replays CUDA graphs, "all" always, "none" never.
+      size up to ``max_batch_size``, and a keyed signature's row as a one-row hit
+      (``warmup.warm_batch_sizes``): "auto" where a package of the version replays CUDA
+      graphs, "all" always, "none" never.
     """
 
     model_name: str

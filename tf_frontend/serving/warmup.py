@@ -14,7 +14,8 @@ batching (a static file says nothing of ``--max_batch_size``), so ``warm_batch_s
 what it cannot: the file's longest row, repeated to every power-of-two batch size up to
 ``max_batch_size``, once without a user key (the shape of a prompt-cache miss) and once
 with one key on every row (a hit), so full-length traffic of any batch size finds its graphs
-captured. It stops, keeping the version, where a capture would evict another graph (the
+captured. A signature with a user key also gets the row's hit at one row (the file's
+requests run once each, so they are misses), with batching or without. It stops, keeping the version, where a capture would evict another graph (the
 package's graph budget is full) or the device runs out of memory at that size.
 """
 
@@ -149,13 +150,14 @@ def warm_batch_sizes(version: ServableVersion, mode: str, max_batch_size: int | 
                      graph_counts: Callable[[ServableVersion], tuple[bool, int, bool]]
                      = _graph_counts) -> int:
     """After ``run_warmup``: runs the file's longest row at each of ``batch_sizes`` up to the
-    server's ``max_batch_size`` (None: batching off, nothing to warm); returns the calls run.
+    server's ``max_batch_size`` (None: batching off, only a keyed signature's one-row hit
+    to warm); returns the calls run.
     A model fault fails the load as a warm-up request's does; running out of device memory
     or graph budget at a size stops the warm-up there and keeps the version."""
     require(mode in WARMUP_BATCH_MODES, ConfigError,
             f"warmup_batches must be one of {WARMUP_BATCH_MODES}, got {mode!r}")
     path = os.path.join(version.path, WARMUP_FILE)
-    if mode == "none" or not max_batch_size or max_batch_size < 2 or not os.path.exists(path):
+    if mode == "none" or not os.path.exists(path):
         return 0
     graphed, evictions, _ = graph_counts(version)
     if mode == "auto" and not graphed:
@@ -164,18 +166,23 @@ def warm_batch_sizes(version: ServableVersion, mode: str, max_batch_size: int | 
     if row is None:
         return 0
     sig = row.signature
-    limit = min(max_batch_size, sig.max_rows or max_batch_size)
+    limit = min(max_batch_size or 1, sig.max_rows or max_batch_size or 1)
     rounds: list[bytes | None] = [None]
+    calls, extra = 0, {"model": version.model_name, "version": version.version}
     if USER_KEY in sig.inputs:
         sent = row.inputs[USER_KEY][0]
         key = (sent if isinstance(sent, bytes) else str(sent).encode()) or WARMUP_USER_KEY
-        try:   # the entry the hit round reads
-            version.run(prepare(sig, {**row.inputs, USER_KEY: np.array([key], object)}))
-        except Exception as e:
-            raise ExportError(f"warm-up of the warm-up file's longest row under its user key "
-                              f"failed: {type(e).__name__}: {e}") from e
+        keyed = prepare(sig, {**row.inputs, USER_KEY: np.array([key], object)})
+        for what in ("stored under its user key", "read back as a hit"):
+            try:   # the entry the hit rounds read, then the one-row hit's shape
+                version.run(keyed)
+            except Exception as e:
+                raise ExportError(f"warm-up of the warm-up file's longest row, {what}, "
+                                  f"failed: {type(e).__name__}: {e}") from e
+            calls += 1
         rounds = [b"", key]   # a miss's shape (no key: computed, not kept), then a hit's
-    calls, extra = 0, {"model": version.model_name, "version": version.version}
+    if limit < 2:
+        return calls
     for size in batch_sizes(limit):
         started = time.perf_counter()
         for key in rounds:
