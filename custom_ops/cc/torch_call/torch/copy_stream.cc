@@ -48,14 +48,13 @@ class Event {
 
   void Record(cudaStream_t stream) { C10_CUDA_CHECK(cudaEventRecord(event_, stream)); }
   void Block(cudaStream_t stream) { C10_CUDA_CHECK(cudaStreamWaitEvent(stream, event_, 0)); }
+  // Never throws: it runs where a reservation finishes, in a destructor. A failed query
+  // (a faulted device) counts as done, since nothing runs there any more.
   bool Query() {
     const cudaError_t state = cudaEventQuery(event_);
-    if (state == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // not an error: leave none behind for the next call
-      return false;
-    }
-    C10_CUDA_CHECK(state);
-    return true;
+    if (state == cudaSuccess) return true;
+    (void)cudaGetLastError();  // not ready is no error: leave none behind for the next call
+    return state != cudaErrorNotReady;
   }
   void Synchronize() { C10_CUDA_CHECK(cudaEventSynchronize(event_)); }
 
@@ -101,8 +100,12 @@ class CudaCopies : public CopyStream {
 
   bool Done(int64_t ticket) override {
     std::lock_guard<std::mutex> lock(mu_);
-    c10::cuda::CUDAGuard on_device(device_);
-    while (!flights_.empty() && flights_.front().done.Query()) flights_.pop_front();
+    try {
+      c10::cuda::CUDAGuard on_device(device_);
+      while (!flights_.empty() && flights_.front().done.Query()) flights_.pop_front();
+    } catch (const c10::Error&) {  // a faulted device: nothing runs there any more
+      flights_.clear();
+    }
     return flights_.empty() || flights_.front().ticket > ticket;
   }
 

@@ -26,7 +26,8 @@ class CopyStream {
   // queued before; the tensors it returns (what its copies read or write) are held until
   // they are done. Tickets increase: one that is done means every earlier one is.
   virtual int64_t Launch(const std::function<std::vector<at::Tensor>()>& launch) = 0;
-  // Whether `ticket`'s copies are done, without waiting.
+  // Whether `ticket`'s copies are done, without waiting; never throws (a faulted device's
+  // copies count as done).
   virtual bool Done(int64_t ticket) = 0;
   // Waits until `ticket`'s copies are done.
   virtual void Wait(int64_t ticket) = 0;
