@@ -8,7 +8,6 @@
 #include <torch/script.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -388,19 +387,7 @@ class AotiPackage : public PackageBase {
       for (int64_t size : t.sizes()) key += std::to_string(size) + ",";
       key += ";";
     }
-    const int64_t captured = graphs_->Stats().captures;
-    const auto started = std::chrono::steady_clock::now();
-    std::vector<at::Tensor> outputs = graphs_->Run(host, key, resident);
-    const GraphStats after = graphs_->Stats();
-    if (after.captures > captured) {
-      // A capture makes its call slow; the shapes name the traffic the warm-up did not cover.
-      std::fprintf(stderr,
-                   "TorchCall: captured a CUDA graph in %.0f ms (%lld held) for the inputs "
-                   "%s\n",
-                   1e3 * SecondsSince(started), static_cast<long long>(after.graphs),
-                   key.c_str());
-    }
-    return outputs;
+    return graphs_->Run(host, key, resident);
   }
 
  private:
