@@ -149,7 +149,7 @@ CacheStats PromptCache::Stats() const {
   CacheStats stats = counts_;
   stats.entries = static_cast<int64_t>(entries_.size());
   // Pages on their way out (a spill's copy still reading them) belong to no entry.
-  stats.bytes = (pages_ - static_cast<int64_t>(free_.size()) - in_flight_pages_) * page_bytes_;
+  stats.bytes = (pages_ - static_cast<int64_t>(free_.size()) - InFlightPages()) * page_bytes_;
   stats.host_entries = static_cast<int64_t>(host_entries_.size());
   stats.host_bytes = host_bytes_;
   return stats;
@@ -362,7 +362,7 @@ std::shared_ptr<CacheEntry> PromptCache::Victim(const std::vector<CacheEntry*>& 
 void PromptCache::EvictAhead() {
   if (!HasHostTier()) return;  // an eviction without a tier costs nothing on the path
   Reap();
-  while (static_cast<int64_t>(free_.size()) + in_flight_pages_ < ahead_pages_) {
+  while (static_cast<int64_t>(free_.size()) + InFlightPages() < ahead_pages_) {
     std::shared_ptr<CacheEntry> victim = Victim({});
     if (!victim) return;
     Drop(victim, /*evicted=*/true);
@@ -378,9 +378,14 @@ void PromptCache::Reap(bool wait) {
   while (!in_flight_.empty() && copies_->Done(in_flight_.front().first)) {
     const std::vector<int32_t>& pages = in_flight_.front().second;
     free_.insert(free_.end(), pages.rbegin(), pages.rend());
-    in_flight_pages_ -= static_cast<int64_t>(pages.size());
     in_flight_.pop_front();
   }
+}
+
+int64_t PromptCache::InFlightPages() const {
+  int64_t pages = 0;
+  for (const auto& flight : in_flight_) pages += static_cast<int64_t>(flight.second.size());
+  return pages;
 }
 
 void PromptCache::Drop(const std::shared_ptr<CacheEntry>& entry, bool evicted) {
@@ -551,7 +556,6 @@ void PromptCache::Release(const std::vector<int32_t>& pages) {
   }
   if (freed.empty()) return;
   if (last_ticket_ > 0 && !copies_->Done(last_ticket_)) {  // a copy may still read them
-    in_flight_pages_ += static_cast<int64_t>(freed.size());
     in_flight_.emplace_back(last_ticket_, std::move(freed));
     return;
   }

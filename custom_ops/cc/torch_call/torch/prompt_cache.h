@@ -170,6 +170,7 @@ class PromptCache {
   // Spilled pages whose copies are done back to the free list; `wait`: the oldest first
   // waited for (its time counted as a spill's).
   void Reap(bool wait = false);
+  int64_t InFlightPages() const;
   void Drop(const std::shared_ptr<CacheEntry>& entry, bool evicted);
   void Release(const std::vector<int32_t>& pages);
   void Share(const std::vector<int32_t>& pages);
@@ -205,7 +206,6 @@ class PromptCache {
   // (copies finish in ticket order); free once it is done.
   std::unique_ptr<CopyStream> copies_;  // with a host tier
   std::deque<std::pair<int64_t, std::vector<int32_t>>> in_flight_;
-  int64_t in_flight_pages_ = 0;
   int64_t last_ticket_ = 0;  // the newest copy started (0: none)
   int64_t ahead_pages_ = 0;  // the most pages one entry has taken: what EvictAhead keeps
   std::vector<int32_t> refs_;  // holders of each page
