@@ -166,7 +166,7 @@ def warm_batch_sizes(version: ServableVersion, mode: str, max_batch_size: int | 
     if row is None:
         return 0
     sig = row.signature
-    limit = min(max_batch_size or 1, sig.max_rows or max_batch_size or 1)
+    limit = min(max_batch_size or 1, sig.max_rows) if sig.max_rows else max_batch_size or 1
     rounds: list[bytes | None] = [None]
     calls, extra = 0, {"model": version.model_name, "version": version.version}
     if USER_KEY in sig.inputs:
