@@ -1,0 +1,330 @@
+"""Probe: why does a served prompt-cache hit cost far more than the engine's hit?
+
+At qwen3-1.7b with 4,001 cached and ~1,000 new tokens the engine's hit takes 14.7 ms (H100),
+while the served cached server's calls imply about 25 ms a hit. Two differences between the
+two are candidates, and this probe separates them on one GPU without TensorFlow:
+
+* **The request's inputs.** The engine benchmark sends bare prompts; a served request also
+  carries soft profile vectors and excludes the user's whole history (1,245 items here, a
+  2,048-column exclusion bucket). ``Engine.recommend`` is timed with and without them,
+  uncached and as a hit (captured graphs, as served).
+* **The compiled program.** The same engine exported with the cache
+  (``export_cached_engine``, as ``xgr export --prompt_cache`` builds it) is run in a child
+  process (AOTInductor's loader) on the same inputs: a miss, then hits, eager and replayed
+  from a CUDA graph captured around the package's call, as TorchCall runs it.
+
+Both sides are also profiled eagerly, kernel by kernel (GPU time a call), so a slow kernel
+shows by name.
+
+    python -m experiments.probe_served_hit --out=experiments/results          # the GPU
+    python -m experiments.probe_served_hit --device=cpu --preset=tiny --long_items=30 \\
+        --recent_items=8 --beam=8 --top_k=6 --items=2000 --repeats=2   # a smoke run
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+from absl import app, flags
+
+from benchmarks import results_file as rf
+from benchmarks.session_load import BLOCK
+from tests.torch_engine.engine_worlds import v2_prompts
+from torch_engine.aoti_loading import loader_environment
+from torch_engine.catalog import Catalog
+from torch_engine.config import engine_config_for, preset
+from torch_engine.engine import Engine
+from torch_engine.model import Model
+from torch_engine.prompt_cache import KVGeometry, PromptCache, PromptCacheConfig
+from xgr_common.prompt_spec import PromptSpec
+from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
+from xgr_export.cached_package import PAGE_TOKENS, export_cached_engine
+from xgr_export.config import EngineExportConfig
+from xgr_export.engine_package import exclusion_width
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("preset", "qwen3-1.7b", "Random-weight model preset.")
+flags.DEFINE_integer("long_items", 1000, "Long-term items (the cached part, 4 tokens each).")
+flags.DEFINE_integer("recent_items", 245, "Recent items (the new part).")
+flags.DEFINE_integer("items", 1_000_000, "Catalog items.")
+flags.DEFINE_integer("paths", 250_000, "Distinct code paths.")
+flags.DEFINE_integer("beam", 256, "Beam width.")
+flags.DEFINE_integer("top_k", 300, "Items returned.")
+flags.DEFINE_integer("repeats", 20, "Timed calls per row.")
+flags.DEFINE_string("device", "cuda", "Torch device.")
+flags.DEFINE_string("out", None, "Folder for the result JSON (none: printed only).")
+flags.DEFINE_string("work", None, "Folder for the package (default: a temporary one).")
+
+# The child: the package loaded as a server loads it, a miss, then hits eager and replayed.
+_CHILD = r"""
+import json, statistics, sys, time
+import torch
+from torch_engine.aoti_loading import load_package
+package, inputs_path, out_path = sys.argv[1:]
+a = torch.load(inputs_path)
+device, repeats = a["device"], a["repeats"]
+run = load_package(package)
+pool = torch.zeros(a["pool_shape"], dtype=a["dtype"], device=device)
+features = [t.to(device) for t in a["features"]]
+table = a["table"].to(device)
+miss_in = [*features, torch.zeros(1, dtype=torch.int64, device=device), table,
+           a["miss_slots"].to(device), pool]
+hit_in = [*features, torch.full((1,), a["frozen"], dtype=torch.int64, device=device), table,
+          a["hit_slots"].to(device), pool]
+cuda = device.startswith("cuda")
+def sync():
+    if cuda:
+        torch.cuda.synchronize()
+def timed(fn):
+    for _ in range(2):
+        fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(out)
+result = {}
+with torch.no_grad():
+    miss = run(*miss_in)
+    hit = run(*hit_in)
+    result["miss_eager_ms"] = timed(lambda: run(*miss_in))
+    result["hit_eager_ms"] = timed(lambda: run(*hit_in))
+    if cuda:
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            run(*hit_in)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                captured = run(*hit_in)
+            result["hit_replay_ms"] = timed(graph.replay)
+            result["replay_items_equal"] = bool(torch.equal(captured[0], hit[0]))
+        except Exception as error:  # noqa: BLE001 - a probe reports what failed
+            result["capture_error"] = repr(error)[:500]
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(3):
+            run(*hit_in)
+        sync()
+kernels = {}
+for event in prof.key_averages():
+    us = (getattr(event, "device_time_total", 0) if cuda else event.self_cpu_time_total) / 3
+    if us and not (cuda and event.key.startswith(("aten::", "cuda", "Memcpy"))):
+        kernels[event.key] = kernels.get(event.key, 0.0) + us
+result["hit_kernels_us"] = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:40])
+result["hit_kernel_total_us"] = sum(kernels.values())
+result["miss_items"] = miss[0].cpu().tolist()
+result["hit_items"] = hit[0].cpu().tolist()
+json.dump(result, open(out_path, "w"))
+"""
+
+
+def spec_for(hidden: int) -> PromptSpec:
+    days = -(-FLAGS.long_items // 10) + 2
+    split = HistorySplit(block_seconds=BLOCK, long_term_blocks=days,
+                         long_term_items=FLAGS.long_items, recent_items=FLAGS.recent_items)
+    return PromptSpec(model_hidden=hidden, window_seconds=(days + 2) * BLOCK,
+                      prompt_v2=PromptV2Layout(split))
+
+
+def catalog_arrays(spec: PromptSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``--items`` random ids on ``--paths`` random code paths (the engine benchmarks'
+    recipe, ``engine_analysis.random_catalog``), as arrays."""
+    rng = np.random.default_rng(0)
+    ids = rng.choice(np.arange(FLAGS.items * 4), size=FLAGS.items, replace=False)
+    paths = min(FLAGS.paths, FLAGS.items)
+    codes = rng.integers(0, spec.layout.codebook_size, (paths, spec.layout.levels))
+    return ids, codes[rng.integers(0, paths, FLAGS.items)]
+
+
+def served_inputs(spec: PromptSpec, codes: np.ndarray, ids: np.ndarray,
+                  dtype: torch.dtype):
+    """One user's request as the feature graph hands it over: the v2 prompt, soft vectors,
+    and the whole history excluded (padded to the package's exclusion width)."""
+    rng = np.random.default_rng(1)
+    rows = rng.choice(len(ids), FLAGS.long_items + FLAGS.recent_items, replace=False)
+    long_rows, recent_rows = rows[:FLAGS.long_items], rows[FLAGS.long_items:]
+    text = spec.prompt_v2.spans
+    tokens, lengths, segments, frozen = v2_prompts(
+        [(list(long_rows), list(recent_rows), 0)], spec.layout,
+        soft_tokens=spec.profile_tokens, intro=text.intro, before_profile=text.before_profile,
+        question=text.question, code_of=lambda item, level: int(codes[item, level]))
+    soft = torch.randn(1, spec.profile_tokens, spec.model_hidden,
+                       generator=torch.Generator().manual_seed(2)).to(dtype)
+    exclude = torch.full((1, exclusion_width(spec, EngineExportConfig(FLAGS.beam, FLAGS.top_k))),
+                         -1, dtype=torch.int64)
+    exclude[0, :len(rows)] = torch.from_numpy(ids[rows].astype(np.int64))
+    return [tokens, lengths, segments, soft, exclude], int(frozen[0])
+
+
+def timed(fn, device: torch.device) -> float:
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+    for _ in range(2):
+        fn()
+    sync()
+    out = []
+    for _ in range(FLAGS.repeats):
+        start = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(out)
+
+
+def engine_rows(model, catalog, spec, features, frozen, device, name) -> dict:
+    """Captured engines as served: uncached and hit, with and without the request's soft
+    vectors and exclusions; then one eager hit kernel by kernel."""
+    geometry = KVGeometry.of_model(model.config, next(model.parameters()).dtype)
+    on = [t.to(device) for t in features]
+    tokens, lengths, segments, soft, exclude = on
+    frozen_t = torch.tensor([frozen])
+    out = {}
+    for graphs in (True, False):
+        config = engine_config_for(spec, cuda_graphs=graphs and device.type == "cuda")
+        pages = 2 * -(-tokens.shape[1] // PAGE_TOKENS) + 4
+        cache = PromptCache(geometry, PromptCacheConfig(
+            device_bytes=pages * geometry.page_bytes(PAGE_TOKENS), page_tokens=PAGE_TOKENS),
+            device)
+        plain = Engine(model, catalog, config)
+        cached = Engine(model, catalog, config, prompt_cache=cache, model_version=name)
+
+        def call(engine, served: bool, hit: bool):
+            extra = {"prefix_embeds": soft, "exclude_items": exclude} if served else {
+                "prefix_embeds": soft}
+            if hit:
+                extra["frozen_lengths"] = frozen_t
+            return lambda: engine.recommend(tokens, lengths, segments, FLAGS.beam, FLAGS.top_k,
+                                            **extra)
+        cached_call = call(cached, True, True)
+        cached_call()                                               # the entry exists
+        if graphs:
+            out["engine_uncached_served_ms"] = timed(call(plain, True, False), device)
+            out["engine_uncached_no_exclusions_ms"] = timed(call(plain, False, False), device)
+            out["engine_hit_served_ms"] = timed(cached_call, device)
+            out["engine_hit_no_exclusions_ms"] = timed(call(cached, False, True), device)
+            out["engine_items"] = cached_call()[0].cpu().tolist()
+        else:
+            out["engine_hit_eager_ms"] = timed(cached_call, device)
+            out["engine_hit_kernels_us"] = kernel_us(cached_call, device)
+            out["engine_hit_kernel_total_us"] = sum(out["engine_hit_kernels_us"].values())
+    return out
+
+
+def kernel_us(call, device: torch.device, calls: int = 3) -> dict[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+    cuda = device.type == "cuda"
+    call()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(calls):
+            call()
+        if cuda:
+            torch.cuda.synchronize()
+    out = {}
+    for event in prof.key_averages():
+        us = (getattr(event, "device_time_total", 0) if cuda else event.self_cpu_time_total)
+        if us and not (cuda and event.key.startswith(("aten::", "cuda", "Memcpy"))):
+            out[event.key] = out.get(event.key, 0.0) + us / calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:40])
+
+
+def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
+    started = time.perf_counter()
+    path = work / "cached.pt2"
+    export_cached_engine(engine, spec, path, EngineExportConfig(
+        FLAGS.beam, FLAGS.top_k, max_batch=4, device=str(device)))
+    compile_s = time.perf_counter() - started
+    cfg = engine.model.config
+    width = features[0].shape[1]
+    pages = -(-width // PAGE_TOKENS) + 1
+    table = torch.arange(1, pages + 1, dtype=torch.int32)[None]
+    position = torch.arange(width)
+    slots = table[0, position // PAGE_TOKENS].long() * PAGE_TOKENS + position % PAGE_TOKENS
+    torch.save({"device": str(device), "dtype": next(engine.model.parameters()).dtype, "repeats": FLAGS.repeats,
+                "features": features, "table": table, "frozen": frozen,
+                "pool_shape": (cfg.num_layers, 2, pages + 1, PAGE_TOKENS, cfg.num_kv_heads,
+                               cfg.head_dim),
+                "miss_slots": torch.where(position < frozen, slots, 0)[None],
+                "hit_slots": torch.zeros((1, width - frozen), dtype=torch.int64)},
+               work / "inputs.pt")
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(work / "inputs.pt"),
+                           str(work / "out.json")], capture_output=True, text=True,
+                          env=loader_environment(), timeout=900)
+    if done.returncode != 0:
+        return {"compile_s": compile_s, "child_error": done.stderr[-3000:]}
+    result = json.loads((work / "out.json").read_text())
+    result["compile_s"] = compile_s
+    return result
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    device = torch.device(FLAGS.device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    with torch.device(device):
+        model = Model(preset(FLAGS.preset))
+    model = model.to(dtype).eval()
+    model.init_weights(0)
+    spec = spec_for(model.config.hidden_size)
+    ids, codes = catalog_arrays(spec)
+    catalog = Catalog.from_arrays(ids, codes, spec.layout).to(device)
+    features, frozen = served_inputs(spec, codes, ids, dtype)
+    print(f"{FLAGS.preset}: prompt {features[0].shape[1]} tokens, frozen {frozen}, "
+          f"exclusion columns {features[4].shape[1]}", flush=True)
+    with torch.no_grad():
+        result = engine_rows(model, catalog, spec, features, frozen, device, FLAGS.preset)
+        engine = Engine(model, catalog, engine_config_for(spec))
+        work = Path(FLAGS.work or tempfile.mkdtemp(prefix="probe_served_hit_"))
+        work.mkdir(parents=True, exist_ok=True)
+        print(f"engine: {json.dumps({k: round(v, 2) for k, v in result.items() if k.endswith('_ms')})}"
+              f"\ncompiling the cached package ...", flush=True)
+        package = package_rows(engine, spec, features, frozen, device, work)
+    result["package"] = package
+    if "hit_items" in package:
+        want = result["engine_items"][0]
+        result["package_hit_items_equal_engine"] = package["hit_items"][0] == want
+        for side in ("hit", "miss"):     # bf16 programs may trade near-tied items
+            result[f"package_{side}_items_shared"] = len(set(package[f"{side}_items"][0])
+                                                         & set(want))
+    for key in ("engine_items",):
+        result.pop(key, None)
+    for key in ("miss_items", "hit_items"):
+        package.pop(key, None)
+    print("\nms a call (median):")
+    for key, value in {**result, **{f"package_{k}": v for k, v in package.items()}}.items():
+        if key.endswith("_ms"):
+            print(f"  {key:<40}{value:>9.2f}")
+    for side, kernels in (("engine hit (eager)", result.get("engine_hit_kernels_us", {})),
+                          ("package hit (eager)", package.get("hit_kernels_us", {}))):
+        print(f"\n{side}: {sum(kernels.values()):.0f} us of kernels a call (top 40 listed)")
+        for name, us in list(kernels.items())[:25]:
+            print(f"  {us:>9.1f} us  {name[:100]}")
+    if "child_error" in package:
+        print("\npackage child failed:\n" + package["child_error"])
+    if FLAGS.out:
+        path = rf.write_result(FLAGS.out, "served_hit", {
+            "date": rf.utc_now(), "preset": FLAGS.preset, "device": str(device),
+            "prompt_tokens": int(features[0].shape[1]), "frozen_tokens": frozen,
+            "exclusion_columns": int(features[4].shape[1]), "beam": FLAGS.beam,
+            "top_k": FLAGS.top_k, "items": FLAGS.items, **result})
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    app.run(main)
