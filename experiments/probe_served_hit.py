@@ -62,6 +62,10 @@ flags.DEFINE_integer("repeats", 20, "Timed calls per row.")
 flags.DEFINE_string("device", "cuda", "Torch device.")
 flags.DEFINE_string("out", None, "Folder for the result JSON (none: printed only).")
 flags.DEFINE_string("work", None, "Folder for the package (default: a temporary one).")
+flags.DEFINE_string("quiet_after", None, "A file whose appearance says the card is quiet "
+                    "again: the package's timings wait for it (another job may use the card "
+                    "while the package compiles), at most --quiet_wait_s.")
+flags.DEFINE_integer("quiet_wait_s", 1500, "Longest wait for --quiet_after.")
 
 # The child: the package loaded as a server loads it, a miss, then hits eager and replayed.
 _CHILD = r"""
@@ -250,6 +254,12 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
     export_cached_engine(engine, spec, path, EngineExportConfig(
         FLAGS.beam, FLAGS.top_k, max_batch=4, device=str(device)))
     compile_s = time.perf_counter() - started
+    waited = time.perf_counter()
+    while FLAGS.quiet_after and not Path(FLAGS.quiet_after).exists() and (
+            time.perf_counter() - waited < FLAGS.quiet_wait_s):
+        time.sleep(2)
+    print(f"compiled in {compile_s:.0f} s; running the package "
+          f"(waited {time.perf_counter() - waited:.0f} s for a quiet card) ...", flush=True)
     cfg = engine.model.config
     width = features[0].shape[1]
     pages = -(-width // PAGE_TOKENS) + 1
