@@ -10,7 +10,8 @@ P99 bound with and without the cache, in one run.
    ``4 x (long + recent)`` tokens) over a catalog of ``--items`` items, exported twice by
    ``xgr export``: plain, and with ``--prompt_cache``.
 2. The session workload: ``--population`` users, each with a fixed long-term history and a
-   recent part, request arrivals Poisson at each rate of ``--rates`` for ``--rate_seconds``,
+   recent part (``--length_spread``: of lengths drawn per user, so prompts and cached hits
+   come in many shapes), request arrivals Poisson at each rate of ``--rates`` for ``--rate_seconds``,
    each request one user drawn by a Zipf law of exponent ``--zipf`` over the population, so
    users return within seconds to minutes (the return intervals are reported). The same
    request sequence goes to both servers; the cached one gets the users' keys (gRPC
@@ -230,7 +231,8 @@ def main(argv: list[str]) -> None:
     print(f"\nat P99 <= {FLAGS.p99_target_ms:g} ms: plain "
           f"{plain_best or float('nan'):.1f} req/s, cached {cached_best or float('nan'):.1f} "
           f"req/s, ratio {ratio or float('nan'):.2f}; {FLAGS.population} users, Zipf "
-          f"{FLAGS.zipf:g}, {intervals['return_share']:.0%} of requests a return (median "
+          f"{FLAGS.zipf:g}, lengths spread {FLAGS.length_spread:g}, "
+          f"{intervals['return_share']:.0%} of requests a return (median "
           f"{intervals['median_s'] or float('nan'):.1f} s)")
     wrong = sum(row["wrong"] for row in results["cached"])
     differing = sum(row["differing"] for row in results["cached"])
@@ -240,7 +242,8 @@ def main(argv: list[str]) -> None:
         "date": rf.utc_now(), "preset": FLAGS.preset, "device": FLAGS.device, "dtype": dtype,
         "items": FLAGS.items, "prompt_tokens": spec.max_prompt_tokens,
         "frozen_tokens": 1 + 4 * FLAGS.long_items, "long_items": FLAGS.long_items,
-        "recent_items": FLAGS.recent_items, "beam_width": FLAGS.beam_width,
+        "recent_items": FLAGS.recent_items, "length_spread": FLAGS.length_spread,
+        "beam_width": FLAGS.beam_width,
         "top_k": FLAGS.top_k, "population": FLAGS.population, "zipf": FLAGS.zipf,
         "rate_seconds": FLAGS.rate_seconds, "p99_target_ms": FLAGS.p99_target_ms,
         "prompt_cache_gb": pool_gb, "prompt_cache_gb_asked": FLAGS.prompt_cache_gb,

@@ -41,7 +41,10 @@ class SessionWorld:
     """Who sends what: ``population`` users of ``preset``, each with ``long_items`` long-term
     items (ten a day, the frozen prompt part) and ``recent_items`` items today (prompts of
     about ``4 x (long + recent)`` tokens), over ``items`` catalog items on ``paths`` code
-    paths; each request's user drawn by a Zipf law of exponent ``zipf``."""
+    paths; each request's user drawn by a Zipf law of exponent ``zipf``. With
+    ``length_spread`` s > 0 each user keeps only a share of those, drawn uniformly from
+    [1 - s, 1] for each part: prompts of many lengths, as a team's traffic sends them (each
+    length bucket, and each suffix width of a cached hit, is a shape of its own)."""
 
     preset: str
     items: int
@@ -50,6 +53,17 @@ class SessionWorld:
     recent_items: int
     population: int
     zipf: float
+    length_spread: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.length_spread < 1.0:
+            raise ValueError(f"length_spread must be in [0, 1), got {self.length_spread}")
+
+    def user_lengths(self, rng: np.random.Generator) -> np.ndarray:
+        """Each user's (long-term, recent) item counts, ``[population, 2]``."""
+        full = np.array([self.long_items, self.recent_items])
+        share = rng.uniform(1.0 - self.length_spread, 1.0, (self.population, 2))
+        return np.maximum(np.rint(full * share).astype(np.int64), [0, 1])
 
     def prompt_spec(self):
         from torch_engine.config import preset
@@ -73,12 +87,14 @@ class SessionWorld:
         """One request (feature arrays of one row) per user: ten long-term events a day over
         the closed blocks before ``NOW``'s, the recent ones in its block."""
         requests = []
-        for user in range(self.population):
-            back = np.arange(self.long_items)[::-1]      # events before the newest one
+        lengths = (self.user_lengths(rng) if self.length_spread else
+                   np.tile([self.long_items, self.recent_items], (self.population, 1)))
+        for user, (long_items, recent_items) in enumerate(lengths):
+            back = np.arange(long_items)[::-1]      # events before the newest one
             long_times = (NOW - NOW % BLOCK - BLOCK * (back // 10 + 1)
                           + 3600 * (23 - back % 10))
-            recent_times = NOW - NOW % BLOCK + 60 * (1 + np.arange(self.recent_items))
-            items = rng.choice(ids, self.long_items + self.recent_items)
+            recent_times = NOW - NOW % BLOCK + 60 * (1 + np.arange(recent_items))
+            items = rng.choice(ids, long_items + recent_items)
             times = np.concatenate([long_times, recent_times]).astype(np.int64)
             requests.append({
                 "user_id": np.array([user + 1], np.int64),
@@ -107,6 +123,9 @@ def define_world_flags(long_items: int, recent_items: int, device_note: str = ""
     flags.DEFINE_integer("long_items", long_items, "Long-term items of every user (the "
                          "frozen part).")
     flags.DEFINE_integer("recent_items", recent_items, "Recent items of every user.")
+    flags.DEFINE_float("length_spread", 0.0, "Each user keeps a uniform share in "
+                       "[1 - spread, 1] of --long_items and of --recent_items (0: every "
+                       "user the same lengths).")
     flags.DEFINE_integer("beam_width", 16, "Beam width.")
     flags.DEFINE_integer("top_k", 12, "Items the engine returns.")
     flags.DEFINE_integer("max_batch", 16, "Largest batch the exported package accepts.")
@@ -131,7 +150,7 @@ def world_from_flags(population: int, zipf: float = 1.0) -> SessionWorld:
     """The ``SessionWorld`` of ``define_world_flags``' flags."""
     f = flags.FLAGS
     return SessionWorld(f.preset, f.items, f.paths, f.long_items, f.recent_items, population,
-                        zipf)
+                        zipf, f.length_spread)
 
 
 def export_settings_from_flags(verify_requests: int) -> ExportSettings:

@@ -6,7 +6,7 @@ import pytest
 
 import numpy as np
 
-from benchmarks.session_load import Answer, best_rate, sweep
+from benchmarks.session_load import Answer, SessionWorld, best_rate, sweep
 
 
 def _row(rate, p99, failed=0):
@@ -36,6 +36,27 @@ def test_a_failed_request_or_no_answer_ends_the_sweep_too():
 def test_every_rate_runs_while_the_server_keeps_up():
     rows = sweep([5, 15, 10], lambda r: _row(r, 20.0), 100.0)
     assert [r["rate"] for r in rows] == [5, 10, 15] and best_rate(rows, 100.0) == 13.5
+
+
+def _history_lengths(world: SessionWorld) -> list[tuple[int, int]]:
+    ids = np.arange(10_000, 10_500)
+    out = []
+    for request in world.user_requests(ids, np.random.default_rng(0)):
+        times, day = request["history_times"], request["request_time"][0] // 86400
+        recent = int((times // 86400 == day).sum())
+        out.append((len(times) - recent, recent))
+    return out
+
+
+def test_a_spread_gives_users_many_history_lengths_within_the_card():
+    same = _history_lengths(SessionWorld("tiny", 500, 100, 40, 12, 30, 1.0))
+    assert set(same) == {(40, 12)}
+    spread = _history_lengths(SessionWorld("tiny", 500, 100, 40, 12, 30, 1.0, 0.5))
+    longs, recents = zip(*spread)
+    assert min(longs) >= 20 and max(longs) <= 40 and len(set(longs)) > 10
+    assert min(recents) >= 6 and max(recents) <= 12 and len(set(recents)) > 3
+    with pytest.raises(ValueError, match="length_spread"):
+        SessionWorld("tiny", 500, 100, 40, 12, 30, 1.0, 1.0)
 
 
 def _exported(monkeypatch, tmp_path, code: int, saved: bool, report: bool):
