@@ -14,9 +14,9 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 class ServerMetrics:
-    """requests{model,api,code}, request latency{model,api}, batch size and model call
-    latency{model}, errors,
-    dropped requests{model,reason}, pending requests{model}."""
+    """One server's Prometheus series: requests{model,api,code}, errors, request
+    latency{model,api}, batch size and model call latency{model}, dropped
+    requests{model,reason}, pending requests{model}."""
 
     def __init__(self, model_name: str):
         self.registry = prom.CollectorRegistry()
