@@ -65,6 +65,8 @@ flags.DEFINE_string("work", None, "Folder for the package (default: a temporary 
 flags.DEFINE_string("quiet_after", None, "A file whose appearance says the card is quiet "
                     "again: the package's timings wait for it (another job may use the card "
                     "while the package compiles), at most --quiet_wait_s.")
+flags.DEFINE_bool("package", True, "Also compile and time the cached package (minutes of "
+                  "compile); off: the engine's rows only.")
 flags.DEFINE_integer("quiet_wait_s", 1500, "Longest wait for --quiet_after.")
 
 # The child: the package loaded as a server loads it, a miss, then hits eager and replayed.
@@ -299,12 +301,15 @@ def main(argv: list[str]) -> None:
           f"exclusion columns {features[4].shape[1]}", flush=True)
     with torch.no_grad():
         result = engine_rows(model, catalog, spec, features, frozen, device, FLAGS.preset)
-        engine = Engine(model, catalog, engine_config_for(spec))
-        work = Path(FLAGS.work or tempfile.mkdtemp(prefix="probe_served_hit_"))
-        work.mkdir(parents=True, exist_ok=True)
-        print(f"engine: {json.dumps({k: round(v, 2) for k, v in result.items() if k.endswith('_ms')})}"
-              f"\ncompiling the cached package ...", flush=True)
-        package = package_rows(engine, spec, features, frozen, device, work)
+        print(f"engine: {json.dumps({k: round(v, 2) for k, v in result.items() if k.endswith('_ms')})}",
+              flush=True)
+        package = {}
+        if FLAGS.package:
+            engine = Engine(model, catalog, engine_config_for(spec))
+            work = Path(FLAGS.work or tempfile.mkdtemp(prefix="probe_served_hit_"))
+            work.mkdir(parents=True, exist_ok=True)
+            print("compiling the cached package ...", flush=True)
+            package = package_rows(engine, spec, features, frozen, device, work)
     result["package"] = package
     if "hit_items" in package:
         want = result["engine_items"][0]
@@ -322,6 +327,8 @@ def main(argv: list[str]) -> None:
             print(f"  {key:<40}{value:>9.2f}")
     for side, kernels in (("engine hit (eager)", result.get("engine_hit_kernels_us", {})),
                           ("package hit (eager)", package.get("hit_kernels_us", {}))):
+        if not kernels:
+            continue
         print(f"\n{side}: {sum(kernels.values()):.0f} us of kernels a call (top 40 listed)")
         for name, us in list(kernels.items())[:25]:
             print(f"  {us:>9.1f} us  {name[:100]}")
