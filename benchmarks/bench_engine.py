@@ -53,6 +53,7 @@ from absl import app, flags
 from tqdm import tqdm
 
 from benchmarks import engine_analysis as ea
+from benchmarks.engine_analysis import wall_ms as timed
 from benchmarks import results_file as rf
 from benchmarks.engine_anchor import hf_anchor
 from benchmarks.engine_tables import print_tables
@@ -94,20 +95,6 @@ BEAM, TOP_K = 256, 300
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def timed(fn, repeats: int) -> list[float]:
-    """Wall milliseconds of ``repeats`` synchronised calls after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    sync()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - start) * 1e3)
-    return out
 
 
 def summary(name: str, batch: int, times: list[float], **extra) -> dict:

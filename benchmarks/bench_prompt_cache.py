@@ -29,6 +29,7 @@ import torch
 from absl import app, flags
 
 from benchmarks import engine_analysis as ea
+from benchmarks.engine_analysis import wall_ms as timed
 from benchmarks import results_file as rf
 from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
@@ -62,26 +63,6 @@ TARGETS_MS = {"qwen2-0.5b": 3.5, "qwen3-1.7b": 14.0}
 def sync() -> None:
     if torch.cuda.is_available():
         torch.cuda.synchronize()
-
-
-def timed(fn, repeats: int, before=None) -> list[float]:
-    """Wall milliseconds of ``repeats`` synchronised calls after two warm-up calls;
-    ``before`` runs (untimed) ahead of each."""
-    for _ in range(2):
-        if before:
-            before()
-        fn()
-    sync()
-    out = []
-    for _ in range(repeats):
-        if before:
-            before()
-            sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - start) * 1e3)
-    return out
 
 
 def prompt(cached: int, new: int, device: torch.device, seed: int = 0):

@@ -18,6 +18,7 @@ search, and the queue that turns per-batch latencies into requests per second at
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,6 +33,30 @@ from torch_engine import search as search_fns
 from torch_engine.catalog import Catalog
 from torch_engine.config import ModelConfig
 from xgr_common.layout import TokenLayout
+
+
+def wall_ms(fn: Callable[[], object], repeats: int,
+            before: Callable[[], object] | None = None) -> list[float]:
+    """Wall milliseconds of ``repeats`` calls of ``fn``, each synchronised with the device,
+    after two warm-up calls; ``before`` runs (untimed, synchronised) ahead of each."""
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    for _ in range(2):
+        if before:
+            before()
+        fn()
+    sync()
+    out = []
+    for _ in range(repeats):
+        if before:
+            before()
+            sync()
+        start = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - start) * 1e3)
+    return out
 
 
 def random_catalog(items: int, paths: int, layout: TokenLayout) -> Catalog:

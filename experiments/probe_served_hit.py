@@ -36,6 +36,7 @@ import torch
 from absl import app, flags
 
 from benchmarks import results_file as rf
+from benchmarks.engine_analysis import wall_ms
 from benchmarks.session_load import BLOCK
 from tests.torch_engine.engine_worlds import v2_prompts
 from torch_engine.aoti_loading import loader_environment
@@ -71,8 +72,9 @@ flags.DEFINE_integer("quiet_wait_s", 1500, "Longest wait for --quiet_after.")
 
 # The child: the package loaded as a server loads it, a miss, then hits eager and replayed.
 _CHILD = r"""
-import json, statistics, sys, time
+import json, statistics, sys
 import torch
+from benchmarks.engine_analysis import wall_ms
 from torch_engine.aoti_loading import load_package
 package, inputs_path, out_path = sys.argv[1:]
 a = torch.load(inputs_path)
@@ -90,16 +92,7 @@ def sync():
     if cuda:
         torch.cuda.synchronize()
 def timed(fn):
-    for _ in range(2):
-        fn()
-    sync()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(out)
+    return statistics.median(wall_ms(fn, repeats))
 result = {}
 with torch.no_grad():
     miss = run(*miss_in)
@@ -177,20 +170,8 @@ def served_inputs(spec: PromptSpec, codes: np.ndarray, ids: np.ndarray,
     return [tokens, lengths, segments, soft, exclude], int(frozen[0])
 
 
-def timed(fn, device: torch.device) -> float:
-    def sync():
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-    for _ in range(2):
-        fn()
-    sync()
-    out = []
-    for _ in range(FLAGS.repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        out.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(out)
+def timed(fn) -> float:
+    return statistics.median(wall_ms(fn, FLAGS.repeats))
 
 
 def engine_rows(model, catalog, spec, features, frozen, device, name) -> dict:
@@ -220,13 +201,13 @@ def engine_rows(model, catalog, spec, features, frozen, device, name) -> dict:
         cached_call = call(cached, True, True)
         cached_call()                                               # the entry exists
         if graphs:
-            out["engine_uncached_served_ms"] = timed(call(plain, True, False), device)
-            out["engine_uncached_no_exclusions_ms"] = timed(call(plain, False, False), device)
-            out["engine_hit_served_ms"] = timed(cached_call, device)
-            out["engine_hit_no_exclusions_ms"] = timed(call(cached, False, True), device)
+            out["engine_uncached_served_ms"] = timed(call(plain, True, False))
+            out["engine_uncached_no_exclusions_ms"] = timed(call(plain, False, False))
+            out["engine_hit_served_ms"] = timed(cached_call)
+            out["engine_hit_no_exclusions_ms"] = timed(call(cached, False, True))
             out["engine_items"] = cached_call()[0].cpu().tolist()
         else:
-            out["engine_hit_eager_ms"] = timed(cached_call, device)
+            out["engine_hit_eager_ms"] = timed(cached_call)
             out["engine_hit_kernels_us"] = kernel_us(cached_call, device)
             out["engine_hit_kernel_total_us"] = sum(out["engine_hit_kernels_us"].values())
     return out
@@ -277,7 +258,8 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
                work / "inputs.pt")
     done = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(work / "inputs.pt"),
                            str(work / "out.json")], capture_output=True, text=True,
-                          env=loader_environment(), timeout=900)
+                          env=loader_environment(), timeout=900,
+                          cwd=Path(__file__).resolve().parents[1])
     if done.returncode != 0:
         return {"compile_s": compile_s, "child_error": done.stderr[-3000:]}
     result = json.loads((work / "out.json").read_text())
