@@ -1,8 +1,9 @@
 """Probe: why does a served prompt-cache hit cost far more than the engine's hit?
 
-At qwen3-1.7b with 4,001 cached and ~1,000 new tokens the engine's hit takes 14.7 ms (H100),
-while the served cached server's calls imply about 25 ms a hit. Two differences between the
-two are candidates, and this probe separates them on one GPU without TensorFlow:
+At qwen3-1.7b with 4,001 cached and ~1,000 new tokens, the served cached server's calls imply
+a hit far slower than ``Engine.recommend``'s (``docs/notes/gpu_serving.md``, 12-07). Two
+differences between the two are candidates, and this probe separates them on one GPU without
+TensorFlow:
 
 * **The request's inputs.** The engine benchmark sends bare prompts; a served request also
   carries soft profile vectors and excludes the user's whole history (1,245 items here, a
