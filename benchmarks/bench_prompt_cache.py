@@ -22,13 +22,13 @@ Writes ``prompt_cache_<date>[_<tag>].json`` and prints a table.
 from __future__ import annotations
 
 import statistics
-import time
 
 import numpy as np
 import torch
 from absl import app, flags
 
 from benchmarks import engine_analysis as ea
+from benchmarks.engine_analysis import kernel_times, profiled
 from benchmarks.engine_analysis import wall_ms as timed
 from benchmarks import results_file as rf
 from torch_engine.config import EngineConfig, preset
@@ -194,42 +194,6 @@ def replay_parts(graph, call_ms: float) -> dict | None:
         gpu.append(start.elapsed_time(end))
     return {"replay_wall": wall, "replay_gpu": statistics.median(gpu),
             "rest_of_call": call_ms - wall}
-
-
-def profiled(call, calls: int, with_stack: bool = False):
-    """The profiler's record of ``calls`` calls after one warm-up (CPU activities, and the
-    GPU's when there is one; ``with_stack``: Python's tracer too) and their wall
-    microseconds a call."""
-    from torch.profiler import ProfilerActivity, profile
-    call()
-    sync()
-    activities = [ProfilerActivity.CPU] + (
-        [ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-    with profile(activities=activities, with_stack=with_stack) as prof:
-        start = time.perf_counter()
-        for _ in range(calls):
-            call()
-        sync()
-        wall = (time.perf_counter() - start) * 1e6 / calls
-    return prof, wall
-
-
-def kernel_times(call, calls: int = 3) -> dict[str, float]:
-    """Microseconds per call of each kernel over ``calls`` profiled calls: device time of the
-    GPU's kernels, or on the CPU the operators' own time."""
-    cuda = torch.cuda.is_available()
-    prof, _ = profiled(call, calls)
-    out = {}
-    for event in prof.key_averages():
-        if cuda:
-            us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
-            if event.key.startswith(("aten::", "cuda", "Memcpy")):
-                continue    # the host-side names of the kernels listed under their own
-        else:
-            us = event.self_cpu_time_total
-        if us:
-            out[event.key] = out.get(event.key, 0.0) + us / calls
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def host_times(call, calls: int = 5) -> dict[str, float]:

@@ -59,13 +59,59 @@ def wall_ms(fn: Callable[[], object], repeats: int,
     return out
 
 
-def random_catalog(items: int, paths: int, layout: TokenLayout) -> Catalog:
-    """The engine benchmarks' catalog: ``items`` random ids sharing ``paths`` random code
-    paths (seed 0), so every benchmark times the same tables."""
+def random_catalog_arrays(items: int, paths: int,
+                          layout: TokenLayout) -> tuple[np.ndarray, np.ndarray]:
+    """The ids and codes of ``random_catalog``."""
     rng = np.random.default_rng(0)
     ids = rng.choice(np.arange(items * 4), size=items, replace=False)
     codes = rng.integers(0, layout.codebook_size, (paths, layout.levels))
-    return Catalog.from_arrays(ids, codes[rng.integers(0, paths, items)], layout)
+    return ids, codes[rng.integers(0, paths, items)]
+
+
+def random_catalog(items: int, paths: int, layout: TokenLayout) -> Catalog:
+    """The engine benchmarks' catalog: ``items`` random ids sharing ``paths`` random code
+    paths (seed 0), so every benchmark times the same tables."""
+    return Catalog.from_arrays(*random_catalog_arrays(items, paths, layout), layout)
+
+
+def profiled(call: Callable[[], object], calls: int, with_stack: bool = False):
+    """The profiler's record of ``calls`` calls after one warm-up (CPU activities, and the
+    GPU's when there is one; ``with_stack``: Python's tracer too) and their wall
+    microseconds a call."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def sync() -> None:
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    call()
+    sync()
+    activities = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities, with_stack=with_stack) as prof:
+        start = time.perf_counter()
+        for _ in range(calls):
+            call()
+        sync()
+        wall = (time.perf_counter() - start) * 1e6 / calls
+    return prof, wall
+
+
+def kernel_times(call: Callable[[], object], calls: int = 3) -> dict[str, float]:
+    """Microseconds per call of each kernel over ``calls`` profiled calls, slowest first:
+    device time of the GPU's kernels, or on the CPU the operators' own time."""
+    cuda = torch.cuda.is_available()
+    prof, _ = profiled(call, calls)
+    out = {}
+    for event in prof.key_averages():
+        if cuda:
+            us = getattr(event, "device_time_total", 0) or getattr(event, "cuda_time_total", 0)
+            if event.key.startswith(("aten::", "cuda", "Memcpy")):
+                continue    # the host-side names of the kernels listed under their own
+        else:
+            us = event.self_cpu_time_total
+        if us:
+            out[event.key] = out.get(event.key, 0.0) + us / calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def layer_params(cfg: ModelConfig) -> int:

@@ -37,8 +37,8 @@ import torch
 from absl import app, flags
 
 from benchmarks import results_file as rf
-from benchmarks.engine_analysis import wall_ms
-from benchmarks.session_load import BLOCK
+from benchmarks.engine_analysis import kernel_times, random_catalog_arrays, wall_ms
+from benchmarks.session_load import SessionWorld
 from tests.torch_engine.engine_worlds import v2_prompts
 from torch_engine.aoti_loading import loader_environment
 from torch_engine.catalog import Catalog
@@ -47,7 +47,6 @@ from torch_engine.engine import Engine
 from torch_engine.model import Model
 from torch_engine.prompt_cache import KVGeometry, PromptCache, PromptCacheConfig
 from xgr_common.prompt_spec import PromptSpec
-from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout
 from xgr_export.cached_package import PAGE_TOKENS, export_cached_engine
 from xgr_export.config import EngineExportConfig
 from xgr_export.engine_package import exclusion_width
@@ -75,7 +74,7 @@ flags.DEFINE_integer("quiet_wait_s", 1500, "Longest wait for --quiet_after.")
 _CHILD = r"""
 import json, statistics, sys
 import torch
-from benchmarks.engine_analysis import wall_ms
+from benchmarks.engine_analysis import kernel_times, wall_ms
 from torch_engine.aoti_loading import load_package
 package, inputs_path, out_path = sys.argv[1:]
 a = torch.load(inputs_path)
@@ -89,9 +88,6 @@ miss_in = [*features, torch.zeros(1, dtype=torch.int64, device=device), table,
 hit_in = [*features, torch.full((1,), a["frozen"], dtype=torch.int64, device=device), table,
           a["hit_slots"].to(device), pool]
 cuda = device.startswith("cuda")
-def sync():
-    if cuda:
-        torch.cuda.synchronize()
 def timed(fn):
     return statistics.median(wall_ms(fn, repeats))
 result = {}
@@ -114,41 +110,13 @@ with torch.no_grad():
             result["replay_items_equal"] = bool(torch.equal(captured[0], hit[0]))
         except Exception as error:  # noqa: BLE001 - a probe reports what failed
             result["capture_error"] = repr(error)[:500]
-    from torch.profiler import ProfilerActivity, profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        for _ in range(3):
-            run(*hit_in)
-        sync()
-kernels = {}
-for event in prof.key_averages():
-    us = (getattr(event, "device_time_total", 0) if cuda else event.self_cpu_time_total) / 3
-    if us and not (cuda and event.key.startswith(("aten::", "cuda", "Memcpy"))):
-        kernels[event.key] = kernels.get(event.key, 0.0) + us
-result["hit_kernels_us"] = dict(sorted(kernels.items(), key=lambda kv: -kv[1])[:40])
+    kernels = kernel_times(lambda: run(*hit_in))
+result["hit_kernels_us"] = dict(list(kernels.items())[:40])
 result["hit_kernel_total_us"] = sum(kernels.values())
 result["miss_items"] = miss[0].cpu().tolist()
 result["hit_items"] = hit[0].cpu().tolist()
 json.dump(result, open(out_path, "w"))
 """
-
-
-def spec_for(hidden: int) -> PromptSpec:
-    days = -(-FLAGS.long_items // 10) + 2
-    split = HistorySplit(block_seconds=BLOCK, long_term_blocks=days,
-                         long_term_items=FLAGS.long_items, recent_items=FLAGS.recent_items)
-    return PromptSpec(model_hidden=hidden, window_seconds=(days + 2) * BLOCK,
-                      prompt_v2=PromptV2Layout(split))
-
-
-def catalog_arrays(spec: PromptSpec) -> tuple[np.ndarray, np.ndarray]:
-    """``--items`` random ids on ``--paths`` random code paths (the engine benchmarks'
-    recipe, ``engine_analysis.random_catalog``), as arrays."""
-    rng = np.random.default_rng(0)
-    ids = rng.choice(np.arange(FLAGS.items * 4), size=FLAGS.items, replace=False)
-    paths = min(FLAGS.paths, FLAGS.items)
-    codes = rng.integers(0, spec.layout.codebook_size, (paths, spec.layout.levels))
-    return ids, codes[rng.integers(0, paths, FLAGS.items)]
 
 
 def served_inputs(spec: PromptSpec, codes: np.ndarray, ids: np.ndarray,
@@ -209,27 +177,10 @@ def engine_rows(model, catalog, spec, features, frozen, device, name) -> dict:
             out["engine_items"] = cached_call()[0].cpu().tolist()
         else:
             out["engine_hit_eager_ms"] = timed(cached_call)
-            out["engine_hit_kernels_us"] = kernel_us(cached_call, device)
-            out["engine_hit_kernel_total_us"] = sum(out["engine_hit_kernels_us"].values())
+            kernels = kernel_times(cached_call)
+            out["engine_hit_kernels_us"] = dict(list(kernels.items())[:40])
+            out["engine_hit_kernel_total_us"] = sum(kernels.values())
     return out
-
-
-def kernel_us(call, device: torch.device, calls: int = 3) -> dict[str, float]:
-    from torch.profiler import ProfilerActivity, profile
-    cuda = device.type == "cuda"
-    call()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
-        for _ in range(calls):
-            call()
-        if cuda:
-            torch.cuda.synchronize()
-    out = {}
-    for event in prof.key_averages():
-        us = (getattr(event, "device_time_total", 0) if cuda else event.self_cpu_time_total)
-        if us and not (cuda and event.key.startswith(("aten::", "cuda", "Memcpy"))):
-            out[event.key] = out.get(event.key, 0.0) + us / calls
-    return dict(sorted(out.items(), key=lambda kv: -kv[1])[:40])
 
 
 def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
@@ -276,8 +227,11 @@ def main(argv: list[str]) -> None:
         model = Model(preset(FLAGS.preset))
     model = model.to(dtype).eval()
     model.init_weights(0)
-    spec = spec_for(model.config.hidden_size)
-    ids, codes = catalog_arrays(spec)
+    # The served benchmark's prompt card (bench_served_cache's world), one user.
+    spec = SessionWorld(FLAGS.preset, FLAGS.items, FLAGS.paths, FLAGS.long_items,
+                        FLAGS.recent_items, population=1, zipf=1.0).prompt_spec()
+    ids, codes = random_catalog_arrays(FLAGS.items, min(FLAGS.paths, FLAGS.items),
+                                       spec.layout)
     catalog = Catalog.from_arrays(ids, codes, spec.layout).to(device)
     features, frozen = served_inputs(spec, codes, ids, dtype)
     print(f"{FLAGS.preset}: prompt {features[0].shape[1]} tokens, frozen {frozen}, "
@@ -308,11 +262,14 @@ def main(argv: list[str]) -> None:
     for key, value in {**result, **{f"package_{k}": v for k, v in package.items()}}.items():
         if key.endswith("_ms"):
             print(f"  {key:<40}{value:>9.2f}")
-    for side, kernels in (("engine hit (eager)", result.get("engine_hit_kernels_us", {})),
-                          ("package hit (eager)", package.get("hit_kernels_us", {}))):
+    for side, kernels, total in (
+            ("engine hit (eager)", result.get("engine_hit_kernels_us"),
+             result.get("engine_hit_kernel_total_us")),
+            ("package hit (eager)", package.get("hit_kernels_us"),
+             package.get("hit_kernel_total_us"))):
         if not kernels:
             continue
-        print(f"\n{side}: {sum(kernels.values()):.0f} us of kernels a call (top 40 listed)")
+        print(f"\n{side}: {total:.0f} us of kernels a call (the slowest 25)")
         for name, us in list(kernels.items())[:25]:
             print(f"  {us:>9.1f} us  {name[:100]}")
     if "child_error" in package:
