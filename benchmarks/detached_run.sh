@@ -14,6 +14,13 @@ gpu_label() {
   if [[ $name =~ H([0-9]+) ]]; then echo "h${BASH_REMATCH[1]}"; else echo gpu; fi
 }
 
+# The op libraries, built in this tree unless there already (the GPU host's Python builds its
+# own: the ones here are ignored by git and never carried).
+build_ops_once() {
+  ls custom_ops/*.so >/dev/null 2>&1 \
+      || "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
+}
+
 detached_main() {
   local log_name=$1 script=$2
   shift 2

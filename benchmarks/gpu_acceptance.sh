@@ -124,8 +124,7 @@ served_cache_phase() {
 catalog_phase() {
   # A catalog refresh at the headline size: the compile once, the catalog-only version,
   # the swap under load (time, failures, latency, GPU memory).
-  ls custom_ops/*.so >/dev/null 2>&1 \
-      || "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
+  build_ops_once
   local sizes=(--preset=qwen2-0.5b --device=cuda:0 --dtype=bfloat16 --items=1000000
                --keep_last=255 --history_events=300 --beam_width=256 --top_k=300 --label="$(gpu_label)")
   [ -n "$REHEARSAL" ] && sizes=(--preset=tiny --device=cpu --items=3000 --label=cpu)
@@ -192,8 +191,7 @@ run() {
     done
   fi
   if [[ "$PHASES" == *" served_cache "* ]]; then
-    ls custom_ops/*.so >/dev/null 2>&1 \
-        || "${PY:-python3}" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
+    build_ops_once
     served_cache_phase
   fi
   if [[ "$PHASES" == *" prompt_cache "* ]]; then

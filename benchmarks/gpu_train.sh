@@ -42,8 +42,7 @@ run() {
   fi
   if [[ "$PHASES" == *" train "* ]]; then
     # The feature graph's C++ ops build the training examples: built once in this tree.
-    ls custom_ops/*.so >/dev/null 2>&1 \
-        || "$PY" setup.py build_ext --inplace -j 8 > "$RUN_OUT/build.log" 2>&1
+    build_ops_once
     note "op libraries: $(ls custom_ops/*.so 2>/dev/null | wc -l) built"
     timeout "${TRAIN_LIMIT:-2400}" "$PY" -m benchmarks.bench_train --preset=qwen2-0.5b \
         --device=cuda --users="${USERS:-50000}" --events_per_user=20 --catalog_items=100000 \
