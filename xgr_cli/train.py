@@ -55,9 +55,10 @@ def main(argv: list[str]) -> int:
     report = fine_tune(config)
     losses = report.losses
     window = max(1, min(25, len(losses) // 4))
-    print(f"trained {len(losses) - report.resumed_from} steps"
-          f"{f' (resumed at step {report.resumed_from})' if report.resumed_from else ''}"
-          f"{f' (stopped at the time limit: run it again to go on to step {FLAGS.steps})' if report.stopped_at_time_limit else ''} on "
+    resumed = f" (resumed at step {report.resumed_from})" if report.resumed_from else ""
+    stopped = (f" (stopped at the time limit: run it again to go on to step {FLAGS.steps})"
+               if report.stopped_at_time_limit else "")
+    print(f"trained {len(losses) - report.resumed_from} steps{resumed}{stopped} on "
           f"{report.examples} examples of {report.users} users "
           f"({report.dropped_events} events outside the catalog dropped), "
           f"{report.steps_per_second:.1f} steps/s on {report.device}\n"

@@ -15,8 +15,9 @@ what it cannot: the file's longest row, repeated to every power-of-two batch siz
 ``max_batch_size``, once without a user key (the shape of a prompt-cache miss) and once
 with one key on every row (a hit), so full-length traffic of any batch size finds its graphs
 captured. A signature with a user key also gets the row's hit at one row (the file's
-requests run once each, so they are misses), with batching or without. It stops, keeping the version, where a capture would evict another graph (the
-package's graph budget is full) or the device runs out of memory at that size.
+requests run once each, so they are misses), with batching or without. It stops, keeping
+the version, where a capture would evict another graph (the package's graph budget is full)
+or the device runs out of memory at that size.
 """
 
 from __future__ import annotations
@@ -166,7 +167,7 @@ def warm_batch_sizes(version: ServableVersion, mode: str, max_batch_size: int | 
     if row is None:
         return 0
     sig = row.signature
-    limit = min(max_batch_size or 1, sig.max_rows) if sig.max_rows else max_batch_size or 1
+    limit = min(max_batch_size or 1, sig.max_rows or max_batch_size or 1)
     rounds: list[bytes | None] = [None]
     calls, extra = 0, {"model": version.model_name, "version": version.version}
     if USER_KEY in sig.inputs:
