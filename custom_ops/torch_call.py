@@ -123,8 +123,9 @@ def _torch_call_loaded() -> bool:
 
 def package_stats() -> dict:
     """The counters of every package this process has loaded, by path: for a package replayed
-    as CUDA graphs, ``calls``, ``replays``, ``captures``, ``eager_runs`` (after a failed
-    capture), ``evictions``, ``held`` (graphs kept) and ``failure`` (why capture was given
+    as CUDA graphs, ``calls``, ``replays``, ``captures``, ``eager_runs`` (shapes not admitted
+    to the graph budget, or every call after a failed capture), ``evictions``, ``held``
+    (graphs kept), ``budget`` (graphs kept at most) and ``failure`` (why capture was given
     up); ``{"graphs": false}`` for a package that runs eagerly."""
     load_library("torch_call")
     entry = ctypes.CDLL(str(library_path("torch_call"))).XgrTorchCallStats

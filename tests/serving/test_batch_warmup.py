@@ -10,14 +10,14 @@ import tensorflow as tf
 
 from tf_frontend.serving.config import BatchingConfig
 from tf_frontend.serving.servable import ServableVersion
-from tf_frontend.serving.warmup import (WARMUP_USER_KEY, batch_sizes, run_warmup,
+from tf_frontend.serving.warmup import (GraphCounts, WARMUP_USER_KEY, batch_sizes, run_warmup,
                                         warm_batch_sizes)
 from tests.serving.helpers import HISTORY_SPEC, start_server, write_warmup
 from xgr_common.errors import CapacityError, ConfigError, ExportError
 from xgr_common.serving_names import SERVING_SIGNATURE, USER_KEY
 
 BATCHING = BatchingConfig(max_batch_size=8, batch_timeout_micros=1000)
-NO_GRAPHS = staticmethod(lambda version: (False, 0, False))
+NO_GRAPHS = staticmethod(lambda version: GraphCounts(False, 0, False, False))
 
 
 class KeyedModel(tf.Module):
@@ -138,7 +138,7 @@ def test_auto_warms_only_a_version_whose_packages_replay_graphs(tmp_path):
     assert warm_batch_sizes(version, "all", None, graph_counts=NO_GRAPHS) == 2
     assert [len(c["user_id"]) for c in calls] == [1, 1]
     calls.clear()
-    graphed = lambda v: (True, 0, False)
+    graphed = lambda v: GraphCounts(True, 0, False, False)
     assert warm_batch_sizes(version, "auto", 8, graph_counts=graphed) == 8
     with pytest.raises(ConfigError, match="warmup_batches must be one of"):
         warm_batch_sizes(version, "always", 8, graph_counts=graphed)
@@ -148,10 +148,13 @@ def test_it_stops_where_a_capture_would_evict_a_graph_or_memory_runs_out(tmp_pat
     version = _version(tmp_path, [_row(4, 3, b"k")])
     calls = _recorded(version)
     # The calls: the keyed row stored and read back, then 2 rows without and with the key...
-    evictions = lambda v: (True, 1 if len(calls) > 3 else 0, False)   # full after 3 calls
+    evictions = lambda v: GraphCounts(True, 1 if len(calls) > 3 else 0, False, False)
     assert warm_batch_sizes(version, "all", 8, graph_counts=evictions) == 4
     assert "graph budget is full" in caplog.text
-    failed = lambda v: (True, 0, len(calls) > 2)
+    calls.clear()
+    full = lambda v: GraphCounts(True, 0, False, len(calls) > 4)   # full after 5 calls
+    assert warm_batch_sizes(version, "all", 8, graph_counts=full) == 5
+    failed = lambda v: GraphCounts(True, 0, len(calls) > 2, False)
     calls.clear()
     assert warm_batch_sizes(version, "all", 8, graph_counts=failed) == 3
     version = _version(tmp_path / "oom", [_row(4, 3, b"k")])
@@ -199,5 +202,5 @@ def test_packages_under_names_the_engine_package_of_a_loaded_version(engine_mode
     found = packages_under(path)
     assert len(found) == 1 and next(iter(found)).startswith(str(path))
     assert packages_under(tmp_path / "elsewhere") == {}
-    assert _graph_counts(version) == (False, 0, False)   # a CPU package runs eagerly
+    assert _graph_counts(version) == (False, 0, False, False)   # a CPU package runs eagerly
     version.unload(0.0)

@@ -91,8 +91,10 @@ def test_concurrent_calls_on_one_cuda_package(cuda_packages, two_heads, tmp_path
 
 def test_a_graphed_package_replays_one_graph_per_bucket(cuda_packages, two_heads):
     """Each bucket (rows to a power of two, ids columns to a multiple of 8) is captured once
-    and replayed after; results equal the eager module's; past 4 graphs the least recently
-    used is dropped; concurrent callers are served one replay at a time."""
+    and replayed after; results equal the eager module's; with the 4 graphs held, a fifth
+    bucket runs eagerly when first seen and replaces the least often seen graph (the least
+    recently used among equals) when seen again; concurrent callers are served one replay at
+    a time."""
     from custom_ops.torch_call import package_stats
 
     path = str(cuda_packages["two_heads_graphed"].path)
@@ -104,10 +106,14 @@ def test_a_graphed_package_replays_one_graph_per_bucket(cuda_packages, two_heads
     assert stats["graphs"] and stats["failure"] == "" and stats["eager_runs"] == 0, stats
     # Buckets (1, 8), (4, 8), (8, 8), (512, 24); (3, 5), (4, 8) and (3, 2) share (4, 8).
     assert stats["calls"] == 6 and stats["replays"] == 6 and stats["captures"] == 4, stats
-    x, ids = _inputs(99, 2000, 30)  # a fifth bucket: the least recently used graph goes
+    x, ids = _inputs(99, 2000, 30)  # a fifth bucket: eager, then captured in (1, 8)'s place
     _check(torch_call(path, [x, ids], OUT), x, ids, two_heads)
     stats = package_stats()[path]
-    assert stats["held"] == 4 and stats["evictions"] == 1, stats
+    assert stats["eager_runs"] == 1 and stats["evictions"] == 0, stats
+    _check(torch_call(path, [x, ids], OUT), x, ids, two_heads)
+    stats = package_stats()[path]
+    assert stats["held"] == stats["budget"] == 4 and stats["evictions"] == 1, stats
+    assert stats["captures"] == 5 and stats["replays"] == 7, stats
     inputs = [_inputs(100 + i, 1 + i % 5, 1 + i % 9) for i in range(32)]
     with ThreadPoolExecutor(8) as pool:
         results = list(pool.map(lambda a: torch_call(path, list(a), OUT), inputs))

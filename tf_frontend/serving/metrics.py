@@ -158,9 +158,9 @@ class PromptCacheCollector:
 
 class EngineGraphCollector:
     """The CUDA graphs each engine package replays, read from TorchCall at each scrape, one
-    series per package: calls, replays, captures (a shape bucket seen for the first time, or
-    again after its graph was evicted: a slow call), eager runs (a package whose capture
-    failed runs eagerly from then on), evictions, and the graphs held. Packages that run
+    series per package: calls, replays, captures (a slow call), eager runs (shapes not
+    admitted to the graph budget, or every call once a capture failed), evictions, and the
+    graphs held. Packages that run
     without graphs (a CPU device) are left out."""
 
     def __init__(self, model_name: str, stats=_package_stats):
@@ -174,9 +174,10 @@ class EngineGraphCollector:
         counters = _families(CounterMetricFamily, "xgr_engine_graph_", labels, (
             ("calls", "Engine calls of a package that replays CUDA graphs."),
             ("replays", "Calls answered by replaying a captured graph."),
-            ("captures", "Graphs captured: a shape bucket's first call, or its "
-                         "first after an eviction."),
-            ("eager_runs", "Calls run without a graph."),
+            ("captures", "Graphs captured: a shape bucket's first call while the "
+                         "budget has room, or a shape admitted in place of a graph."),
+            ("eager_runs", "Calls run without a graph (a shape not admitted, or every "
+                           "call after a failed capture)."),
             ("evictions", "Graphs dropped for room (the package's graph limit).")))
         held = GaugeMetricFamily("xgr_engine_graph_held", "Graphs held now.", labels=labels)
         failed = GaugeMetricFamily("xgr_engine_graph_capture_failed", "1 when a capture "

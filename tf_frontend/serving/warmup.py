@@ -16,7 +16,7 @@ what it cannot: the file's longest row, repeated to every power-of-two batch siz
 with one key on every row (a hit), so full-length traffic of any batch size finds its graphs
 captured. A signature with a user key also gets the row's hit at one row (the file's
 requests run once each, so they are misses), with batching or without. It stops, keeping
-the version, where a capture would evict another graph (the package's graph budget is full)
+the version, once the package's graph budget is full (a capture would evict another graph)
 or the device runs out of memory at that size.
 """
 
@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 import tensorflow as tf
@@ -139,29 +139,40 @@ def _longest_row(version: ServableVersion, path: str) -> PreparedRequest | None:
     return best
 
 
-def _graph_counts(version: ServableVersion) -> tuple[bool, int, bool]:
-    """Whether a package of the version replays graphs, the evictions of its graphs so far,
-    and whether one gave up capturing."""
+class GraphCounts(NamedTuple):
+    """The graphed packages of a version: whether there are any, their evictions so far,
+    whether one gave up capturing, and whether one holds as many graphs as it may (its next
+    new shape is captured only once seen again: ``graph_admission.h``)."""
+
+    graphed: bool
+    evictions: int
+    failed: bool
+    full: bool
+
+
+def _graph_counts(version: ServableVersion) -> GraphCounts:
     stats = [s for s in packages_under(version.path).values() if s.get("graphs")]
-    return (bool(stats), sum(int(s.get("evictions", 0)) for s in stats),
-            any(bool(s.get("failure")) for s in stats))
+    return GraphCounts(
+        bool(stats), sum(int(s.get("evictions", 0)) for s in stats),
+        any(bool(s.get("failure")) for s in stats),
+        any(int(s.get("held", 0)) >= int(s.get("budget", 0)) > 0 for s in stats))
 
 
 def warm_batch_sizes(version: ServableVersion, mode: str, max_batch_size: int | None,
-                     graph_counts: Callable[[ServableVersion], tuple[bool, int, bool]]
+                     graph_counts: Callable[[ServableVersion], GraphCounts]
                      = _graph_counts) -> int:
     """After ``run_warmup``: runs the file's longest row at each of ``batch_sizes`` up to the
     server's ``max_batch_size`` (None: batching off, only a keyed signature's one-row hit
     to warm); returns the calls run.
     A model fault fails the load as a warm-up request's does; running out of device memory
-    or graph budget at a size stops the warm-up there and keeps the version."""
+    or filling the graph budget at a size stops the warm-up there and keeps the version."""
     require(mode in WARMUP_BATCH_MODES, ConfigError,
             f"warmup_batches must be one of {WARMUP_BATCH_MODES}, got {mode!r}")
     path = os.path.join(version.path, WARMUP_FILE)
     if mode == "none" or not os.path.exists(path):
         return 0
-    graphed, evictions, _ = graph_counts(version)
-    if mode == "auto" and not graphed:
+    before = graph_counts(version)
+    if mode == "auto" and not before.graphed:
         return 0
     row = _longest_row(version, path)
     if row is None:
@@ -200,11 +211,11 @@ def warm_batch_sizes(version: ServableVersion, mode: str, max_batch_size: int | 
                 raise ExportError(f"warm-up at {size} rows (the warm-up file's longest row, "
                                   f"repeated) failed: {type(e).__name__}: {e}") from e
             calls += 1
-            _, now_evicted, failed = graph_counts(version)
-            if failed or now_evicted > evictions:
+            now = graph_counts(version)
+            if now.failed or now.full or now.evictions > before.evictions:
                 LOG.warning("batch warm-up stopped: the package's CUDA graph budget is full "
-                            "or a capture failed; larger batches capture on first use",
-                            extra={**extra, "rows": size, "capture_failed": failed})
+                            "or a capture failed; larger batches run eagerly until seen often",
+                            extra={**extra, "rows": size, "capture_failed": now.failed})
                 return calls
         LOG.info("batch warm-up", extra={**extra, "rows": size,
                                          "seconds": round(time.perf_counter() - started, 3)})

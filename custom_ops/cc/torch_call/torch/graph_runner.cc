@@ -12,11 +12,12 @@
 #include <cuda_runtime_api.h>
 #include <torch/csrc/inductor/aoti_package/model_package_loader.h>
 
+#include "custom_ops/cc/torch_call/torch/graph_admission.h"
+
 #include <chrono>
 #include <cstdio>
-#include <list>
-#include <map>
 #include <mutex>
+#include <unordered_map>
 
 namespace xgr {
 namespace torch_call {
@@ -43,14 +44,14 @@ class CudaGraphRunner : public GraphRunner {
  public:
   CudaGraphRunner(torch::inductor::AOTIModelPackageLoader* loader, c10::Device device,
                   int max_graphs)
-      : loader_(loader), device_(device), max_graphs_(std::max(1, max_graphs)),
+      : loader_(loader), device_(device), admission_(max_graphs),
         stream_(c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index())),
         pool_(at::cuda::graph_pool_handle()) {}
 
   ~CudaGraphRunner() override {
     std::lock_guard<std::mutex> lock(mu_);
     c10::cuda::CUDAGuard on_device(device_);
-    entries_.clear();  // graphs before their pool's tensors, under the device
+    graphs_.clear();  // graphs before their pool's tensors, under the device
   }
 
   std::vector<at::Tensor> Run(const std::vector<at::Tensor>& inputs, const std::string& key,
@@ -60,12 +61,16 @@ class CudaGraphRunner : public GraphRunner {
     c10::cuda::CUDAStreamGuard on_stream(stream_);
     ++stats_.calls;
     if (!stats_.failure.empty()) return Eager(inputs, resident);
-    auto found = index_.find(key);
-    if (found == index_.end()) {
-      if (static_cast<int>(entries_.size()) >= max_graphs_) Evict();
+    const GraphAdmission::Decision decision = admission_.See(key);
+    if (decision.action == GraphAdmission::Action::kEager) return Eager(inputs, resident);
+    if (decision.action == GraphAdmission::Action::kCapture) {
+      if (!decision.evict.empty()) {
+        graphs_.erase(decision.evict);
+        ++stats_.evictions;
+      }
       const auto started = std::chrono::steady_clock::now();
       try {
-        entries_.emplace_front(key, Capture(inputs, resident));
+        graphs_.emplace(key, Capture(inputs, resident));
       } catch (const c10::Error& e) {
         GiveUp(e.what_without_backtrace());
         return Eager(inputs, resident);
@@ -73,18 +78,16 @@ class CudaGraphRunner : public GraphRunner {
         GiveUp(e.what());
         return Eager(inputs, resident);
       }
-      found = index_.emplace(key, entries_.begin()).first;
+      admission_.Held(key);
       ++stats_.captures;
       // A capture makes its call slow; the shapes name the traffic the warm-up did not cover.
       std::fprintf(stderr, "TorchCall: captured a CUDA graph in %.0f ms (%zu held) for the "
                    "inputs %s\n",
                    std::chrono::duration<double, std::milli>(
                        std::chrono::steady_clock::now() - started).count(),
-                   entries_.size(), key.c_str());
-    } else if (found->second != entries_.begin()) {
-      entries_.splice(entries_.begin(), entries_, found->second);  // most recently used first
+                   graphs_.size(), key.c_str());
     }
-    Captured& graph = found->second->second;
+    Captured& graph = graphs_.at(key);
     for (size_t i = 0; i < inputs.size(); ++i) {
       graph.staging[i].copy_(inputs[i]);
       graph.device_in[i].copy_(graph.staging[i], /*non_blocking=*/true);
@@ -105,13 +108,12 @@ class CudaGraphRunner : public GraphRunner {
   GraphStats Stats() const override {
     std::lock_guard<std::mutex> lock(mu_);
     GraphStats stats = stats_;
-    stats.graphs = static_cast<int64_t>(entries_.size());
+    stats.graphs = static_cast<int64_t>(graphs_.size());
+    stats.budget = admission_.max_graphs();
     return stats;
   }
 
  private:
-  using Entries = std::list<std::pair<std::string, Captured>>;
-
   Captured Capture(const std::vector<at::Tensor>& inputs,
                    const std::vector<at::Tensor>& resident) {
     Captured graph;
@@ -164,12 +166,6 @@ class CudaGraphRunner : public GraphRunner {
     return results;
   }
 
-  void Evict() {
-    index_.erase(entries_.back().first);
-    entries_.pop_back();
-    ++stats_.evictions;
-  }
-
   void GiveUp(const std::string& why) {
     stats_.failure = why;
     std::fprintf(stderr,
@@ -180,12 +176,11 @@ class CudaGraphRunner : public GraphRunner {
 
   torch::inductor::AOTIModelPackageLoader* loader_;
   c10::Device device_;
-  int max_graphs_;
+  GraphAdmission admission_;
   c10::cuda::CUDAStream stream_;
   decltype(at::cuda::graph_pool_handle()) pool_;
   mutable std::mutex mu_;
-  Entries entries_;
-  std::map<std::string, Entries::iterator> index_;
+  std::unordered_map<std::string, Captured> graphs_;
   GraphStats stats_;
 };
 

@@ -38,9 +38,11 @@ struct GraphStats {
   int64_t calls = 0;
   int64_t replays = 0;
   int64_t captures = 0;
-  int64_t eager_runs = 0;  // capture failed earlier: the package runs eagerly
+  int64_t eager_runs = 0;  // calls run without a graph: a shape not admitted (see
+                           // graph_admission.h), or every call once a capture failed
   int64_t evictions = 0;
   int64_t graphs = 0;      // graphs held now
+  int64_t budget = 0;      // graphs held at most
   std::string failure;     // why capture was given up, empty while it works
 };
 
@@ -58,8 +60,8 @@ class GraphRunner {
   virtual GraphStats Stats() const = 0;
 };
 
-// A runner replaying `loader`'s runs on `device`, keeping at most `max_graphs` graphs; null in
-// a build without CUDA. `loader` must be created with run_single_threaded and outlive the
+// A runner replaying `loader`'s runs on `device`, keeping at most `max_graphs` graphs, which
+// shapes chosen by GraphAdmission; null in a build without CUDA. `loader` must be created with run_single_threaded and outlive the
 // runner.
 std::unique_ptr<GraphRunner> MakeGraphRunner(torch::inductor::AOTIModelPackageLoader* loader,
                                              c10::Device device, int max_graphs);

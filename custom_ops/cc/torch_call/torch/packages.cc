@@ -367,6 +367,7 @@ class AotiPackage : public PackageBase {
            ", \"eager_runs\": " + std::to_string(st.eager_runs) +
            ", \"evictions\": " + std::to_string(st.evictions) +
            ", \"held\": " + std::to_string(st.graphs) +
+           ", \"budget\": " + std::to_string(st.budget) +
            ", \"failure\": " + JsonString(st.failure) + "}";
   }
 
