@@ -177,25 +177,26 @@ def teacher_forced_batch(batch: TrainingExamples, layout: TokenLayout, soft_toke
     of the target; it is there so the all-codes objective sees a whole item.
     """
     rows, width = batch.token_ids.shape
-    levels = layout.levels
-    arange = torch.arange(rows)
-    tokens = torch.full((rows, width + levels), layout.pad_id, dtype=torch.int64)
+    levels, device = layout.levels, batch.token_ids.device   # built where the batch lives
+    arange = torch.arange(rows, device=device)
+    tokens = torch.full((rows, width + levels), layout.pad_id, dtype=torch.int64, device=device)
     tokens[:, :width] = batch.token_ids
-    segments = torch.full((rows, width + levels), PAD_SEGMENT, dtype=torch.int32)
+    segments = torch.full((rows, width + levels), PAD_SEGMENT, dtype=torch.int32, device=device)
     segments[:, :width] = batch.segment_ids
     last_segment = batch.segment_ids[arange, batch.lengths - 1]
-    offsets = torch.arange(levels)
+    offsets = torch.arange(levels, device=device)
     tail = batch.lengths[:, None] + offsets[None, :]                             # [B, levels]
-    tokens[arange[:, None], tail] = _level_bases(layout)[None, :] + batch.target_codes
+    tokens[arange[:, None], tail] = _level_bases(layout, device)[None, :] + batch.target_codes
     segments[arange[:, None], tail] = (last_segment[:, None] + 1 + offsets[None, :]).int()
-    soft = torch.zeros(rows, soft_tokens, dtype=torch.int32)
+    soft = torch.zeros(rows, soft_tokens, dtype=torch.int32, device=device)
     predict_at = soft_tokens + batch.lengths[:, None] - 1 + offsets[None, :]
     return tokens, torch.cat([soft, segments], dim=1), predict_at
 
 
-def _level_bases(layout: TokenLayout) -> torch.Tensor:
-    """``[levels]`` int64: the first token id of each level's codebook."""
-    return torch.tensor([layout.level_range(level)[0] for level in range(layout.levels)])
+def _level_bases(layout: TokenLayout, device: torch.device | str = "cpu") -> torch.Tensor:
+    """``[levels]`` int64 on ``device``: the first token id of each level's codebook."""
+    return torch.tensor([layout.level_range(level)[0] for level in range(layout.levels)],
+                        device=device)
 
 
 def final_hidden(model: Model, embeds: torch.Tensor, segment_ids: torch.Tensor,
@@ -242,8 +243,9 @@ def code_loss(model: Model, tower: ProfileTower | None, batch: TrainingExamples,
         embeds = torch.cat([tower(batch.profile_ids).to(embeds.dtype), embeds], dim=1)
     hidden = final_hidden(model, embeds, segments, mode)
     if objective == "next_item":
-        picked = hidden[torch.arange(len(batch))[:, None], predict_at]      # [B, levels, hidden]
-        labels = _level_bases(layout)[None, :] + batch.target_codes
+        rows = torch.arange(len(batch), device=hidden.device)[:, None]
+        picked = hidden[rows, predict_at]                                   # [B, levels, hidden]
+        labels = _level_bases(layout, hidden.device)[None, :] + batch.target_codes
     else:
         following = tokens[:, 1:]
         is_code = (following >= layout.code_base) & (following < layout.code_end)
