@@ -3,8 +3,8 @@ a catalog and a planted behaviour log in, ``xgr train`` then ``xgr evaluate``; t
 loss curve and recall beside the baselines out, in one run.
 
     python -m benchmarks.bench_train --preset=qwen2-0.5b --device=cuda --users=50000 \\
-        --events_per_user=20 --catalog_items=100000 --keep_last=50 --steps=2000 \\
-        --batch_size=64 --learning_rate=1e-4 --mixed_precision=bf16 --label=h100
+        --events_per_user=20 --catalog_items=2000 --keep_last=50 --steps=2000 \\
+        --batch_size=64 --learning_rate=5e-4 --mixed_precision=bf16 --label=h100
     python -m benchmarks.bench_train    # a CPU smoke run at tiny sizes
 
 1. ``xgr stand_in --preset`` (the preset's layers, heads and widths with random weights; the
@@ -14,7 +14,12 @@ loss curve and recall beside the baselines out, in one run.
    ``--users`` x ``--events_per_user`` events: the items form chains of ``--chain`` items,
    each user walks one chain from a random start, one event an hour, and with probability
    ``--noise`` takes a random item instead. A model that learns the chains predicts the next
-   item; popularity cannot, co-occurrence can in part.
+   item; popularity cannot, co-occurrence can in part. The code paths are random, so each
+   step along a chain is a fact to learn from its examples: a run must see each one often
+   (steps x batch size over the catalog's items; about 64 times above), and a stand-in of
+   random weights needs a rate for training from scratch, not a fine-tune's. At 100,000
+   items and 1e-4 the run saw each step about once and its loss stopped at the uniform
+   choice among a level's codes.
 3. ``xgr train`` (accelerate, ``--mixed_precision``, ``--holdout`` users kept out), then
    ``xgr evaluate`` on the held-out users (recall@K and NDCG@K of the model beside popularity
    and co-occurrence), each a child process as a user runs them.

@@ -54,6 +54,23 @@ def test_teacher_forced_batch_appends_target_codes_in_own_segments():
 
 @pytest.mark.parametrize("objective,mode", [("next_item", MaskMode.ITEM_CAUSAL),
                                             ("all_codes", MaskMode.CAUSAL)])
+def test_the_loss_builds_its_tensors_where_the_batch_lives(objective, mode):
+    """On a GPU the batch and model live on the device, and every tensor the loss makes must
+    too. Here they live on the CPU while the default device is meta: a tensor made without
+    the batch's device lands on meta and the call fails, or its results leave the CPU."""
+    model, tower, batch = Model.from_preset("tiny", seed=3), ProfileTower(SPEC, seed=4), _examples()
+    want = teacher_forced_batch(batch, LAYOUT, soft_tokens=2)
+    want_loss = code_loss(model, tower, batch, LAYOUT, mode, objective)
+    with torch.device("meta"):
+        got = teacher_forced_batch(batch, LAYOUT, soft_tokens=2)
+        loss = code_loss(model, tower, batch, LAYOUT, mode, objective)
+    for a, b in zip(got, want):
+        assert a.device.type == "cpu" and torch.equal(a, b)
+    assert loss.device.type == "cpu" and torch.equal(loss, want_loss)
+
+
+@pytest.mark.parametrize("objective,mode", [("next_item", MaskMode.ITEM_CAUSAL),
+                                            ("all_codes", MaskMode.CAUSAL)])
 def test_code_loss_equals_cross_entropy_of_model_forward(objective, mode):
     model = Model.from_preset("tiny", seed=3)
     tower = ProfileTower(SPEC, seed=4)
