@@ -79,7 +79,9 @@ from torch_engine.aoti_loading import load_package
 package, inputs_path, out_path = sys.argv[1:]
 a = torch.load(inputs_path)
 device, repeats = a["device"], a["repeats"]
-run = load_package(package)
+# Single-threaded, as TorchCall loads a package it captures: the default container queries
+# CUDA events during a run, which invalidates a capture.
+run = load_package(package, run_single_threaded=device.startswith("cuda"))
 pool = torch.zeros(a["pool_shape"], dtype=a["dtype"], device=device)
 features = [t.to(device) for t in a["features"]]
 table = a["table"].to(device)

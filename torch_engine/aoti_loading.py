@@ -64,13 +64,17 @@ _ARCHIVE_MARK = "/data/aotinductor/"
 _LOADING = threading.Lock()
 
 
-def load_package(path: str | Path, device_index: int | None = None):
+def load_package(path: str | Path, device_index: int | None = None,
+                 run_single_threaded: bool = False):
     """``torch._inductor.aoti_load_package(path)`` without the CPU-ISA probe builds; returns
-    the package's callable. The folder the package is extracted into goes with the callable
-    (see the module docstring)."""
+    the package's callable. ``run_single_threaded``: one runner without the container's
+    CUDA-event queries, as a CUDA graph capture of its calls needs. The folder the package is
+    extracted into goes with the callable (see the module docstring)."""
     import torch._inductor
 
     kwargs = {} if device_index is None else {"device_index": device_index}
+    if run_single_threaded:
+        kwargs["run_single_threaded"] = True
     _remove_orphaned_claims()
     claim = _Claim.take()
     try:
