@@ -18,6 +18,7 @@ Both sides are also profiled eagerly, kernel by kernel (GPU time a call), so a s
 shows by name.
 
     python -m experiments.probe_served_hit --out=experiments/results          # the GPU
+    python -m experiments.probe_served_hit --layer_kernels --out=...   # the fused layer kernels
     python -m experiments.probe_served_hit --device=cpu --preset=tiny --long_items=30 \\
         --recent_items=8 --beam=8 --top_k=6 --items=2000 --repeats=2   # a smoke run
 """
@@ -69,6 +70,9 @@ flags.DEFINE_string("quiet_after", None, "A file whose appearance says the card 
 flags.DEFINE_bool("package", True, "Also compile and time the cached package (minutes of "
                   "compile); off: the engine's rows only.")
 flags.DEFINE_integer("quiet_wait_s", 1500, "Longest wait for --quiet_after.")
+flags.DEFINE_bool("layer_kernels", False, "Export the package with the engine's fused layer "
+                  "kernels (xgr export --layer_kernels on; CUDA only) instead of Inductor's "
+                  "fusion of the plain layer.")
 
 # The child: the package loaded as a server loads it, a miss, then hits eager and replayed.
 _CHILD = r"""
@@ -189,7 +193,8 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
     started = time.perf_counter()
     path = work / "cached.pt2"
     export_cached_engine(engine, spec, path, EngineExportConfig(
-        FLAGS.beam, FLAGS.top_k, max_batch=4, device=str(device)))
+        FLAGS.beam, FLAGS.top_k, max_batch=4, device=str(device)),
+        layer_kernels=FLAGS.layer_kernels)
     compile_s = time.perf_counter() - started
     waited = time.perf_counter()
     while FLAGS.quiet_after and not Path(FLAGS.quiet_after).exists() and (
@@ -218,6 +223,7 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
         return {"compile_s": compile_s, "child_error": done.stderr[-3000:]}
     result = json.loads((work / "out.json").read_text())
     result["compile_s"] = compile_s
+    result["layer_kernels"] = FLAGS.layer_kernels
     return result
 
 
