@@ -47,8 +47,9 @@ run() {
     note "op libraries: $(ls custom_ops/*.so 2>/dev/null | wc -l) built"
     rm -rf "$BASE/work"   # xgr extend_vocab writes into a new folder: a second run starts clean
     timeout "${TRAIN_LIMIT:-2400}" "$PY" -m benchmarks.bench_train --preset=qwen2-0.5b \
-        --device=cuda --users="${USERS:-50000}" --events_per_user=20 --catalog_items=2000 \
-        --keep_last=50 --steps="${STEPS:-2000}" --batch_size=64 --learning_rate=5e-4 \
+        --device=cuda --users="${USERS:-50000}" --events_per_user=20 \
+        --catalog_items="${CATALOG_ITEMS:-2000}" --keep_last=50 --steps="${STEPS:-2000}" \
+        --batch_size=64 --learning_rate=5e-4 \
         --warmup_steps=100 --mixed_precision=bf16 --max_requests=1000 --beam_width=64 \
         --top_k=50 --checkpoint_every=1000 --max_train_seconds="${TRAIN_SECONDS:-900}" \
         --work="$BASE/work" --label="$label" \
