@@ -56,7 +56,7 @@ def test_stats_of_a_runtime_without_the_host_fields_read_as_no_host_tier():
 def test_graph_series_count_captures_and_leave_packages_without_graphs_out():
     registry = prom.CollectorRegistry()
     graphed = {"graphs": True, "calls": 50, "replays": 44, "captures": 6, "eager_runs": 0,
-               "evictions": 1, "held": 5, "failure": ""}
+               "evictions": 1, "held": 5, "budget": 8, "failure": ""}
     failed = {**graphed, "failure": "out of memory", "eager_runs": 3}
     registry.register(EngineGraphCollector("recs", stats=lambda: {
         "/m/1/engine.pt2": graphed, "/m/2/engine.pt2": failed,
@@ -68,6 +68,7 @@ def test_graph_series_count_captures_and_leave_packages_without_graphs_out():
     assert value("xgr_engine_graph_captures_total", labels("/m/1/engine.pt2")) == 6
     assert value("xgr_engine_graph_replays_total", labels("/m/1/engine.pt2")) == 44
     assert value("xgr_engine_graph_held", labels("/m/1/engine.pt2")) == 5
+    assert value("xgr_engine_graph_budget", labels("/m/1/engine.pt2")) == 8
     assert value("xgr_engine_graph_capture_failed", labels("/m/1/engine.pt2")) == 0
     assert value("xgr_engine_graph_capture_failed", labels("/m/2/engine.pt2")) == 1
     assert value("xgr_engine_graph_eager_runs_total", labels("/m/2/engine.pt2")) == 3

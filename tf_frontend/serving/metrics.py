@@ -159,9 +159,9 @@ class PromptCacheCollector:
 class EngineGraphCollector:
     """The CUDA graphs each engine package replays, read from TorchCall at each scrape, one
     series per package: calls, replays, captures (a slow call), eager runs (shapes not
-    admitted to the graph budget, or every call once a capture failed), evictions, and the
-    graphs held. Packages that run
-    without graphs (a CPU device) are left out."""
+    admitted to the graph budget, or every call once a capture failed), evictions, the
+    graphs held and the budget. Packages that run without graphs (a CPU device) are left
+    out."""
 
     def __init__(self, model_name: str, stats=_package_stats):
         self._model, self._stats = model_name, stats
@@ -180,6 +180,9 @@ class EngineGraphCollector:
                            "call after a failed capture)."),
             ("evictions", "Graphs dropped for room (the package's graph limit).")))
         held = GaugeMetricFamily("xgr_engine_graph_held", "Graphs held now.", labels=labels)
+        budget = GaugeMetricFamily("xgr_engine_graph_budget", "Graphs held at most: once "
+                                   "held reaches it, new shapes run eagerly until seen "
+                                   "often.", labels=labels)
         failed = GaugeMetricFamily("xgr_engine_graph_capture_failed", "1 when a capture "
                                    "failed and the package runs eagerly.", labels=labels)
         try:
@@ -193,7 +196,9 @@ class EngineGraphCollector:
             for name, family in counters.items():
                 family.add_metric(values, stats.get(name, 0))
             held.add_metric(values, stats.get("held", 0))
+            budget.add_metric(values, stats.get("budget", 0))
             failed.add_metric(values, 1.0 if stats.get("failure") else 0.0)
         yield from counters.values()
         yield held
+        yield budget
         yield failed
