@@ -76,6 +76,10 @@ flags.DEFINE_enum("layer_kernels", "off", list(LAYER_KERNELS),
 flags.DEFINE_string("cache_dir", str(Path.home() / ".cache" / "xgr" / "torch_call"),
                     "Compiled packages by content hash (AOTInductor is slow even for a small "
                     "model); empty: no cache.")
+flags.DEFINE_integer("cuda_graphs", 8, "CUDA graphs the server keeps for a CUDA engine, one "
+                     "per shape bucket (4 times as many with --prompt_cache); past them a new "
+                     "shape runs eagerly until seen often. More for traffic of many history "
+                     "lengths and batch sizes (watch xgr_engine_graph_budget).")
 flags.DEFINE_integer("verify_requests", 0, "After saving, run this many requests (the "
                      "synthetic users, or requests drawn from --catalog) through the SavedModel "
                      "in a fresh process (TF + custom_ops only) and through the in-process "
@@ -117,7 +121,8 @@ def config_from_flags() -> ExportConfig:
                           history_events=FLAGS.history_events, seed=FLAGS.seed),
         keep_last=FLAGS.keep_last, window_days=FLAGS.window_days,
         engine=EngineExportConfig(FLAGS.beam_width, FLAGS.top_k, FLAGS.max_batch, FLAGS.device,
-                                  FLAGS.max_request_exclusions, _widths(FLAGS.beam_widths)),
+                                  FLAGS.max_request_exclusions, _widths(FLAGS.beam_widths),
+                                  FLAGS.cuda_graphs),
         top_n=FLAGS.top_n, dtype=FLAGS.dtype, attention_backend=FLAGS.attention_backend,
         layer_kernels=FLAGS.layer_kernels, cache_dir=FLAGS.cache_dir or None,
         verify_requests=FLAGS.verify_requests, catalog_headroom=FLAGS.catalog_headroom,

@@ -35,6 +35,9 @@ class EngineExportConfig:
     beam_widths: the widths a call may ask for (empty: ``beam_width`` only). Given, the
     package takes the width as the length of one more input (``beam_slots``, int8 ``[W]``,
     values unused) and ``beam_width`` is its default; each width must reach ``top_k`` items.
+    cuda_graphs: the CUDA graphs TorchCall keeps for a CUDA package, one per shape bucket
+    (four times as many with the prompt cache); once they are held, a new shape runs eagerly
+    until seen often. Traffic of many history lengths and batch sizes wants more.
     """
 
     beam_width: int = 16
@@ -43,9 +46,10 @@ class EngineExportConfig:
     device: str = "cpu"
     max_request_exclusions: int = 256
     beam_widths: tuple[int, ...] = ()
+    cuda_graphs: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("beam_width", "top_k", "max_batch"):
+        for name in ("beam_width", "top_k", "max_batch", "cuda_graphs"):
             _positive("EngineExportConfig", name, getattr(self, name))
         require(isinstance(self.beam_widths, tuple), ConfigError,
                 f"EngineExportConfig.beam_widths must be a tuple of ints, got "

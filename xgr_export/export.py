@@ -228,7 +228,8 @@ def build_engine(config: ExportConfig, sources: Sources, attention: str,
     return Engine(model, catalog, engine_config_for(
         sources.spec, attention_backend=attention, selection_backend=selection,
         max_exclude=max(EngineConfig().max_exclude,
-                        exclusion_width(sources.spec, config.engine))))
+                        exclusion_width(sources.spec, config.engine)),
+        max_graphs=config.engine.cuda_graphs))
 
 
 def pipeline_config_for(config: ExportConfig, spec, prompt_cache: bool) -> PipelineConfig:

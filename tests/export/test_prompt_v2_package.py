@@ -176,3 +176,28 @@ def test_a_card_whose_longest_prompt_the_model_cannot_hold_is_refused():
                 check_engine_for_export(engine, spec, config)
         else:
             check_engine_for_export(engine, spec, config)
+
+
+def test_the_graph_budget_set_at_export_reaches_the_package(tmp_path):
+    """``xgr export --cuda_graphs``: the engine built for the export keeps that many graphs,
+    and a CUDA package's replay line says so."""
+    from types import SimpleNamespace
+
+    from xgr_export.config import ExportConfig
+    from xgr_export.engine_package import engine_replay
+    from xgr_export.export import build_engine
+
+    ids, codes = small_world()
+    spec = small_v2_spec(Model.from_preset("tiny", seed=0).config.hidden_size)
+    config = ExportConfig(out=tmp_path / "out", engine=EngineExportConfig(BEAMS, TOP_K,
+                                                                         cuda_graphs=20))
+    engine = build_engine(config, SimpleNamespace(item_ids=ids, item_codes=codes, spec=spec),
+                          "torch", "torch")
+    assert engine.config.max_graphs == 20
+    # The replay line a CUDA export writes (the engine's device is all it reads besides).
+    on_cuda = SimpleNamespace(device=torch.device("cuda", 0),
+                              config=replace(engine.config, cuda_graphs=True))
+    assert engine_replay(on_cuda, spec).graphs == 20
+    assert engine_replay(engine, spec).graphs == 0       # a CPU package replays no graphs
+    with pytest.raises(ConfigError, match="EngineExportConfig.cuda_graphs"):
+        EngineExportConfig(cuda_graphs=0)
