@@ -3,7 +3,7 @@ a catalog and a planted behaviour log in, ``xgr train`` then ``xgr evaluate``; t
 loss curve and recall beside the baselines out, in one run.
 
     python -m benchmarks.bench_train --preset=qwen2-0.5b --device=cuda --users=50000 \\
-        --events_per_user=20 --catalog_items=2000 --keep_last=50 --steps=2000 \\
+        --events_per_user=20 --catalog_items=1000 --keep_last=50 --steps=2000 \\
         --batch_size=64 --learning_rate=5e-4 --mixed_precision=bf16 --label=h100
     python -m benchmarks.bench_train    # a CPU smoke run at tiny sizes
 
@@ -16,7 +16,7 @@ loss curve and recall beside the baselines out, in one run.
    ``--noise`` takes a random item instead. A model that learns the chains predicts the next
    item; popularity cannot, co-occurrence can in part. The code paths are random, so each
    step along a chain is a fact to learn from its examples: a run must see each one often
-   (steps x batch size over the catalog's items; about 64 times above), and a stand-in of
+   (steps x batch size over the catalog's items; about 128 times above), and a stand-in of
    random weights needs a rate for training from scratch, not a fine-tune's. At 100,000
    items and 1e-4 the run saw each step about once and its loss stopped at the uniform
    choice among a level's codes.

@@ -4,7 +4,7 @@
 #             dims (a Gaussian mixture), residual k-means on CUDA (3 x 256 codes), the cap on
 #             items per path, the quality report (target: at most 10 minutes end to end);
 #   train     bench_train: a qwen2-0.5b-shape stand-in, a planted log of 1M events (50,000
-#             users x 20) over 2,000 items, xgr train in bf16 for 2,000 steps of 64 at a
+#             users x 20) over 1,000 items, xgr train in bf16 for 2,000 steps of 64 at a
 #             learning rate for random weights (5e-4), then xgr evaluate on the
 #             held-out users beside popularity and co-occurrence; the loss curve beside the
 #             result. The steps stop after TRAIN_SECONDS (default 900) so the run fits one
@@ -48,7 +48,7 @@ run() {
     rm -rf "$BASE/work"   # xgr extend_vocab writes into a new folder: a second run starts clean
     timeout "${TRAIN_LIMIT:-2400}" "$PY" -m benchmarks.bench_train --preset=qwen2-0.5b \
         --device=cuda --users="${USERS:-50000}" --events_per_user=20 \
-        --catalog_items="${CATALOG_ITEMS:-2000}" --keep_last=50 --steps="${STEPS:-2000}" \
+        --catalog_items="${CATALOG_ITEMS:-1000}" --keep_last=50 --steps="${STEPS:-2000}" \
         --batch_size=64 --learning_rate=5e-4 \
         --warmup_steps=100 --mixed_precision=bf16 --max_requests=1000 --beam_width=64 \
         --top_k=50 --checkpoint_every=1000 --max_train_seconds="${TRAIN_SECONDS:-900}" \
