@@ -105,7 +105,7 @@ def rate_row(server: Server, name: str, keyed: bool, requests, arrivals: dict, l
     print(f"{name:>6} rate {rate:6.1f}: {row['throughput']:6.1f} req/s, P50 "
           f"{row['p50_ms'] or float('nan'):.1f} ms, P99 "
           f"{row['p99_ms'] or float('nan'):.1f} ms, failed {row['failed']}, graph captures "
-          f"{row['graph_captures']:.0f}; on the server {_ms(row['server_ms'])} a request, "
+          f"{row['graph_captures']:.0f}, eager runs {row['eager_runs']:.0f}; on the server {_ms(row['server_ms'])} a request, "
           f"{_ms(row['model_call_ms'])} a model call of {row['rows_per_call'] or 0:.2f} rows"
           + (f"; hit rate {row['hit_rate']:.2f} (host tier {row['host_hit_rate']:.2f}), the "
              f"engine {_ms(row['engine_ms_per_call'])} a call: runs "
