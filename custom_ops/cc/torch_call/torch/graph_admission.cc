@@ -16,26 +16,27 @@ GraphAdmission::Decision GraphAdmission::See(const std::string& key) {
   ++shape.count;
   shape.last = tick_;
   Decision decision{Action::kEager, ""};
-  if (shape.held) {
+  if (held_.count(key)) {
     decision.action = Action::kReplay;
-  } else if (held_ < max_graphs_) {
+  } else if (held() < max_graphs_) {
     decision.action = Action::kCapture;
   } else {
     // The held graph least often seen, the least recently used among equals.
-    auto victim = shapes_.end();
-    for (auto it = shapes_.begin(); it != shapes_.end(); ++it) {
-      if (!it->second.held) continue;
-      if (victim == shapes_.end() || it->second.count < victim->second.count ||
-          (it->second.count == victim->second.count && it->second.last < victim->second.last)) {
-        victim = it;
+    const std::string* victim = nullptr;
+    const Shape* weakest = nullptr;
+    for (const std::string& held_key : held_) {
+      const Shape& candidate = shapes_.at(held_key);
+      if (weakest == nullptr || candidate.count < weakest->count ||
+          (candidate.count == weakest->count && candidate.last < weakest->last)) {
+        victim = &held_key;
+        weakest = &candidate;
       }
     }
     // A first sighting never displaces a graph (most shapes of a long tail come once), and
     // an incumbent keeps its graph on a tie.
-    if (shape.count >= 2 && shape.count > victim->second.count) {
-      decision = {Action::kCapture, victim->first};
-      victim->second.held = false;
-      --held_;
+    if (shape.count >= 2 && shape.count > weakest->count) {
+      decision = {Action::kCapture, *victim};
+      held_.erase(decision.evict);
     }
   }
   if (tick_ % window_ == 0) Age();
@@ -45,16 +46,13 @@ GraphAdmission::Decision GraphAdmission::See(const std::string& key) {
 void GraphAdmission::Held(const std::string& key) {
   Shape& shape = shapes_[key];
   shape.count = std::max<int64_t>(shape.count, 1);
-  if (!shape.held) {
-    shape.held = true;
-    ++held_;
-  }
+  held_.insert(key);
 }
 
 void GraphAdmission::Age() {
   for (auto it = shapes_.begin(); it != shapes_.end();) {
     it->second.count /= 2;
-    if (it->second.count == 0 && !it->second.held) {
+    if (it->second.count == 0 && !held_.count(it->first)) {
       it = shapes_.erase(it);
     } else {
       ++it;

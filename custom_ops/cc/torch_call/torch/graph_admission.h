@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 
 namespace xgr {
 namespace torch_call {
@@ -39,7 +40,7 @@ class GraphAdmission {
   Decision See(const std::string& key);
   void Held(const std::string& key);
 
-  int held() const { return held_; }
+  int held() const { return static_cast<int>(held_.size()); }
   int max_graphs() const { return max_graphs_; }
   // Shapes with a count or a graph: bounded by about twice the window plus the budget.
   size_t tracked() const { return shapes_.size(); }
@@ -48,7 +49,6 @@ class GraphAdmission {
   struct Shape {
     int64_t count = 0;
     int64_t last = 0;  // the tick of its latest sighting
-    bool held = false;
   };
 
   void Age();
@@ -56,8 +56,9 @@ class GraphAdmission {
   int max_graphs_;
   int64_t window_;
   int64_t tick_ = 0;
-  int held_ = 0;
   std::unordered_map<std::string, Shape> shapes_;
+  // The shapes with a graph: a victim is sought among these alone (at most max_graphs).
+  std::unordered_set<std::string> held_;
 };
 
 }  // namespace torch_call
