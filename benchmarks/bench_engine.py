@@ -53,7 +53,7 @@ from absl import app, flags
 from tqdm import tqdm
 
 from benchmarks import engine_analysis as ea
-from benchmarks.engine_analysis import wall_ms as timed
+from benchmarks.engine_analysis import sync, wall_ms as timed
 from benchmarks import results_file as rf
 from benchmarks.engine_anchor import hf_anchor
 from benchmarks.engine_tables import print_tables
@@ -90,11 +90,6 @@ flags.DEFINE_list("kernel_cases", ["small:1:1024", "large:1:1000"],
 
 LAYOUT = TokenLayout()
 BEAM, TOP_K = 256, 300
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def summary(name: str, batch: int, times: list[float], **extra) -> dict:

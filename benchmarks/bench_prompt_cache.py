@@ -28,7 +28,7 @@ import torch
 from absl import app, flags
 
 from benchmarks import engine_analysis as ea
-from benchmarks.engine_analysis import kernel_times, profiled
+from benchmarks.engine_analysis import kernel_times, profiled, sync
 from benchmarks.engine_analysis import wall_ms as timed
 from benchmarks import results_file as rf
 from torch_engine.config import EngineConfig, preset
@@ -58,11 +58,6 @@ flags.DEFINE_bool("profile", False, "also profile one uncached call and one hit 
 LAYOUT = TokenLayout()
 ITEM = 4                  # tokens per item: ITEM_START and 3 codes
 TARGETS_MS = {"qwen2-0.5b": 3.5, "qwen3-1.7b": 14.0}
-
-
-def sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
 
 
 def prompt(cached: int, new: int, device: torch.device, seed: int = 0):

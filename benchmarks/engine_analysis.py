@@ -35,13 +35,16 @@ from torch_engine.config import ModelConfig
 from xgr_common.layout import TokenLayout
 
 
+def sync() -> None:
+    """Waits for the device's queued work (nothing to wait for on the CPU)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def wall_ms(fn: Callable[[], object], repeats: int,
             before: Callable[[], object] | None = None) -> list[float]:
     """Wall milliseconds of ``repeats`` calls of ``fn``, each synchronised with the device,
     after two warm-up calls; ``before`` runs (untimed, synchronised) ahead of each."""
-    def sync() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
     for _ in range(2):
         if before:
             before()
@@ -80,9 +83,6 @@ def profiled(call: Callable[[], object], calls: int, with_stack: bool = False):
     microseconds a call."""
     from torch.profiler import ProfilerActivity, profile
 
-    def sync() -> None:
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
     call()
     sync()
     activities = [ProfilerActivity.CPU] + (
