@@ -26,6 +26,7 @@ shows by name.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,7 @@ from absl import app, flags
 from benchmarks import results_file as rf
 from benchmarks.engine_analysis import kernel_times, random_catalog_arrays, wall_ms
 from benchmarks.session_load import SessionWorld
+from experiments.generated_kernels import generated_origins, kernel_launches, wrapper_context
 from tests.torch_engine.engine_worlds import v2_prompts
 from torch_engine.aoti_loading import loader_environment
 from torch_engine.catalog import Catalog
@@ -79,6 +81,7 @@ _CHILD = r"""
 import json, statistics, sys
 import torch
 from benchmarks.engine_analysis import kernel_times, wall_ms
+from experiments.generated_kernels import kernel_launches
 from torch_engine.aoti_loading import load_package
 package, inputs_path, out_path = sys.argv[1:]
 a = torch.load(inputs_path)
@@ -117,8 +120,10 @@ with torch.no_grad():
         except Exception as error:  # noqa: BLE001 - a probe reports what failed
             result["capture_error"] = repr(error)[:500]
     kernels = kernel_times(lambda: run(*hit_in))
+    launches = kernel_launches(lambda: run(*hit_in))
 result["hit_kernels_us"] = dict(list(kernels.items())[:40])
 result["hit_kernel_total_us"] = sum(kernels.values())
+result["hit_launches"] = dict(list(launches.items())[:40])
 result["miss_items"] = miss[0].cpu().tolist()
 result["hit_items"] = hit[0].cpu().tolist()
 json.dump(result, open(out_path, "w"))
@@ -186,15 +191,26 @@ def engine_rows(model, catalog, spec, features, frozen, device, name) -> dict:
             kernels = kernel_times(cached_call)
             out["engine_hit_kernels_us"] = dict(list(kernels.items())[:40])
             out["engine_hit_kernel_total_us"] = sum(kernels.values())
+            out["engine_hit_launches"] = dict(list(kernel_launches(cached_call).items())[:40])
     return out
 
 
 def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
     started = time.perf_counter()
     path = work / "cached.pt2"
-    export_cached_engine(engine, spec, path, EngineExportConfig(
-        FLAGS.beam, FLAGS.top_k, max_batch=4, device=str(device)),
-        layer_kernels=FLAGS.layer_kernels)
+    # Inductor's generated sources land in a folder of the probe's own, to be read back.
+    generated = work / "inductor"
+    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(generated)
+    try:
+        export_cached_engine(engine, spec, path, EngineExportConfig(
+            FLAGS.beam, FLAGS.top_k, max_batch=4, device=str(device)),
+            layer_kernels=FLAGS.layer_kernels)
+    finally:
+        if previous is None:
+            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
+        else:
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
     compile_s = time.perf_counter() - started
     waited = time.perf_counter()
     while FLAGS.quiet_after and not Path(FLAGS.quiet_after).exists() and (
@@ -224,7 +240,24 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
     result = json.loads((work / "out.json").read_text())
     result["compile_s"] = compile_s
     result["layer_kernels"] = FLAGS.layer_kernels
+    own = [name for name in result.get("hit_kernels_us", {}) if name.startswith("triton_")]
+    result["generated_origins"] = generated_origins(generated, own)
+    result["wrapper_context"] = wrapper_context(generated, own)
     return result
+
+
+def print_launches(engine: dict, package: dict) -> None:
+    """The kernels both sides run, side by side: launches a call, time, block, grid,
+    registers (the same Triton kernel may be launched differently by the package)."""
+    shared = [name for name in package if name in engine]
+    if not shared:
+        return
+    print("\nkernels both run (engine | package): launches, us, block, grid, registers")
+    for name in shared[:20]:
+        rows = [engine[name], package[name]]
+        print(f"  {name[:48]:<48}" + " | ".join(
+            f"{r['launches']:>5.0f} {r['us']:>8.1f} {r['block']} {r['grid']} {r['registers']}"
+            for r in rows))
 
 
 def main(argv: list[str]) -> None:
@@ -280,6 +313,12 @@ def main(argv: list[str]) -> None:
         print(f"\n{side}: {total:.0f} us of kernels a call (the slowest 25)")
         for name, us in list(kernels.items())[:25]:
             print(f"  {us:>9.1f} us  {name[:100]}")
+    print_launches(result.get("engine_hit_launches") or {}, package.get("hit_launches") or {})
+    for name, origin in (package.get("generated_origins") or {}).items():
+        print(f"\n{name}: xnumel {origin['xnumel']}, size hints {origin['size_hints']}, "
+              f"mutates {origin['mutated']}")
+        for line in origin["origins"] + (package.get("wrapper_context") or {}).get(name, []):
+            print(f"    {line[:160]}")
     if "child_error" in package:
         print("\npackage child failed:\n" + package["child_error"])
     if FLAGS.out:
