@@ -65,6 +65,8 @@ flags.DEFINE_float("smallest_prompt_cache_gb", 4.0, "A cached server that does n
 flags.DEFINE_float("prompt_cache_host_gb", 0.0, "xgr serve --prompt_cache_host_gb of the cached "
                    "server (0: no host tier).")
 flags.DEFINE_integer("verify_requests", 4, "xgr export --verify_requests of both exports.")
+flags.DEFINE_list("export_flags", [], "More xgr export flags for both exports, the same for "
+                  "each (e.g. --layer_kernels=on), so the two servers differ only in the cache.")
 flags.DEFINE_bool("parallel_exports", False, "Run the two exports side by side (a CPU with cores "
                   "to spare; on one GPU two compiles at once may not fit its memory).")
 flags.DEFINE_float("warmup_seconds", 0.0, "Before each server's sweep, this long at the "
@@ -192,8 +194,9 @@ def main(argv: list[str]) -> None:
     settings = export_settings_from_flags(FLAGS.verify_requests)
     # Each export is a child process; threads only wait on them.
     with ThreadPoolExecutor(max_workers=2 if FLAGS.parallel_exports else 1) as pool:
-        plain = pool.submit(export, files, work / "plain", settings)
-        cached = pool.submit(export, files, work / "cached", settings, "--prompt_cache")
+        plain = pool.submit(export, files, work / "plain", settings, *FLAGS.export_flags)
+        cached = pool.submit(export, files, work / "cached", settings, "--prompt_cache",
+                             *FLAGS.export_flags)
         plain_report, cached_report = plain.result(), cached.result()
     requests = world.user_requests(ids, rng)
     rates = [float(r) for r in FLAGS.rates]
@@ -243,6 +246,7 @@ def main(argv: list[str]) -> None:
         "items": FLAGS.items, "prompt_tokens": spec.max_prompt_tokens,
         "frozen_tokens": 1 + 4 * FLAGS.long_items, "long_items": FLAGS.long_items,
         "recent_items": FLAGS.recent_items, "length_spread": FLAGS.length_spread,
+        "export_flags": FLAGS.export_flags,
         "beam_width": FLAGS.beam_width,
         "top_k": FLAGS.top_k, "population": FLAGS.population, "zipf": FLAGS.zipf,
         "rate_seconds": FLAGS.rate_seconds, "p99_target_ms": FLAGS.p99_target_ms,

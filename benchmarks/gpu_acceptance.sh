@@ -26,6 +26,8 @@
 # the large-pool `gpu` test beside its exports and `experiments.probe_spill_cost` after it;
 # SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease,
 # SERVED_CACHE_WARMUP_SECONDS (default 20) is its uncounted warm-up per server;
+# SERVED_CACHE_EXPORT_FLAGS (default --layer_kernels=on: the cached hit's fastest package)
+# go to both of its exports;
 # "prompt_cache" adds `gpu_prompt_cache.sh --timeline` after it, on the quiet card;
 # "catalog" adds `bench_catalog_swap` at qwen2-0.5b,
 # 1M items, beam 256, beside the exports when both are named) and CASES (default all) pick parts.
@@ -86,6 +88,7 @@ served_cache_phase() {
                --warmup_seconds="${SERVED_CACHE_WARMUP_SECONDS:-20}"
                --prompt_cache_gb="$(served_cache_pool_gb)" --prompt_cache_host_gb=48
                --client_processes=2
+               --export_flags="${SERVED_CACHE_EXPORT_FLAGS---layer_kernels=on}"
                --parallel_exports --label="$(gpu_label)_q3_ctx5000")
   [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu)
   # Beside the exports' compile: a tiny package read and written at the far end of a pool

@@ -37,7 +37,8 @@ def served_cache(tmp_path_factory):
     the plain/ and cached/ exports)."""
     folder = tmp_path_factory.mktemp("served_cache")
     out = _run("benchmarks.bench_served_cache", *WORLD, "--rates=3", "--rate_seconds=4",
-               "--warmup_seconds=2", "--verify_requests=0", "--parallel_exports", f"--work={folder / 'work'}",
+               "--warmup_seconds=2", "--verify_requests=0", "--parallel_exports",
+               "--export_flags=--catalog_headroom=1.5", f"--work={folder / 'work'}",
                f"--out_dir={folder}")
     return out, _result(folder, "served_cache"), folder / "work"
 
@@ -67,6 +68,16 @@ def test_the_served_cache_benchmark_serves_both_and_compares(served_cache):
         cached["call_ms"] + cached["spill_ms_per_call"] + cached["restore_ms_per_call"])
     assert "on the server" in out and "with a hit" in out
     assert plain["graph_captures"] == cached["graph_captures"] == 0
+
+
+def test_the_export_flags_reach_both_exports(served_cache):
+    """``--export_flags`` go to the plain and the cached export alike (the servers then
+    differ only in the cache), and the result records them."""
+    _, result, work = served_cache
+    assert result["export_flags"] == ["--catalog_headroom=1.5"]
+    for name in ("plain", "cached"):
+        report = json.loads((work / f"{name}.report.json").read_text())
+        assert report["capacity"], (name, report)
     assert result["export_checks"] == {"plain": None, "cached": None}   # --verify_requests=0
 
 
