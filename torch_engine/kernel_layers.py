@@ -57,17 +57,27 @@ class KernelLayer(nn.Module):
         """Always: this layer exists to run them."""
         return True
 
-    def project_qkv_into(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                         k_out: torch.Tensor, v_out: torch.Tensor) -> torch.Tensor:
-        """Queries ``[..., Hq, D]`` of ``x [..., hidden]`` (one or two leading axes), keys and
-        values written into ``k_out, v_out [..., Hkv, D]``: one product, one ``qkv_rotary``."""
+    # Its keys and values come back as new tensors (a traced program is functional): a pass
+    # that keeps them takes them as they are rather than copying them into buffers of its own.
+    returns_new_kv = True
+
+    def project_qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Queries ``[..., Hq, D]``, keys and values ``[..., Hkv, D]`` of ``x [..., hidden]``
+        (one or two leading axes): one product, one ``qkv_rotary``."""
         from torch_engine.kernels import layer_ops
         cfg = self.config
         x = x.contiguous()
         qkv = F.linear(x, self.qkv_weight)
-        q, k, v = layer_ops.traced_qkv_rotary(
+        return layer_ops.traced_qkv_rotary(
             qkv, cos, sin, x, self.qkv_bias, self.q_norm_weight, self.k_norm_weight,
             cfg.num_heads, cfg.num_kv_heads, cfg.rms_norm_eps, cfg.rms_norm_eps)
+
+    def project_qkv_into(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         k_out: torch.Tensor, v_out: torch.Tensor) -> torch.Tensor:
+        """``project_qkv`` with the keys and values written into ``k_out, v_out
+        [..., Hkv, D]`` (a beam-KV slot); returns the queries."""
+        q, k, v = self.project_qkv(x, cos, sin)
         k_out.copy_(k)
         v_out.copy_(v)
         return q

@@ -210,19 +210,23 @@ class CachedPrefix:
         return k, v, slots[None, :] < self.lengths[:, None]
 
     def store(self, shared: SharedKV, slots: torch.Tensor) -> None:
-        """Copy the packed prompt KV (per layer ``[T, Hkv, D]``) to flat pool ``slots [T]``
-        of every layer's keys and values: one fixed-shape ``index_put_`` over the whole
-        pool, no host decision. One write of the whole pool, not one per layer, and into the
-        pool itself, not a view of it: a traced program then updates its pool input in
+        """Copy the prompt KV (per layer ``[T, Hkv, D]``) to flat pool ``slots [T]`` of every
+        layer's keys and values: fixed-shape ``index_put_`` writes, no host decision, into
+        the pool itself, not a view of it: a traced program then updates its pool input in
         place. (Inductor before torch 2.13 compiles a write into a view or slice of an
         input as a copy of the whole input, twice the pool's memory and two passes over it
-        per call.)"""
+        per call.) With ``shared.packed``, one write of the whole buffer; without it (a
+        traced program), one write a layer's keys or values, from where they are: gathering
+        every layer into one buffer first costs a copy of each."""
         layers, page_tokens = self.pool.shape[0], self.pool.shape[3]
-        if shared.packed is not None:
-            kv = shared.packed.flatten(0, 2)              # [layers * 2 * T, Hkv, D]
-        else:
-            kv = torch.cat([t for pair in zip(shared.keys, shared.values) for t in pair])
-        kv = kv.to(self.pool.dtype)
+        if shared.packed is None:
+            page, token = slots // page_tokens, slots % page_tokens
+            for index, pair in enumerate(zip(shared.keys, shared.values)):
+                for half, kv in enumerate(pair):
+                    at = (page.new_full((1,), index), page.new_full((1,), half), page, token)
+                    self.pool.index_put_(at, kv.to(self.pool.dtype))
+            return
+        kv = shared.packed.flatten(0, 2).to(self.pool.dtype)     # [layers * 2 * T, Hkv, D]
         # The index of each row of kv along the pool's first four dimensions: rows run over
         # (layer, keys or values, slot).
         pairs = torch.arange(layers * 2, device=slots.device)[:, None].expand(-1, slots.shape[0])

@@ -195,6 +195,13 @@ class Model(nn.Module):
         """Queries, keys and values of the packed prompt ``x [T, hidden]`` at one layer; the
         keys and values (``[T, Hkv, D]``) are appended to ``shared``."""
         cfg = self.config
+        if shared.packed is None and getattr(layer, "returns_new_kv", False):
+            # A traced layer's keys and values are new tensors already: kept as they are
+            # (a copy into buffers of the pass's own is a kernel a layer in the program).
+            q, k, v = layer.project_qkv(x, cos, sin)
+            shared.keys.append(k)
+            shared.values.append(v)
+            return q, k, v
         # Own buffers: views of the fused projection would keep all its heads alive.
         if shared.packed is not None:
             index = len(shared.keys)

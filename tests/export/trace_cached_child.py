@@ -2,16 +2,18 @@
 first tokens from a prompt cache's pool) traced for a CUDA package on the CPU, as
 ``trace_widths_child.py`` traces the plain one (the Triton interpreter off; the device checks
 and backend choices that need CUDA switched off; nothing compiled or run). Prints, as JSON,
-the Triton kernels of the traced program's launches, and whether the suffix width, the block
-table's width and the pool's page count stayed symbolic.
+the Triton kernels of the traced program's launches, whether the suffix width, the block
+table's width and the pool's page count stayed symbolic, how the pool is written, and the
+copies into new buffers and concatenations the program makes.
 
-    python tests/export/trace_cached_child.py
+    python tests/export/trace_cached_child.py [--layer_kernels]
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import triton
 
@@ -57,14 +59,18 @@ def main() -> None:
         raise _Traced
 
     cached_package.torch_package.package_aoti = keep_program
+    layer_kernels = "--layer_kernels" in sys.argv[1:]
     ids, codes = small_world()
     model = Model.from_preset("tiny", seed=1)
+    if layer_kernels:
+        model.fuse_projections(kernels=True)
     spec = small_v2_spec(model.config.hidden_size)
     engine = engine_module.Engine(model, Catalog.from_arrays(ids, codes), engine_config_for(
         spec, attention_backend="triton", selection_backend="triton", cuda_graphs=False))
     try:
         cached_package.export_cached_engine(engine, spec, "unused.pt2",
-                                            EngineExportConfig(8, 6, max_batch=8))
+                                            EngineExportConfig(8, 6, max_batch=8),
+                                            layer_kernels=layer_kernels)
     except _Traced:
         pass
     program = traced["program"]
@@ -80,7 +86,11 @@ def main() -> None:
                                    "pool": isinstance(pool.dims[2], str)},
                       "cache_line": list(traced["extra"]),
                       "unbounded": unbounded_dims(program),
-                      "pool_writes": pool_writes(graph, signature)}))
+                      "layers": model.config.num_layers,
+                      "pool_writes": pool_writes(graph, signature),
+                      "copies_into_new_buffers": copies_into_new_buffers(graph),
+                      "concatenations": sum(str(n.target) == "aten.cat.default"
+                                            for n in graph.graph.nodes)}))
 
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "select", "slice", "as_strided", "expand",
@@ -93,34 +103,50 @@ def _is_view(node) -> bool:
 
 
 def pool_writes(graph, signature) -> list[dict]:
-    """How the program's new value of each input it mutates (the pool) is made: the op,
-    whether that op writes into the input itself or into a view of it, and the ops after it
-    that still read the input's old value. Inductor updates an input in place only when
-    nothing reads the old value after the write, and (before torch 2.13) only when the write
-    targets the input itself; otherwise it copies the whole input."""
+    """How the program's new value of each input it mutates (the pool) is made: the chain of
+    writes from the input to that value (each write's op, in order), whether the chain starts
+    at the input itself rather than a view of it, and the ops that read a value of the chain
+    after the write that replaces it. Inductor updates an input in place only when nothing
+    reads a replaced value after its write, and (before torch 2.13) only when the writes
+    target the input itself; otherwise it copies the whole input."""
     order = {node: position for position, node in enumerate(graph.graph.nodes)}
     nodes = {node.name: node for node in graph.graph.nodes}
     writes = []
     for output, name in signature.user_inputs_to_mutate.items():
-        write = nodes[output]
-        while _is_view(write):                 # views of the written value, back to it
+        chain, write = [], nodes[output]
+        while write.op == "call_function" and write.name != name:
+            while _is_view(write):             # views of the written value, back to it
+                write = write.args[0]
+            if write.op != "call_function" or not write.args:
+                break
+            chain.append(write)
             write = write.args[0]
-        onto = write.args[0] if write.op == "call_function" and write.args else None
-        old, readers = [nodes[name]], set()    # the input and every view of it
-        while old:
-            node = old.pop()
-            for user in node.users:
-                if _is_view(user):
-                    old.append(user)
-                else:
-                    readers.add(user)
-        late = sorted(str(r.target) for r in readers
-                      if r is not write and r.op != "output" and order[r] > order[write])
-        writes.append({"input": name, "op": str(write.target),
-                       "onto": "input" if getattr(onto, "name", None) == name else
-                       "view" if onto is not None and _is_view(onto) else "other",
+        chain.reverse()                        # the first write first
+        late = []
+        for value, replaced_by in zip([write, *chain], chain):
+            old, readers = [value], set()      # the value and every view of it
+            while old:
+                node = old.pop()
+                for user in node.users:
+                    if _is_view(user):
+                        old.append(user)
+                    else:
+                        readers.add(user)
+            late += sorted(str(r.target) for r in readers if r is not replaced_by
+                           and r.op != "output" and order[r] > order[replaced_by])
+        writes.append({"input": name, "ops": [str(w.target) for w in chain],
+                       "onto": "input" if write.name == name else
+                       "view" if _is_view(write) else "other",
                        "reads_after": late})
     return writes
+
+
+def copies_into_new_buffers(graph) -> int:
+    """``aten.copy`` ops whose destination is a new, empty buffer (a layer's keys and
+    values copied out of the tensors a kernel returned): each is a kernel a call."""
+    fresh = {"aten.new_empty.default", "aten.empty_like.default", "aten.empty.memory_format"}
+    return sum(str(n.target) == "aten.copy.default" and str(n.args[0].target) in fresh
+               for n in graph.graph.nodes)
 
 
 if __name__ == "__main__":

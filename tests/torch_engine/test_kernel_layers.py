@@ -188,3 +188,54 @@ def test_the_exported_program_holds_the_layer_ops_and_answers_like_the_engine():
             exclude_items=exclude)[:2]
     assert torch.equal(items, want_items)
     torch.testing.assert_close(scores, want_scores, rtol=FP32.rtol, atol=FP32.atol)
+
+
+def _cached_search(model, catalog, tokens, lengths, pool, table, cached, slots):
+    from torch_engine.cached_search import search_features_cached
+    from torch_engine.search import SearchOptions
+
+    return search_features_cached(model, catalog, tokens, lengths, None, None, None, 8, 10,
+                                  SearchOptions(), None, None, pool, table, cached, slots)
+
+
+def test_the_traced_kernel_model_stores_and_hits_like_the_engine():
+    """A cached package's program (the kernel model, traced with gradients on) stores each
+    layer's keys and values from where ``qkv_rotary`` returned them, one write a layer's keys
+    or values; the engine (the model under no_grad) stores its packed buffer in one write.
+    The pool a miss writes and the answers of the miss and of a hit from that pool agree."""
+    model = fused_model(qwen3=True, seed=1)
+    model.requires_grad_(False)
+    ids, codes = small_world(seed=2, n=80)
+    catalog = Catalog.from_arrays(ids, codes)
+    tokens, lengths, _ = prompts(6, [13, 11], segmented=False)
+    tokens = tokens % model.config.vocab_size
+    cfg, page_tokens, frozen = model.config, 4, 6
+    pages = -(-tokens.shape[1] // page_tokens)
+    table = (torch.arange(2 * pages, dtype=torch.int32).reshape(2, pages) + 1)
+    position = torch.arange(tokens.shape[1])
+    flat = table[:, position // page_tokens].long() * page_tokens + position % page_tokens
+    miss_slots = torch.where(position < frozen, flat, 0)            # frozen tokens kept
+    cached = {"miss": torch.zeros(2, dtype=torch.int64),
+              "hit": torch.full((2,), frozen, dtype=torch.int64)}
+    hit_slots = torch.zeros((2, tokens.shape[1] - frozen), dtype=torch.int64)   # the sink
+    answers, pools = {}, {}
+    for name, runs, grad in (("engine", model, False), ("program", kernel_model(model), True)):
+        pool = torch.zeros((cfg.num_layers, 2, 2 * pages + 1, page_tokens, cfg.num_kv_heads,
+                            cfg.head_dim))
+        with torch.set_grad_enabled(grad):
+            miss = _cached_search(runs, catalog, tokens, lengths, pool, table, cached["miss"],
+                                  miss_slots)
+            pools[name] = pool[:, :, 1:].clone()                    # the sink page aside
+            hit = _cached_search(runs, catalog, tokens, lengths, pool, table, cached["hit"],
+                                 hit_slots)
+        answers[name] = (miss, hit)
+    torch.testing.assert_close(pools["program"], pools["engine"], rtol=FP32.rtol,
+                               atol=FP32.atol)
+    assert pools["engine"].abs().sum() > 0
+    with torch.no_grad():
+        want = search_features(model, catalog, tokens, lengths, None, None, None, 8, 10)
+    for got in (*answers["engine"], *answers["program"]):
+        assert torch.equal(got[0], want[0]), (got[0], want[0])
+        finite = torch.isfinite(want[1])
+        torch.testing.assert_close(got[1][finite], want[1][finite], rtol=FP32.rtol,
+                                   atol=FP32.atol)

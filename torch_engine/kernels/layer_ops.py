@@ -197,7 +197,8 @@ def _rows(t: torch.Tensor, inner: int) -> tuple[int, int, int]:
     ``inner`` elements of a row are contiguous."""
     if t.dim() == 4:
         return t.shape[1], t.stride(0), t.stride(1)
-    return max(t.shape[0], 1), 0, t.stride(0)
+    # sym_max: under tracing the row count may be data-dependent, and max() would guard it.
+    return torch.sym_max(t.shape[0], 1), 0, t.stride(0)
 
 
 def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
