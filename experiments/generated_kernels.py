@@ -81,6 +81,10 @@ def generated_origins(cache_dir: str | os.PathLike, names: list[str]) -> dict[st
             numel = re.search(r"xnumel\s*=\s*([^\n]+)", body)
             mutated = re.search(r"'mutated_arg_names':\s*(\[[^\]]*\])", head)
             hints = re.search(r"size_hints\s*=\s*(\{[^}]*\})", head)
+            # A user kernel's launch settings and the argument attributes Inductor compiled
+            # it with (16-byte divisibility decides vectorised loads).
+            launch = re.search(r"configs\s*=\s*(\[[^\]]*\])", head)
+            attributes = re.search(r"'configs':\s*(\[\{.*?\}\])", head, re.S)
             found[name] = {
                 "file": str(path.relative_to(cache_dir)),
                 "xnumel": numel.group(1).strip() if numel else None,
@@ -89,6 +93,8 @@ def generated_origins(cache_dir: str | os.PathLike, names: list[str]) -> dict[st
                             or "Topologically Sorted" in line][:8],
                 "mutated": mutated.group(1) if mutated else None,
                 "size_hints": hints.group(1) if hints else None,
+                "launch_configs": launch.group(1)[:300] if launch else None,
+                "arg_attributes": attributes.group(1)[:600] if attributes else None,
             }
     return found
 
@@ -110,4 +116,20 @@ def wrapper_context(cache_dir: str | os.PathLike, names: list[str],
                 context = [lines[i].strip() for i in range(max(0, index - lines_before), index)
                            if lines[i].strip().startswith("//")]
                 out[name] = context + [line.strip()[:300]]
+    return out
+
+
+def jit_specializations(kernels: dict[str, object], limit: int = 400) -> dict[str, list[str]]:
+    """The specialisations each Triton ``@jit`` kernel was compiled for in this process (its
+    cache keys: argument types with their 16-byte divisibility marks, and the launch
+    options), to set beside the package's ``arg_attributes``. Wrappers (autotuners,
+    heuristics) are unwrapped to the ``@jit`` function."""
+    out: dict[str, list[str]] = {}
+    for name, kernel in kernels.items():
+        while not hasattr(kernel, "device_caches") and hasattr(kernel, "fn"):
+            kernel = kernel.fn
+        keys: list[str] = []
+        for entry in getattr(kernel, "device_caches", {}).values():
+            keys += [str(key)[:limit] for key in entry[0]]
+        out[name] = keys
     return out

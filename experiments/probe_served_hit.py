@@ -41,7 +41,8 @@ from absl import app, flags
 from benchmarks import results_file as rf
 from benchmarks.engine_analysis import kernel_times, random_catalog_arrays, wall_ms
 from benchmarks.session_load import SessionWorld
-from experiments.generated_kernels import generated_origins, kernel_launches, wrapper_context
+from experiments.generated_kernels import (generated_origins, jit_specializations,
+                                           kernel_launches, wrapper_context)
 from tests.torch_engine.engine_worlds import v2_prompts
 from torch_engine.aoti_loading import loader_environment
 from torch_engine.catalog import Catalog
@@ -154,6 +155,19 @@ def timed(fn) -> float:
     return statistics.median(wall_ms(fn, FLAGS.repeats))
 
 
+def engine_kernels() -> dict:
+    """The engine's Triton kernels whose package copies ran slower (served_hit, 12-07)."""
+    import importlib
+
+    # By module path: the package re-exports functions under the modules' names.
+    module = {name: importlib.import_module(f"torch_engine.kernels.{name}")
+              for name in ("decode_attention", "layer_ops", "paged_attention")}
+    return {"_silu_mul_kernel": module["layer_ops"]._silu_mul_kernel,
+            "_qkv_rotary_kernel": module["layer_ops"]._qkv_rotary_kernel,
+            "_paged_prefill_kernel": module["paged_attention"]._paged_prefill_kernel,
+            "_decode_partial_kernel": module["decode_attention"]._decode_partial_kernel}
+
+
 def engine_rows(model, catalog, spec, features, frozen, device, name) -> dict:
     """Captured engines as served: uncached and hit, with and without the request's soft
     vectors and exclusions; then one eager hit kernel by kernel."""
@@ -192,6 +206,7 @@ def engine_rows(model, catalog, spec, features, frozen, device, name) -> dict:
             out["engine_hit_kernels_us"] = dict(list(kernels.items())[:40])
             out["engine_hit_kernel_total_us"] = sum(kernels.values())
             out["engine_hit_launches"] = dict(list(kernel_launches(cached_call).items())[:40])
+            out["engine_jit_specializations"] = jit_specializations(engine_kernels())
     return out
 
 
@@ -240,7 +255,9 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
     result = json.loads((work / "out.json").read_text())
     result["compile_s"] = compile_s
     result["layer_kernels"] = FLAGS.layer_kernels
-    own = [name for name in result.get("hit_kernels_us", {}) if name.startswith("triton_")]
+    # Inductor's own kernels, and the engine's kernels as the package compiled them.
+    own = [name for name in result.get("hit_kernels_us", {})
+           if name.startswith(("triton_", "_"))]
     result["generated_origins"] = generated_origins(generated, own)
     result["wrapper_context"] = wrapper_context(generated, own)
     return result
@@ -316,9 +333,12 @@ def main(argv: list[str]) -> None:
     print_launches(result.get("engine_hit_launches") or {}, package.get("hit_launches") or {})
     for name, origin in (package.get("generated_origins") or {}).items():
         print(f"\n{name}: xnumel {origin['xnumel']}, size hints {origin['size_hints']}, "
-              f"mutates {origin['mutated']}")
+              f"mutates {origin['mutated']}, launch {origin['launch_configs']}, "
+              f"attributes {origin['arg_attributes']}")
         for line in origin["origins"] + (package.get("wrapper_context") or {}).get(name, []):
             print(f"    {line[:160]}")
+        for key in (result.get("engine_jit_specializations") or {}).get(name, [])[:2]:
+            print(f"    engine's compile: {key[:300]}")
     if "child_error" in package:
         print("\npackage child failed:\n" + package["child_error"])
     if FLAGS.out:
