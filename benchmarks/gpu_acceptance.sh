@@ -76,6 +76,11 @@ served_cache_pool_gb() {
   if [ -n "$mib" ] && [ "$mib" -lt 120000 ]; then echo 20; else echo 40; fi
 }
 
+# What both served-cache sizes share: the catalog, the search, the workload's population.
+SERVED_CACHE_COMMON=(--device=cuda:0 --dtype=bfloat16 --items=1000000 --paths=250000
+                     --beam_width=256 --top_k=300 --population=300 --parallel_exports
+                     --warmup_seconds="${SERVED_CACHE_WARMUP_SECONDS:-20}")
+
 served_cache_run() {  # case label, then bench_served_cache's flags: one run and its logs
   local label=$1 work="$BASE/served_cache_$1"
   shift
@@ -96,16 +101,14 @@ served_cache_phase() {
   # (1,000 long-term items), Zipf 1.0; a 40 GiB pool (~87 users' frozen parts) and a 48 GiB
   # host tier beside it. From 3 req/s, 30 s a rate: at 15 s a P99 rested on one or two
   # answers, and the plain server's first rate (6) missed the bound on them.
-  local sizes=(--preset=qwen3-1.7b --device=cuda:0 --dtype=bfloat16 --items=1000000
-               --paths=250000 --long_items=1000 --recent_items=245 --beam_width=256 --top_k=300
-               --max_batch=4 --max_batch_size=4 --p99_target_ms=200
+  local sizes=(--preset=qwen3-1.7b "${SERVED_CACHE_COMMON[@]}" --long_items=1000
+               --recent_items=245 --max_batch=4 --max_batch_size=4 --p99_target_ms=200
                --rates="${SERVED_CACHE_RATES:-3,6,9,12,15,18,24,30,36,44}"
-               --rate_seconds="${SERVED_CACHE_RATE_SECONDS:-30}" --population=300
-               --warmup_seconds="${SERVED_CACHE_WARMUP_SECONDS:-20}"
+               --rate_seconds="${SERVED_CACHE_RATE_SECONDS:-30}"
                --prompt_cache_gb="$(served_cache_pool_gb)" --prompt_cache_host_gb=48
                --client_processes=2
                --export_flags="${SERVED_CACHE_EXPORT_FLAGS---layer_kernels=on}"
-               --parallel_exports --label="$(gpu_label)_q3_ctx5000")
+               --label="$(gpu_label)_q3_ctx5000")
   [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu)
   # Beside the exports' compile: a tiny package read and written at the far end of a pool
   # past 2**31 elements, the size class the served pool is in, and the runtime's host tier
@@ -136,15 +139,12 @@ served_cache_q2_phase() {
   # about 3 GB, so an 8 GiB pool holds them all and no host tier is needed. Both exports
   # leave the layer to Inductor (the plain 0.5b package's faster build) unless
   # SERVED_CACHE_Q2_EXPORT_FLAGS says otherwise.
-  local sizes=(--preset=qwen2-0.5b --device=cuda:0 --dtype=bfloat16 --items=1000000
-               --paths=250000 --long_items=192 --recent_items=61 --beam_width=256 --top_k=300
-               --max_batch=8 --max_batch_size=8 --p99_target_ms=100
+  local sizes=(--preset=qwen2-0.5b "${SERVED_CACHE_COMMON[@]}" --long_items=192
+               --recent_items=61 --max_batch=8 --max_batch_size=8 --p99_target_ms=100
                --rates="${SERVED_CACHE_Q2_RATES:-20,40,80,120,160,200,240,280,320,360}"
-               --rate_seconds="${SERVED_CACHE_RATE_SECONDS:-20}" --population=300
-               --warmup_seconds="${SERVED_CACHE_WARMUP_SECONDS:-20}"
+               --rate_seconds="${SERVED_CACHE_RATE_SECONDS:-20}"
                --prompt_cache_gb=8 --prompt_cache_host_gb=0 --client_processes=4
-               --export_flags="${SERVED_CACHE_Q2_EXPORT_FLAGS-}"
-               --parallel_exports --label="$(gpu_label)_q2_1024")
+               --export_flags="${SERVED_CACHE_Q2_EXPORT_FLAGS-}" --label="$(gpu_label)_q2_1024")
   [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu_q2)
   served_cache_run q2_1024 "${sizes[@]}"
 }
