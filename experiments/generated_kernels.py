@@ -62,9 +62,10 @@ def kernel_launches(call: Callable[[], object], calls: int = 2) -> dict[str, dic
 
 
 def generated_origins(cache_dir: str | os.PathLike, names: list[str]) -> dict[str, dict]:
-    """For each generated kernel ``name`` found under ``cache_dir``: the file it sits in,
-    its ``xnumel`` (elements it covers, when static) and size hints, the source-node and ATen comment lines Inductor wrote
-    above it, and the argument names it mutates. Names not found are left out."""
+    """For each kernel ``name`` found under ``cache_dir``: the file it sits in, its
+    ``xnumel`` (elements it covers, when static) and size hints, the source-node and ATen
+    comment lines Inductor wrote above it, the argument names it mutates, and for a user
+    kernel its launch configs and argument attributes. Names not found are left out."""
     wanted = set(names)
     found: dict[str, dict] = {}
     for path in sorted(Path(cache_dir).rglob("*.py")):
@@ -77,7 +78,8 @@ def generated_origins(cache_dir: str | os.PathLike, names: list[str]) -> dict[st
             if at < 0:
                 continue
             head = text[max(0, text.rfind("\n\n\n", 0, at)):at]
-            body = text[at:text.find("\n\n\n", at) if text.find("\n\n\n", at) > 0 else None]
+            end = text.find("\n\n\n", at)
+            body = text[at:end if end > 0 else None]
             numel = re.search(r"xnumel\s*=\s*([^\n]+)", body)
             mutated = re.search(r"'mutated_arg_names':\s*(\[[^\]]*\])", head)
             hints = re.search(r"size_hints\s*=\s*(\{[^}]*\})", head)

@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import torch
@@ -215,17 +216,10 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
     path = work / "cached.pt2"
     # Inductor's generated sources land in a folder of the probe's own, to be read back.
     generated = work / "inductor"
-    previous = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(generated)
-    try:
+    with mock.patch.dict(os.environ, {"TORCHINDUCTOR_CACHE_DIR": str(generated)}):
         export_cached_engine(engine, spec, path, EngineExportConfig(
             FLAGS.beam, FLAGS.top_k, max_batch=4, device=str(device)),
             layer_kernels=FLAGS.layer_kernels)
-    finally:
-        if previous is None:
-            os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
-        else:
-            os.environ["TORCHINDUCTOR_CACHE_DIR"] = previous
     compile_s = time.perf_counter() - started
     waited = time.perf_counter()
     while FLAGS.quiet_after and not Path(FLAGS.quiet_after).exists() and (

@@ -218,7 +218,7 @@ class CachedPrefix:
         per call.) With ``shared.packed``, one write of the whole buffer; without it (a
         traced program), one write a layer's keys or values, from where they are: gathering
         every layer into one buffer first costs a copy of each."""
-        layers, page_tokens = self.pool.shape[0], self.pool.shape[3]
+        page_tokens = self.pool.shape[3]
         if shared.packed is None:
             page, token = slots // page_tokens, slots % page_tokens
             for index, pair in enumerate(zip(shared.keys, shared.values)):
@@ -226,6 +226,7 @@ class CachedPrefix:
                     at = (page.new_full((1,), index), page.new_full((1,), half), page, token)
                     self.pool.index_put_(at, kv.to(self.pool.dtype))
             return
+        layers = self.pool.shape[0]
         kv = shared.packed.flatten(0, 2).to(self.pool.dtype)     # [layers * 2 * T, Hkv, D]
         # The index of each row of kv along the pool's first four dimensions: rows run over
         # (layer, keys or values, slot).

@@ -137,6 +137,10 @@ def unit_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 class DecoderLayer(nn.Module):
     """Pre-norm transformer layer: x + attn(norm(x)), then x + mlp(norm(x))."""
 
+    # Its CUDA kernel writes keys and values into the caller's buffers (``project_qkv_into``);
+    # ``KernelLayer``, traced, returns new ones instead.
+    returns_new_kv = False
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config

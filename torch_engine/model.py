@@ -195,7 +195,7 @@ class Model(nn.Module):
         """Queries, keys and values of the packed prompt ``x [T, hidden]`` at one layer; the
         keys and values (``[T, Hkv, D]``) are appended to ``shared``."""
         cfg = self.config
-        if shared.packed is None and getattr(layer, "returns_new_kv", False):
+        if shared.packed is None and layer.returns_new_kv:
             # A traced layer's keys and values are new tensors already: kept as they are
             # (a copy into buffers of the pass's own is a kernel a layer in the program).
             q, k, v = layer.project_qkv(x, cos, sin)
