@@ -200,12 +200,59 @@ def test_verify_runs_the_float32_search_only_when_the_rule_stays_broken(monkeypa
     assert report.saved_drift == pytest.approx(0.4, abs=1e-6)
     assert report.engine_drift == pytest.approx(0.05, abs=1e-6)
     assert report.to_json()["saved_drift"] == report.saved_drift
+    # Item 9 is 0.4 from the float32 search's score: past a tie widened by the engine's 0.05.
+    assert report.precise_rows_broken == 1
 
     def no_memory():
         raise CapacityError("no memory for a float32 copy")
 
     report = verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16", precise=no_memory)
     assert not report.ok and report.saved_drift is None
+
+
+# The exact answer between two 16-bit programs: the engine 0.05 above it on item 7, the
+# SavedModel 0.05 below; apart by 0.1, past one tie (0.031 at this score).
+PRECISE_BETWEEN = _outputs([[5, 7, 8, 2]], [[-1.0, -2.05, -2.5, -4.0]], [4])
+BELOW = _outputs([[5, 7, 8, 2]], [[-1.0, -2.1, -2.5, -4.0]], [4])
+
+
+def test_a_16_bit_package_as_close_to_the_exact_answer_as_the_engine_passes(monkeypatch):
+    assert compare(BELOW, BF16_WANT, dtype="bfloat16").mismatched_rows   # against each other
+    _fresh(monkeypatch, BELOW)
+    report = verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16",
+                                       precise=lambda: PRECISE_BETWEEN)
+    assert report.ok and report.mismatched_rows and report.precise_rows_broken == 0
+    assert report.saved_drift == pytest.approx(0.05, abs=1e-6)
+    assert report.engine_drift == pytest.approx(0.05, abs=1e-6)
+    assert "float32 search" in report.rule
+    from xgr_export.check import PipelineCheck
+    check = PipelineCheck(report=report, device="cpu", reference="the Python pipeline",
+                          prompt_tokens_min=6, prompt_tokens_max=9,
+                          python_first_call_seconds=1.0, python_call_seconds=0.1,
+                          items_per_request=(4,))
+    assert "items as close to a float32 search as the in-process engine's" in check.summary()
+    assert "with ties widened by the engine's error: 0" in check.summary()
+
+
+def test_an_item_the_exact_search_never_scored_is_not_excused_by_small_score_errors(
+        monkeypatch):
+    """A small drift over the items both lists hold says nothing of an item only the
+    package returned: it must still sit at or below the float32 list's end, within the
+    widened tie."""
+    stray = _outputs([[5, 11, 8, 2]], [[-1.0, -2.0, -2.5, -4.0]], [4])
+    _fresh(monkeypatch, stray)
+    report = verify.verify_saved_model("m", {}, BF16_WANT, dtype="bfloat16",
+                                       precise=lambda: PRECISE_BETWEEN)
+    assert not report.ok and report.precise_rows_broken == 1
+    assert report.saved_drift == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_widened_tie_reaches_exactly_the_engines_error():
+    from xgr_common.tolerances import scores_tied
+    # -2.0 and -1.9: 0.1 apart, one bf16 tie is 0.01 + 0.01 x 2.0 = 0.03.
+    assert scores_tied(-2.0, -1.9, "bfloat16", slack=0.0701)
+    assert not scores_tied(-2.0, -1.9, "bfloat16", slack=0.0699)
+    assert not scores_tied(-2.0, -1.9, "bfloat16")
 
 
 def test_no_float32_reference_for_an_engine_in_32_bits():
