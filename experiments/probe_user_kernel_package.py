@@ -9,7 +9,7 @@ product), the rows dynamic, compiled the way ``xgr export`` compiles a program
 (``xgr_export.torch_package``'s Inductor settings). It times the eager block and the package
 at each row count, and records for both sides each kernel's time and launch (grid, block,
 registers), the ``@jit`` specialisations the engine's launch compiled (16-byte divisibility
-marks) and the ``triton_meta`` Inductor wrote for the package's copy of the kernel. If the
+marks) and the launch configs and argument attributes Inductor wrote for the package's copy. If the
 isolated package is as fast as the eager block, the slowdown belongs to the whole program
 (its inputs' layout or its rows), not to how AOTInductor launches a user kernel.
 """
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -30,7 +29,8 @@ import torch
 from absl import app, flags
 
 from benchmarks.engine_analysis import kernel_times, wall_ms
-from experiments.generated_kernels import jit_specializations, kernel_launches
+from experiments.generated_kernels import generated_origins, jit_specializations, \
+    kernel_launches
 from torch_engine.aoti_loading import loader_environment
 from torch_engine.kernels import layer_ops
 from xgr_export.inductor_first_pass import cuda_first_pass
@@ -88,17 +88,6 @@ def compile_block(block, example, work: Path) -> Path:
     return path
 
 
-def package_triton_meta(cache_dir: Path, name: str) -> list[str]:
-    """The ``triton_meta`` lines Inductor wrote beside its copy of kernel ``name``."""
-    found = []
-    for path in sorted(cache_dir.rglob("*.py")):
-        text = path.read_text(errors="replace")
-        if f"def {name}" in text or f"{name}_0" in text:
-            found += [line.strip()[:600] for line in text.splitlines()
-                      if "triton_meta" in line and "signature" in line]
-    return found[:4]
-
-
 def main(argv: list[str]) -> None:
     del argv
     torch.manual_seed(0)
@@ -125,7 +114,8 @@ def main(argv: list[str]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         path = compile_block(block, (inputs[min(inputs)], w_gu, w_down), work)
-    result["package_triton_meta"] = package_triton_meta(work / "inductor", "_silu_mul_kernel")
+    # The package's copy of the kernel: its launch configs and argument attributes.
+    result["package_kernel"] = generated_origins(work / "inductor", ["_silu_mul_kernel"])
     torch.save({"inputs": {r: x.cpu() for r, x in inputs.items()}, "w_gu": w_gu.cpu(),
                 "w_down": w_down.cpu(), "eager": eager_out, "repeats": FLAGS.repeats},
                work / "inputs.pt")
@@ -153,7 +143,7 @@ def main(argv: list[str]) -> None:
                            if "silu_mul_kernel" in k), None)
             print(f"    {side} launch: {launch}")
     print("\nengine's specialisations:", json.dumps(result["jit_specializations"])[:800])
-    print("package's triton_meta:", *result["package_triton_meta"], sep="\n  ")
+    print("package's kernel:", json.dumps(result["package_kernel"])[:800])
     if "child_error" in result:
         print("package child failed:\n" + result["child_error"])
     if FLAGS.out:
