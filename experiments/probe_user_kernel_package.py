@@ -9,9 +9,10 @@ product), the rows dynamic, compiled the way ``xgr export`` compiles a program
 (``xgr_export.torch_package``'s Inductor settings). It times the eager block and the package
 at each row count, and records for both sides each kernel's time and launch (grid, block,
 registers), the ``@jit`` specialisations the engine's launch compiled (16-byte divisibility
-marks) and the launch configs and argument attributes Inductor wrote for the package's copy. If the
-isolated package is as fast as the eager block, the slowdown belongs to the whole program
-(its inputs' layout or its rows), not to how AOTInductor launches a user kernel.
+marks) and the launch configs and argument attributes Inductor wrote for the package's
+copy. If the isolated package is as fast as the eager block, the slowdown belongs to the
+whole program (its inputs' layout or its rows), not to how AOTInductor launches a user
+kernel.
 """
 
 from __future__ import annotations
