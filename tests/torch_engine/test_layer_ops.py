@@ -294,3 +294,51 @@ def test_layer_kernel_composition_equals_the_unfused_layer(family, dtype):
         got_owned = layer._finish_kernels(mine, attended, fused, owned=True)
         assert got_owned.data_ptr() == mine.data_ptr()
         assert rel_error(got_owned, want) <= tol.rel_norm
+
+
+# The layer kernels compiled for sm_90 as an AOTInductor package launches them: its
+# signature types a Python float argument float64 (the Triton JIT passes float32). Prints,
+# per kernel, the float64 instructions of its PTX other than loading and narrowing the
+# scalar itself.
+_AS_INDUCTOR_TYPES_THEM = """
+import re
+from torch_engine.kernels import layer_ops as L
+cases = {
+    "silu_mul": (L._silu_mul_kernel, dict(gu_ptr="*bf16", x_ptr="*bf16", out_ptr="*bf16",
+                 size="i32", hidden="i32", eps="fp64"),
+                 dict(BLOCK=4096, SCALE=True, HIDDEN_P2=2048), 8),
+    "rms_norm": (L._rms_norm_kernel, dict(x_ptr="*bf16", w_ptr="*bf16", out_ptr="*bf16",
+                 size="i32", eps="fp64"), dict(BLOCK=2048), 4),
+    "qkv_rotary": (L._qkv_rotary_kernel, dict(
+        qkv_ptr="*bf16", x_ptr="*bf16", bias_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
+        qn_ptr="*bf16", kn_ptr="*bf16", q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16",
+        width="i32", hidden="i32", in_eps="fp64", eps="fp64",
+        **{n: "i32" for n in ("s_qkv", "s_cos", "s_q", "s_kb", "s_kw", "s_vb", "s_vw")}),
+        dict(HQ=16, HKV=8, D=128, HQ_P2=16, HKV_P2=8, NORM=True, SCALE=True, BIAS=False,
+             HIDDEN_P2=2048), 4),
+}
+for name, (fn, types, constexprs, warps) in cases.items():
+    signature = {**types, **{n: "constexpr" for n in constexprs}}
+    pointers = [i for i, n in enumerate(fn.arg_names) if n.endswith("_ptr")]
+    compiled = triton.compile(
+        ASTSource(fn=fn, signature=signature, constexprs=constexprs,
+                  attrs={(i,): [["tt.divisibility", 16]] for i in pointers}),
+        target=TARGET, options=dict(num_warps=warps))
+    narrowing = r"(\\.param|ld\\.param|cvt\\.rn\\.f32)"
+    wide = [line.strip() for line in compiled.asm["ptx"].splitlines()
+            if ".f64" in line and not re.match(narrowing, line.strip())]
+    print("COMPILED", name, len(wide), wide[:3], usage(compiled))
+"""
+
+
+@pytest.mark.heavy
+def test_the_layer_kernels_compute_in_float32_as_a_package_launches_them():
+    """An AOTInductor package passes ``eps`` as a float64 scalar: a kernel that used it as
+    given computed the row scale, and every product it scaled (the silu of a whole row),
+    in float64 (three times the engine's time for ``silu_mul`` inside a package). Each
+    kernel narrows it at entry, so its PTX holds no float64 arithmetic."""
+    from tests.sm90_compile import assert_no_spills, compiled_lines
+    lines = compiled_lines(_AS_INDUCTOR_TYPES_THEM, 3)
+    for line in lines:
+        assert line.split()[2] == "0", line
+    assert_no_spills(lines)

@@ -86,6 +86,8 @@ def _qkv_rotary_kernel(qkv_ptr, x_ptr, bias_ptr, cos_ptr, sin_ptr, qn_ptr, kn_pt
                        HQ: tl.constexpr, HKV: tl.constexpr, D: tl.constexpr,
                        HQ_P2: tl.constexpr, HKV_P2: tl.constexpr, NORM: tl.constexpr,
                        SCALE: tl.constexpr, BIAS: tl.constexpr, HIDDEN_P2: tl.constexpr):
+    in_eps = tl.cast(in_eps, tl.float32)  # float64 scalars when Inductor launches the kernel
+    eps = tl.cast(eps, tl.float32)
     row = tl.program_id(0)
     d = tl.arange(0, D)
     partner = (d + D // 2) % D
@@ -244,6 +246,7 @@ def qkv_rotary(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
 
 @triton.jit
 def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, size, eps, BLOCK: tl.constexpr):
+    eps = tl.cast(eps, tl.float32)  # a float64 scalar when Inductor launches the kernel
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     ok = cols < size
@@ -277,6 +280,9 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 @triton.jit
 def _silu_mul_kernel(gu_ptr, x_ptr, out_ptr, size, hidden, eps, BLOCK: tl.constexpr,
                      SCALE: tl.constexpr, HIDDEN_P2: tl.constexpr):
+    # A float64 scalar when Inductor launches the kernel: the row scale, and with it every
+    # product of the row, would be computed in float64.
+    eps = tl.cast(eps, tl.float32)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = cols < size
