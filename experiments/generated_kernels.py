@@ -65,7 +65,8 @@ def generated_origins(cache_dir: str | os.PathLike, names: list[str]) -> dict[st
     """For each kernel ``name`` found under ``cache_dir``: the file it sits in, its
     ``xnumel`` (elements it covers, when static) and size hints, the source-node and ATen
     comment lines Inductor wrote above it, the argument names it mutates, and for a user
-    kernel its launch configs and argument attributes. Names not found are left out."""
+    kernel its launch configs, argument attributes and argument types. Names not found
+    are left out."""
     wanted = set(names)
     found: dict[str, dict] = {}
     for path in sorted(Path(cache_dir).rglob("*.py")):
@@ -87,6 +88,8 @@ def generated_origins(cache_dir: str | os.PathLike, names: list[str]) -> dict[st
             # it with (16-byte divisibility decides vectorised loads).
             launch = re.search(r"configs\s*=\s*(\[[^\]]*\])", head)
             attributes = re.search(r"'configs':\s*(\[\{.*?\}\])", head, re.S)
+            # The argument types (a Python float arrives as fp64, a dynamic size as i64).
+            signature = re.search(r"'signature':\s*(\{[^}]*\})", head)
             found[name] = {
                 "file": str(path.relative_to(cache_dir)),
                 "xnumel": numel.group(1).strip() if numel else None,
@@ -97,6 +100,7 @@ def generated_origins(cache_dir: str | os.PathLike, names: list[str]) -> dict[st
                 "size_hints": hints.group(1) if hints else None,
                 "launch_configs": launch.group(1)[:300] if launch else None,
                 "arg_attributes": attributes.group(1)[:600] if attributes else None,
+                "signature": signature.group(1)[:800] if signature else None,
             }
     return found
 

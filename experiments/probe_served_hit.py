@@ -328,7 +328,7 @@ def main(argv: list[str]) -> None:
     for name, origin in (package.get("generated_origins") or {}).items():
         print(f"\n{name}: xnumel {origin['xnumel']}, size hints {origin['size_hints']}, "
               f"mutates {origin['mutated']}, launch {origin['launch_configs']}, "
-              f"attributes {origin['arg_attributes']}")
+              f"attributes {origin['arg_attributes']}, types {origin.get('signature')}")
         for line in origin["origins"] + (package.get("wrapper_context") or {}).get(name, []):
             print(f"    {line[:160]}")
         for key in (result.get("engine_jit_specializations") or {}).get(name, [])[:2]:

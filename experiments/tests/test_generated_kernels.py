@@ -24,7 +24,7 @@ def triton_poi_fused_34(in_out_ptr0, xnumel, XBLOCK : tl.constexpr):
 @triton_heuristics.user_autotune(
     configs=[{'num_warps': 8, 'num_stages': 3}],
     inductor_meta={'kernel_name': '_silu_mul_kernel_0', 'mutated_arg_names': ['out_ptr']},
-    triton_meta={'signature': {'gu_ptr': '*bf16'}, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]]}]},
+    triton_meta={'signature': {'gu_ptr': '*bf16', 'eps': 'fp64'}, 'configs': [{(0,): [['tt.divisibility', 16]], (1,): [['tt.divisibility', 16]]}]},
 )
 @triton.jit
 def _silu_mul_kernel(gu_ptr, x_ptr, out_ptr, size, BLOCK: tl.constexpr):
@@ -52,6 +52,8 @@ def test_sources_name_what_each_kernel_is(tmp_path):
     assert user["launch_configs"] == "[{'num_warps': 8, 'num_stages': 3}]"
     assert user["arg_attributes"] == ("[{(0,): [['tt.divisibility', 16]], "
                                       "(1,): [['tt.divisibility', 16]]}]")
+    assert user["signature"] == "{'gu_ptr': '*bf16', 'eps': 'fp64'}"
+    assert copy["signature"] is None
     context = wrapper_context(tmp_path, ["triton_poi_fused_34"])["triton_poi_fused_34"]
     assert "Original ATen: [aten.copy, aten.cat]" in context[0]
     assert context[-1].startswith("triton_poi_fused_34(buf1")
