@@ -33,6 +33,15 @@ def _assert_stores_in_place(traced: dict) -> None:
     assert (write["onto"], write["reads_after"]) == ("input", []), write
 
 
+def _assert_float32_scalars(traced: dict, expected: set[str]) -> None:
+    """A package launches a Python float argument as a float64 scalar; every kernel narrows
+    each such argument to float32 at entry, or its arithmetic with it (the attention's
+    scale, the norms' eps: every element of a row) would run in float64 (three times the
+    time of the engine's ``silu_mul`` inside a package)."""
+    assert expected <= set(traced["float_args"]), traced["float_args"]
+    assert traced["float64_compute"] == [], traced["float64_compute"]
+
+
 def test_the_cached_search_traces_the_paged_kernels():
     traced = _trace()
     assert {"_paged_prefill_kernel", "_decode_partial_kernel"} <= set(traced["kernels"])
@@ -42,6 +51,8 @@ def test_the_cached_search_traces_the_paged_kernels():
     # bf16) must get 64-bit indexing, not the 32 bits its small example would choose.
     assert traced["unbounded"] == []
     _assert_stores_in_place(traced)
+    _assert_float32_scalars(traced, {"_paged_prefill_kernel.qk_scale",
+                                     "_decode_partial_kernel.qk_scale"})
 
 
 def test_the_layer_kernel_program_stores_each_layer_from_where_it_is():
@@ -56,3 +67,5 @@ def test_the_layer_kernel_program_stores_each_layer_from_where_it_is():
     assert traced["concatenations"] == 0
     assert traced["unbounded"] == []
     _assert_stores_in_place(traced)
+    _assert_float32_scalars(traced, {"_qkv_rotary_kernel.eps", "_silu_mul_kernel.eps",
+                                     "_paged_prefill_kernel.qk_scale"})

@@ -3,8 +3,9 @@ first tokens from a prompt cache's pool) traced for a CUDA package on the CPU, a
 ``trace_widths_child.py`` traces the plain one (the Triton interpreter off; the device checks
 and backend choices that need CUDA switched off; nothing compiled or run). Prints, as JSON,
 the Triton kernels of the traced program's launches, whether the suffix width, the block
-table's width and the pool's page count stayed symbolic, how the pool is written, and the
-copies into new buffers and concatenations the program makes.
+table's width and the pool's page count stayed symbolic, how the pool is written, the
+copies into new buffers and concatenations the program makes, and the float arguments of
+its launches (AOTInductor types them float64) with those the kernel does not narrow.
 
     python tests/export/trace_cached_child.py [--layer_kernels]
 """
@@ -90,7 +91,38 @@ def main() -> None:
                       "pool_writes": pool_writes(graph, signature),
                       "copies_into_new_buffers": copies_into_new_buffers(graph),
                       "concatenations": sum(str(n.target) == "aten.cat.default"
-                                            for n in graph.graph.nodes)}))
+                                            for n in graph.graph.nodes),
+                      **float_arguments(graph)}))
+
+
+def float_arguments(graph) -> dict:
+    """``float_args``: each launch's float scalar arguments as ``kernel.argument``;
+    ``float64_compute``: those whose kernel does not narrow them to float32 at entry
+    (``name = tl.cast(name, tl.float32)``). A package launches them as float64 scalars, and
+    arithmetic with one runs in float64."""
+    import inspect
+    import re
+
+    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
+
+    seen, wide = set(), set()
+    for node in graph.graph.nodes:
+        if node.op != "call_function" or "triton_kernel_wrapper" not in str(node.target):
+            continue
+        kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+        while not hasattr(kernel, "params") and hasattr(kernel, "fn"):
+            kernel = kernel.fn
+        args = {**node.kwargs["kwargs"],
+                **kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])}
+        constexprs = {p.name for p in kernel.params if p.is_constexpr}
+        source = inspect.getsource(kernel.fn)
+        for name, value in args.items():
+            if isinstance(value, float) and name not in constexprs:
+                seen.add(f"{kernel.__name__}.{name}")
+                narrowed = rf"\b{name}\s*=\s*tl\.cast\(\s*{name}\s*,\s*tl\.float32\s*\)"
+                if not re.search(narrowed, source):
+                    wide.add(f"{kernel.__name__}.{name}")
+    return {"float_args": sorted(seen), "float64_compute": sorted(wide)}
 
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "select", "slice", "as_strided", "expand",
