@@ -28,8 +28,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -45,7 +43,7 @@ from benchmarks.session_load import SessionWorld
 from experiments.generated_kernels import (generated_origins, jit_specializations,
                                            kernel_launches, wrapper_context)
 from tests.torch_engine.engine_worlds import v2_prompts
-from torch_engine.aoti_loading import loader_environment
+from experiments.package_child import run_package_child
 from torch_engine.catalog import Catalog
 from torch_engine.config import engine_config_for, preset
 from torch_engine.engine import Engine
@@ -233,20 +231,15 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
     table = torch.arange(1, pages + 1, dtype=torch.int32)[None]
     position = torch.arange(width)
     slots = table[0, position // PAGE_TOKENS].long() * PAGE_TOKENS + position % PAGE_TOKENS
-    torch.save({"device": str(device), "dtype": next(engine.model.parameters()).dtype, "repeats": FLAGS.repeats,
-                "features": features, "table": table, "frozen": frozen,
-                "pool_shape": (cfg.num_layers, 2, pages + 1, PAGE_TOKENS, cfg.num_kv_heads,
-                               cfg.head_dim),
-                "miss_slots": torch.where(position < frozen, slots, 0)[None],
-                "hit_slots": torch.zeros((1, width - frozen), dtype=torch.int64)},
-               work / "inputs.pt")
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(work / "inputs.pt"),
-                           str(work / "out.json")], capture_output=True, text=True,
-                          env=loader_environment(), timeout=900,
-                          cwd=Path(__file__).resolve().parents[1])
-    if done.returncode != 0:
-        return {"compile_s": compile_s, "child_error": done.stderr[-3000:]}
-    result = json.loads((work / "out.json").read_text())
+    result = run_package_child(_CHILD, path, {
+        "device": str(device), "dtype": next(engine.model.parameters()).dtype,
+        "repeats": FLAGS.repeats, "features": features, "table": table, "frozen": frozen,
+        "pool_shape": (cfg.num_layers, 2, pages + 1, PAGE_TOKENS, cfg.num_kv_heads,
+                       cfg.head_dim),
+        "miss_slots": torch.where(position < frozen, slots, 0)[None],
+        "hit_slots": torch.zeros((1, width - frozen), dtype=torch.int64)}, work, timeout=900)
+    if "child_error" in result:
+        return {"compile_s": compile_s, **result}
     result["compile_s"] = compile_s
     result["layer_kernels"] = FLAGS.layer_kernels
     # Inductor's own kernels, and the engine's kernels as the package compiled them.

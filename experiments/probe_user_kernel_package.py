@@ -20,8 +20,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from unittest import mock
@@ -32,7 +30,7 @@ from absl import app, flags
 from benchmarks.engine_analysis import kernel_times, wall_ms
 from experiments.generated_kernels import generated_origins, jit_specializations, \
     kernel_launches
-from torch_engine.aoti_loading import loader_environment
+from experiments.package_child import run_package_child
 from torch_engine.kernels import layer_ops
 from xgr_export.inductor_first_pass import cuda_first_pass
 from xgr_export.inductor_int_arrays import int_arrays_keyed_by_buffer
@@ -118,18 +116,14 @@ def main(argv: list[str]) -> None:
         path = compile_block(block, (inputs[min(inputs)], w_gu, w_down), work)
     # The package's copy of the kernel: its launch configs and argument attributes.
     result["package_kernel"] = generated_origins(work / "inductor", ["_silu_mul_kernel"])
-    torch.save({"inputs": {r: x.cpu() for r, x in inputs.items()}, "w_gu": w_gu.cpu(),
-                "w_down": w_down.cpu(), "eager": eager_out, "repeats": FLAGS.repeats},
-               work / "inputs.pt")
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(work / "inputs.pt"),
-                           str(work / "out.json")], capture_output=True, text=True,
-                          env=loader_environment(), timeout=600,
-                          cwd=Path(__file__).resolve().parents[1])
-    if done.returncode != 0:
-        result["child_error"] = done.stderr[-3000:]
+    child = run_package_child(_CHILD, path, {
+        "inputs": {r: x.cpu() for r, x in inputs.items()}, "w_gu": w_gu.cpu(),
+        "w_down": w_down.cpu(), "eager": eager_out, "repeats": FLAGS.repeats},
+        work, timeout=600)
+    if "child_error" in child:
+        result["child_error"] = child["child_error"]
     else:
-        result["package"] = {int(k): v for k, v in
-                             json.loads((work / "out.json").read_text()).items()}
+        result["package"] = {int(k): v for k, v in child.items()}
     print(f"\n{'rows':>6}{'eager ms':>10}{'package ms':>12}{'silu eager us':>15}"
           f"{'silu package us':>17}")
     for rows in inputs:

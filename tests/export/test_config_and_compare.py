@@ -216,6 +216,15 @@ PRECISE_BETWEEN = _outputs([[5, 7, 8, 2]], [[-1.0, -2.05, -2.5, -4.0]], [4])
 BELOW = _outputs([[5, 7, 8, 2]], [[-1.0, -2.1, -2.5, -4.0]], [4])
 
 
+def _check_of(report):
+    """``report`` as ``xgr export --verify_requests`` summarises it (one request row)."""
+    from xgr_export.check import PipelineCheck
+    return PipelineCheck(report=report, device="cpu", reference="the Python pipeline",
+                         prompt_tokens_min=6, prompt_tokens_max=9,
+                         python_first_call_seconds=1.0, python_call_seconds=0.1,
+                         items_per_request=(4,))
+
+
 def test_a_16_bit_package_as_close_to_the_exact_answer_as_the_engine_passes(monkeypatch):
     assert compare(BELOW, BF16_WANT, dtype="bfloat16").mismatched_rows   # against each other
     _fresh(monkeypatch, BELOW)
@@ -225,11 +234,7 @@ def test_a_16_bit_package_as_close_to_the_exact_answer_as_the_engine_passes(monk
     assert report.saved_drift == pytest.approx(0.05, abs=1e-6)
     assert report.engine_drift == pytest.approx(0.05, abs=1e-6)
     assert "float32 search" in report.rule
-    from xgr_export.check import PipelineCheck
-    check = PipelineCheck(report=report, device="cpu", reference="the Python pipeline",
-                          prompt_tokens_min=6, prompt_tokens_max=9,
-                          python_first_call_seconds=1.0, python_call_seconds=0.1,
-                          items_per_request=(4,))
+    check = _check_of(report)
     assert "items as close to a float32 search as the in-process engine's" in check.summary()
     assert "with ties widened by the engine's error: 0" in check.summary()
 
@@ -300,13 +305,9 @@ def test_no_wider_reference_past_the_engines_widest_beam_or_for_requests_naming_
 
 
 def test_the_check_summary_names_the_wider_reference_it_consulted():
-    from xgr_export.check import PipelineCheck
     wider = _outputs([[5, 9, 7, 8]], [[-1.0, -2.005, -2.0, -2.5]], [4])
     report = compare(BF16_GOT, BF16_WANT, dtype="bfloat16", wider=wider, wider_beam=64)
-    check = PipelineCheck(report=report, device="cpu", reference="the Python pipeline",
-                          prompt_tokens_min=6, prompt_tokens_max=9,
-                          python_first_call_seconds=1.0, python_call_seconds=0.1,
-                          items_per_request=(4,))
+    check = _check_of(report)
     assert "items equal" in check.summary()
     assert "1 differing only inside score ties, a 64-beam reference consulted" in check.summary()
 
@@ -314,13 +315,9 @@ def test_the_check_summary_names_the_wider_reference_it_consulted():
 def test_the_check_summary_says_which_side_drifts_from_the_float32_search():
     from dataclasses import replace
 
-    from xgr_export.check import PipelineCheck
     report = replace(compare(BF16_GOT, BF16_WANT, dtype="bfloat16"), saved_drift=0.4,
                      engine_drift=0.05)
-    check = PipelineCheck(report=report, device="cpu", reference="the Python pipeline",
-                          prompt_tokens_min=6, prompt_tokens_max=9,
-                          python_first_call_seconds=1.0, python_call_seconds=0.1,
-                          items_per_request=(4,))
+    check = _check_of(report)
     assert "items DIFFERENT" in check.summary()
     assert ("against a float32 search of the same weights: SavedModel score error 4.00e-01, "
             "in-process engine 5.00e-02") in check.summary()
