@@ -162,13 +162,15 @@ def export_settings_from_flags(verify_requests: int) -> ExportSettings:
 
 def export_check_figures(report: dict) -> dict | None:
     """An ``xgr export --report_json`` report's check in figures: verdict, score error,
-    tolerance, and (a 16-bit check that failed) each side's drift from a float32 search;
-    None when the export verified nothing."""
+    tolerance, and (16-bit lists that broke the ranked-list rule) each side's drift from a
+    float32 search and the rows that break the precision rule against it; None when the
+    export verified nothing."""
     verify = report.get("verify")
     if not verify:
         return None
     return {name: verify.get(name) for name in
-            ("ok", "max_score_error", "score_atol", "saved_drift", "engine_drift")}
+            ("ok", "max_score_error", "score_atol", "saved_drift", "engine_drift",
+             "precise_rows_broken")}
 
 
 def return_intervals(users: np.ndarray, times: np.ndarray) -> dict:

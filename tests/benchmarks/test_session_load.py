@@ -170,9 +170,10 @@ def test_an_exports_check_is_kept_in_figures_with_each_sides_drift():
 
     failed = compare(outputs([5, 9, 8, 2], [-1.0, -2.01, -2.5, -4.0]),
                      outputs([5, 7, 8, 2], [-1.0, -2.0, -2.5, -4.0]), dtype="bfloat16")
-    report = {"verify": replace(failed, saved_drift=0.4, engine_drift=0.05).to_json()}
+    report = {"verify": replace(failed, saved_drift=0.4, engine_drift=0.05,
+                               precise_rows_broken=1).to_json()}
     figures = export_check_figures(report)
     assert figures == {"ok": False, "max_score_error": failed.max_score_error,
                        "score_atol": failed.score_atol, "saved_drift": 0.4,
-                       "engine_drift": 0.05}
+                       "engine_drift": 0.05, "precise_rows_broken": 1}
     assert export_check_figures({"saved_model": "m"}) is None     # verified nothing
