@@ -80,7 +80,8 @@ def main() -> None:
     table, slots, pool = contract.inputs[runtime + 1], contract.inputs[runtime + 2], \
         contract.inputs[runtime + 3]
     graph, signature = functional_graph(program, absent=(runtime,))
-    kernels = {launch["kernel"] for launch in launches_in(graph)}
+    launches = launches_in(graph)
+    kernels = {launch["kernel"] for launch in launches}
     print(json.dumps({"kernels": sorted(kernels),
                       "symbolic": {"suffix": isinstance(slots.dims[1], str),
                                    "pages": isinstance(table.dims[1], str),
@@ -92,37 +93,18 @@ def main() -> None:
                       "copies_into_new_buffers": copies_into_new_buffers(graph),
                       "concatenations": sum(str(n.target) == "aten.cat.default"
                                             for n in graph.graph.nodes),
-                      **float_arguments(graph)}))
+                      **float_arguments(launches)}))
 
 
-def float_arguments(graph) -> dict:
-    """``float_args``: each launch's float scalar arguments as ``kernel.argument``;
-    ``float64_compute``: those whose kernel does not narrow them to float32 at entry
-    (``name = tl.cast(name, tl.float32)``). A package launches them as float64 scalars, and
-    arithmetic with one runs in float64."""
-    import inspect
-    import re
-
-    from torch._higher_order_ops.triton_kernel_wrap import kernel_side_table
-
-    seen, wide = set(), set()
-    for node in graph.graph.nodes:
-        if node.op != "call_function" or "triton_kernel_wrapper" not in str(node.target):
-            continue
-        kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
-        while not hasattr(kernel, "params") and hasattr(kernel, "fn"):
-            kernel = kernel.fn
-        args = {**node.kwargs["kwargs"],
-                **kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])}
-        constexprs = {p.name for p in kernel.params if p.is_constexpr}
-        source = inspect.getsource(kernel.fn)
-        for name, value in args.items():
-            if isinstance(value, float) and name not in constexprs:
-                seen.add(f"{kernel.__name__}.{name}")
-                narrowed = rf"\b{name}\s*=\s*tl\.cast\(\s*{name}\s*,\s*tl\.float32\s*\)"
-                if not re.search(narrowed, source):
-                    wide.add(f"{kernel.__name__}.{name}")
-    return {"float_args": sorted(seen), "float64_compute": sorted(wide)}
+def float_arguments(launches: list[dict]) -> dict:
+    """``float_args``: the float scalar arguments of ``launches`` (``launches_in``) as
+    ``kernel.argument``; ``float64_compute``: those whose kernel does not narrow them to
+    float32 at entry. A package launches them as float64 scalars, and arithmetic with one
+    runs in float64."""
+    named = {(f"{launch['kernel']}.{name}", name in launch["float32_at_entry"])
+             for launch in launches for name in launch["floats"]}
+    return {"float_args": sorted(arg for arg, _ in named),
+            "float64_compute": sorted(arg for arg, narrowed in named if not narrowed)}
 
 
 _VIEWS = {"view", "_unsafe_view", "reshape", "select", "slice", "as_strided", "expand",

@@ -100,8 +100,9 @@ def functional_graph(program, absent: tuple[int, ...] = ()):
 
 
 def launches(program, absent: tuple[int, ...] = ()) -> list[dict]:
-    """(kernel name, its int and bool arguments) of every Triton launch in ``program``'s
-    ops (``functional_graph``)."""
+    """(kernel name, its int and bool arguments, its float arguments and those of them it
+    narrows to float32 at entry) of every Triton launch in ``program``'s ops
+    (``functional_graph``)."""
     return launches_in(functional_graph(program, absent)[0])
 
 
@@ -114,12 +115,30 @@ def launches_in(graph) -> list[dict]:
         if node.op != "call_function" or "triton_kernel_wrapper" not in str(node.target):
             continue
         kernel = kernel_side_table.get_kernel(node.kwargs["kernel_idx"])
+        while not hasattr(kernel, "params") and hasattr(kernel, "fn"):
+            kernel = kernel.fn       # the @jit function under autotuners and heuristics
         args = {**node.kwargs["kwargs"],
                 **kernel_side_table.get_constant_args(node.kwargs["constant_args_idx"])}
-        found.append({"kernel": getattr(getattr(kernel, "fn", kernel), "__name__", "?"),
+        constexprs = {p.name for p in getattr(kernel, "params", ()) if p.is_constexpr}
+        floats = sorted(name for name, value in args.items()
+                        if isinstance(value, float) and name not in constexprs)
+        found.append({"kernel": getattr(kernel, "__name__", "?"),
                       "ints": {name: value for name, value in args.items()
-                               if isinstance(value, (int, bool))}})
+                               if isinstance(value, (int, bool))},
+                      "floats": floats,
+                      "float32_at_entry": [name for name in floats
+                                           if _narrowed_at_entry(kernel, name)]})
     return found
+
+
+def _narrowed_at_entry(kernel, name: str) -> bool:
+    """Whether ``kernel``'s source narrows argument ``name`` (``name = tl.cast(name,
+    tl.float32)``): a package launches a Python float as a float64 scalar."""
+    import inspect
+    import re
+
+    pattern = rf"\b{name}\s*=\s*tl\.cast\(\s*{name}\s*,\s*tl\.float32\s*\)"
+    return re.search(pattern, inspect.getsource(kernel.fn)) is not None
 
 
 if __name__ == "__main__":
