@@ -125,6 +125,7 @@ def first_break(got_ids: np.ndarray, got_scores: np.ndarray, want_ids: np.ndarra
             continue
         seen.add(item)
         got = float(got_scores[k])
+        # The list's own order: one tie, never widened (it compares the list with itself).
         if k and not (got <= got_scores[k - 1] or scores_tied(got, float(got_scores[k - 1]),
                                                               dtype)):
             breaks.append(k)            # out of order
