@@ -27,6 +27,7 @@ from unittest import mock
 import torch
 from absl import app, flags
 
+from benchmarks import results_file as rf
 from benchmarks.engine_analysis import kernel_times, wall_ms
 from experiments.generated_kernels import generated_origins, jit_specializations, \
     kernel_launches
@@ -143,10 +144,9 @@ def main(argv: list[str]) -> None:
     if "child_error" in result:
         print("package child failed:\n" + result["child_error"])
     if FLAGS.out:
-        Path(FLAGS.out).mkdir(parents=True, exist_ok=True)
-        target = Path(FLAGS.out) / "user_kernel_package.json"
-        target.write_text(json.dumps(result, indent=1, default=str))
-        print(f"wrote {target}")
+        # Stamped with the commit, machine and versions, as a benchmark's result is.
+        print("wrote", rf.write_json(Path(FLAGS.out) / "user_kernel_package.json", result,
+                                     default=str))
 
 
 if __name__ == "__main__":
