@@ -238,9 +238,9 @@ def package_rows(engine, spec, features, frozen, device, work: Path) -> dict:
                        cfg.head_dim),
         "miss_slots": torch.where(position < frozen, slots, 0)[None],
         "hit_slots": torch.zeros((1, width - frozen), dtype=torch.int64)}, work, timeout=900)
-    if "child_error" in result:
-        return {"compile_s": compile_s, **result}
     result["compile_s"] = compile_s
+    if "child_error" in result:
+        return result
     result["layer_kernels"] = FLAGS.layer_kernels
     # Inductor's own kernels, and the engine's kernels as the package compiled them.
     own = [name for name in result.get("hit_kernels_us", {})
