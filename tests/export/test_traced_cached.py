@@ -9,7 +9,12 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.child_env import ROOT, child_env
+
+# Each test traces the whole CUDA export in a child: a subprocess build, so not in test-quick.
+pytestmark = pytest.mark.heavy
 
 
 def _trace(*args: str) -> dict:

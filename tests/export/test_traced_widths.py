@@ -14,6 +14,9 @@ import pytest
 
 from tests.child_env import ROOT, child_env
 
+# Each case traces the whole CUDA export in a child: a subprocess build, so not in test-quick.
+pytestmark = pytest.mark.heavy
+
 
 @pytest.mark.parametrize("widths", [(16, 24, 32), (8, 16)])
 def test_the_triton_search_traces_a_dynamic_width(widths):
