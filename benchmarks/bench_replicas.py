@@ -133,6 +133,7 @@ def run_count(count: int, saved: Path, work: Path, requests: list[dict],
                             arrivals[per_replica], rate, load,
                             reference if reference else None, dtype)
             answers = row.pop("answers")
+            del row["broken"]                 # counted in `wrong`; replicas settle nothing
             for user, answer in answers.items():
                 reference.setdefault(user, answer)
             if FLAGS.prompt_cache:

@@ -521,7 +521,8 @@ def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarr
               rate: float, load: LoadSettings, reference: dict[int, np.ndarray] | None,
               dtype: str) -> dict:
     """Poisson arrivals of ``users`` at ``rate`` for ``load.seconds``; latency of each answer
-    and whether its items equal ``reference``'s for that user (None: nothing compared)."""
+    and whether its items equal ``reference``'s for that user (None: nothing compared);
+    ``broken``: (user, answer) of each answer that breaks the rule against it."""
     shares = [users[i::load.processes].tolist() for i in range(load.processes)]
     seeds = [int(rate * 1000) + i for i in range(load.processes)]
     own = [{user: requests[user] for user in set(share)} for share in shares]
@@ -545,10 +546,10 @@ def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarr
     # Answers for a user the reference run also answered: `differing` where any item differs,
     # `wrong` where the list breaks the tolerance table's rule (at 16 bits the two programs
     # round apart, so items tied within the rounding may swap; at float32, any difference).
-    compared = [(answer, reference[user]) for user, _, _, answer in ok
+    compared = [(user, answer, reference[user]) for user, _, _, answer in ok
                 if reference is not None and user in reference]
-    differing = sum(1 for got, want in compared if not np.array_equal(got.items, want.items))
-    wrong = sum(1 for got, want in compared if got.breaks(want, dtype))
+    differing = sum(1 for _, got, want in compared if not np.array_equal(got.items, want.items))
+    broken = [(user, got) for user, got, want in compared if got.breaks(want, dtype)]
     statuses: dict[str, int] = {}
     first_errors: dict[str, str] = {}     # per failing status, one message the server sent
     for r in records:
@@ -558,7 +559,7 @@ def open_loop(grpc_port: int, keyed: bool, requests: list[dict], users: np.ndarr
     return {"rate": rate, "sent": len(records), "answered": len(ok),
             "failed": len(records) - len(ok), "statuses": statuses,
             "first_errors": first_errors, "differing": differing,
-            "wrong": wrong,
+            "wrong": len(broken), "broken": broken,
             "throughput": len(ok) / max(elapsed, 1e-9),
             "p50_ms": float(np.percentile(seconds, 50) * 1e3) if len(seconds) else None,
             "p99_ms": float(np.percentile(seconds, 99) * 1e3) if len(seconds) else None,

@@ -139,13 +139,20 @@ def _float32_reference(graph, engine, config: PipelineConfig, features: dict, be
         return None
 
     def run() -> dict:    # a second copy of the weights, held only for this call
-        try:
-            precise = Engine(copy.deepcopy(engine.model), engine.catalog,
-                             replace(engine.config, dtype="float32", cuda_graphs=False))
-        except torch.OutOfMemoryError as e:   # the search itself reports its own
-            raise CapacityError(f"no memory for a float32 copy of the model: {e}") from e
-        return _in_process(graph, precise, beam_width, top_k, config, prefill_mask)(features)
+        return _in_process(graph, float32_copy(engine), beam_width, top_k, config,
+                           prefill_mask)(features)
     return run
+
+
+def float32_copy(engine: Engine) -> Engine:
+    """``engine`` with a float32 copy of its weights over the same catalog (no CUDA graphs):
+    the search without 16-bit rounding that ``PRECISION_RULE`` compares with. Raises
+    ``CapacityError`` where the copy does not fit the device."""
+    try:
+        return Engine(copy.deepcopy(engine.model), engine.catalog,
+                      replace(engine.config, dtype="float32", cuda_graphs=False))
+    except torch.OutOfMemoryError as e:   # the search itself reports its own
+        raise CapacityError(f"no memory for a float32 copy of the model: {e}") from e
 
 
 def check_against_python(saved_model, graph, engine, config: PipelineConfig, features: dict,

@@ -1,0 +1,106 @@
+"""Settles served answers that break the ranked-list rule against each other.
+
+Two 16-bit programs (the plain and the cached SavedModel) each round apart from the exact
+answer, so correct programs can differ by the sum of their errors, past one tie
+(``xgr_common.tolerances``). Where a served answer breaks ``RANKED_LIST_RULE`` against the
+other server's, ``PRECISION_RULE`` decides: a float32 search of the same weights and request
+in this process, each tie widened by the in-process 16-bit engine's own largest score error
+against it. The other server's answers for the same users are checked the same way, so a
+reader sees whether one side drifts or both do.
+
+Runs after the servers stop (the float32 copy of the weights needs the memory they held).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+
+@dataclass(frozen=True)
+class PrecisionSettings:
+    """The search both servers ran: the team files' checkpoint on ``device`` in ``dtype``
+    (a 16-bit one: at 32 bits answers compare exactly and nothing needs settling), with
+    ``beam_width`` beams and lists of ``top_k`` items."""
+
+    device: str
+    dtype: str
+    beam_width: int
+    top_k: int
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One user's request through the in-process pipeline: the 16-bit engine's list and the
+    float32 search's (each a pipeline output with one row)."""
+
+    engine: dict
+    precise: dict
+
+
+def in_process_references(files: dict, settings: PrecisionSettings, requests: list[dict],
+                          users: list[int]) -> dict[int, Reference]:
+    """Each of ``users``' request (``requests[user]``, the features the servers got) through
+    the in-process pipeline of the team ``files``, uncached: the engine in ``settings.dtype``
+    and its float32 copy. Raises ``CapacityError`` where the copy does not fit."""
+    from xgr_export.check import float32_copy
+    from xgr_export.config import EngineExportConfig, ExportConfig
+    from xgr_export.export import (build_engine, pipeline_config_for, resolve_attention,
+                                   resolve_selection, team_sources)
+    from bridge.pipeline import RecommendPipeline
+
+    config = ExportConfig(out=str(Path(files["model"]).parent / "precision"),
+                          model=str(files["model"]), catalog=str(files["catalog"]),
+                          feature_graph=str(files["feature_graph"]),
+                          engine=EngineExportConfig(settings.beam_width, settings.top_k,
+                                                    max_batch=1, device=settings.device),
+                          top_n=settings.top_k, dtype=settings.dtype)
+    sources = team_sources(config)
+    engine = build_engine(config, sources, resolve_attention("auto", settings.device),
+                          resolve_selection(settings.device))
+    lists = pipeline_config_for(config, sources.spec, prompt_cache=False)
+
+    def pipeline(of):
+        return RecommendPipeline.for_engine(sources.graph, of, settings.beam_width,
+                                            settings.top_k, lists,
+                                            prefill_mask=sources.prefill_mask)
+
+    sixteen, precise = pipeline(engine), pipeline(float32_copy(engine))
+    references = {}
+    for user in tqdm(users, desc="float32 searches", unit="user"):
+        references[user] = Reference(_ranked(sixteen(requests[user])),
+                                     _ranked(precise(requests[user])))
+    return references
+
+
+def _ranked(outputs: dict) -> dict[str, np.ndarray]:
+    return {name: np.asarray(outputs[name].numpy() if hasattr(outputs[name], "numpy")
+                             else outputs[name]) for name in ("item_ids", "scores")}
+
+
+def precision_verdict(broken: list[tuple[int, object]], others: dict[int, object],
+                      references: dict[int, Reference], dtype: str) -> dict:
+    """How many of the ``broken`` answers ((user, answer with ``items`` and ``scores``), one
+    server's answers that broke the ranked-list rule against the other's) and of the other
+    server's answers for the same users (``others``: user -> answer) break ``PRECISION_RULE``
+    against ``references`` (``in_process_references`` of those users)."""
+    from xgr_export.verify import first_break, item_score_error
+
+    users = sorted({user for user, _ in broken})
+    drift = max((item_score_error(references[u].engine, references[u].precise, None)
+                 for u in users), default=0.0)
+
+    def breaks(user: int, answer) -> bool:
+        want = references[user].precise
+        return first_break(np.asarray(answer.items), np.asarray(answer.scores),
+                           want["item_ids"][0], want["scores"][0], dtype,
+                           slack=drift) is not None
+
+    return {"users": len(users), "answers": len(broken), "engine_drift": drift,
+            "answers_broken": sum(breaks(user, answer) for user, answer in broken),
+            "others_checked": sum(user in others for user in users),
+            "others_broken": sum(breaks(user, others[user]) for user in users
+                                 if user in others)}

@@ -1,0 +1,63 @@
+"""The float32 search that settles served answers breaking the ranked-list rule: the
+in-process 16-bit engine's own list passes ``PRECISION_RULE`` against the float32 search of
+the same weights and request, a list whose scores are off by more than a widened tie does
+not, and each side is counted apart."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.served_precision import (PrecisionSettings, in_process_references,
+                                         precision_verdict)
+from benchmarks.session_load import Answer, SessionWorld
+from benchmarks.team_files import write_team_files
+
+USERS = [0, 2]
+
+
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    world = SessionWorld(preset="tiny", items=400, paths=120, long_items=6, recent_items=3,
+                         population=3, zipf=1.0)
+    rng = np.random.default_rng(0)
+    ids, codes = world.catalog(rng)
+    files = write_team_files(tmp_path_factory.mktemp("team"), "tiny", world.prompt_spec(),
+                             ids, codes)
+    requests = world.user_requests(ids, rng)
+    return in_process_references(files, PrecisionSettings("cpu", "bfloat16", 16, 12),
+                                 requests, USERS)
+
+
+def _answer(outputs: dict, shift: float = 0.0) -> Answer:
+    return Answer(outputs["item_ids"][0].copy(), outputs["scores"][0] + np.float32(shift))
+
+
+def test_each_user_gets_the_engines_list_and_the_float32_list(references):
+    assert sorted(references) == USERS
+    for reference in references.values():
+        for outputs in (reference.engine, reference.precise):
+            assert outputs["item_ids"].shape == outputs["scores"].shape == (1, 12)
+            assert (outputs["item_ids"] >= 0).all()
+            assert np.all(np.diff(outputs["scores"][0]) <= 0)      # ranked
+        assert reference.precise["scores"].dtype == np.float32
+
+
+def test_the_engines_own_lists_pass_and_a_shifted_list_breaks(references):
+    own = {user: _answer(references[user].engine) for user in USERS}
+    verdict = precision_verdict([(user, own[user]) for user in USERS], own, references,
+                                "bfloat16")
+    assert verdict["users"] == verdict["answers"] == verdict["others_checked"] == 2
+    assert verdict["answers_broken"] == verdict["others_broken"] == 0
+    assert 0.0 <= verdict["engine_drift"] < 0.5
+    # Every score a whole unit off: past any tie, even widened by the engine's error.
+    shifted = [(USERS[0], _answer(references[USERS[0]].engine, shift=1.0)),
+               (USERS[0], own[USERS[0]])]
+    verdict = precision_verdict(shifted, own, references, "bfloat16")
+    assert (verdict["users"], verdict["answers"]) == (1, 2)
+    assert verdict["answers_broken"] == 1 and verdict["others_broken"] == 0
+    # The other side is judged by the same rule: a shifted plain answer breaks there.
+    verdict = precision_verdict([(USERS[1], own[USERS[1]])],
+                                {USERS[1]: _answer(references[USERS[1]].engine, shift=-1.0)},
+                                references, "bfloat16")
+    assert verdict["answers_broken"] == 0 and verdict["others_broken"] == 1
