@@ -9,8 +9,10 @@ served another user's entry."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,7 @@ from xgr_common.tolerances import tolerance_for
 from xgr_export import cached_package
 from xgr_export.cached_package import PAGE_TOKENS, export_cached_engine
 from xgr_export.config import EngineExportConfig
+from xgr_export.torch_package import SIGNATURE_KEY
 
 HERE = Path(__file__).resolve().parent
 BEAMS, TOP_K = 8, 6
@@ -291,15 +294,29 @@ def test_a_pool_past_the_package_bound_is_refused_naming_its_flag(cached, tmp_pa
         assert f"at most {cached_package.MAX_POOL_PAGES} pages" in outcome[1], outcome
 
 
-def test_a_package_without_a_pool_bound_takes_no_pool_past_32_bit_indexing(
-        cached, tmp_path, monkeypatch):
+def _without_the_pool_bound(package: Path, out: Path) -> Path:
+    """A copy of ``package`` whose calling contract leaves the pool's pages unbounded, as a
+    package exported before the bound existed states it (``torch.export``'s largest int for
+    a dimension without an upper bound); the runtime reads only the contract."""
+    unbounded = f"\\1 {(1 << 63) - 2}"
+    with zipfile.ZipFile(package) as source, zipfile.ZipFile(out, "w") as copy:
+        for info in source.infolist():
+            data = source.read(info)
+            if info.filename.endswith("_metadata.json"):
+                metadata = json.loads(data)
+                signature, count = re.subn(rf"^(dim \S+ \d+) {cached_package.MAX_POOL_PAGES}$",
+                                           unbounded, metadata[SIGNATURE_KEY], flags=re.M)
+                assert count == 1, metadata[SIGNATURE_KEY]
+                data = json.dumps({**metadata, SIGNATURE_KEY: signature}).encode()
+            copy.writestr(info, data)
+    return out
+
+
+def test_a_package_without_a_pool_bound_takes_no_pool_past_32_bit_indexing(cached, tmp_path):
     """A package exported before the pool's pages had an upper bound indexes the pool in 32
     bits: a pool past 2**31 elements is refused by name (it would be written out of bounds),
     one under it serves."""
-    _, engine, spec, _, _ = cached
-    monkeypatch.setattr(cached_package, "MAX_POOL_PAGES", None)
-    old = tmp_path / "unbounded.pt2"
-    export_cached_engine(engine, spec, old, EngineExportConfig(BEAMS, TOP_K, max_batch=8))
+    old = _without_the_pool_bound(cached[0], tmp_path / "unbounded.pt2")
     calls = Calls(cached)
     calls.add([(0, 3, 2)], ["user0"], refused=True)
     refused = calls.run(old, tmp_path, 16 << 30)     # 2**32 fp32 elements
