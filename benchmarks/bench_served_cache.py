@@ -50,14 +50,13 @@ from absl import app, flags
 from benchmarks import results_file as rf
 from benchmarks.serve_process import ROOT
 from benchmarks import session_load
-from benchmarks.session_load import (ExportSettings, LoadSettings, Server, ServerNotServing,
+from benchmarks.session_load import (LoadSettings, Server, ServerNotServing,
                                      best_rate, cache_counters, define_load_flags,
                                      define_world_flags, export, export_check_figures,
                                      export_settings_from_flags, graph_counters, open_loop,
                                      return_intervals, sweep,
                                      timing_counters, window_means, world_from_flags)
-from benchmarks.served_precision import (PrecisionSettings, in_process_references,
-                                         precision_verdict)
+from benchmarks.served_precision import settle
 from benchmarks.team_files import write_team_files
 
 FLAGS = flags.FLAGS
@@ -193,35 +192,6 @@ def start_server_of(saved: Path, work: Path, name: str, keyed: bool, pool_gb: fl
             pool_gb /= 2
 
 
-def settle(files: dict, settings: ExportSettings, dtype: str, requests: list[dict], broken: list,
-           reference: dict) -> dict | None:
-    """``PRECISION_RULE`` for the cached answers in ``broken`` (and the plain server's
-    ``reference`` answers for the same users), printed; None where nothing needs it (no
-    answer broke the rule, or a 32-bit search, whose answers compare exactly)."""
-    from xgr_common.errors import CapacityError
-    from xgr_common.tolerances import TIE_DTYPES
-
-    if dtype not in TIE_DTYPES or not broken or not FLAGS.settle:
-        return None
-    users = sorted({user for user, _ in broken})
-    print(f"settling {len(broken)} answers of {len(users)} users with a float32 search ...",
-          flush=True)
-    try:
-        references = in_process_references(
-            files, PrecisionSettings(settings.device, dtype, settings.beam_width,
-                                     settings.top_k), requests, users)
-    except CapacityError as error:      # recorded: the count above stands unsettled
-        print(f"not settled: {error}", flush=True)
-        return {"not_settled": str(error)}
-    verdict = precision_verdict(broken, reference, references, dtype)
-    print(f"against a float32 search (ties widened by the in-process engine's own error, "
-          f"{verdict['engine_drift']:.3f}): {verdict['answers_broken']} of the "
-          f"{verdict['answers']} cached answers break the rule; the plain server's answers "
-          f"for the same users: {verdict['others_broken']} of {verdict['others_checked']}",
-          flush=True)
-    return verdict
-
-
 def main(argv: list[str]) -> None:
     del argv
     import torch_engine.model  # noqa: F401  (torch before TensorFlow on the GPU host)
@@ -286,7 +256,7 @@ def main(argv: list[str]) -> None:
     differing = sum(row["differing"] for row in results["cached"])
     print(f"answers of the cached server against the plain server's: {differing} differing "
           f"in some item, {wrong} breaking the ranked-list rule (one tie between them)")
-    precision = settle(files, settings, dtype, requests, broken, reference)
+    precision = settle(files, settings, dtype, requests, broken, reference, FLAGS.settle)
     path = rf.write_result(FLAGS.out_dir, "served_cache", {
         "date": rf.utc_now(), "preset": FLAGS.preset, "device": FLAGS.device, "dtype": dtype,
         "items": FLAGS.items, "prompt_tokens": spec.max_prompt_tokens,

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
+from benchmarks.session_load import ExportSettings
+
 
 @dataclass(frozen=True)
 class PrecisionSettings:
@@ -104,3 +106,35 @@ def precision_verdict(broken: list[tuple[int, object]], others: dict[int, object
             "others_checked": sum(user in others for user in users),
             "others_broken": sum(breaks(user, others[user]) for user in users
                                  if user in others)}
+
+
+def settle(files: dict, settings: ExportSettings, dtype: str, requests: list[dict],
+           broken: list, reference: dict, enabled: bool = True) -> dict | None:
+    """``PRECISION_RULE`` for the cached answers in ``broken`` (and the plain server's
+    ``reference`` answers for the same users), printed; None where nothing needs it (no
+    answer broke the rule, a 32-bit search, whose answers compare exactly, or not
+    ``enabled``). A settling that fails (no memory for the float32 copy, say) is recorded as
+    ``not_settled``, never raised: the benchmark writes its sweep's result all the same."""
+    from xgr_common.errors import CapacityError
+    from xgr_common.tolerances import TIE_DTYPES
+
+    if dtype not in TIE_DTYPES or not broken or not enabled:
+        return None
+    users = sorted({user for user, _ in broken})
+    print(f"settling {len(broken)} answers of {len(users)} users with a float32 search ...",
+          flush=True)
+    try:
+        references = in_process_references(
+            files, PrecisionSettings(settings.device, dtype, settings.beam_width,
+                                     settings.top_k), requests, users)
+        verdict = precision_verdict(broken, reference, references, dtype)
+    except Exception as error:  # noqa: BLE001  (the sweep's result is written all the same)
+        kind = "no memory" if isinstance(error, CapacityError) else type(error).__name__
+        print(f"not settled ({kind}): {error}", flush=True)
+        return {"not_settled": f"{kind}: {error}"}
+    print(f"against a float32 search (ties widened by the in-process engine's own error, "
+          f"{verdict['engine_drift']:.3f}): {verdict['answers_broken']} of the "
+          f"{verdict['answers']} cached answers break the rule; the plain server's answers "
+          f"for the same users: {verdict['others_broken']} of {verdict['others_checked']}",
+          flush=True)
+    return verdict

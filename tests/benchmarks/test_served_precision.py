@@ -8,9 +8,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from benchmarks import served_precision
 from benchmarks.served_precision import (PrecisionSettings, in_process_references,
-                                         precision_verdict)
-from benchmarks.session_load import Answer, SessionWorld
+                                         precision_verdict, settle)
+from benchmarks.session_load import Answer, ExportSettings, SessionWorld
+from xgr_common.errors import CapacityError
 from benchmarks.team_files import write_team_files
 
 USERS = [0, 2]
@@ -61,3 +63,20 @@ def test_the_engines_own_lists_pass_and_a_shifted_list_breaks(references):
                                 {USERS[1]: _answer(references[USERS[1]].engine, shift=-1.0)},
                                 references, "bfloat16")
     assert verdict["answers_broken"] == 0 and verdict["others_broken"] == 1
+
+
+def test_settling_runs_only_where_needed_and_a_failure_is_recorded(monkeypatch):
+    """Nothing to settle at 32 bits, without a broken answer or when turned off; a settling
+    that fails is recorded by its cause instead of raised, so the sweep's result is kept."""
+    def no_memory(*args, **kwargs):
+        raise CapacityError("no memory for a float32 copy of the model: 80 GiB in use")
+
+    monkeypatch.setattr(served_precision, "in_process_references", no_memory)
+    answer = Answer(np.array([7, 8]), np.array([-1.0, -2.0], np.float32))
+    settings = ExportSettings("cpu", 16, 12, 1, 0)
+    assert settle({}, settings, "float32", [], [(0, answer)], {0: answer}) is None
+    assert settle({}, settings, "bfloat16", [], [], {0: answer}) is None
+    assert settle({}, settings, "bfloat16", [], [(0, answer)], {0: answer}, False) is None
+    got = settle({}, settings, "bfloat16", [], [(0, answer)], {0: answer})
+    assert got == {"not_settled": "no memory: no memory for a float32 copy of the model: "
+                                  "80 GiB in use"}
