@@ -13,25 +13,13 @@ Runs after the servers stop (the float32 copy of the weights needs the memory th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from tqdm import tqdm
 
 from benchmarks.session_load import ExportSettings
-
-
-@dataclass(frozen=True)
-class PrecisionSettings:
-    """The search both servers ran: the team files' checkpoint on ``device`` in ``dtype``
-    (a 16-bit one: at 32 bits answers compare exactly and nothing needs settling), with
-    ``beam_width`` beams and lists of ``top_k`` items."""
-
-    device: str
-    dtype: str
-    beam_width: int
-    top_k: int
 
 
 @dataclass(frozen=True)
@@ -43,22 +31,24 @@ class Reference:
     precise: dict
 
 
-def in_process_references(files: dict, settings: PrecisionSettings, requests: list[dict],
+def in_process_references(files: dict, settings: ExportSettings, requests: list[dict],
                           users: list[int]) -> dict[int, Reference]:
     """Each of ``users``' request (``requests[user]``, the features the servers got) through
-    the in-process pipeline of the team ``files``, uncached: the engine in ``settings.dtype``
-    and its float32 copy. Raises ``CapacityError`` where the copy does not fit."""
+    the in-process pipeline of the team ``files``, uncached: the engine the exports were
+    made with (``settings``; its ``dtype`` the one they resolved) and its float32 copy.
+    Raises ``CapacityError`` where the copy does not fit."""
     from xgr_export.check import float32_copy
     from xgr_export.config import EngineExportConfig, ExportConfig
     from xgr_export.export import (build_engine, pipeline_config_for, resolve_attention,
                                    resolve_selection, team_sources)
+    from xgr_export.verify import ranked_lists
     from bridge.pipeline import RecommendPipeline
 
     config = ExportConfig(out=str(Path(files["model"]).parent / "precision"),
                           model=str(files["model"]), catalog=str(files["catalog"]),
                           feature_graph=str(files["feature_graph"]),
                           engine=EngineExportConfig(settings.beam_width, settings.top_k,
-                                                    max_batch=1, device=settings.device),
+                                                    settings.max_batch, settings.device),
                           top_n=settings.top_k, dtype=settings.dtype)
     sources = team_sources(config)
     engine = build_engine(config, sources, resolve_attention("auto", settings.device),
@@ -73,14 +63,9 @@ def in_process_references(files: dict, settings: PrecisionSettings, requests: li
     sixteen, precise = pipeline(engine), pipeline(float32_copy(engine))
     references = {}
     for user in tqdm(users, desc="float32 searches", unit="user"):
-        references[user] = Reference(_ranked(sixteen(requests[user])),
-                                     _ranked(precise(requests[user])))
+        references[user] = Reference(ranked_lists(sixteen(requests[user])),
+                                     ranked_lists(precise(requests[user])))
     return references
-
-
-def _ranked(outputs: dict) -> dict[str, np.ndarray]:
-    return {name: np.asarray(outputs[name].numpy() if hasattr(outputs[name], "numpy")
-                             else outputs[name]) for name in ("item_ids", "scores")}
 
 
 def precision_verdict(broken: list[tuple[int, object]], others: dict[int, object],
@@ -124,9 +109,8 @@ def settle(files: dict, settings: ExportSettings, dtype: str, requests: list[dic
     print(f"settling {len(broken)} answers of {len(users)} users with a float32 search ...",
           flush=True)
     try:
-        references = in_process_references(
-            files, PrecisionSettings(settings.device, dtype, settings.beam_width,
-                                     settings.top_k), requests, users)
+        references = in_process_references(files, replace(settings, dtype=dtype), requests,
+                                           users)
         verdict = precision_verdict(broken, reference, references, dtype)
     except Exception as error:  # noqa: BLE001  (the sweep's result is written all the same)
         kind = "no memory" if isinstance(error, CapacityError) else type(error).__name__

@@ -174,7 +174,9 @@ def item_score_error(got: dict, want: dict, wide_rows: list[dict] | None) -> flo
     return error
 
 
-def _ranked(outputs: dict) -> dict[str, np.ndarray]:
+def ranked_lists(outputs: dict) -> dict[str, np.ndarray]:
+    """The ranked part of a pipeline's ``outputs`` (``item_ids``, ``scores``, ``num_items``)
+    as NumPy arrays, whether TF tensors, torch tensors or arrays came in."""
     return {name: np.asarray(v.numpy() if hasattr(v, "numpy") else v)
             for name, v in outputs.items() if name in ("item_ids", "scores", "num_items")}
 
@@ -183,7 +185,7 @@ def _row_lists(outputs: dict | None) -> list[dict[int, float]] | None:
     """Each row's items and scores of a pipeline's ``outputs`` (None stays None)."""
     if outputs is None:
         return None
-    ranked = _ranked(outputs)
+    ranked = ranked_lists(outputs)
     return [{int(i): float(s) for i, s in zip(ids, scores) if i >= 0}
             for ids, scores in zip(ranked["item_ids"], ranked["scores"])]
 
@@ -195,7 +197,7 @@ def compare(got: dict[str, np.ndarray], reference: dict, modules=(),
     engine in ``dtype``); ``wider``: the same pipeline's outputs at ``wider_beam`` beams,
     evidence for 16-bit items the reference's beam dropped (``RANKED_LIST_RULE``)."""
     dtype = dtype_name(dtype)
-    want = _ranked(reference)
+    want = ranked_lists(reference)
     wide_rows = _row_lists(wider)
     require(got["item_ids"].shape == want["item_ids"].shape, ExportError,
             f"item_ids shapes differ: SavedModel {got['item_ids'].shape}, reference "
@@ -238,18 +240,18 @@ def drift(precise: dict, calls: list[dict], reference: dict) -> tuple[float, flo
     """(the SavedModel's ``calls``, the in-process ``reference``) largest score error against
     ``precise`` (the same search at a higher precision), item by item over the items both
     returned, as ``item_score_error`` reads them."""
-    return (max(item_score_error(_ranked(c), precise, None) for c in calls),
-            item_score_error(_ranked(reference), precise, None))
+    return (max(item_score_error(ranked_lists(c), precise, None) for c in calls),
+            item_score_error(ranked_lists(reference), precise, None))
 
 
 def precise_breaks(calls: list[dict], precise: dict, dtype: object, engine_drift: float) -> int:
     """How many rows of the SavedModel's ``calls`` break ``PRECISION_RULE`` against
     ``precise`` (a float32 search of the same requests), each tie widened by
     ``engine_drift`` (the in-process engine's own largest error against it)."""
-    want = _ranked(precise)
+    want = ranked_lists(precise)
     return sum(first_break(ids, scores, want["item_ids"][row], want["scores"][row],
                            dtype_name(dtype), slack=engine_drift) is not None
-               for got in map(_ranked, calls)
+               for got in map(ranked_lists, calls)
                for row, (ids, scores) in enumerate(zip(got["item_ids"], got["scores"])))
 
 

@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks import served_precision
-from benchmarks.served_precision import (PrecisionSettings, in_process_references,
-                                         precision_verdict, settle)
+from benchmarks.served_precision import in_process_references, precision_verdict, settle
 from benchmarks.session_load import Answer, ExportSettings, SessionWorld
 from xgr_common.errors import CapacityError
 from benchmarks.team_files import write_team_files
@@ -27,7 +26,7 @@ def references(tmp_path_factory):
     files = write_team_files(tmp_path_factory.mktemp("team"), "tiny", world.prompt_spec(),
                              ids, codes)
     requests = world.user_requests(ids, rng)
-    return in_process_references(files, PrecisionSettings("cpu", "bfloat16", 16, 12),
+    return in_process_references(files, ExportSettings("cpu", 16, 12, 1, 0, "bfloat16"),
                                  requests, USERS)
 
 
