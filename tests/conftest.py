@@ -62,10 +62,11 @@ def _has_cuda() -> bool:
     return torch.cuda.is_available()
 
 
-# Session fixtures that build in a child process: the quick demo fit (``tests/pipeline``), the
-# TorchCall test packages, AOTInductor among them (``tests/torch_call``), and the tiny engine's
-# export. A test that uses one is heavy: ``make test-quick`` leaves it out.
-HEAVY_FIXTURES = frozenset({"quick_run", "packages", "cuda_packages", "tiny_engine_export"})
+# Session fixtures of costly builds: the quick demo fit (``tests/pipeline``), the TorchCall
+# test packages, AOTInductor among them (``tests/torch_call``), the tiny engine's export and
+# the tiny cached package. A test that uses one is heavy: ``make test-quick`` leaves it out.
+HEAVY_FIXTURES = frozenset({"quick_run", "packages", "cuda_packages", "tiny_engine_export",
+                            "tiny_cached_package"})
 
 
 # `make test` runs on two workers (pytest-xdist, ``--dist loadgroup``). A session fixture is
@@ -111,6 +112,15 @@ def tiny_engine_export(tmp_path_factory):
     from tests.tiny_export import export_tiny
 
     return export_tiny(tmp_path_factory.mktemp("tiny_engine_export"))
+
+
+@pytest.fixture(scope="session")
+def tiny_cached_package(tmp_path_factory):
+    """The session's one CPU package of a tiny version 2 model with the prompt-KV cache
+    (``tests/export/tiny_cached.py``), its engine and spec."""
+    from tests.export.tiny_cached import export_tiny_cached
+
+    return export_tiny_cached(tmp_path_factory.mktemp("tiny_cached"), "cpu")
 
 
 @pytest.fixture(scope="session")

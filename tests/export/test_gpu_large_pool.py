@@ -9,7 +9,8 @@ then a hit (read back from them), each equal to the engine without a cache.
 
 ``gpu`` test: the pool takes about 9 GB of device memory. ``large_pool_calls`` also runs on
 the CPU at a small pool (``test_the_calls_agree_with_the_engine_at_a_small_pool``), so the
-inputs it builds are checked wherever the suite runs."""
+inputs it builds are checked wherever the suite runs; that case reads the suite's shared CPU
+package (``tests/export/tiny_cached.py``)."""
 
 from __future__ import annotations
 
@@ -21,29 +22,11 @@ import pytest
 import torch
 
 from tests.export.pool_audit import pool_sized_allocations, wrapper_source
-from tests.torch_engine.engine_worlds import small_world, v2_prompts
+from tests.export.tiny_cached import BEAMS, TOP_K, TinyCached, export_tiny_cached
+from tests.torch_engine.engine_worlds import v2_prompts
 from torch_engine.aoti_loading import loader_environment
-from torch_engine.catalog import Catalog
-from torch_engine.config import engine_config_for
-from torch_engine.engine import Engine
-from torch_engine.model import Model
-from xgr_common.prompt_spec import PromptSpec
-from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout, TextSpans
 from xgr_common.tolerances import tolerance_for
-from xgr_export.cached_package import PAGE_TOKENS, export_cached_engine
-from xgr_export.config import EngineExportConfig
-
-BEAMS, TOP_K = 8, 6
-INTRO, BEFORE_PROFILE, QUESTION = (20, 21), (22,), (23,)
-
-
-def _spec(hidden: int) -> PromptSpec:
-    # Built without the feature ops (no TensorFlow on the GPU machine): the rows come from
-    # ``engine_worlds.v2_prompts``, laid out as the assembly op lays them.
-    return PromptSpec(model_hidden=hidden, profile_tokens=2, prompt_v2=PromptV2Layout(
-        HistorySplit(100, 4, 4, 3), TextSpans(intro=INTRO, before_profile=BEFORE_PROFILE,
-                                              question=QUESTION)))
-
+from xgr_export.cached_package import PAGE_TOKENS
 
 # The package runs in a child that starts with the compiler's libstdc++ preloaded, as every
 # AOTInductor load does (``torch_engine.aoti_loading.loader_environment``).
@@ -70,26 +53,22 @@ _CHILD = textwrap.dedent("""
 """)
 
 
-def large_pool_calls(tmp_path, device: str, pool_pages: int, dtype=torch.float32):
-    """Exports a tiny version 2 model with the cache for ``device``, then runs one user as a
+def large_pool_calls(tmp_path, cached: TinyCached, pool_pages: int):
+    """Runs one user of ``cached`` (a tiny version 2 model's package with the cache) as a
     miss and as a hit with the user's pages at the end of a pool of ``pool_pages`` pages.
-    Returns the engine's answer and the two package answers; the package is
-    ``tmp_path / "cached.pt2"``."""
-    ids, codes = small_world()
-    model = Model.from_preset("tiny", seed=1).to(device=device, dtype=dtype)
-    spec = _spec(model.config.hidden_size)
-    engine = Engine(model, Catalog.from_arrays(ids, codes).to(device), engine_config_for(spec))
-    path = tmp_path / "cached.pt2"
-    export_cached_engine(engine, spec, path,
-                         EngineExportConfig(BEAMS, TOP_K, max_batch=2, device=device))
-
+    Returns the engine's answer and the two package answers."""
+    engine, spec, ids, codes = cached.engine, cached.spec, cached.ids, cached.codes
+    model = engine.model
+    device = str(next(model.parameters()).device)
+    spans = spec.prompt_v2.spans
     tokens, lengths, segments, frozen_lengths = v2_prompts(
         [([1, 2, 3, 4], [5, 6, 7], 0)], spec.layout, soft_tokens=spec.profile_tokens,
-        intro=INTRO, before_profile=BEFORE_PROFILE, question=QUESTION,
+        intro=spans.intro, before_profile=spans.before_profile,
+        before_recent=spans.before_recent, question=spans.question,
         code_of=lambda item, level: int(codes[item, level]))
     width, frozen = tokens.shape[1], int(frozen_lengths[0])
     soft = torch.randn(1, spec.profile_tokens, model.config.hidden_size,
-                       generator=torch.Generator().manual_seed(3)).to(dtype)
+                       generator=torch.Generator().manual_seed(3))
     exclude = torch.tensor([[int(ids[0]), -1]])
     cfg = model.config
     # The user's pages are the pool's last: the largest offsets a served pool can reach.
@@ -98,13 +77,14 @@ def large_pool_calls(tmp_path, device: str, pool_pages: int, dtype=torch.float32
     position = torch.arange(width)
     slots = table[0, position // PAGE_TOKENS].long() * PAGE_TOKENS + position % PAGE_TOKENS
     features = [tokens, lengths, segments, soft, exclude]
-    torch.save({"device": device, "dtype": dtype, "features": features, "table": table,
+    torch.save({"device": device, "dtype": torch.float32, "features": features, "table": table,
                 "frozen": frozen, "pool_shape": (cfg.num_layers, 2, pool_pages + 1, PAGE_TOKENS,
                                                  cfg.num_kv_heads, cfg.head_dim),
                 "miss_slots": torch.where(position < frozen, slots, 0)[None],  # rest: the sink
                 "hit_slots": torch.zeros((1, width - frozen), dtype=torch.int64)},
                tmp_path / "inputs.pt")
-    done = subprocess.run([sys.executable, "-c", _CHILD, str(path), str(tmp_path / "inputs.pt"),
+    done = subprocess.run([sys.executable, "-c", _CHILD, str(cached.package),
+                           str(tmp_path / "inputs.pt"),
                            str(tmp_path / "outputs.pt")], capture_output=True, text=True,
                           timeout=600, env=loader_environment())
     assert done.returncode == 0, done.stderr[-3000:]
@@ -124,12 +104,12 @@ def _assert_equal(want, got, dtype):
 
 
 @pytest.mark.heavy
-def test_the_calls_agree_with_the_engine_at_a_small_pool(tmp_path):
-    want, miss, hit = large_pool_calls(tmp_path, "cpu", pool_pages=64)
+def test_the_calls_agree_with_the_engine_at_a_small_pool(tiny_cached_package, tmp_path):
+    want, miss, hit = large_pool_calls(tmp_path, tiny_cached_package, pool_pages=64)
     _assert_equal(want, miss, torch.float32)
     _assert_equal(want, hit, torch.float32)
     # The miss's write goes into the pool itself: no buffer of the pool's size.
-    assert pool_sized_allocations(wrapper_source(tmp_path / "cached.pt2")) == []
+    assert pool_sized_allocations(wrapper_source(tiny_cached_package.package)) == []
 
 
 def test_the_audit_finds_a_buffer_sized_by_the_pool():
@@ -154,8 +134,9 @@ def test_a_pool_past_two_to_the_31_elements_is_read_and_written_at_its_end(tmp_p
     free, _ = torch.cuda.mem_get_info()
     if free < pages * PAGE_TOKENS * 2 * 2 * 2 * 16 * 4 * 1.2:
         pytest.skip("the GPU lacks the free memory of the large pool")
-    want, miss, hit = large_pool_calls(tmp_path, "cuda:0", pool_pages=pages)
+    cached = export_tiny_cached(tmp_path, "cuda:0")
+    want, miss, hit = large_pool_calls(tmp_path, cached, pool_pages=pages)
     _assert_equal(want, miss, torch.float32)
     _assert_equal(want, hit, torch.float32)
     # A buffer of the pool's size would double the pool's memory and copy it on every miss.
-    assert pool_sized_allocations(wrapper_source(tmp_path / "cached.pt2")) == []
+    assert pool_sized_allocations(wrapper_source(cached.package)) == []

@@ -20,12 +20,8 @@ import pytest
 import torch
 
 from tests.child_env import child_env
-from tests.export.prompt_v2_rows import small_v2_spec, v2_rows
-from tests.torch_engine.engine_worlds import small_world
-from torch_engine.catalog import Catalog
-from torch_engine.config import engine_config_for
-from torch_engine.engine import Engine
-from torch_engine.model import Model
+from tests.export.prompt_v2_rows import v2_rows
+from tests.export.tiny_cached import BEAMS, TOP_K, export_tiny_cached
 from xgr_common.errors import ConfigError
 from xgr_common.prompt_spec import PromptSpec
 from xgr_common.tolerances import tolerance_for
@@ -35,29 +31,15 @@ from xgr_export.config import EngineExportConfig
 from xgr_export.torch_package import SIGNATURE_KEY
 
 HERE = Path(__file__).resolve().parent
-BEAMS, TOP_K = 8, 6
 ATOL = tolerance_for(torch.float32).atol
 pytestmark = pytest.mark.heavy
 
 
-def _cached_package(folder: Path, device: str):
-    """A package of a tiny version 2 model with the cache for ``device``, its engine (there)
-    and spec, the catalog's ids and codes."""
-    ids, codes = small_world()
-    model = Model.from_preset("tiny", seed=1).to(device)
-    spec = small_v2_spec(model.config.hidden_size)
-    engine = Engine(model, Catalog.from_arrays(ids, codes).to(device),
-                    engine_config_for(spec, selection_backend="torch"))
-    path = folder / "engine.pt2"
-    export_cached_engine(engine, spec, path,
-                         EngineExportConfig(BEAMS, TOP_K, max_batch=8, device=device))
-    return path, engine, spec, ids, codes
-
-
 @pytest.fixture(scope="module")
-def cached(tmp_path_factory):
-    """A CPU package of a tiny version 2 model with the cache, its engine and spec."""
-    return _cached_package(tmp_path_factory.mktemp("cached"), "cpu")
+def cached(tiny_cached_package):
+    """The suite's CPU package of a tiny version 2 model with the cache, its engine and spec
+    (``tests/export/tiny_cached.py``)."""
+    return tiny_cached_package
 
 
 def _key(name: str | None) -> np.ndarray:
@@ -256,7 +238,7 @@ def test_on_a_gpu_the_spills_copy_beside_the_runs(tmp_path):
     of their own, and a spilled page is handed out, or a spilled entry read back, only once
     its copy is done. Every answer equals the engine's on the same device; the counts are the
     CPU's (the policy does not depend on when a copy finishes)."""
-    cached = _cached_package(tmp_path, "cuda:0")
+    cached = export_tiny_cached(tmp_path, "cuda:0")
     calls = Calls(cached, device="cuda:0")
     users = [(u, 3, 2) for u in range(12)]
     for user in [u for user in users for u in (user, user)] + users:

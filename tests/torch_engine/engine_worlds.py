@@ -48,7 +48,7 @@ def checked_batch(engine, token_ids, lengths, segment_ids, beam_width, top_k,
 
 
 def v2_prompts(users, layout, soft_tokens=2, intro=(20, 21), before_profile=(22,),
-               question=(23,), code_of=None):
+               question=(23,), code_of=None, before_recent=()):
     """A right-padded v2 prompt batch (``xgr_common.prompt_v2``) built without TensorFlow,
     as ``XgrAssemblePromptV2`` lays it out (``tests/torch_engine/test_prompt_v2.py`` checks
     it against the op's twin): ``users`` holds (long-term items, recent items, context
@@ -72,7 +72,7 @@ def v2_prompts(users, layout, soft_tokens=2, intro=(20, 21), before_profile=(22,
         frozen.append(len(tokens))
         profile = len(long_items) + 1
         part = [*before_profile, *[layout.soft_id] * soft_tokens, layout.profile_start_id,
-                layout.profile_base + 1 + context]
+                layout.profile_base + 1 + context, *before_recent]
         tokens.extend(part)
         seg.extend([profile] * len(part))
         for k, number in enumerate(recent_items):

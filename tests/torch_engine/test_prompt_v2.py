@@ -152,3 +152,15 @@ def test_the_tf_free_prompt_builder_lays_prompts_out_as_the_op_does():
     built = v2_prompts(users, LAYOUT, soft_tokens=SOFT)
     for name, got in zip(("token_ids", "lengths", "segment_ids", "frozen_lengths"), built):
         assert torch.equal(got, getattr(twin, name).to(got.dtype)), name
+    # Text before the recent items sits after the context token, in the profile's segment.
+    twin = assemble_prompt_v2(
+        _codes(flat(longs)), splits(longs),
+        torch.tensor([[LAYOUT.profile_base + 1 + c] for c in contexts]),
+        _codes(flat(recents)), splits(recents), bos_id=LAYOUT.bos_id,
+        profile_start_id=LAYOUT.profile_start_id, item_start_id=LAYOUT.item_start_id,
+        soft_id=LAYOUT.soft_id, pad_id=LAYOUT.pad_id, soft_tokens=SOFT, intro=[20],
+        before_recent=[21], question=[22, 23])
+    built = v2_prompts(users, LAYOUT, soft_tokens=SOFT, intro=(20,), before_profile=(),
+                       before_recent=(21,), question=(22, 23))
+    for name, got in zip(("token_ids", "lengths", "segment_ids", "frozen_lengths"), built):
+        assert torch.equal(got, getattr(twin, name).to(got.dtype)), name
