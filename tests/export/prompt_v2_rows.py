@@ -1,5 +1,5 @@
-"""Version 2 prompts for the engine-package tests: a small layout (two soft vectors, a few text
-spans) and rows built by the assembly op's twin from a catalog's code paths. Shared by the
+"""Version 2 prompts for the engine-package tests: rows built by the assembly op's twin from a
+catalog's code paths (the small layout is ``tests/export/v2_spec.py``). Shared by the
 package tests and the TorchCall prompt-cache tests (a helper module, not a test module, so a
 machine without TensorFlow skips its importers cleanly)."""
 
@@ -9,13 +9,6 @@ import torch
 
 from custom_ops.torch_twins import assemble_prompt_v2
 from xgr_common.prompt_spec import PromptSpec
-from xgr_common.prompt_v2 import HistorySplit, PromptV2Layout, TextSpans
-
-
-def small_v2_spec(hidden: int) -> PromptSpec:
-    return PromptSpec(model_hidden=hidden, profile_tokens=2, prompt_v2=PromptV2Layout(
-        HistorySplit(100, 4, 4, 3), TextSpans(intro=(20,), before_recent=(21,),
-                                              question=(22, 23))))
 
 
 def v2_rows(spec: PromptSpec, catalog_codes, long_counts, recent_counts):

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.export.prompt_v2_rows import small_v2_spec, v2_rows
+from tests.export.prompt_v2_rows import v2_rows
+from tests.export.v2_spec import small_v2_spec
 from tests.torch_engine.engine_worlds import small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import EngineConfig, engine_config_for

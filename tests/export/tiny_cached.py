@@ -1,7 +1,8 @@
 """One package of a tiny version 2 model with the prompt-KV cache, shared by the tests that
 need a cached package but not a particular one: the TorchCall runtime's cache tests and the
 large-pool test's CPU case. Compiling it is the costliest step of either, so the suite builds
-it once (the ``tiny_cached_package`` session fixture) and each test reads it."""
+it once (the ``tiny_cached_package`` session fixture) and each test reads it. Imports no
+TensorFlow: the large-pool test's GPU case exports its own where TensorFlow is absent."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tests.export.prompt_v2_rows import small_v2_spec
+from tests.export.v2_spec import small_v2_spec
 from tests.torch_engine.engine_worlds import small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import engine_config_for

@@ -21,8 +21,8 @@ import triton
 import torch_engine.attention as attention
 import torch_engine.beam_search as beam_search
 import torch_engine.engine as engine_module
-from tests.export.prompt_v2_rows import small_v2_spec
 from tests.export.trace_widths_child import functional_graph, launches_in, unbounded_dims
+from tests.export.v2_spec import small_v2_spec
 from tests.torch_engine.engine_worlds import small_world
 from torch_engine.catalog import Catalog
 from torch_engine.config import engine_config_for

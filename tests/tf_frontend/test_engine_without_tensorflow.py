@@ -86,7 +86,7 @@ HIDE_TF = textwrap.dedent("""
 
 def test_gpu_tests_collect_without_tensorflow(tmp_path):
     """``make test-gpu`` on the GPU machine: modules that need TF are skipped, not errors, and
-    the kernel, engine and engine-package GPU tests are collected."""
+    the kernel, engine, engine-package and large-pool GPU tests are collected."""
     (tmp_path / "sitecustomize.py").write_text(HIDE_TF)
     env = child_env(tmp_path, TRITON_INTERPRET="1")
     control = subprocess.run([sys.executable, "-c", "import tensorflow"], env=env,
@@ -99,5 +99,7 @@ def test_gpu_tests_collect_without_tensorflow(tmp_path):
     assert "ERROR" not in done.stdout and "TensorFlow is not installed here" in done.stdout
     for module in ("tests/kernels/test_decode_attention.py",
                    "tests/torch_engine/test_engine_cuda.py",
-                   "tests/torch_call/test_gpu_engine_package.py"):
+                   "tests/torch_call/test_gpu_engine_package.py",
+                   "tests/torch_engine/test_prompt_cache.py",
+                   "tests/export/test_gpu_large_pool.py"):
         assert module in done.stdout, done.stdout[-3000:]
