@@ -58,8 +58,7 @@ def large_pool_calls(tmp_path, cached: TinyCached, pool_pages: int):
     miss and as a hit with the user's pages at the end of a pool of ``pool_pages`` pages.
     Returns the engine's answer and the two package answers."""
     engine, spec, ids, codes = cached.engine, cached.spec, cached.ids, cached.codes
-    model = engine.model
-    device = str(next(model.parameters()).device)
+    model, device = engine.model, str(engine.device)
     spans = spec.prompt_v2.spans
     tokens, lengths, segments, frozen_lengths = v2_prompts(
         [([1, 2, 3, 4], [5, 6, 7], 0)], spec.layout, soft_tokens=spec.profile_tokens,
@@ -77,7 +76,7 @@ def large_pool_calls(tmp_path, cached: TinyCached, pool_pages: int):
     position = torch.arange(width)
     slots = table[0, position // PAGE_TOKENS].long() * PAGE_TOKENS + position % PAGE_TOKENS
     features = [tokens, lengths, segments, soft, exclude]
-    torch.save({"device": device, "dtype": torch.float32, "features": features, "table": table,
+    torch.save({"device": device, "dtype": engine.dtype, "features": features, "table": table,
                 "frozen": frozen, "pool_shape": (cfg.num_layers, 2, pool_pages + 1, PAGE_TOKENS,
                                                  cfg.num_kv_heads, cfg.head_dim),
                 "miss_slots": torch.where(position < frozen, slots, 0)[None],  # rest: the sink

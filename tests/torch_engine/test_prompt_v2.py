@@ -133,7 +133,12 @@ def test_a_marker_outside_the_layout_is_refused(model):
         engine_config_for(PromptSpec(), soft_marker=6)
 
 
-def test_the_tf_free_prompt_builder_lays_prompts_out_as_the_op_does():
+# The builder's default spans, and text before the recent items (after the context token, in
+# the profile's segment) with none before the profile.
+@pytest.mark.parametrize("spans", [
+    {"intro": (20, 21), "before_profile": (22,), "question": (23,)},
+    {"intro": (20,), "before_profile": (), "before_recent": (21,), "question": (22, 23)}])
+def test_the_tf_free_prompt_builder_lays_prompts_out_as_the_op_does(spans):
     """``engine_worlds.v2_prompts`` (the prompt-cache tests' prompts, which must run where
     TensorFlow is absent) equals the assembly op's twin, padding included."""
     from tests.torch_engine.engine_worlds import v2_prompts
@@ -147,20 +152,8 @@ def test_the_tf_free_prompt_builder_lays_prompts_out_as_the_op_does():
         torch.tensor([[LAYOUT.profile_base + 1 + c] for c in contexts]),
         _codes(flat(recents)), splits(recents), bos_id=LAYOUT.bos_id,
         profile_start_id=LAYOUT.profile_start_id, item_start_id=LAYOUT.item_start_id,
-        soft_id=LAYOUT.soft_id, pad_id=LAYOUT.pad_id, soft_tokens=SOFT, intro=[20, 21],
-        before_profile=[22], question=[23])
-    built = v2_prompts(users, LAYOUT, soft_tokens=SOFT)
-    for name, got in zip(("token_ids", "lengths", "segment_ids", "frozen_lengths"), built):
-        assert torch.equal(got, getattr(twin, name).to(got.dtype)), name
-    # Text before the recent items sits after the context token, in the profile's segment.
-    twin = assemble_prompt_v2(
-        _codes(flat(longs)), splits(longs),
-        torch.tensor([[LAYOUT.profile_base + 1 + c] for c in contexts]),
-        _codes(flat(recents)), splits(recents), bos_id=LAYOUT.bos_id,
-        profile_start_id=LAYOUT.profile_start_id, item_start_id=LAYOUT.item_start_id,
-        soft_id=LAYOUT.soft_id, pad_id=LAYOUT.pad_id, soft_tokens=SOFT, intro=[20],
-        before_recent=[21], question=[22, 23])
-    built = v2_prompts(users, LAYOUT, soft_tokens=SOFT, intro=(20,), before_profile=(),
-                       before_recent=(21,), question=(22, 23))
+        soft_id=LAYOUT.soft_id, pad_id=LAYOUT.pad_id, soft_tokens=SOFT,
+        **{name: list(span) for name, span in spans.items()})
+    built = v2_prompts(users, LAYOUT, soft_tokens=SOFT, **spans)
     for name, got in zip(("token_ids", "lengths", "segment_ids", "frozen_lengths"), built):
         assert torch.equal(got, getattr(twin, name).to(got.dtype)), name
