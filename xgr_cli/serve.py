@@ -12,6 +12,7 @@ under way a while past the grace is ended with exit code 3 and every thread's st
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import signal
@@ -167,17 +168,14 @@ def main(argv: list[str]) -> None:
         config = config_from_flags()
     except (XgrError, OSError) as e:  # a bad flag or file: a message, not a traceback
         raise app.UsageError(str(e)) from e
-    if FLAGS.prompt_cache_gb is not None:
-        if not FLAGS.prompt_cache_gb >= 0:
-            raise app.UsageError(f"--prompt_cache_gb must be >= 0, got {FLAGS.prompt_cache_gb}")
-        # Read by TorchCall's runtime when an engine package with a cache loads.
-        os.environ["XGR_PROMPT_CACHE_BYTES"] = str(int(FLAGS.prompt_cache_gb * (1 << 30)))
-    if FLAGS.prompt_cache_host_gb is not None:
-        if not FLAGS.prompt_cache_host_gb >= 0:
-            raise app.UsageError(f"--prompt_cache_host_gb must be >= 0, got "
-                                 f"{FLAGS.prompt_cache_host_gb}")
-        os.environ["XGR_PROMPT_CACHE_HOST_BYTES"] = str(
-            int(FLAGS.prompt_cache_host_gb * (1 << 30)))
+    # Read by TorchCall's runtime when an engine package with a cache loads.
+    for flag, variable in (("prompt_cache_gb", "XGR_PROMPT_CACHE_BYTES"),
+                           ("prompt_cache_host_gb", "XGR_PROMPT_CACHE_HOST_BYTES")):
+        gib = getattr(FLAGS, flag)
+        if gib is not None:
+            if not (math.isfinite(gib) and gib >= 0):
+                raise app.UsageError(f"--{flag} must be a finite number >= 0 (GiB), got {gib}")
+            os.environ[variable] = str(int(gib * (1 << 30)))
     # Before any engine package loads: its unpacked files go to this process's own folder,
     # and the folders of killed servers are removed.
     scratch, removed = claim_scratch_folder()

@@ -12,7 +12,8 @@ import time
 import numpy as np
 import pytest
 
-from tf_frontend.serving.config import BatchingConfig
+from tf_frontend.serving.config import BatchingConfig, ServerConfig
+from xgr_common.errors import ConfigError
 from tests.serving.helpers import (columnar, history_reference, http, random_request,
                                    save_history_model, start_server, wait_for_pending,
                                    write_warmup)
@@ -193,14 +194,25 @@ def test_xgr_serve_refuses_a_bad_batching_file_with_a_message(model_base, tmp_pa
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize("field", ["file_system_poll_wait_seconds", "shutdown_grace_seconds",
+                                   "rest_api_read_timeout_seconds",
+                                   "rest_api_idle_timeout_seconds"])
+@pytest.mark.parametrize("value", [float("inf"), float("nan"), -1.0])
+def test_a_wait_of_the_server_must_be_a_finite_number(field, value):
+    """An endless wait would overflow the timers it reaches (threads, asyncio, gRPC) only at
+    shutdown or on the first poll; the config refuses it when the server starts."""
+    with pytest.raises(ConfigError, match=f"{field} must be a finite number"):
+        ServerConfig(model_name="recs", model_base_path="/models/recs", **{field: value})
+
+
 @pytest.mark.parametrize("flag", ["--prompt_cache_gb=-1", "--prompt_cache_host_gb=-0.5",
-                                  "--prompt_cache_host_gb=nan"])
-def test_xgr_serve_refuses_a_negative_prompt_cache_size(model_base, flag):
+                                  "--prompt_cache_host_gb=nan", "--prompt_cache_gb=inf"])
+def test_xgr_serve_refuses_a_negative_or_endless_prompt_cache_size(model_base, flag):
     done = subprocess.run(
         [sys.executable, "-m", "xgr_cli.main", "serve", f"--model_base_path={model_base}",
          flag], capture_output=True, text=True, timeout=120,
         env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"),
         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert done.returncode == 1
-    assert f"{flag.split('=')[0]} must be >= 0" in done.stderr
+    assert f"{flag.split('=')[0]} must be a finite number >= 0" in done.stderr
     assert "Traceback" not in done.stderr

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import codecs
 import dataclasses
+import math
 import re
 
 from xgr_common.errors import ConfigError, require
@@ -260,12 +261,15 @@ class ServerConfig:
         for name in ("port", "rest_api_port"):
             value = getattr(self, name)
             require(0 <= value < 65536, ConfigError, f"{name} must be in [0, 65535], got {value}")
+        # Finite too: an infinite wait overflows the timers of threads, asyncio and gRPC.
         for name in ("file_system_poll_wait_seconds", "shutdown_grace_seconds"):
-            require(getattr(self, name) >= 0, ConfigError,
-                    f"{name} must be >= 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            require(math.isfinite(value) and value >= 0, ConfigError,
+                    f"{name} must be a finite number >= 0, got {value}")
         for name in ("rest_api_read_timeout_seconds", "rest_api_idle_timeout_seconds"):
-            require(getattr(self, name) > 0, ConfigError,
-                    f"{name} must be > 0, got {getattr(self, name)}")
+            value = getattr(self, name)
+            require(math.isfinite(value) and value > 0, ConfigError,
+                    f"{name} must be a finite number > 0, got {value}")
         for name in ("max_request_bytes", "rest_api_max_connections", "rest_api_num_threads",
                      "grpc_max_workers"):
             require(getattr(self, name) >= 1, ConfigError,
