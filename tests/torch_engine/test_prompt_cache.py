@@ -14,7 +14,7 @@ from tests.torch_engine.engine_worlds import small_world, v2_prompts
 from torch_engine import cached_search
 from torch_engine.catalog import Catalog
 from torch_engine.checks import check_arguments
-from torch_engine.config import EngineConfig
+from torch_engine.config import EngineConfig, preset
 from torch_engine.engine import Engine
 from torch_engine.model import Model
 from torch_engine.prompt_cache import KVGeometry, PromptCache, PromptCacheConfig
@@ -120,6 +120,33 @@ def test_a_miss_then_a_hit_equal_the_full_recompute(model, catalog, plain, mask)
     after = engine.prompt_cache.stats()
     assert (after.misses, after.device_hits, after.entries) == (3, 6, 3)
     assert after.tokens_reused == 2 * first.tokens_written
+
+
+# Model shapes beside the tiny preset's (Qwen2, 4 query heads on 2 KV heads, head 16): a
+# Qwen3 block (head norms, no bias, heads * head_dim wider than the model), plain multi-head
+# attention, and a KV group of 3, which no power-of-two tile holds whole.
+SHAPES = {
+    "qwen3-style": dict(qk_norm=True, attention_bias=False, num_heads=4, num_kv_heads=2,
+                        head_dim=32),
+    "multi-head": dict(num_heads=4, num_kv_heads=4, head_dim=16),
+    "group-of-3": dict(num_heads=6, num_kv_heads=2, head_dim=8),
+}
+
+
+@pytest.mark.parametrize("mask", MASKS)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_other_model_shapes_hit_as_the_full_recompute(catalog, mask, shape):
+    model = Model(preset("tiny").replace(**SHAPES[shape]))
+    model.init_weights(7)
+    model.eval()
+    plain = Engine(model, catalog, _config())
+    engine = _cached_engine(model, catalog)
+    prompt, soft = _batch(USERS)
+    reference = _recommend(plain, prompt, soft, mask, cached=False)
+    _assert_same(_recommend(engine, prompt, soft, mask), reference, f"{shape} miss")
+    _assert_same(_recommend(engine, prompt, soft, mask), reference, f"{shape} hit")
+    stats = engine.prompt_cache.stats()
+    assert (stats.misses, stats.device_hits) == (3, 3)
 
 
 @pytest.mark.parametrize("mask", MASKS)
