@@ -23,7 +23,8 @@
 # PHASES (default "exports served load"; "served_cache" adds `bench_served_cache` at qwen3-1.7b,
 # context 5000, last: the prompt-KV cache through `xgr serve`, plain and cached SavedModels of
 # its own under a session workload, target 1.8x the plain throughput at P99 <= 200 ms, with
-# the large-pool `gpu` test beside its exports and `experiments.probe_spill_cost` after it;
+# the large-pool `gpu` test beside its exports, `experiments.probe_spill_cost` and
+# `experiments.probe_model_call` (a model call's time split, both exports) after it;
 # SERVED_CACHE_RATES and SERVED_CACHE_RATE_SECONDS shorten its sweep for a short lease,
 # SERVED_CACHE_WARMUP_SECONDS (default 20) is its uncounted warm-up per server;
 # SERVED_CACHE_EXPORT_FLAGS (default --layer_kernels=on: the cached hit's fastest package)
@@ -96,6 +97,17 @@ served_cache_run() {  # case label, then bench_served_cache's flags: one run and
   done
 }
 
+model_call_probe() {  # case label, then the world's flags: a model call's time split
+  local label=$1 work="$BASE/served_cache_$1"
+  shift
+  for name in plain cached; do
+    [ -d "$work/$name" ] || continue
+    timeout 300 "${PY:-python3}" -m experiments.probe_model_call --saved_model="$work/$name" \
+        "$@" --tag="${label}_$name" --out="$RUN_OUT" >> "$RUN_OUT/model_call_probe.log" 2>&1
+  done
+  note "model-call probe $label: $(grep -c '^result:' "$RUN_OUT/model_call_probe.log") results"
+}
+
 served_cache_phase() {
   # The cache through the server at the issue's size: 300 users of ~5,000-token prompts
   # (1,000 long-term items), Zipf 1.0; a 40 GiB pool (~87 users' frozen parts) and a 48 GiB
@@ -120,6 +132,8 @@ served_cache_phase() {
     large_pool=$!
   fi
   served_cache_run q3_ctx5000 "${sizes[@]}"
+  [ -z "$REHEARSAL" ] && model_call_probe q3_ctx5000 --items=1000000 --paths=250000 \
+      --long_items=1000 --recent_items=245 --prompt_cache_gb=4
   if [ -n "$large_pool" ]; then
     wait "$large_pool"
     note "large-pool gpu test rc=$? ($(tail -1 "$RUN_OUT/large_pool_test.log"))"
@@ -147,6 +161,8 @@ served_cache_q2_phase() {
                --export_flags="${SERVED_CACHE_Q2_EXPORT_FLAGS-}" --label="$(gpu_label)_q2_1024")
   [ -n "$REHEARSAL" ] && sizes=(--population=20 --rates=3 --rate_seconds=4 --label=cpu_q2)
   served_cache_run q2_1024 "${sizes[@]}"
+  [ -z "$REHEARSAL" ] && model_call_probe q2_1024 --items=1000000 --paths=250000 \
+      --long_items=192 --recent_items=61 --prompt_cache_gb=1
 }
 
 catalog_phase() {
