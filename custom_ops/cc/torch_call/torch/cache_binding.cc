@@ -257,9 +257,19 @@ void AddCacheInputs(const Signature& sig, const PromptCache& cache, const Reserv
   host->resize(spec.runtime);
   const int64_t padded_rows = shapes.inputs[spec.tokens][0];
   const int64_t padded_length = shapes.inputs[spec.tokens][1];
-  const int64_t pages = WithinRange(
-      sig, sig.cache_inputs[1].dims[1],
-      std::max<int64_t>((padded_length + cache.page_tokens() - 1) / cache.page_tokens(), 1));
+  // The block table's columns. On a GPU the paged kernels read only each row's cached
+  // pages, and a width set by the padded prompt keeps one captured graph per bucket. The
+  // CPU's program attends every column (masked past each row's cached part), where that
+  // width would make a miss attend a prompt's length of empty pages: there the table is as
+  // wide as the longest cached part.
+  const int64_t page = cache.page_tokens();
+  int64_t wanted = (padded_length + page - 1) / page;
+  if (sig.device == "cpu") {
+    wanted = 0;
+    for (const RowPlan& plan : r.plans) wanted = std::max(wanted, (plan.cached + page - 1) / page);
+  }
+  const int64_t pages =
+      WithinRange(sig, sig.cache_inputs[1].dims[1], std::max<int64_t>(wanted, 1));
   const int64_t suffix = SuffixWidth(sig, r, rows, padded_length);
   host->push_back(PromptCache::CachedLengths(r, padded_rows));
   host->push_back(PromptCache::BlockTable(r, padded_rows, pages));

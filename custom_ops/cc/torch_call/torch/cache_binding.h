@@ -39,7 +39,9 @@ Status CacheRows(const CacheSpec& cache, const std::vector<InputView>& inputs,
                  std::vector<CacheRow>* rows);
 
 // The caller's frozen_lengths and user_keys give way to the cache's inputs of this run:
-// cached lengths, block table and write slots at the padded batch.
+// cached lengths, block table and write slots at the padded batch. The block table spans
+// the padded prompt on a GPU (one captured graph per bucket) and the longest cached part on
+// the CPU (whose program attends every column).
 void AddCacheInputs(const Signature& sig, const PromptCache& cache, const Reservation& r,
                     const std::vector<CacheRow>& rows, const BucketedShapes& shapes,
                     std::vector<at::Tensor>* host);
