@@ -105,7 +105,7 @@ def main(argv: list[str]) -> None:
     keyed = USER_KEY in version.signature(SERVING_SIGNATURE).inputs
     request = version.prepare(SERVING_SIGNATURE, features,
                               user_key=FLAGS.user_key if keyed else None)
-    tokens = len(features["history_items"])
+    items = len(features["history_items"])
     version.run(request)                                  # the miss (or an uncached call)
     for _ in range(3):
         version.run(request)
@@ -133,14 +133,14 @@ def main(argv: list[str]) -> None:
             ("  other TensorFlow ops (summed)", others),
             ("  the rest (executor, hand-offs)", call - torch_call - others)]
     hits = int(after["hit_calls"] - before["hit_calls"])
-    print(f"{FLAGS.saved_model}: history items {tokens}, {FLAGS.calls} calls, "
+    print(f"{FLAGS.saved_model}: history items {items}, {FLAGS.calls} calls, "
           + (f"{hits} of them hits under one key" if keyed else "no prompt cache"))
     for name, ms in rows:
         print(f"{name:36s} {'-' if ms is None else f'{ms:8.3f} ms'}")
     print(f"model call median {statistics.median(model_call):.3f} ms")
     print("largest other ops:", ", ".join(
         f"{op} {ms:.3f}" for op, ms in sorted(ops.items(), key=lambda kv: -kv[1])[:8]))
-    result = {"saved_model": FLAGS.saved_model, "history_items": tokens,
+    result = {"saved_model": FLAGS.saved_model, "history_items": items,
               "keyed": keyed, "calls": FLAGS.calls, "model_call_ms": model_call,
               "torch_call_ms": torch_call, "engine_run_ms": engine_ms,
               "other_ops_ms": ops, "hits": hits}
