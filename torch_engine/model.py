@@ -49,8 +49,15 @@ class Model(nn.Module):
     @classmethod
     def from_preset(cls, name: str, seed: int = 0, dtype: torch.dtype | None = None,
                     device: torch.device | str | None = None) -> "Model":
-        """Randomly initialised model of a named preset (normal(0, 0.02) like HF's init)."""
-        model = cls(preset(name))
+        """Randomly initialised model of a named preset (``from_config``)."""
+        return cls.from_config(preset(name), seed, dtype, device)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, seed: int = 0, dtype: torch.dtype | None = None,
+                    device: torch.device | str | None = None) -> "Model":
+        """Randomly initialised model of ``config`` (normal(0, 0.02) like HF's init), in eval
+        mode."""
+        model = cls(config)
         model.init_weights(seed)
         return model.to(device=device, dtype=dtype or torch.float32).eval()
 
